@@ -1,0 +1,48 @@
+"""codex_lab: the package the codex-lab lessons build, import and measure.
+
+Public names are re-exported here; each lives in a small module of one concept.
+"""
+
+from .checkpoint import Checkpoint, load_checkpoint, load_pretrained, pretrained_path, save_checkpoint
+from .config import ModelConfig
+from .corpus import Corpus, SourceFile, load_corpus
+from .data import fixed_batches, random_batch, tokenize_texts
+from .exercises import generate_exercises, load_definitions, strip_solutions
+from .generate import Generation, generate, generate_ids
+from .grading import check, grade_file, grade_folder
+from .kv_cache import DynamicKVCache, make_dynamic_caches
+from .model import (
+    Attention,
+    CodexModel,
+    ModelOutput,
+    RMSNorm,
+    SwiGLU,
+    apply_rope,
+    attention_reference,
+    attention_sdpa,
+    register_attention_impl,
+    rope_tables,
+)
+from .patterns import AttentionPattern, LocalWindow, parse_pattern
+from .runtime import describe_environment, fast_mode, get_device, pick, seed_everything
+from .sampling import sample_next, top_k_filter, top_p_filter
+from .syntax import cut_function, function_prompts, parses, syntax_validity
+from .tokenizer import SPECIAL_TOKENS, TASK_TAGS, CodeTokenizer, train_tokenizer
+from .train import PRESETS, TrainConfig, lr_at, preset_config, train
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Attention", "AttentionPattern", "Checkpoint", "CodeTokenizer", "CodexModel", "Corpus",
+    "DynamicKVCache", "Generation", "LocalWindow", "ModelConfig", "ModelOutput", "PRESETS",
+    "RMSNorm", "SPECIAL_TOKENS", "SourceFile", "SwiGLU", "TASK_TAGS", "TrainConfig",
+    "apply_rope", "attention_reference", "attention_sdpa", "check", "cut_function",
+    "describe_environment", "fast_mode", "fixed_batches", "function_prompts", "generate",
+    "generate_exercises", "generate_ids", "get_device", "grade_file", "grade_folder",
+    "load_checkpoint", "load_corpus", "load_definitions", "load_pretrained", "lr_at",
+    "make_dynamic_caches", "parse_pattern", "parses", "pick", "preset_config",
+    "pretrained_path", "random_batch", "register_attention_impl", "rope_tables",
+    "sample_next", "save_checkpoint", "seed_everything", "strip_solutions",
+    "syntax_validity", "tokenize_texts", "top_k_filter", "top_p_filter", "train",
+    "train_tokenizer",
+]
