@@ -1,0 +1,55 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 00 exercises: the warm-up
+#
+# Write the function between the markers, then run the `check(...)` cell below it.
+# `check` runs the *public* checks and prints `passed`, `not yet done` or the failure.
+# Grade the whole file from a terminal with `codex-lab grade exercises/00_tour.py`.
+#
+# **Run time:** fast mode on CPU: ~5 s; on one GPU: not yet measured.
+
+# %%
+import sys
+
+if "google.colab" in sys.modules:  # Colab only: install the course (torch/numpy untouched)
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "git+https://github.com/codex-lab/codex-lab@main"], check=True)
+
+# %%
+from codex_lab import check, load_pretrained, seed_everything
+
+seed_everything(0)
+tok = load_pretrained().tokenizer
+
+
+# %% [markdown]
+# ## Exercise 1: characters per token
+# A tokenizer's compression is the number of characters it covers per token, pooled over
+# all texts: `sum(len(text)) / sum(len(tokens))`. Return it as a float.
+
+# %%
+def chars_per_token(tokenizer, texts):
+    """Total characters of ``texts`` divided by their total number of tokens (float)."""
+    ### BEGIN SOLUTION
+    n_chars = sum(len(t) for t in texts)
+    n_tokens = sum(len(tokenizer.encode(t)) for t in texts)
+    return n_chars / n_tokens
+    ### END SOLUTION
+
+
+# %%
+check(chars_per_token)
+import inspect, json.decoder
+
+sample = inspect.getsource(json.decoder)
+print(f"characters per token on json/decoder.py: {chars_per_token(tok, [sample]):.2f}")
