@@ -1,0 +1,216 @@
+"""The real server on a loopback port: the official openai client, raw HTTP, bad input,
+deadlines, disconnects, the queue bound, and /metrics parsed with prometheus_client."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+
+from codex_lab.config import ModelConfig
+from codex_lab.generate import generate_ids
+from codex_lab.loadtest import malformed_bodies, malformed_storm, run_load
+from codex_lab.metrics import parse_metrics
+from codex_lab.model import CodexModel
+from codex_lab.server import ModelServer, ServerConfig, check_loopback, serve_in_background
+
+NAME = "tiny"
+
+
+def make_model(vocab: int, seed: int = 0) -> CodexModel:
+    torch.manual_seed(seed)
+    return CodexModel(ModelConfig(vocab_size=vocab, d_model=64, n_layer=2, n_head=4, max_seq_len=256)).eval()
+
+
+@pytest.fixture(scope="module")
+def served(small_corpus):
+    from codex_lab.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(small_corpus.texts("train")[:10], vocab_size=400)
+    model = make_model(tok.vocab_size)
+    srv = ModelServer(tok, ServerConfig(model_name=NAME, max_batch_size=4, max_waiting=8, deadline_s=30.0))
+    srv.add_version("v0001", model)
+    bg = serve_in_background(srv)
+    yield bg, srv, tok, model
+    bg.stop()
+
+
+def wait_idle(srv: ModelServer, timeout: float = 10.0) -> dict:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        h = srv.health()
+        if h["in_flight"] == 0 and h["running"] == 0 and h["waiting"] == 0 and h["kv_used_tokens"] == 0:
+            return h
+        time.sleep(0.05)
+    raise AssertionError(f"server not idle after {timeout} s: {srv.health()}")
+
+
+def test_openai_client_plain_and_streaming_match_reference(served):
+    bg, srv, tok, model = served
+    client = openai.OpenAI(base_url=bg.url + "/v1", api_key="unused", max_retries=0)
+    prompt = "def add(a, b):\n"
+    ref_ids, _ = generate_ids(model, tok.encode(prompt), max_new_tokens=12, eos_id=tok.eot_id)
+    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0)
+    assert r.choices[0].text == tok.decode(ref_ids)  # greedy server output == the plain generator
+    assert r.usage.prompt_tokens == len(tok.encode(prompt))
+    assert r.usage.completion_tokens == len(ref_ids)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.choices[0].finish_reason in ("length", "stop")
+    chunks = list(client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0, stream=True))
+    assert len(chunks) >= 2
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    ids = [m.id for m in client.models.list().data]
+    assert ids == [NAME, f"{NAME}@v0001"]
+
+
+def test_sse_wire_format_ends_with_done(served):
+    bg, *_ = served
+    with httpx.stream("POST", bg.url + "/v1/completions",
+                      json={"model": NAME, "prompt": "x = ", "max_tokens": 5, "stream": True}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(ln[6:]) for ln in lines[:-1]]
+    assert all(e["object"] == "text_completion" for e in events)
+    assert events[-1]["usage"]["completion_tokens"] >= 1
+    assert [e["choices"][0]["finish_reason"] for e in events[:-1]] == [None] * (len(events) - 1)
+
+
+def test_seeded_sampling_is_reproducible_and_stop_cuts(served):
+    bg, *_ = served
+    body = {"model": NAME, "prompt": "import os\n", "max_tokens": 10, "temperature": 1.0, "seed": 7}
+    a = httpx.post(bg.url + "/v1/completions", json=body).json()["choices"][0]["text"]
+    b = httpx.post(bg.url + "/v1/completions", json=body).json()["choices"][0]["text"]
+    assert a == b
+    if len(a) > 2:  # stop at a piece of that same text: the answer is cut before it
+        stop = a[2:4] if a[2:4].strip() else a[2]
+        c = httpx.post(bg.url + "/v1/completions", json={**body, "stop": [stop]}).json()["choices"][0]
+        assert c["finish_reason"] == "stop" and stop not in c["text"] and a.startswith(c["text"])
+
+
+@pytest.mark.parametrize("name,body", malformed_bodies(NAME, 256), ids=[n for n, _ in malformed_bodies(NAME, 256)])
+def test_malformed_request_gets_openai_4xx(served, name, body):
+    bg, *_ = served
+    r = httpx.post(bg.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500, (name, r.status_code, r.text[:200])
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    expected = {"unknown model": 404, "unknown version": 404, "oversize body": 413}.get(name, 400)
+    assert r.status_code == expected, (name, r.text[:200])
+
+
+def test_wrong_route_and_method_are_openai_shaped(served):
+    bg, *_ = served
+    for r in (httpx.get(bg.url + "/v1/completions"), httpx.post(bg.url + "/v1/chat/nope")):
+        assert r.status_code in (404, 405) and "message" in r.json()["error"]
+
+
+def test_storm_of_malformed_requests_no_crash(served):
+    bg, srv, *_ = served
+    rep = malformed_storm(bg.url, n=60)
+    assert rep["server_errors"] == 0 and rep["non_4xx"] == 0, rep
+    assert rep["bad_error_shape"] == [] and rep["healthy_after"], rep
+    ok = httpx.post(bg.url + "/v1/completions", json={"model": NAME, "prompt": "a", "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_disconnect_mid_stream_frees_slot(served):
+    bg, srv, tok, model = served
+    # a prompt whose greedy continuation never ends by itself within 200 tokens
+    prompt = next((p for p in ("def f():\n", "x = 1\n", "import os\n", "class A:\n", "a")
+                   if generate_ids(model, tok.encode(p), max_new_tokens=200, eos_id=tok.eot_id)[1] == "length"), None)
+    assert prompt is not None, "every candidate prompt hits end-of-text; change the model seed"
+    slow = ModelServer(tok, ServerConfig(model_name=NAME))
+    slow.add_version("v0001", model, step_delay_s=0.01)  # 200 tokens take >= 2 s
+    bg2 = serve_in_background(slow)
+    try:
+        with httpx.stream("POST", bg2.url + "/v1/completions",
+                          json={"model": NAME, "prompt": prompt, "max_tokens": 200, "stream": True}) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i >= 6:  # a few tokens in
+                    break
+            assert slow.health()["running"] == 1
+        t0 = time.time()
+        wait_idle(slow)
+        freed = time.time() - t0
+        assert freed < 1.0, freed  # "at once": well before the >= 1.9 s the rest would take
+        m = parse_metrics(httpx.get(bg2.url + "/metrics").text)
+        dis = [v for lab, v in m["codex_lab:request_errors_total"] if lab["kind"] == "disconnected"]
+        assert sum(dis) == 1
+    finally:
+        bg2.stop()
+
+
+def test_deadline_ends_request_with_clear_reason(small_tokenizer):
+    model = make_model(small_tokenizer.vocab_size)
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name=NAME, deadline_s=0.3))
+    srv.add_version("v0001", model, step_delay_s=0.05)  # 20 tokens/s at most: 100 tokens need 5 s
+    bg = serve_in_background(srv)
+    try:
+        t0 = time.perf_counter()
+        r = httpx.post(bg.url + "/v1/completions", json={"model": NAME, "prompt": "a", "max_tokens": 100}, timeout=10)
+        dt = time.perf_counter() - t0
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "deadline"
+        assert dt < 1.5, dt  # ended near its 0.3 s deadline, not after 5 s
+        wait_idle(srv)
+    finally:
+        bg.stop()
+
+
+def test_full_queue_answers_429(small_tokenizer):
+    model = make_model(small_tokenizer.vocab_size)
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name=NAME, max_batch_size=1, max_waiting=1))
+    srv.add_version("v0001", model, step_delay_s=0.02)
+    bg = serve_in_background(srv)
+    try:
+        rep = run_load(bg.url, concurrency=6, requests=6, max_tokens=20, duration_s=20)
+        assert rep.errors.get("status 429", 0) >= 1, rep.summary()
+        assert rep.ok + rep.errors["status 429"] == 6
+        assert set(rep.errors) == {"status 429"}
+        body = httpx.post(bg.url + "/v1/completions", json={"model": NAME, "prompt": "a", "max_tokens": 1}).json()
+        assert "choices" in body  # the server serves again once the queue drained
+        wait_idle(srv)
+    finally:
+        bg.stop()
+
+
+def test_metrics_parse_and_count(served):
+    bg, srv, *_ = served
+    before = parse_metrics(httpx.get(bg.url + "/metrics").text)
+    n0 = sum(v for _, v in before.get("codex_lab:generation_tokens_total", []))
+    r = httpx.post(bg.url + "/v1/completions", json={"model": NAME, "prompt": "def g():\n", "max_tokens": 6}).json()
+    m = parse_metrics(httpx.get(bg.url + "/metrics").text)
+    n1 = sum(v for _, v in m["codex_lab:generation_tokens_total"])
+    assert n1 - n0 == r["usage"]["completion_tokens"]
+    edges = {lab["le"] for lab, _ in m["codex_lab:time_to_first_token_seconds_bucket"]}
+    assert {"0.1", "0.02"} <= edges
+    assert "0.02" in {lab["le"] for lab, _ in m["codex_lab:inter_token_latency_seconds_bucket"]}
+    for name in ("codex_lab:num_requests_running", "codex_lab:num_requests_waiting", "codex_lab:kv_cache_usage_perc",
+                 "codex_lab:peak_memory_bytes", "codex_lab:model_version_info", "codex_lab:e2e_request_latency_seconds_count",
+                 "codex_lab:request_success_total", "codex_lab:prompt_tokens_total"):
+        assert name in m, name
+    assert m["codex_lab:peak_memory_bytes"][0][1] > 10 * 2**20  # a Python process with torch is > 10 MiB
+    assert m["codex_lab:model_version_info"][0][0]["version"] == "v0001"
+
+
+def test_concurrent_streams_with_disconnects_leak_nothing(served):
+    bg, srv, *_ = served
+    rep = run_load(bg.url, concurrency=8, requests=24, max_tokens=16, disconnect_prob=0.5, duration_s=20, seed=1)
+    s = rep.summary()
+    assert s["errors"] == 0, s
+    assert rep.ok + rep.disconnected == 24 and rep.disconnected >= 1, s
+    wait_idle(srv)  # zero leaked slots: nothing running, waiting, or holding KV
+
+
+def test_only_loopback():
+    check_loopback("127.0.0.1")
+    with pytest.raises(ValueError, match="loopback"):
+        check_loopback("0.0.0.0")
+    with pytest.raises(ValueError, match="only targets this machine"):
+        run_load("http://example.com:8000", requests=1)
