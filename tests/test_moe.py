@@ -246,3 +246,20 @@ def test_param_counts() -> None:
     moe = MoEFeedForward(cfg)
     assert c["total"] == sum(p.numel() for p in moe.parameters())
     assert c["active"] == 32 * 8 + 3 * (3 * 32 * 48)
+
+
+def test_bench_records_are_flat_and_equal() -> None:
+    from codex_lab.benches.moe import bench_case, parse_sizes
+
+    rows = bench_case(64, 4, 2, d_model=32, hidden=48, repeats=1, device=torch.device("cpu"))
+    assert [r["impl"] for r in rows] == ["reference", "grouped", "hf_eager", "hf_grouped_mm"]
+    for r in rows:
+        assert {"impl", "tokens", "experts", "top_k", "median_ms", "max_abs_diff"} <= set(r)
+        assert all(isinstance(v, (int, float, str)) for v in r.values())
+        assert r["max_abs_diff"] < ATOL, r
+        assert r["active_params"] < r["total_params"]
+    assert parse_sizes("128:8:2, 64:16:4") == [(128, 8, 2), (64, 16, 4)]
+    with pytest.raises(ValueError, match="TOKENS:EXPERTS:TOP_K"):
+        parse_sizes("128x8")
+    with pytest.raises(ValueError, match="top_k"):
+        parse_sizes("128:2:4")
