@@ -1,0 +1,79 @@
+"""Release gates: syntax, functional (sandboxed), style consistency, latency, decision rule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from codex_lab.config import ModelConfig
+from codex_lab.gates import (
+    SUITE, Sample, engine_completer, functional_pass, gate_decision, percentile, run_gates, score, style_consistency,
+)
+from codex_lab.model import CodexModel
+
+GOOD = {  # correct bodies for the suite (an "oracle model")
+    "add": "    return a + b\n", "is_even": "    return n % 2 == 0\n", "maximum": "    return max(items)\n",
+    "reverse": "    return text[::-1]\n", "factorial": "    result = 1\n    for i in range(2, n + 1):\n        result *= i\n    return result\n",
+    "count_vowels": "    return sum(ch in 'aeiou' for ch in text)\n", "square_all": "    return [x * x for x in numbers]\n",
+    "first_word": "    return line.split()[0]\n",
+}
+
+
+def test_suite_answers_pass_and_wrong_answers_fail():
+    for p in SUITE:
+        assert functional_pass(p, GOOD[p.name]), p.name
+    assert not functional_pass(SUITE[0], "    return a - b\n")  # wrong
+    assert not functional_pass(SUITE[0], "    return (\n")  # does not parse
+    assert not functional_pass(SUITE[4], "    while True:\n        pass\n", timeout_s=1.0)  # killed at the limit
+    assert not functional_pass(SUITE[0], "    import socket\n    socket.create_connection(('127.0.0.1', 1))\n")
+
+
+def test_style_consistency_measure():
+    p = SUITE[0].prompt
+    assert style_consistency(p, "    total = a + b\n    return total\n") == 1.0
+    assert style_consistency(p, "") == 0.0
+    # 2 lines x 2 checks + 1 name: the camelCase name fails -> 4/5
+    assert math.isclose(style_consistency(p, "    myTotal = a + b\n    return myTotal\n"), 4 / 5)
+    assert math.isclose(style_consistency(p, "\treturn a + b\n"), 1 / 2)  # tab indent: 1 of 2 line checks fails
+    long = "    return " + "a + " * 30 + "b\n"  # > 79 characters: one of two line checks fails
+    assert math.isclose(style_consistency(p, long), 1 / 2)
+
+
+def test_score_and_percentile():
+    good = [Sample(GOOD[p.name], arrival=0.0, token_times=[0.05, 0.06, 0.07]) for p in SUITE]
+    rep = score(good)
+    assert (rep.syntax, rep.functional, rep.style) == (1.0, 1.0, 1.0)
+    assert rep.ttft_attainment == 1.0 and rep.tbt_attainment == 1.0
+    assert math.isclose(rep.ttft_p95_s, 0.05)
+    bad = [Sample("    return (\n", arrival=0.0, token_times=[0.2, 0.3]) for _ in SUITE]
+    rep2 = score(bad)
+    assert rep2.syntax == 0.0 and rep2.functional == 0.0 and rep2.ttft_attainment == 0.0
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and math.isnan(percentile([], 95))
+
+
+def test_gate_decision_rule():
+    base = {"syntax": 0.5, "functional": 0.25, "style": 0.9, "ttft_attainment": 0.9, "tbt_attainment": 0.8}
+    assert gate_decision(dict(base), base) == (True, [])
+    ok, why = gate_decision({**base, "functional": 0.125}, base)
+    assert not ok and why[0].startswith("functional")
+    assert gate_decision({**base, "ttft_attainment": 0.85}, base)[0]  # within the latency tolerance
+    assert not gate_decision({**base, "ttft_attainment": 0.7}, base)[0]
+    assert not gate_decision({k: v for k, v in base.items() if k != "style"}, base)[0]  # missing = fail
+    assert gate_decision({**base, "syntax": 1.0}, base)[0]  # better is fine
+
+
+def test_gates_through_the_engine_catch_a_perturbed_candidate(small_tokenizer):
+    torch.manual_seed(0)
+    m = CodexModel(ModelConfig(vocab_size=small_tokenizer.vocab_size, d_model=64, n_layer=2, n_head=4,
+                               max_seq_len=128)).eval()
+    suite = SUITE[:3]
+    base = run_gates(engine_completer(m, small_tokenizer), suite=suite, max_tokens=4)
+    assert len(base.samples) == len(suite) and base.tbt_p95_s > 0
+    assert gate_decision(base.scores(), {**base.scores(), "ttft_attainment": math.nan, "tbt_attainment": math.nan})[0]
+    # the same weights with an injected 30 ms per engine step fail the latency gate
+    slow = run_gates(engine_completer(m, small_tokenizer, step_delay_s=0.03), suite=suite, max_tokens=4)
+    assert (slow.syntax, slow.functional) == (base.syntax, base.functional)  # same greedy text
+    assert slow.tbt_attainment == 0.0  # every gap >= 30 ms > 20 ms
+    ok, why = gate_decision(slow.scores(), {**base.scores(), "tbt_attainment": 1.0})
+    assert not ok and any("tbt" in w for w in why)
