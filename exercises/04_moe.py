@@ -1,0 +1,102 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: kernelspec,jupytext
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# GENERATED from solutions/ by `codex-lab exercises generate`: do not edit by hand.
+
+# %% [markdown]
+# # Lesson 04 exercises: mixture of experts
+# <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/solutions/04_moe.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
+#
+# Write each function between the markers, then run the `check(...)` cell below it.
+# `check` runs the *public* checks and prints `passed`, `not yet done` or the failure.
+# Grade the whole file from a terminal with `codex-lab grade exercises/04_moe.py`.
+#
+# **Run time:** fast mode on CPU (2 cores): ~10 s; on one GPU: not yet measured.
+
+# %%
+import sys
+
+if "google.colab" in sys.modules:  # Colab only: install the course (torch/numpy untouched)
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "git+https://github.com/codex-lab/codex-lab@main"], check=True)
+
+# %%
+import torch
+
+from codex_lab import check, seed_everything
+from codex_lab.moe import capacity_keep_mask, load_balancing_loss, route
+
+seed_everything(0)
+
+
+# %% [markdown]
+# ## Exercise 1: top-k routing with renormalised weights
+# The router gives each token a logit per expert, `logits` of shape (N, E). Turn them into
+# probabilities with a softmax, keep the `k` most probable experts per token, and divide
+# their probabilities by their sum so the k weights add up to 1 (Mixtral's rule).
+# Return `(expert_idx, weights)`, both (N, k).
+
+# %%
+def top_k_route(logits, k):
+    """(N, E) logits -> expert_idx (N, k) int64 and renormalised weights (N, k)."""
+    raise NotImplementedError("exercise top_k_route: not yet done")
+
+
+# %%
+check(top_k_route)
+idx, w = top_k_route(torch.randn(3, 8), 2)
+print("experts:", idx.tolist(), "\nweights:", [[round(v, 3) for v in row] for row in w.tolist()])
+
+
+# %% [markdown]
+# ## Exercise 2: the load-balancing loss (Switch Transformer)
+# With `f_e` the share of all N*k assignments that went to expert e and `P_e` the mean
+# router probability of e over the N tokens, the loss is `E * sum_e f_e * P_e`. It is 1.0
+# when the load is perfectly even and grows to E when one expert takes everything. `f` is a
+# count (no gradient); the gradient reaches the router through `P`.
+
+# %%
+def balancing_loss(probs, expert_idx):
+    """probs (N, E), expert_idx (N, k) -> scalar tensor E * sum_e f_e P_e."""
+    raise NotImplementedError("exercise balancing_loss: not yet done")
+
+
+# %%
+check(balancing_loss)
+probs = torch.softmax(torch.randn(64, 8), -1)
+print(f"random router: {float(balancing_loss(probs, probs.topk(2, -1).indices)):.3f} "
+      f"(codex_lab: {float(load_balancing_loss(probs, probs.topk(2, -1).indices)):.3f})")
+
+
+# %% [markdown]
+# ## Exercise 3: capacity-limited dispatch
+# Each expert accepts at most `capacity` assignments. Serve all first choices before any
+# second choice (slot by slot), and within a slot, earlier tokens first. Return a bool mask
+# (N, k): True where the assignment is kept, False where it is dropped.
+
+# %%
+def capacity_mask(expert_idx, n_experts, capacity):
+    """expert_idx (N, k) -> keep (N, k) bool; at most `capacity` kept per expert."""
+    raise NotImplementedError("exercise capacity_mask: not yet done")
+
+
+# %%
+check(capacity_mask)
+idx = torch.zeros(8, 1, dtype=torch.long)  # every token wants expert 0
+print("kept with capacity 2:", capacity_mask(idx, 4, 2).view(-1).tolist())
+assert torch.equal(capacity_mask(idx, 4, 2), capacity_keep_mask(idx, 4, 2))
