@@ -94,19 +94,21 @@ class ServerMetrics:
             raise ValueError(f"unknown error kind {kind!r}; use one of {ERROR_KINDS}")
         self.errors.labels(self.model_name, version, kind).inc()
 
-    def version_counts(self, version: str) -> dict[str, float]:
+    def version_counts(self, version: str, ttft_target_s: float = 0.1, tbt_target_s: float = 0.02) -> dict[str, float]:
         """Cumulative numbers of one version, for comparing versions live (the canary).
 
         n: finished requests; failures: finished past the deadline or failed inside the
-        server; ttft_ok / ttft_n and itl_ok / itl_n: observations within the seed's targets
-        (0.1 s, 0.02 s) and all observations.
+        server; ttft_ok / ttft_n and itl_ok / itl_n: observations within the targets
+        (bucket edges; default the seed's 0.1 s and 0.02 s) and all observations.
         """
+        if ttft_target_s not in TTFT_BUCKETS or tbt_target_s not in ITL_BUCKETS:
+            raise ValueError(f"targets must be bucket edges: TTFT {TTFT_BUCKETS}, TBT {ITL_BUCKETS}")
         lab = {"model_name": self.model_name, "version": version}
         ok = {r: self.sample(PREFIX + "request_success_total", {**lab, "finished_reason": r})
               for r in ("stop", "length", "deadline", "cancelled")}
         internal = self.sample(PREFIX + "request_errors_total", {**lab, "kind": "internal"})
         out = {"n": sum(ok.values()) + internal, "failures": ok["deadline"] + internal}
-        for key, h, target in (("ttft", self.ttft, 0.1), ("itl", self.itl, 0.02)):
+        for key, h, target in (("ttft", self.ttft, ttft_target_s), ("itl", self.itl, tbt_target_s)):
             out[f"{key}_n"] = self.sample(h._name + "_count", lab)  # noqa: SLF001
             out[f"{key}_ok"] = self.sample(h._name + "_bucket", {**lab, "le": _le(target)})  # noqa: SLF001
         return out

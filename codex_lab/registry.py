@@ -36,7 +36,7 @@ MANIFEST, STATE = "manifest.json", "state.json"
 HASHED = ("model.safetensors", "config.json", "tokenizer.json")
 
 
-class ChecksumError(RuntimeError):
+class ChecksumError(ValueError):
     """A version's files do not match the SHA-256 sums in its manifest."""
 
 

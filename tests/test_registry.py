@@ -122,3 +122,22 @@ def test_crash_mid_write_leaves_no_half_version(tmp_path, small_tokenizer):
 def test_keep_previous_must_be_at_least_two(tmp_path):
     with pytest.raises(ValueError, match="at least 2"):
         Registry(tmp_path, keep_previous=1)
+
+
+def test_registry_cli(tmp_path, small_tokenizer, capsys):
+    from codex_lab.checkpoint import save_checkpoint
+    from codex_lab.cli import main as cli_main
+
+    root = str(tmp_path / "reg")
+    for i in range(2):
+        save_checkpoint(tmp_path / f"ck{i}", model(i, small_tokenizer.vocab_size), small_tokenizer)
+        assert cli_main(["registry", "add", str(tmp_path / f"ck{i}"), "--root", root]) == 0
+        assert cli_main(["registry", "promote", f"v000{i + 1}", "--root", root]) == 0
+    assert cli_main(["registry", "rollback", "--root", root]) == 0
+    capsys.readouterr()
+    assert cli_main(["registry", "list", "--root", root]) == 0
+    out = capsys.readouterr().out
+    assert "v0001" in out and "v0002" in out and Registry(root).current() == "v0001"
+    (tmp_path / "reg" / "versions" / "v0002" / "model.safetensors").write_bytes(b"junk")
+    assert cli_main(["registry", "promote", "v0002", "--root", root]) == 2  # refused: checksum
+    assert "fails its checksum" in capsys.readouterr().err

@@ -1,0 +1,57 @@
+"""Load generator: loopback only, bounded, summary numbers, and the CLI with --json."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from codex_lab.cli import main as cli_main
+from codex_lab.config import ModelConfig
+from codex_lab.loadtest import LoadReport, check_url, malformed_bodies
+from codex_lab.model import CodexModel
+from codex_lab.server import ModelServer, ServerConfig, serve_in_background
+
+
+def test_loopback_only():
+    assert check_url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+    assert check_url("http://localhost:1") == "http://localhost:1"
+    for bad in ("http://10.0.0.2:8000", "http://example.com", "http://0.0.0.0:80"):
+        with pytest.raises(ValueError, match="only targets this machine"):
+            check_url(bad)
+
+
+def test_summary_numbers():
+    rep = LoadReport(ttft=[0.05, 0.08, 0.2, 0.09], tbt=[0.01, 0.03], ok=4, tokens=40, duration_s=2.0,
+                     errors={"status 429": 1})
+    s = rep.summary()
+    assert s["ttft_share_under_100ms"] == 0.75 and s["tbt_share_under_20ms"] == 0.5
+    assert s["tokens_per_s"] == 20.0 and s["errors"] == 1
+    assert math.isclose(s["ttft_p50_ms"], 85.0)  # median of 50, 80, 90, 200 ms
+    assert LoadReport().summary()["ttft_p95_ms"] is None
+
+
+def test_malformed_bodies_cover_the_issue_cases():
+    names = {n for n, _ in malformed_bodies("m", 128)}
+    for must in ("invalid json", "missing prompt", "max_tokens 0", "max_tokens huge", "prompt too long",
+                 "unknown model", "oversize body", "max_tokens string"):
+        assert must in names
+
+
+def test_cli_loadtest_json(small_tokenizer, capsys):
+    torch.manual_seed(0)
+    m = CodexModel(ModelConfig(vocab_size=small_tokenizer.vocab_size, d_model=64, n_layer=2, n_head=4,
+                               max_seq_len=128)).eval()
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name="tiny"))
+    srv.add_version("v0001", m)
+    bg = serve_in_background(srv)
+    try:
+        assert cli_main(["loadtest", "--url", bg.url, "--concurrency", "2", "--requests", "4",
+                         "--max-tokens", "4", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["requests_ok"] == 4 and out["errors"] == 0 and out["ttft_p95_ms"] > 0
+        assert cli_main(["loadtest", "--url", "http://192.0.2.1:80"]) == 2  # refused, not sent
+    finally:
+        bg.stop()
