@@ -263,3 +263,26 @@ def test_bench_records_are_flat_and_equal() -> None:
         parse_sizes("128x8")
     with pytest.raises(ValueError, match="top_k"):
         parse_sizes("128:2:4")
+
+
+def test_code_token_categories_and_mutual_information(small_tokenizer) -> None:
+    from codex_lab.moe_experiments import (char_categories, expert_by_category, mutual_information,
+                                           shuffled_mutual_information, token_categories)
+
+    src = 'def f(x):\n    return "hi" + 42  # note\n'
+    cats = char_categories(src)
+    assert cats[src.index("def")] == "keyword" and cats[src.index("f(")] == "name"
+    assert cats[src.index('"hi"')] == "string" and cats[src.index("42")] == "number"
+    assert cats[src.index("# note")] == "comment" and cats[src.index("+")] == "operator"
+    assert cats[src.index("    return")] == "indent"
+    ids, tcats = token_categories(small_tokenizer, src)
+    assert len(ids) == len(tcats) and small_tokenizer.decode(ids) == src
+    assert {"keyword", "name", "string", "number", "comment"} <= set(tcats)
+    # MI: a perfectly specialised table has MI = log(#kinds); independence gives 0
+    diag = torch.diag(torch.full((4,), 25))
+    assert math.isclose(mutual_information(diag), math.log(4), rel_tol=1e-9)
+    assert abs(mutual_information(torch.full((3, 5), 7))) < 1e-12
+    assert shuffled_mutual_information(diag) < 0.2 * math.log(4)
+    cfg = small_cfg(vocab_size=small_tokenizer.vocab_size, max_seq_len=16)
+    counts = expert_by_category(CodexModel(cfg), 0, ids, tcats)
+    assert counts.shape == (8, cfg.n_experts) and int(counts.sum()) == len(ids)
