@@ -134,3 +134,30 @@ def attention_entropy(maps: Tensor) -> Tensor:
     p = maps.clamp_min(1e-12)
     # H_i = - sum_j p_ij log p_ij
     return -(maps * p.log()).sum(-1).mean(-1)
+
+
+def code_snippets(tokenizer: Any, texts: Sequence[str], n: int, length: int) -> list[tuple[str, Tensor]]:
+    """Up to ``n`` snippets of exactly ``length`` tokens, each starting at a top-level
+    ``def`` or ``class`` of a different source text (real code, not file headers).
+
+    Returns [(title, ids (length,)), ...] where title is the snippet's first line.
+    """
+    import re
+
+    if n < 1 or length < 2:
+        raise ValueError(f"need n >= 1 and length >= 2, got n={n}, length={length}")
+    out: list[tuple[str, Tensor]] = []
+    for text in texts:
+        m = re.search(r"^(def|class) \w+", text, flags=re.M)
+        if m is None:
+            continue
+        ids = tokenizer.encode(text[m.start() :])
+        if len(ids) < length:
+            continue
+        title = text[m.start() :].split("\n", 1)[0][:60]
+        out.append((title, torch.tensor(ids[:length], dtype=torch.long)))
+        if len(out) == n:
+            break
+    if not out:
+        raise ValueError(f"no text has a top-level def/class followed by {length} tokens; pass longer texts")
+    return out
