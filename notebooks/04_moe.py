@@ -49,7 +49,7 @@ from codex_lab.model import SwiGLU
 from codex_lab.moe import (MoEFeedForward, capacity_keep_mask, expert_capacity, ffn_param_counts,
                            load_balancing_loss, moe_layers_of, route)
 from codex_lab.moe_experiments import (CATEGORIES, expert_by_category, mutual_information,
-                                       shuffled_mutual_information, token_categories, train_run, val_loss)
+                                       shuffled_mutual_information, token_categories, train_run)
 
 cl.seed_everything(0)
 FAST = cl.fast_mode()
@@ -166,6 +166,21 @@ assert bool(capacity_keep_mask(idx, 4, None).all())  # dropless keeps everything
 # - **MoE + aux loss**: plus the Switch load-balancing loss `0.01 * E * sum_e f_e P_e`;
 # - **MoE + bias balancing** (DeepSeek-V3, no aux loss): a per-expert bias added to the
 #   scores only for *selection*, moved by `rate * sign(mean load - load_e)` after each step.
+
+# %% [markdown]
+# The Switch loss in numbers: `f_e` (share of assignments, a count: no gradient) and `P_e`
+# (mean router probability: the gradient path). Even load gives 1.0; one expert taking
+# every assignment with certainty gives `E`.
+
+# %%
+uniform = torch.full((16, 8), 1 / 8)
+even = torch.arange(32).view(16, 2) % 8  # every expert gets 4 of the 32 assignments
+collapsed = torch.zeros(16, 8)
+collapsed[:, 0] = 1.0
+lb_even = float(load_balancing_loss(uniform, even))
+lb_collapsed = float(load_balancing_loss(collapsed, torch.zeros(16, 1, dtype=torch.long)))
+print(f"even load: {lb_even:.3f}; everything on expert 0: {lb_collapsed:.3f}")
+assert abs(lb_even - 1.0) < 1e-6 and abs(lb_collapsed - 8.0) < 1e-6
 
 # %%
 tok = cl.load_pretrained().tokenizer
