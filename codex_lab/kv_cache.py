@@ -228,7 +228,7 @@ def kv_bytes_per_token(cfg: "ModelConfig", dtype: torch.dtype = torch.float32) -
 class PagedKVPool:
     """KV memory for every layer cut into fixed-size blocks, handed out to requests.
 
-    Storage is (n_layer, n_blocks, H_kv, block_size, D) for keys and the same for values.
+    Storage is (n_layer, n_blocks, block_size, H_kv, D) for keys and the same for values.
     A request owns a *block table*: the list of its block ids, block ``j`` holding its
     positions ``j * block_size .. (j + 1) * block_size - 1``. Memory in use grows by one
     block at a time and returns to the pool the moment a request ends.
@@ -246,9 +246,10 @@ class PagedKVPool:
     ) -> None:
         if n_blocks < 1 or block_size < 1:
             raise ValueError(f"need n_blocks >= 1 and block_size >= 1, got {n_blocks}, {block_size}")
-        shape = (n_layer, n_blocks, n_kv_head, block_size, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, N, H_kv, bs, D)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)  # (L, N, H_kv, bs, D)
+        # token-major blocks: a gathered block table reshapes to (B, S, H_kv, D) without a copy
+        shape = (n_layer, n_blocks, block_size, n_kv_head, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, N, bs, H_kv, D)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)  # (L, N, bs, H_kv, D)
         self.n_blocks, self.block_size, self.n_layer = n_blocks, block_size, n_layer
         self._free: list[int] = list(range(n_blocks - 1, -1, -1))  # a stack: pop() gives 0, 1, ...
 
@@ -273,7 +274,7 @@ class PagedKVPool:
 
     def bytes_per_token(self) -> int:
         """Bytes of K and V that one token takes across all layers."""
-        return 2 * self.n_layer * self.k.shape[2] * self.k.shape[4] * self.k.element_size()
+        return 2 * self.n_layer * self.k.shape[3] * self.k.shape[4] * self.k.element_size()
 
     def views(self, block_tables: Tensor) -> list["PagedLayerView"]:
         """One cache object per layer for a batched step whose rows own ``block_tables`` (B, NB)."""
@@ -297,15 +298,16 @@ class PagedLayerView:
         keys/values (B, H_kv, S, D) and positions (B, S), S = NB * block_size."""
         bs = self.pool.block_size
         B, H, T, D = k.shape
-        pk, pv = self.pool.k[self.layer], self.pool.v[self.layer]  # (N, H_kv, bs, D)
+        pk, pv = self.pool.k[self.layer], self.pool.v[self.layer]  # (N, bs, H_kv, D)
         # block of position p = table[p // bs]; offset inside it = p % bs
         blocks = self.tables.gather(1, positions // bs)  # (B, T)
         offs = positions % bs  # (B, T)
-        pk[blocks, :, offs] = k.transpose(1, 2).to(pk.dtype)  # value (B, T, H_kv, D)
-        pv[blocks, :, offs] = v.transpose(1, 2).to(pv.dtype)
+        pk[blocks, offs] = k.transpose(1, 2).to(pk.dtype)  # value (B, T, H_kv, D)
+        pv[blocks, offs] = v.transpose(1, 2).to(pv.dtype)
         NB = self.tables.shape[1]
-        k_all = pk[self.tables].transpose(1, 2).reshape(B, H, NB * bs, D)  # (B, NB, H, bs, D) -> (B, H, S, D)
-        v_all = pv[self.tables].transpose(1, 2).reshape(B, H, NB * bs, D)  # (B, H, S, D)
+        # one gather copy: (B, NB, bs, H, D) -> (B, S, H, D) is a free reshape -> (B, H, S, D) view
+        k_all = pk[self.tables].view(B, NB * bs, H, D).transpose(1, 2)  # (B, H_kv, S, D)
+        v_all = pv[self.tables].view(B, NB * bs, H, D).transpose(1, 2)  # (B, H_kv, S, D)
         slot = torch.arange(NB * bs, device=k.device)[None, :]  # (1, S)
         # a slot is filled when it is at or before the row's newest position
         filled = slot <= positions.max(dim=1, keepdim=True).values  # (B, S)
