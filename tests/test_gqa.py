@@ -178,3 +178,22 @@ def test_uptrain_lowers_loss_and_experiment_reports_every_g() -> None:
     with pytest.raises(ValueError, match="do not divide"):
         group_size_experiment(m, tokens, val, group_sizes=(8,), steps=1)
     assert decode_tokens_per_s(m, batch=1, prompt_len=4, new_tokens=2, repeats=1) > 0
+
+
+def test_bench_gqa_records_and_bad_groups() -> None:
+    import argparse
+
+    from codex_lab.benches import gqa as bench
+
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args(["--groups", "1,4", "--heads", "4", "--d-model", "32", "--layers", "1", "--batch", "2",
+                         "--context", "6", "--steps", "1", "--repeats", "1", "--device", "cpu"])
+    rows = bench.run(args)
+    assert [r["kv_heads"] for r in rows] == [4, 1]
+    assert [r["kv_bytes"] for r in rows] == [2 * 1 * 4 * 8 * 6 * 2 * 4, 2 * 1 * 1 * 8 * 6 * 2 * 4]
+    assert rows[0]["speedup_vs_g1"] == 1.0 and all(r["tokens_per_s"] > 0 for r in rows)
+    with pytest.raises(ValueError, match="must divide --heads=8"):
+        bench.parse_groups("1,3", 8)
+    with pytest.raises(ValueError, match="comma-separated integers"):
+        bench.parse_groups("1,x", 8)
