@@ -17,6 +17,10 @@ A whole model maps onto ``MixtralForCausalLM`` when every layer is an MoE layer 
 has no dense layers), with no shared experts, no capacity limit (Mixtral is dropless at
 inference) and no selection bias; attention, norms and embeddings map as in
 :mod:`codex_lab.hf`. Anything else is refused with an error naming the setting.
+
+Training losses do not convert exactly: ``router_aux_loss_coef`` is copied as a number, but
+Hugging Face's load-balancing loss is k times codex_lab's and pools all layers' tokens,
+while codex_lab sums one loss per layer. Forward outputs and generations are identical.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ CATEGORIES = ("indent", "name", "keyword", "string", "comment", "number", "opera
 class RunResult:
     """One training run: per-step routing history, final validation loss and timing.
 
-    history rows: step, loss (LM, nats/token), max_load (busiest expert / mean load,
-    averaged over MoE layers; 1.0 = balanced), load_entropy (nats, log E = balanced).
+    history rows: step, loss (LM, nats/token) and, averaged over MoE layers: max_load
+    (busiest expert / mean load; 1.0 = balanced), load_entropy (nats, log E = balanced),
+    router_entropy (mean per-token router entropy, nats), drop_rate (share of assignments).
     """
 
     name: str
@@ -98,6 +99,8 @@ def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Se
             stats = [m.last_stats for m in layers if m.last_stats is not None]
             row["max_load"] = sum(s.max_load_ratio for s in stats) / len(stats)
             row["load_entropy"] = sum(s.load_entropy for s in stats) / len(stats)
+            row["router_entropy"] = sum(s.router_entropy for s in stats) / len(stats)
+            row["drop_rate"] = sum(s.drop_rate for s in stats) / len(stats)
         res.history.append(row)
     res.train_time_s = time.perf_counter() - t0
     res.val_loss = val_loss(model, val_batches)

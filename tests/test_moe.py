@@ -286,3 +286,20 @@ def test_code_token_categories_and_mutual_information(small_tokenizer) -> None:
     cfg = small_cfg(vocab_size=small_tokenizer.vocab_size, max_seq_len=16)
     counts = expert_by_category(CodexModel(cfg), 0, ids, tcats)
     assert counts.shape == (8, cfg.n_experts) and int(counts.sum()) == len(ids)
+
+
+def test_train_run_logs_routing_stats() -> None:
+    from codex_lab.data import fixed_batches
+    from codex_lab.moe_experiments import ffn_counts, train_run
+
+    tokens = torch.randint(0, 128, (2000,), generator=torch.Generator().manual_seed(0))
+    cfg = small_cfg(moe_router_bias=True, moe_aux_loss_coef=0.0)
+    res = train_run("bias", cfg, tokens, fixed_batches(tokens, 2, 16, 1), steps=3, batch_size=2, seq_len=16,
+                    bias_update_rate=0.01)
+    assert [h["step"] for h in res.history] == [1, 2, 3]
+    assert {"loss", "max_load", "load_entropy", "router_entropy", "drop_rate"} <= set(res.history[0])
+    assert math.isfinite(res.val_loss)
+    assert all(float(m.expert_bias.abs().sum()) > 0 for m in moe_layers_of(res.model))  # 3 sign steps taken
+    dense_active, dense_total = ffn_counts(small_cfg(moe_layers=[], ffn_hidden=96))
+    assert dense_active == dense_total == 2 * 3 * 32 * 96
+    assert res.active_ffn_params == dense_active + 2 * 32 * 4  # routers only on top
