@@ -3,7 +3,8 @@
 A candidate model passes only if it is no worse than the baseline on every gate
 (:func:`gate_decision`). The gates:
 
-- syntax: share of problems whose prompt + generated body parses (``ast``);
+- syntax: share of problems whose prompt + generated body parses (``ast``) with a
+  non-empty body (a docstring-only function parses but is not an answer);
 - functional: share whose code passes the problem's tests, run in the sandbox
   (``codex_lab.sandbox.run_python``: a subprocess with time and memory limits, no network,
   a temporary working folder);
@@ -31,7 +32,12 @@ TTFT_SLO_S, TBT_SLO_S = 0.1, 0.02
 
 @dataclass(frozen=True)
 class Problem:
-    """One suite entry: a prompt (signature + docstring) and tests that call the function."""
+    """One suite entry: a prompt (signature + docstring) and tests that call the function.
+
+    The prompt stops right after the docstring's closing quotes, without the newline: a
+    byte-level BPE model writes newline + indentation as one token, so a prompt that ends
+    in a bare newline leaves it off its usual path (it then tends to end the function).
+    """
 
     name: str
     prompt: str
@@ -39,17 +45,17 @@ class Problem:
 
 
 SUITE: tuple[Problem, ...] = (
-    Problem("add", 'def add(a, b):\n    """Return the sum of a and b."""\n', "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"),
-    Problem("is_even", 'def is_even(n):\n    """Return True if n is even."""\n', "assert is_even(4)\nassert not is_even(7)\n"),
-    Problem("maximum", 'def maximum(items):\n    """Return the largest item of a non-empty list."""\n',
+    Problem("add", 'def add(a, b):\n    """Return the sum of a and b."""', "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"),
+    Problem("is_even", 'def is_even(n):\n    """Return True if n is even."""', "assert is_even(4)\nassert not is_even(7)\n"),
+    Problem("maximum", 'def maximum(items):\n    """Return the largest item of a non-empty list."""',
             "assert maximum([3, 9, 2]) == 9\nassert maximum([-5]) == -5\n"),
-    Problem("reverse", 'def reverse(text):\n    """Return text reversed."""\n', "assert reverse('abc') == 'cba'\nassert reverse('') == ''\n"),
-    Problem("factorial", 'def factorial(n):\n    """Return n! for n >= 0."""\n', "assert factorial(0) == 1\nassert factorial(5) == 120\n"),
-    Problem("count_vowels", 'def count_vowels(text):\n    """Return the number of vowels (aeiou) in text."""\n',
+    Problem("reverse", 'def reverse(text):\n    """Return text reversed."""', "assert reverse('abc') == 'cba'\nassert reverse('') == ''\n"),
+    Problem("factorial", 'def factorial(n):\n    """Return n! for n >= 0."""', "assert factorial(0) == 1\nassert factorial(5) == 120\n"),
+    Problem("count_vowels", 'def count_vowels(text):\n    """Return the number of vowels (aeiou) in text."""',
             "assert count_vowels('banana') == 3\nassert count_vowels('xyz') == 0\n"),
-    Problem("square_all", 'def square_all(numbers):\n    """Return a list of the squares of numbers."""\n',
+    Problem("square_all", 'def square_all(numbers):\n    """Return a list of the squares of numbers."""',
             "assert square_all([1, 2, 3]) == [1, 4, 9]\nassert square_all([]) == []\n"),
-    Problem("first_word", 'def first_word(line):\n    """Return the first whitespace-separated word of line."""\n',
+    Problem("first_word", 'def first_word(line):\n    """Return the first whitespace-separated word of line."""',
             "assert first_word('hello big world') == 'hello'\n"),
 )
 
@@ -147,7 +153,7 @@ def score(samples: Sequence[Sample], suite: Sequence[Problem] = SUITE) -> GateRe
     tbts: list[float] = []
     for prob, s in zip(suite, samples):
         body = cut_function(s.body)
-        ok = parses(prob.prompt + body)
+        ok = bool(body.strip()) and parses(prob.prompt + body)
         passed = ok and functional_pass(prob, body)
         rows.append((prob.name, body, ok, passed, style_consistency(prob.prompt, body)))
         if s.arrival is not None and s.token_times:

@@ -12,21 +12,22 @@ from codex_lab.gates import (
 )
 from codex_lab.model import CodexModel
 
-GOOD = {  # correct bodies for the suite (an "oracle model")
-    "add": "    return a + b\n", "is_even": "    return n % 2 == 0\n", "maximum": "    return max(items)\n",
-    "reverse": "    return text[::-1]\n", "factorial": "    result = 1\n    for i in range(2, n + 1):\n        result *= i\n    return result\n",
-    "count_vowels": "    return sum(ch in 'aeiou' for ch in text)\n", "square_all": "    return [x * x for x in numbers]\n",
-    "first_word": "    return line.split()[0]\n",
+GOOD = {  # correct bodies for the suite (an "oracle model"); prompts end at the docstring's quotes
+    "add": "\n    return a + b\n", "is_even": "\n    return n % 2 == 0\n", "maximum": "\n    return max(items)\n",
+    "reverse": "\n    return text[::-1]\n",
+    "factorial": "\n    result = 1\n    for i in range(2, n + 1):\n        result *= i\n    return result\n",
+    "count_vowels": "\n    return sum(ch in 'aeiou' for ch in text)\n", "square_all": "\n    return [x * x for x in numbers]\n",
+    "first_word": "\n    return line.split()[0]\n",
 }
 
 
 def test_suite_answers_pass_and_wrong_answers_fail():
     for p in SUITE:
         assert functional_pass(p, GOOD[p.name]), p.name
-    assert not functional_pass(SUITE[0], "    return a - b\n")  # wrong
-    assert not functional_pass(SUITE[0], "    return (\n")  # does not parse
-    assert not functional_pass(SUITE[4], "    while True:\n        pass\n", timeout_s=1.0)  # killed at the limit
-    assert not functional_pass(SUITE[0], "    import socket\n    socket.create_connection(('127.0.0.1', 1))\n")
+    assert not functional_pass(SUITE[0], "\n    return a - b\n")  # wrong
+    assert not functional_pass(SUITE[0], "\n    return (\n")  # does not parse
+    assert not functional_pass(SUITE[4], "\n    while True:\n        pass\n", timeout_s=1.0)  # killed at the limit
+    assert not functional_pass(SUITE[0], "\n    import socket\n    socket.create_connection(('127.0.0.1', 1))\n")
 
 
 def test_style_consistency_measure():
@@ -46,9 +47,11 @@ def test_score_and_percentile():
     assert (rep.syntax, rep.functional, rep.style) == (1.0, 1.0, 1.0)
     assert rep.ttft_attainment == 1.0 and rep.tbt_attainment == 1.0
     assert math.isclose(rep.ttft_p95_s, 0.05)
-    bad = [Sample("    return (\n", arrival=0.0, token_times=[0.2, 0.3]) for _ in SUITE]
+    bad = [Sample("\n    return (\n", arrival=0.0, token_times=[0.2, 0.3]) for _ in SUITE]
     rep2 = score(bad)
     assert rep2.syntax == 0.0 and rep2.functional == 0.0 and rep2.ttft_attainment == 0.0
+    empty = score([Sample("\n\n") for _ in SUITE])  # a docstring-only function parses but is no answer
+    assert empty.syntax == 0.0 and empty.style == 0.0 and math.isnan(empty.ttft_attainment)
     assert percentile([1, 2, 3, 4], 50) == 2.5 and math.isnan(percentile([], 95))
 
 
