@@ -157,3 +157,19 @@ def test_submit_and_cancel_from_another_thread(tok):
     by = {f.rid: f for f in results}
     assert sorted(by) == rids and by[rids[0]].finish_reason == "cancelled"
     assert all(by[r].finish_reason == "length" and len(by[r].output_ids) == 30 for r in rids[1:])
+
+
+def test_bench_hf_and_batching_records(tok):
+    """The benchmark's records: HF generate on the same weights gives the same tokens."""
+    from codex_lab.benches import inference as bench
+
+    model = model_for(tok)
+    rows = bench.bench_hf(model, prompt_len=8, new_tokens=6)
+    assert [r["impl"] for r in rows] == ["hf_generate", "codex_lab_static_cache"]
+    assert all(r["same_tokens"] and r["tokens_per_s"] > 0 and r["scenario"] == "hf" for r in rows)
+    reqs = [([i + 1] * (3 + 2 * i), 4 + i) for i in range(5)]
+    done, wall, eng = bench.run_engine(model, tok, reqs, max_batch_size=2, static=True)
+    assert sorted(len(f.output_ids) for f in done) == [4, 5, 6, 7, 8] and wall > 0
+    lat = bench.latency_fields(done)
+    assert set(lat) == {"ttft_p50_ms", "ttft_p95_ms", "tbt_p50_ms", "tbt_p95_ms"}
+    assert lat["ttft_p95_ms"] >= lat["ttft_p50_ms"] > 0
