@@ -26,9 +26,9 @@ Loading a real code model (needs internet, e.g. on Colab)::
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from codex_lab.hf import from_hf
-    hf = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-Coder-0.5B", torch_dtype="float32")
+    hf = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-Coder-0.5B")
     tok = AutoTokenizer.from_pretrained("Qwen/Qwen2.5-Coder-0.5B")
-    model = from_hf(hf, max_seq_len=4096)  # a CodexModel with 14 query / 2 KV heads
+    model = from_hf(hf, max_seq_len=4096, dtype=torch.float32)  # 14 query / 2 KV heads
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ SUPPORTED_ARCHS = ("llama", "qwen2")
 
 def _rope_settings(cfg: Any) -> float:
     """RoPE base frequency of a HF config; refuse any RoPE variant other than the plain one."""
-    params = getattr(cfg, "rope_parameters", None) or {}
+    params = getattr(cfg, "rope_parameters", None)
+    if params is None:  # transformers 4.x: rope_theta and rope_scaling are separate attributes
+        params = {**(getattr(cfg, "rope_scaling", None) or {}), "rope_theta": getattr(cfg, "rope_theta", None)}
     if params and "rope_type" not in params and "rope_theta" not in params:
         raise ValueError(
             f"rope_parameters={params!r} gives one setting per layer type; codex_lab supports "
@@ -213,7 +215,7 @@ def to_hf(model: CodexModel, *, arch: str | None = None, eos_token_id: int | Non
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_hidden,
         num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
         max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps, hidden_act="silu",
-        tie_word_embeddings=cfg.tie_embeddings, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        tie_word_embeddings=cfg.tie_embeddings, rope_theta=cfg.rope_theta,  # plain RoPE (4.x and 5.x spelling)
         bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
     )
     if arch == "llama":

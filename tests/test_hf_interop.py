@@ -132,3 +132,33 @@ def test_other_architectures_and_exports_are_refused() -> None:
     biased = CodexModel(ModelConfig(vocab_size=128, d_model=64, n_layer=1, n_head=4, max_seq_len=64, qkv_bias=True))
     with pytest.raises(ValueError, match="arch='qwen2'"):
         to_hf(biased, arch="llama")
+
+
+# Qwen2.5-Coder-0.5B's published config.json (shapes only; no weights are built)
+QWEN25_CODER_05B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+    "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+
+def test_real_qwen25_coder_config_maps_to_gqa() -> None:
+    cfg = hf_config_to_codex(transformers.Qwen2Config(**QWEN25_CODER_05B), max_seq_len=4096)
+    assert (cfg.n_layer, cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.group_size) == (24, 14, 2, 64, 7)
+    assert (cfg.ffn_hidden, cfg.rope_theta, cfg.norm_eps, cfg.max_seq_len) == (4864, 1e6, 1e-6, 4096)
+    assert cfg.qkv_bias and cfg.tie_embeddings
+
+
+def test_transformers_4_style_config_is_read_and_refused() -> None:
+    from types import SimpleNamespace
+
+    old = dict(model_type="llama", hidden_act="silu", num_attention_heads=4, hidden_size=64, head_dim=None,
+               attention_bias=False, mlp_bias=False, pretraining_tp=1, num_key_value_heads=2, vocab_size=128,
+               num_hidden_layers=2, intermediate_size=96, max_position_embeddings=128, rms_norm_eps=1e-6,
+               tie_word_embeddings=False, rope_theta=5e5, rope_scaling=None)
+    assert hf_config_to_codex(SimpleNamespace(**old)).rope_theta == 5e5
+    with pytest.raises(ValueError, match="rope_type='dynamic'"):
+        hf_config_to_codex(SimpleNamespace(**{**old, "rope_scaling": {"type": "dynamic", "factor": 2.0}}))
