@@ -29,6 +29,9 @@ CATEGORIES = ("indent", "name", "keyword", "string", "comment", "number", "opera
 class RunResult:
     """One training run: per-step routing history, final validation loss and timing.
 
+    active_params: parameters a token uses (all but the unchosen experts; the tied
+    embedding counts once, as the output layer); curve: validation loss vs compute.
+
     history rows: step, loss (LM, nats/token) and, averaged over MoE layers: max_load
     (busiest expert / mean load; 1.0 = balanced), load_entropy (nats, log E = balanced),
     router_entropy (mean per-token router entropy, nats), drop_rate (share of assignments).
@@ -41,6 +44,8 @@ class RunResult:
     train_time_s: float = 0.0
     active_ffn_params: int = 0
     total_ffn_params: int = 0
+    active_params: int = 0
+    curve: list[dict[str, float]] = field(default_factory=list)
 
 
 @torch.no_grad()
@@ -69,10 +74,13 @@ def ffn_counts(cfg: ModelConfig) -> tuple[int, int]:
 
 def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Sequence[tuple[Tensor, Tensor]], *,
               steps: int, batch_size: int, seq_len: int, lr: float = 3e-3, seed: int = 0,
-              bias_update_rate: float = 1e-3) -> RunResult:
+              bias_update_rate: float = 1e-3, eval_every: int | None = None) -> RunResult:
     """Train ``cfg`` from scratch with AdamW (constant ``lr`` after 10 warm-up steps).
 
     LM loss + the MoE layers' weighted aux losses; routing stats recorded every step.
+    With ``eval_every``, ``curve`` gets (step, train_flops, val_loss) rows, where
+    train_flops ~= 6 * active parameters * tokens seen (evaluation time is not counted
+    in ``train_time_s``).
     """
     torch.manual_seed(seed)
     model = CodexModel(cfg)
@@ -81,9 +89,10 @@ def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Se
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     active, total = ffn_counts(cfg)
-    res = RunResult(name=name, model=model, active_ffn_params=active, total_ffn_params=total)
+    res = RunResult(name=name, model=model, active_ffn_params=active, total_ffn_params=total,
+                    active_params=model.num_params() - (total - active))
     model.train()
-    t0 = time.perf_counter()
+    t0, eval_s = time.perf_counter(), 0.0
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, (step + 1) / 10)
@@ -102,8 +111,17 @@ def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Se
             row["router_entropy"] = sum(s.router_entropy for s in stats) / len(stats)
             row["drop_rate"] = sum(s.drop_rate for s in stats) / len(stats)
         res.history.append(row)
-    res.train_time_s = time.perf_counter() - t0
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+            e0 = time.perf_counter()
+            # training compute ~ 6 FLOPs per active parameter per token (forward + backward)
+            flops = 6.0 * res.active_params * (step + 1) * batch_size * seq_len
+            res.curve.append({"step": step + 1, "train_flops": flops, "val_loss": val_loss(model, val_batches)})
+            eval_s += time.perf_counter() - e0
+    res.train_time_s = time.perf_counter() - t0 - eval_s
     res.val_loss = val_loss(model, val_batches)
+    if eval_every:
+        res.curve.append({"step": steps, "train_flops": 6.0 * res.active_params * steps * batch_size * seq_len,
+                          "val_loss": res.val_loss})
     model.eval()
     return res
 

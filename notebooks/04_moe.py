@@ -202,7 +202,7 @@ configs = {
 }
 print(f"{len(train_tokens):,} training tokens; {STEPS} steps of {BATCH} x {SEQ}")
 runs = {name: train_run(name, c, train_tokens, val_batches, steps=STEPS, batch_size=BATCH, seq_len=SEQ,
-                        bias_update_rate=BIAS_RATE) for name, c in configs.items()}
+                        bias_update_rate=BIAS_RATE, eval_every=cl.pick(fast=25, full=250)) for name, c in configs.items()}
 for name, r in runs.items():
     tail = r.history[-20:]
     bal = f"max load {sum(h['max_load'] for h in tail) / len(tail):.2f}x mean" if "max_load" in tail[0] else "(dense)"
@@ -299,10 +299,18 @@ assert cap["none", 1.0][1] > 0.0
 # %% [markdown]
 # ## 7. Dense vs MoE at equal active parameters
 # The MoE models store 4x the FFN parameters of the dense one and use the same number per
-# token. Validation loss after the same steps and tokens, and wall time:
+# token, so each training step costs the same FLOPs (about `6 * active params * tokens`).
+# Validation loss against that compute, and wall time:
 
 # %%
-d_run, m_run = runs["dense"], runs["aux"]
+fig, ax = plt.subplots(figsize=(5, 3.2))
+for name, r in runs.items():
+    ax.plot([c["train_flops"] for c in r.curve], [c["val_loss"] for c in r.curve], marker="o", label=name)
+ax.set_xlabel("training compute (FLOPs, 6 * active params * tokens)"); ax.set_ylabel("validation loss")
+ax.set_xscale("log"); ax.legend(); ax.set_title("equal active parameters")
+plt.show()
+d_run = runs["dense"]
+print(f"active parameters per token: dense {d_run.active_params:,}, MoE {runs['aux'].active_params:,}")
 print(f"dense: val loss {d_run.val_loss:.3f}, FFN {d_run.total_ffn_params:,} params, {d_run.train_time_s:.1f} s")
 for name in ("none", "aux", "bias"):
     r = runs[name]

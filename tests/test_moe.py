@@ -295,7 +295,11 @@ def test_train_run_logs_routing_stats() -> None:
     tokens = torch.randint(0, 128, (2000,), generator=torch.Generator().manual_seed(0))
     cfg = small_cfg(moe_router_bias=True, moe_aux_loss_coef=0.0)
     res = train_run("bias", cfg, tokens, fixed_batches(tokens, 2, 16, 1), steps=3, batch_size=2, seq_len=16,
-                    bias_update_rate=0.01)
+                    bias_update_rate=0.01, eval_every=2)
+    assert [c["step"] for c in res.curve] == [2, 3] and res.curve[-1]["val_loss"] == res.val_loss
+    # 6 * active * tokens, active = all parameters minus the 2 unchosen experts of each of 2 layers
+    assert res.active_params == res.model.num_params() - 2 * 2 * 3 * 32 * 48
+    assert res.curve[0]["train_flops"] == 6.0 * res.active_params * 2 * 2 * 16
     assert [h["step"] for h in res.history] == [1, 2, 3]
     assert {"loss", "max_load", "load_entropy", "router_entropy", "drop_rate"} <= set(res.history[0])
     assert math.isfinite(res.val_loss)
