@@ -88,6 +88,8 @@ def route(logits: Tensor, top_k: int, bias: Tensor | None = None) -> Routing:
         bias: optional per-expert selection bias (E,); changes which experts are chosen,
             never their weights.
     """
+    if logits.dim() != 2:
+        raise ValueError(f"router logits must be (tokens, experts), got shape {tuple(logits.shape)}; flatten batch and time first")
     N, E = logits.shape
     if not 1 <= top_k <= E:
         raise ValueError(f"top_k={top_k} must be in 1..{E} (the number of experts)")
@@ -260,6 +262,11 @@ class MoEFeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, d) -> (B, T, d); sets aux_loss, last_routing, last_stats."""
+        if x.dim() != 3 or x.shape[-1] != self.router.in_features:
+            raise ValueError(
+                f"MoEFeedForward expects (batch, tokens, {self.router.in_features}), got {tuple(x.shape)}; "
+                "add a batch dimension with x[None] or check d_model"
+            )
         B, T, d = x.shape
         xf = x.reshape(B * T, d)  # (N, d)
         logits = self.router(xf)  # (N, E)

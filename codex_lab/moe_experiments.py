@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import keyword
-import math
 import time
 import tokenize
 from dataclasses import dataclass, field
@@ -222,13 +221,7 @@ def shuffled_mutual_information(counts: Tensor, seed: int = 0) -> float:
     return mutual_information(shuffled)
 
 
-def load_ratio(tokens_per_expert: Tensor) -> float:
-    """Busiest expert's load / mean load."""
-    t = tokens_per_expert.float()
-    return float(t.max() / t.mean()) if t.sum() > 0 else math.nan
-
-
 __all__ = [
     "CATEGORIES", "RunResult", "char_categories", "expert_by_category", "ffn_counts",
-    "load_ratio", "mutual_information", "shuffled_mutual_information", "token_categories", "train_run", "val_loss",
+    "mutual_information", "shuffled_mutual_information", "token_categories", "train_run", "val_loss",
 ]

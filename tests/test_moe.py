@@ -238,6 +238,10 @@ def test_set_dispatch_impl_and_bad_input() -> None:
         route(torch.randn(3, 4), 5)
     with pytest.raises(ValueError, match="capacity_factor"):
         expert_capacity(8, 4, 2, 0.0)
+    with pytest.raises(ValueError, match="batch dimension"):
+        MoEFeedForward(small_cfg())(torch.randn(5, 32))
+    with pytest.raises(ValueError, match="tokens, experts"):
+        route(torch.randn(2, 3, 4), 2)
 
 
 def test_param_counts() -> None:
