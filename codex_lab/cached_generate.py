@@ -61,7 +61,7 @@ def generate_batch_cached(
     total = T + max_new_tokens
     if total > model.cfg.max_seq_len:
         raise ValueError(f"prompt {T} + {max_new_tokens} new tokens is past max_seq_len={model.cfg.max_seq_len}")
-    fwd = forward or model
+    fwd = model if forward is None else forward
     caches = make_caches(model, B, total, cache)
     dev = prompts.device
     pos = torch.arange(T, device=dev).expand(B, T)  # (B, T)

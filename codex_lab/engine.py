@@ -48,6 +48,7 @@ class SamplingParams:
         top_p: keep the smallest set with probability mass >= top_p (1 = all).
         stop: strings that end the generation; the text is cut before the first one.
         seed: per-request random seed (same seed, same output); None = global RNG.
+        ignore_eos: keep generating past end-of-text (benchmarks: exactly max_tokens tokens).
     """
 
     max_tokens: int = 64
@@ -56,6 +57,7 @@ class SamplingParams:
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    ignore_eos: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -236,7 +238,13 @@ class Engine:
         """
         with self._inbox_lock:
             queued = len(self._inbox)
-        running = list(self.running.values())
+        running: list[_Request] = []
+        for _ in range(100):  # another thread may call this while step() mutates the dict
+            try:
+                running = list(self.running.values())
+                break
+            except RuntimeError:
+                continue
         bpt = self.pool.bytes_per_token()
         used = sum(r.cached for r in running)
         alloc = sum(len(r.blocks) for r in running) * self.pool.block_size
@@ -360,7 +368,7 @@ class Engine:
         """Pick the next token of ``req`` from its logits (1, V), stream it, maybe finish it."""
         tok = greedy if (greedy is not None and req.params.temperature == 0.0) else self._sample(req, logits)
         now = self.clock()
-        if tok == self.eot_id:
+        if tok == self.eot_id and not req.params.ignore_eos:
             return self._finish(req, "stop", notify_tok=tok)
         req.output.append(tok)
         req.token_times.append(now)

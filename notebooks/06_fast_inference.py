@@ -246,9 +246,8 @@ plt.show()
 
 # %%
 eng = Engine(model, tok, max_batch_size=4, block_size=16)
-eng.eot_id = -1  # run every request to max_tokens
 for p, m in reqs[:6]:
-    eng.submit(p, SamplingParams(max_tokens=m))
+    eng.submit(p, SamplingParams(max_tokens=m, ignore_eos=True))
 used, alloc = [], []
 while eng.has_work():
     eng.step()

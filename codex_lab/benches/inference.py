@@ -151,17 +151,16 @@ def run_engine(model: CodexModel, tok: CodeTokenizer, reqs: list[tuple[list[int]
     stop (``max_tokens`` decides each length), so all impls generate the same tokens.
     """
     eng = Engine(model, tok, max_batch_size=max_batch_size)
-    eng.eot_id = -1  # generate exactly max_tokens: equal work for every impl
     done: list[Finished] = []
     t0 = eng.clock()
     if static:
         for i in range(0, len(reqs), max_batch_size):
             for p, m in reqs[i : i + max_batch_size]:
-                eng.submit(p, SamplingParams(max_tokens=m))
+                eng.submit(p, SamplingParams(max_tokens=m, ignore_eos=True))
             done += eng.run_until_done()
     else:
         for p, m in reqs:
-            eng.submit(p, SamplingParams(max_tokens=m))
+            eng.submit(p, SamplingParams(max_tokens=m, ignore_eos=True))
         done = eng.run_until_done()
     wall = eng.clock() - t0
     for f in done:  # all requests arrived at t0: queueing counts in TTFT
@@ -190,11 +189,10 @@ def bench_streams(model: CodexModel, tok: CodeTokenizer, n_requests: int, stream
     """``streams`` concurrent clients, each sending its next request when the last one ends."""
     reqs = [(p, new_tokens) for p in code_prompts(tok, [prompt_len] * n_requests, seed=3)]
     eng = Engine(model, tok, max_batch_size=streams)
-    eng.eot_id = -1
     todo = list(reqs)
     for _ in range(min(streams, len(todo))):
         p, m = todo.pop(0)
-        eng.submit(p, SamplingParams(max_tokens=m))
+        eng.submit(p, SamplingParams(max_tokens=m, ignore_eos=True))
     done: list[Finished] = []
     t0 = eng.clock()
     while eng.has_work():
@@ -202,7 +200,7 @@ def bench_streams(model: CodexModel, tok: CodeTokenizer, n_requests: int, stream
             done.append(f)
             if todo:
                 p, m = todo.pop(0)
-                eng.submit(p, SamplingParams(max_tokens=m))
+                eng.submit(p, SamplingParams(max_tokens=m, ignore_eos=True))
     wall = eng.clock() - t0
     n_tok = sum(len(f.output_ids) for f in done)
     row = {"scenario": f"streams{streams}", "impl": "continuous_batching", "requests": len(done), "prompt_len": prompt_len,
