@@ -19,7 +19,7 @@
 # # Lesson 03: grouped-query attention (MHA -> GQA -> MQA)
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/03_gqa.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU (2 cores): ~55 s (measured 52 s under nbval on cores shared with other jobs); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU (2 cores): ~35-55 s (measured 32 s as a script and 52 s under nbval, on cores shared with other jobs); full mode on one GPU: not yet measured.
 #
 # While a model generates code, every layer keeps the keys and values of every earlier token
 # (the KV cache) so that each new token costs one row of attention, not a full recomputation.
@@ -298,10 +298,10 @@ for r in exp[1:]:
 # Read the table as the trade: KV bytes per token fall as `1/g`; the loss paid right after
 # pooling shrinks with a few steps of training (the printed share of the gap closed); what
 # remains against MHA trained equally long is the quality price of sharing. The decode
-# speeds above come from a tiny model with a short cache, where each step's time is mostly
-# per-layer overhead, not reading K/V, so they say little either way. Where GQA speeds
-# decoding up is the attention over a long cache, which must read every cached K/V byte.
-# Timing just that kernel, one new query per sequence against a long cache:
+# speeds above time whole steps of a tiny model with a short cache on a CPU that may be
+# shared with other jobs: they include embeddings, FFNs and the output layer, and they are
+# noisy. The part GQA speeds up is the attention over a long cache, which must read every
+# cached K/V byte. Timing just that kernel, one new query per sequence against a long cache:
 
 # %%
 S_LONG = cl.pick(fast=2048, full=16384)
