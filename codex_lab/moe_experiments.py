@@ -19,6 +19,7 @@ from .config import ModelConfig
 from .data import random_batch
 from .model import CodexModel
 from .moe import ffn_param_counts, moe_layers_of
+from .runtime import get_device
 from .tokenizer import CodeTokenizer
 
 CATEGORIES = ("indent", "name", "keyword", "string", "comment", "number", "operator", "other")
@@ -52,7 +53,8 @@ def val_loss(model: CodexModel, batches: Sequence[tuple[Tensor, Tensor]]) -> flo
     """Mean LM loss (nats/token) over fixed batches, in eval mode."""
     was = model.training
     model.eval()
-    out = sum(float(model(x, y).loss) for x, y in batches) / len(batches)
+    dev = next(model.parameters()).device
+    out = sum(float(model(x.to(dev), y.to(dev)).loss) for x, y in batches) / len(batches)
     model.train(was)
     return out
 
@@ -73,16 +75,18 @@ def ffn_counts(cfg: ModelConfig) -> tuple[int, int]:
 
 def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Sequence[tuple[Tensor, Tensor]], *,
               steps: int, batch_size: int, seq_len: int, lr: float = 3e-3, seed: int = 0,
-              bias_update_rate: float = 1e-3, eval_every: int | None = None) -> RunResult:
+              bias_update_rate: float = 1e-3, eval_every: int | None = None,
+              device: torch.device | str | None = None) -> RunResult:
     """Train ``cfg`` from scratch with AdamW (constant ``lr`` after 10 warm-up steps).
 
     LM loss + the MoE layers' weighted aux losses; routing stats recorded every step.
     With ``eval_every``, ``curve`` gets (step, train_flops, val_loss) rows, where
     train_flops ~= 6 * active parameters * tokens seen (evaluation time is not counted
-    in ``train_time_s``).
+    in ``train_time_s``). ``device`` defaults to :func:`codex_lab.runtime.get_device`.
     """
     torch.manual_seed(seed)
-    model = CodexModel(cfg)
+    dev = torch.device(device) if device is not None else get_device()
+    model = CodexModel(cfg).to(dev)
     for m in moe_layers_of(model):
         m.bias_update_rate = bias_update_rate
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -96,7 +100,7 @@ def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Se
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, (step + 1) / 10)
         x, y = random_batch(train_tokens, batch_size, seq_len, gen)  # (B, T) each
-        out = model(x, y)
+        out = model(x.to(dev), y.to(dev))
         opt.zero_grad(set_to_none=True)
         (out.loss + out.aux_loss).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -190,13 +194,13 @@ def expert_by_category(model: CodexModel, layer: int, ids: Sequence[int], cats: 
     E = model.cfg.n_experts
     counts = torch.zeros(len(CATEGORIES), E, dtype=torch.long)
     cat_idx = torch.tensor([CATEGORIES.index(c) for c in cats])  # (N,)
-    ids_t = torch.tensor(list(ids))  # (N,)
+    ids_t = torch.tensor(list(ids), device=next(model.parameters()).device)  # (N,)
     model.eval()
     for s in range(0, len(ids_t), window):
         chunk = ids_t[s : s + window][None]  # (1, w)
         model(chunk)
         assert ffn.last_routing is not None, f"layer {layer} is not an MoE layer"
-        first = ffn.last_routing.expert_idx[:, 0]  # (w,)
+        first = ffn.last_routing.expert_idx[:, 0].cpu()  # (w,)
         # counts[c, e] += 1 for each token of category c whose first choice is e
         counts.index_put_((cat_idx[s : s + window], first), torch.ones_like(first), accumulate=True)
     return counts

@@ -59,8 +59,9 @@ def run(ctx: Any) -> str:
                 m.capacity_factor = 1.0
             rates, loss = [], 0.0
             with torch.no_grad():
+                dev = next(runs[name].model.parameters()).device
                 for xb, yb in val_batches:
-                    loss += float(runs[name].model(xb, yb).loss) / len(val_batches)
+                    loss += float(runs[name].model(xb.to(dev), yb.to(dev)).loss) / len(val_batches)
                     rates += [m.last_stats.drop_rate for m in layers if m.last_stats is not None]
             for m in layers:
                 m.capacity_factor = None
@@ -87,7 +88,7 @@ def run(ctx: Any) -> str:
     best = min(("none", "aux", "bias"), key=lambda n: runs[n].val_loss)
     c82 = ffn_param_counts(ModelConfig(d_model=256, moe_layers=[0], n_experts=8, moe_top_k=2))
     time_ratio = runs["aux"].train_time_s / dense.train_time_s
-    speed = {r["impl"]: r for r in recs}
+    speed = {r["impl"]: r for r in recs if not r.get("error")}
 
     lines = [
         f"{steps} steps of {batch} x {seq} tokens; d={d}, {n_layer} layers; MoE = 8 experts (hidden {h}) top-2, "
