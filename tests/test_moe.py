@@ -311,3 +311,16 @@ def test_train_run_logs_routing_stats() -> None:
     dense_active, dense_total = ffn_counts(small_cfg(moe_layers=[], ffn_hidden=96))
     assert dense_active == dense_total == 2 * 3 * 32 * 96
     assert res.active_ffn_params == dense_active + 2 * 32 * 4  # routers only on top
+
+
+def test_checkpoint_round_trip_keeps_experts_and_bias(small_tokenizer, tmp_path) -> None:
+    from codex_lab.checkpoint import load_checkpoint, save_checkpoint
+
+    cfg = small_cfg(vocab_size=small_tokenizer.vocab_size, moe_layers=[1], moe_router_bias=True, n_shared_experts=1)
+    model = CodexModel(cfg).eval()
+    model.layers[1].ffn.expert_bias[2] = 0.3  # the bias is state: it must survive saving
+    save_checkpoint(tmp_path / "ck", model, small_tokenizer)
+    loaded = load_checkpoint(tmp_path / "ck").model
+    assert float(loaded.layers[1].ffn.expert_bias[2]) == pytest.approx(0.3)
+    ids = torch.randint(0, cfg.vocab_size, (2, 10))
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
