@@ -19,7 +19,7 @@
 # # Lesson 06: fast inference
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/06_fast_inference.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU (2 cores): ~60 s; full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU (2 cores): ~45 s; full mode on one GPU: not yet measured.
 #
 # The article (section 3) names the levers: a KV cache that "grows linearly with sequence
 # length", grouped KV heads, and better batch scheduling, with targets of TTFT < 100 ms and
@@ -330,4 +330,7 @@ plt.show()
 # speculative decoding with trained draft heads. The ideas are the ones above.
 #
 # Run the full benchmark (HF `generate` on the same weights included) with
-# `codex-lab bench inference --threads 1`.
+# `codex-lab bench inference --threads 1`. The opt-in `torch.compile` rung of the ladder
+# (`--scenarios compile`, off by default: compiling takes minutes on a small CPU) is
+# `codex_lab.cached_generate.compiled_forward(model)`, passed as `forward=` to
+# `generate_batch_cached`.
