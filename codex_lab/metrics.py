@@ -123,6 +123,14 @@ class ServerMetrics:
         self.kv_usage.labels(*lab).set(stats.get("kv_used_tokens", 0) / cap if cap else 0.0)
         self.kv_bytes.labels(*lab).set(stats.get("kv_used_bytes", 0))
 
+    def drop_version(self, version: str) -> None:
+        """Remove a retired version's gauges (its histograms and counters stay: they are history)."""
+        for g in (self.running, self.waiting, self.kv_usage, self.kv_bytes):
+            try:
+                g.remove(self.model_name, version)
+            except KeyError:
+                pass  # never set
+
     def set_versions(self, primary: str | None, canary: str | None) -> None:
         """Mark which versions serve (info gauge: 1 = serving)."""
         self.version_info.clear()

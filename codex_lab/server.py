@@ -79,7 +79,8 @@ class _Live:
         self.rid: int | None = None
         self.cancelled = False
 
-    def _post(self, item: tuple) -> None:
+    def post(self, item: tuple) -> None:
+        """Hand an event to the request's asyncio queue (safe from any thread)."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
         except RuntimeError:  # event loop closed (server shutting down)
@@ -87,10 +88,10 @@ class _Live:
 
     def on_token(self, token_id: int, text: str) -> None:  # engine thread
         self.token_times.append(time.perf_counter())
-        self._post(("token", token_id))
+        self.post(("token", token_id))
 
     def on_finish(self, fin: Any) -> None:  # engine thread
-        self._post(("done", fin))
+        self.post(("done", fin))
 
 
 class EngineWorker:
@@ -148,7 +149,7 @@ class EngineWorker:
                     live.rid = self.engine.submit(r.prompt_ids, params, on_token=live.on_token, deadline_s=remaining)
                     self.live[live.rid] = live
                 except Exception as exc:  # refused by the engine: fail this request only
-                    live._post(("error", exc))
+                    live.post(("error", exc))
             elif cmd == "cancel":
                 live.cancelled = True
                 if live.rid is not None and self.live.pop(live.rid, None) is not None:
@@ -177,7 +178,7 @@ class EngineWorker:
         except BaseException as exc:  # surface engine crashes to waiting requests
             self.error = exc
             for live in list(self.live.values()):
-                live._post(("error", exc))
+                live.post(("error", exc))
             self.live.clear()
 
     def close(self, timeout: float = 5.0) -> None:
@@ -257,6 +258,7 @@ class ModelServer:
         w = self.workers.pop(version, None)
         if w is not None:
             w.retired = True
+        self.metrics.drop_version(version)
 
     def _publish(self) -> None:
         self.metrics.set_versions(self.primary, self.canary)
@@ -407,7 +409,7 @@ def create_app(server: ModelServer) -> Any:
         def on_disconnect() -> None:
             if not live.cancelled:
                 worker.cancel(live)
-                live._post(("disconnect", None))
+                live.post(("disconnect", None))
 
         async def events() -> AsyncIterator[tuple[str, Any]]:
             """(kind, value): ("delta", text) while running, then ("end", (text, reason, n_tokens))."""

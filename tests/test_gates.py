@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from codex_lab.config import ModelConfig
@@ -66,7 +67,17 @@ def test_gate_decision_rule():
     assert gate_decision({**base, "syntax": 1.0}, base)[0]  # better is fine
 
 
-def test_gates_through_the_engine_catch_a_perturbed_candidate(small_tokenizer):
+@pytest.fixture
+def one_thread():
+    """One intra-op thread while the engine runs: on a busy 2-core machine two threads spin
+    against each other and this test took 4x longer."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_gates_through_the_engine_catch_a_perturbed_candidate(small_tokenizer, one_thread):
     torch.manual_seed(0)
     m = CodexModel(ModelConfig(vocab_size=small_tokenizer.vocab_size, d_model=64, n_layer=2, n_head=4,
                                max_seq_len=128)).eval()
