@@ -244,6 +244,37 @@ for g in (1, 2, 4):
 assert all(loss > shipped_rows[0][1] for _, loss in shipped_rows[1:]), "pooling a trained model's heads should cost something"
 
 # %% [markdown]
+# Why the mean? Ainslie et al. compared it with keeping the first head of each group and
+# with a fresh random K/V projection. The same comparison on the shipped model, with the
+# mean built from scratch here and checked against `gqa.mha_to_gqa`:
+
+# %%
+def convert(base: CodexModel, n_kv: int, how: str) -> CodexModel:
+    """Copy of ``base`` with ``n_kv`` K/V heads built by ``how``: mean, first or random."""
+    new = gqa.mha_to_gqa(base, n_kv)  # codex_lab's mean-pool; the K/V weights are replaced below
+    H, hd = base.cfg.n_head, base.cfg.head_dim
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for old_layer, new_layer in zip(base.layers, new.layers):
+            for name in ("k_proj", "v_proj"):
+                w = getattr(old_layer.attn, name).weight.view(n_kv, H // n_kv, hd, -1)  # (Hkv, g, hd, d)
+                if how == "mean":
+                    pooled = w.mean(dim=1)  # (Hkv, hd, d): W'_j = mean of the group's heads
+                    assert torch.allclose(pooled.reshape(n_kv * hd, -1), getattr(new_layer.attn, name).weight)
+                elif how == "first":
+                    pooled = w[:, 0]  # (Hkv, hd, d): keep head j*g, drop the others
+                else:
+                    pooled = torch.randn(w[:, 0].shape, generator=gen) * 0.02  # (Hkv, hd, d): fresh init
+                getattr(new_layer.attn, name).weight.copy_(pooled.reshape(n_kv * hd, -1))
+    return new
+
+
+init_loss = {how: gqa.val_loss(convert(mha, 1, how), val_batches) for how in ("mean", "first", "random")}
+for how, loss in init_loss.items():
+    print(f"shipped model -> MQA (g = 4), K/V heads by {how:<6}: val loss {loss:.3f} (MHA: {shipped_rows[0][1]:.3f})")
+assert init_loss["mean"] < init_loss["random"], "mean-pooling should keep more than a random K/V projection"
+
+# %% [markdown]
 # Pooling costs quality at once, more for larger g. Now the full experiment, g = 1, 2, 4, 8,
 # on an 8-head MHA model pre-trained here (the shipped model has only 4 heads). Each variant
 # gets the same number of uptraining steps; g = 1 is the control that is only trained
@@ -398,7 +429,8 @@ else:
 # - GQA with group size g cuts the KV cache by exactly `1 - 1/g` (measured on real cache
 #   tensors, equal to the formula to the byte): 75% at g = 4, 87.5% at g = 8. The seed's
 #   "about 40%" is corrected.
-# - Mean-pooling converts MHA to GQA at a measurable loss that grows with g, and a short
+# - Mean-pooling converts MHA to GQA at a measurable loss that grows with g (and smaller
+#   than keeping one head per group or starting K/V afresh, as printed), and a short
 #   uptraining closes part of the gap to MHA (the printed shares, at this small scale).
 # - Qwen2.5-Coder's head counts put one 32k-token context at 0.375 GiB (0.5B) and 1.75 GiB
 #   (7B) in bfloat16, g = 7 times less than MHA would need.
