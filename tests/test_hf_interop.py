@@ -161,3 +161,13 @@ def test_transformers_4_style_config_is_read_and_refused() -> None:
     assert hf_config_to_codex(SimpleNamespace(**old)).rope_theta == 5e5
     with pytest.raises(ValueError, match="rope_type='dynamic'"):
         hf_config_to_codex(SimpleNamespace(**{**old, "rope_scaling": {"type": "dynamic", "factor": 2.0}}))
+
+
+def test_from_hf_dtype() -> None:
+    hf = _hf_model("qwen2").to(torch.bfloat16)
+    same = from_hf(hf)
+    wide = from_hf(hf, dtype=torch.float32, max_seq_len=64)
+    assert next(same.parameters()).dtype == torch.bfloat16 and next(wide.parameters()).dtype == torch.float32
+    assert wide.cfg.max_seq_len == 64 and same.cfg.max_seq_len == SMALL["max_position_embeddings"]
+    w = hf.model.layers[1].self_attn.k_proj.bias
+    assert torch.equal(wide.layers[1].attn.k_proj.bias, w.float())  # bf16 -> fp32 is exact
