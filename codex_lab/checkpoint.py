@@ -48,6 +48,7 @@ def save_checkpoint(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
     try:
         save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt"})
         model.cfg.save(tmp / CONFIG)

@@ -1,0 +1,60 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: kernelspec,jupytext
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# GENERATED from solutions/ by `codex-lab exercises generate`: do not edit by hand.
+
+# %% [markdown]
+# # Lesson 00 exercises: the warm-up
+#
+# Write the function between the markers, then run the `check(...)` cell below it.
+# `check` runs the *public* checks and prints `passed`, `not yet done` or the failure.
+# Grade the whole file from a terminal with `codex-lab grade exercises/00_tour.py`.
+#
+# **Run time:** fast mode on CPU: ~5 s; on one GPU: not yet measured.
+
+# %%
+import sys
+
+if "google.colab" in sys.modules:  # Colab only: install the course (torch/numpy untouched)
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "git+https://github.com/codex-lab/codex-lab@main"], check=True)
+
+# %%
+from codex_lab import check, load_pretrained, seed_everything
+
+seed_everything(0)
+tok = load_pretrained().tokenizer
+
+
+# %% [markdown]
+# ## Exercise 1: characters per token
+# A tokenizer's compression is the number of characters it covers per token, pooled over
+# all texts: `sum(len(text)) / sum(len(tokens))`. Return it as a float.
+
+# %%
+def chars_per_token(tokenizer, texts):
+    """Total characters of ``texts`` divided by their total number of tokens (float)."""
+    raise NotImplementedError("exercise chars_per_token: not yet done")
+
+
+# %%
+check(chars_per_token)
+import inspect, json.decoder
+
+sample = inspect.getsource(json.decoder)
+print(f"characters per token on json/decoder.py: {chars_per_token(tok, [sample]):.2f}")

@@ -1,0 +1,50 @@
+"""Copy a finished `codex-lab train --preset tiny` run into codex_lab/assets/tiny and record
+its syntax-validity rate and the command that regenerates it in meta.json.
+
+    codex-lab train --preset tiny --out runs/tiny      # ~10 min on 2 idle CPU cores
+    python scripts/ship_checkpoint.py runs/tiny/checkpoint --prompts 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+from codex_lab.checkpoint import load_checkpoint, pretrained_path
+from codex_lab.corpus import load_corpus
+from codex_lab.syntax import function_prompts, syntax_validity
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("checkpoint", help="checkpoint folder of a finished run")
+    ap.add_argument("--prompts", type=int, default=64, help="function prompts for the syntax rate")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--note", default="", help="free text stored in meta.json (e.g. how the run was interrupted)")
+    args = ap.parse_args()
+    ck = load_checkpoint(args.checkpoint)
+    prompts = function_prompts(load_corpus().texts("val"), args.prompts)
+    t0 = time.perf_counter()
+    rep = syntax_validity(ck.model, ck.tokenizer, prompts, max_new_tokens=args.max_new_tokens)
+    meta = dict(ck.meta)
+    meta["command"] = "codex-lab train --preset tiny --out runs/tiny && python scripts/ship_checkpoint.py runs/tiny/checkpoint"
+    meta["syntax_validity"] = round(rep.rate, 4)
+    meta["syntax_validity_prompts"] = rep.n
+    meta["syntax_validity_max_new_tokens"] = args.max_new_tokens
+    meta["syntax_validity_time_s"] = round(time.perf_counter() - t0, 1)
+    if args.note:
+        meta["note"] = args.note
+    dst = pretrained_path()
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(args.checkpoint, dst)
+    (dst / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    print(f"shipped {args.checkpoint} -> {dst}: val_loss {meta['val_loss']:.3f}, "
+          f"syntax validity {rep.rate:.1%} of {rep.n}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Shared fixtures. The suite always runs in fast mode (small sizes, few steps); the
+notebooks run by nbval inherit the variable, since kernels start from this environment."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CODEX_LAB_FAST", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from codex_lab.config import ModelConfig  # noqa: E402
+from codex_lab.corpus import load_corpus  # noqa: E402
+from codex_lab.model import CodexModel  # noqa: E402
+from codex_lab.tokenizer import CodeTokenizer, train_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def small_corpus():
+    """The first 40 files of the standard library (fast to read and tokenize)."""
+    return load_corpus(max_files=40)
+
+
+@pytest.fixture(scope="session")
+def small_tokenizer(small_corpus) -> CodeTokenizer:
+    """A 512-token byte-level BPE trained on the small corpus."""
+    return train_tokenizer(small_corpus.texts("train"), vocab_size=512)
+
+
+def tiny_config(**kw) -> ModelConfig:
+    """A 2-layer, 64-wide model config; keyword arguments override fields."""
+    base = dict(vocab_size=512, d_model=64, n_layer=2, n_head=4, max_seq_len=128)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+@pytest.fixture
+def tiny_model() -> CodexModel:
+    """A randomly initialised tiny model in eval mode (seeded)."""
+    torch.manual_seed(0)
+    return CodexModel(tiny_config()).eval()

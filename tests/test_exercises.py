@@ -1,0 +1,66 @@
+"""The exercise pipeline: marker stripping, definition loading, and errors."""
+
+from pathlib import Path
+
+import pytest
+
+from codex_lab.exercises import exercise_source, generate_exercises, load_definitions, strip_solutions
+
+SRC = '''def add(a, b):
+    """Add."""
+    ### BEGIN SOLUTION
+    return a + b
+    ### END SOLUTION
+
+
+class K:
+    def m(self):
+        ### BEGIN SOLUTION
+        return 1
+        ### END SOLUTION
+'''
+
+
+def test_strip_replaces_answers_with_named_not_implemented():
+    out = strip_solutions(SRC)
+    assert "return a + b" not in out and "return 1" not in out
+    assert '    raise NotImplementedError("exercise add: not yet done")' in out
+    assert '        raise NotImplementedError("exercise m: not yet done")' in out
+    compile(out, "x", "exec")
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ("def f():\n    ### BEGIN SOLUTION\n    return 1\n", "never closed"),
+    ("def f():\n    return 1\n    ### END SOLUTION\n", "without a matching"),
+    ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "outside a function"),
+    ("def f():\n    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION\n    ### END SOLUTION\n", "nested"),
+])
+def test_bad_markers_are_errors_with_line_numbers(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        strip_solutions(bad, "lesson.py")
+
+
+def test_generated_copy_keeps_jupytext_header_first():
+    src = "# ---\n# jupyter:\n#   jupytext:\n# ---\n\n# %%\n" + SRC
+    out = exercise_source(src)
+    assert out.startswith("# ---\n") and "GENERATED from solutions/" in out
+
+
+def test_generate_and_check_drift(tmp_path: Path):
+    sol, exe = tmp_path / "solutions", tmp_path / "exercises"
+    sol.mkdir()
+    (sol / "09_x.py").write_text("# %%\n" + SRC)
+    written = generate_exercises(sol, exe)
+    assert sorted(p.name for p in written) == ["09_x.ipynb", "09_x.py"]
+    assert generate_exercises(sol, exe, check=True) == []
+    (exe / "09_x.py").write_text("edited by hand\n")
+    assert [p.name for p in generate_exercises(sol, exe, check=True)] == ["09_x.py"]
+    (exe / "99_stale.py").write_text("x = 1\n")
+    assert "99_stale.py" in [p.name for p in generate_exercises(sol, exe, check=True)]
+
+
+def test_load_definitions_skips_side_effect_cells(tmp_path: Path):
+    p = tmp_path / "00_x.py"
+    p.write_text("import math\nraise SystemExit('a training cell')\n\ndef f(x):\n    return math.sqrt(x)\n")
+    mod = load_definitions(p)
+    assert mod.f(9) == 3.0

@@ -1,0 +1,80 @@
+"""The repo's generated and duplicated artefacts agree with their sources."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import jupytext
+import pytest
+
+from codex_lab import links
+from codex_lab.exercises import BEGIN, generate_exercises
+
+ROOT = Path(__file__).resolve().parents[1]
+NB_DIRS = ["notebooks", "solutions", "exercises"]
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!\[ ;@]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_environment_yml_declares_the_same_dependencies_as_pyproject():
+    pp = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {_name(r) for r in pp["dependencies"]}
+    for extra in pp["optional-dependencies"].values():
+        wanted |= {_name(r) for r in extra if not r.startswith("codex_lab")}
+    env_lines = [ln.strip()[2:] for ln in (ROOT / "environment.yml").read_text().splitlines() if ln.strip().startswith("- ")]
+    declared = {_name(x) for x in env_lines if not x.startswith(("-", "python", "pip", "--"))}
+    assert wanted == declared, f"only in pyproject: {wanted - declared}; only in environment.yml: {declared - wanted}"
+    pins = {_name(x): x for x in env_lines}
+    assert pins["torch"].startswith("torch=="), "environment.yml pins torch exactly (CPU build for Binder)"
+
+
+def _notebook_pairs():
+    for d in NB_DIRS:
+        for py in sorted((ROOT / d).glob("*.py")):
+            yield pytest.param(py, id=f"{d}/{py.name}")
+
+
+@pytest.mark.parametrize("py", list(_notebook_pairs()))
+def test_jupytext_pair_in_sync(py: Path):
+    ipynb = py.with_suffix(".ipynb")
+    assert ipynb.is_file(), f"{ipynb.name} is missing: run `jupytext --sync {py.relative_to(ROOT)}`"
+    a = jupytext.read(py)
+    b = jupytext.read(ipynb)
+    cells = lambda nb: [(c.cell_type, c.source.strip()) for c in nb.cells]  # noqa: E731
+    assert cells(a) == cells(b), f"{py.name} and {ipynb.name} differ: run `jupytext --sync {py.relative_to(ROOT)}`"
+    assert not any(c.get("outputs") for c in b.cells), f"{ipynb.name} has outputs committed; clear them"
+
+
+@pytest.mark.parametrize("py", [p for p in _notebook_pairs() if "exercises" not in p.id])
+def test_notebook_header_has_runtime_colab_badge_and_install_cell(py: Path):
+    text = py.read_text()
+    first_md = jupytext.read(py).cells[0].source
+    assert "Run time" in first_md and "CPU" in first_md and "GPU" in first_md, "first cell states CPU and GPU run time"
+    rel = f"{py.parent.name}/{py.stem}.ipynb"
+    if py.parent.name == "notebooks":
+        assert links.colab_url(rel) in first_md, f"Colab badge for {rel} (links.colab_url) in the first cell"
+    assert 'if "google.colab" in sys.modules' in text and links.pip_spec() in text, "Colab-only install cell"
+    assert "--upgrade" not in text and "pip install torch" not in text, "never reinstall torch in Colab"
+
+
+def test_exercises_generated_and_free_of_answers():
+    assert generate_exercises(ROOT / "solutions", ROOT / "exercises", check=True) == [], (
+        "exercises/ drifted from solutions/: run `codex-lab exercises generate`"
+    )
+    for p in (ROOT / "exercises").glob("*.py"):
+        assert BEGIN not in p.read_text(), f"{p.name} leaks a solution"
+
+
+def test_every_lesson_notebook_is_tested_by_nbval():
+    # pytest collects notebooks/ and solutions/ (testpaths) with --nbval-lax (addopts)
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert {"notebooks", "solutions"} <= set(cfg["testpaths"]) and "--nbval-lax" in cfg["addopts"]
+
+
+def test_readme_links_come_from_links_module():
+    readme = (ROOT / "README.md").read_text()
+    assert links.binder_url() in readme and links.colab_url("notebooks/00_tour.ipynb") in readme
+    for cmd in ("codex-lab report", "pytest", "jupyter lab"):
+        assert cmd in readme

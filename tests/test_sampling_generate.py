@@ -1,0 +1,45 @@
+import pytest
+import torch
+
+from codex_lab.generate import generate, generate_ids
+from codex_lab.sampling import sample_next, top_k_filter, top_p_filter
+from codex_lab.syntax import cut_function, function_prompts, parses
+
+
+def test_top_k_and_top_p_filters():
+    logits = torch.tensor([[3.0, 1.0, 2.0, 0.0]])
+    assert torch.isinf(top_k_filter(logits, 2)).tolist() == [[False, True, False, True]]
+    probs = torch.softmax(logits, -1)[0]  # 0.64, 0.09, 0.24, 0.03
+    kept = ~torch.isinf(top_p_filter(logits, 0.7))
+    # smallest set reaching 0.7: {3.0 (0.64), 2.0 (0.24)}
+    assert kept.tolist() == [[True, False, True, False]] and probs[0] < 0.7
+    assert (~torch.isinf(top_p_filter(logits, 0.5))).sum() == 1  # top token always kept
+
+
+def test_sampling_greedy_and_seeded():
+    logits = torch.randn(4, 50)
+    assert torch.equal(sample_next(logits), logits.argmax(-1))
+    a = sample_next(logits, temperature=1.0, top_p=0.9, generator=torch.Generator().manual_seed(1))
+    b = sample_next(logits, temperature=1.0, top_p=0.9, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError):
+        sample_next(logits, temperature=-1)
+
+
+def test_generate_greedy_matches_manual_argmax(tiny_model, small_tokenizer):
+    ids, reason = generate_ids(tiny_model, [1, 2, 3], max_new_tokens=5)
+    seq = [1, 2, 3]
+    for _ in range(5):
+        seq.append(int(tiny_model(torch.tensor([seq])).logits[0, -1].argmax()))
+    assert ids == seq[3:] and reason == "length"
+    g = generate(tiny_model, small_tokenizer, "def f(", max_new_tokens=4, temperature=0.8, seed=7)
+    assert g.ids == generate(tiny_model, small_tokenizer, "def f(", max_new_tokens=4, temperature=0.8, seed=7).ids
+    with pytest.raises(ValueError, match="empty"):
+        generate_ids(tiny_model, [], max_new_tokens=2)
+
+
+def test_syntax_helpers():
+    src = 'def add(a, b):\n    """Add."""\n    return a + b\n\ndef only_doc():\n    """Doc."""\n'
+    assert function_prompts([src], 5) == ['def add(a, b):\n    """Add."""\n']
+    assert cut_function("    return 1\n\nx = 2\n") == "    return 1\n\n"
+    assert parses("def f():\n    return 1\n") and not parses("def f(:\n")
