@@ -7,6 +7,9 @@ import os
 
 os.environ.setdefault("CODEX_LAB_FAST", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Two xdist workers (plus the notebook kernels they start) share 2 cores: one math thread
+# per process avoids oversubscription, where OpenMP threads spin waiting for each other.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
