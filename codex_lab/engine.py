@@ -1,8 +1,9 @@
 """An inference engine with iteration-level continuous batching (Orca) and paged KV memory.
 
 Requests join and leave at every step: ``step()`` admits waiting requests that fit,
-prefills each of them (one forward over the whole prompt gives its first token), then
-runs ONE batched decode forward for every request that was already running. A finished
+prefills each of them (one forward over the whole prompt gives its first token; with
+``max_prefill_tokens`` long prompts are prefilled in chunks over several steps), then
+runs ONE batched decode forward for every request that already has a token. A finished
 request frees its KV blocks at once, so the next waiting request can start in the next
 step instead of waiting for the whole batch (static batching) to drain.
 
@@ -132,6 +133,9 @@ class Engine:
         max_kv_tokens: KV pool capacity in tokens (default max_batch_size * max_seq_len).
         block_size: tokens per KV block.
         clock: time source in seconds (default ``time.perf_counter``).
+        max_prefill_tokens: chunked prefill: at most this many prompt tokens are prefilled
+            per step (a long prompt takes several steps), which caps how long the running
+            requests' next token is held up; None = whole prompts at once.
     """
 
     def __init__(
@@ -143,9 +147,13 @@ class Engine:
         max_kv_tokens: int | None = None,
         block_size: int = 16,
         clock: Callable[[], float] = time.perf_counter,
+        max_prefill_tokens: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_prefill_tokens is not None and max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1 or None, got {max_prefill_tokens}")
+        self.max_prefill_tokens = max_prefill_tokens
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.cfg = model.cfg
@@ -271,16 +279,22 @@ class Engine:
             finished, self._done = self._done, []
             finished.extend(self._drain_inbox())
             finished.extend(self._expire())
-            decoding = list(self.running.values())
-            admitted = self._admit()
-            prefilled: list[int] = []
-            for req in admitted:
+            decoding = [r for r in self.running.values() if r.output]
+            for req in self._admit():
                 self.running[req.rid] = req
-                logits = self._prefill(req)  # (1, V)
+            budget = self.max_prefill_tokens or sum(len(r.prompt) for r in self.running.values())
+            prefilled: list[int] = []
+            for req in [r for r in self.running.values() if r.cached < len(r.prompt)]:
+                if budget <= 0:
+                    break
+                n = min(len(req.prompt) - req.cached, budget)
+                logits = self._prefill(req, n)  # (1, V)
+                budget -= n
                 prefilled.append(req.rid)
-                done = self._emit(req, logits)
-                if done:
-                    finished.append(done)
+                if req.cached == len(req.prompt):  # prompt done: its last logits give token 1
+                    done = self._emit(req, logits)
+                    if done:
+                        finished.append(done)
             if decoding:
                 finished.extend(self._decode(decoding))
             self.timeline.append((self.steps, prefilled, [r.rid for r in decoding]))
@@ -332,14 +346,15 @@ class Engine:
         if missing > 0:
             req.blocks.extend(self.pool.allocate(missing))
 
-    def _prefill(self, req: _Request) -> torch.Tensor:
-        T = len(req.prompt)
-        self._grow(req, T)
-        idx = torch.tensor([req.prompt], device=self.device)  # (1, T)
-        pos = torch.arange(T, device=self.device)[None]  # (1, T)
+    def _prefill(self, req: _Request, n: int) -> torch.Tensor:
+        """Prefill the next ``n`` prompt tokens of ``req``; logits (1, V) after the last one."""
+        start = req.cached
+        self._grow(req, start + n)
+        idx = torch.tensor([req.prompt[start : start + n]], device=self.device)  # (1, n)
+        pos = torch.arange(start, start + n, device=self.device)[None]  # (1, n)
         tables = torch.tensor([req.blocks], device=self.device)  # (1, NB)
         out = self.model(idx, positions=pos, caches=self.pool.views(tables), last_only=True)
-        req.cached = T
+        req.cached = start + n
         return out.logits[:, -1]  # (1, V)
 
     def _decode(self, reqs: list[_Request]) -> list[Finished]:

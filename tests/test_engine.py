@@ -173,3 +173,18 @@ def test_bench_hf_and_batching_records(tok):
     lat = bench.latency_fields(done)
     assert set(lat) == {"ttft_p50_ms", "ttft_p95_ms", "tbt_p50_ms", "tbt_p95_ms"}
     assert lat["ttft_p95_ms"] >= lat["ttft_p50_ms"] > 0
+
+
+def test_chunked_prefill_same_tokens(tok):
+    model = model_for(tok, attn_patterns=["window:6", "dense"])
+    prompts = [list(range(1, 31)), [7, 8, 9], list(range(40, 52))]
+    eng = Engine(model, tok, max_batch_size=3, max_prefill_tokens=8, block_size=4)
+    rids = [eng.submit(p, SamplingParams(max_tokens=6)) for p in prompts]
+    done = {f.rid: f for f in eng.run_until_done()}
+    for rid, p in zip(rids, prompts):
+        assert done[rid].output_ids == generate_ids(model, p, max_new_tokens=6, eos_id=tok.eot_id)[0]
+    # 8 prompt tokens per step: the 30-token prompt (first in line) takes steps 0-3
+    pre_steps = [s for s, pre, _ in eng.timeline if rids[0] in pre]
+    assert len(pre_steps) == 4 and pre_steps == list(range(4))  # 8 + 8 + 8 + 6 tokens, first come first served
+    with pytest.raises(ValueError, match="max_prefill_tokens"):
+        Engine(model, tok, max_prefill_tokens=0)

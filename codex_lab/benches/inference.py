@@ -185,10 +185,12 @@ def bench_batching(model: CodexModel, tok: CodeTokenizer, n_requests: int, batch
 
 
 def bench_streams(model: CodexModel, tok: CodeTokenizer, n_requests: int, streams: int = 4,
-                  prompt_len: int = 128, new_tokens: int = 64) -> tuple[list[dict[str, Any]], list[Finished]]:
-    """``streams`` concurrent clients, each sending its next request when the last one ends."""
+                  prompt_len: int = 128, new_tokens: int = 64, max_prefill_tokens: int | None = None,
+                  ) -> tuple[list[dict[str, Any]], list[Finished]]:
+    """``streams`` concurrent clients, each sending its next request when the last one ends
+    (optionally with chunked prefill of ``max_prefill_tokens`` per step)."""
     reqs = [(p, new_tokens) for p in code_prompts(tok, [prompt_len] * n_requests, seed=3)]
-    eng = Engine(model, tok, max_batch_size=streams)
+    eng = Engine(model, tok, max_batch_size=streams, max_prefill_tokens=max_prefill_tokens)
     todo = list(reqs)
     for _ in range(min(streams, len(todo))):
         p, m = todo.pop(0)
@@ -203,7 +205,8 @@ def bench_streams(model: CodexModel, tok: CodeTokenizer, n_requests: int, stream
                 eng.submit(p, SamplingParams(max_tokens=m, ignore_eos=True))
     wall = eng.clock() - t0
     n_tok = sum(len(f.output_ids) for f in done)
-    row = {"scenario": f"streams{streams}", "impl": "continuous_batching", "requests": len(done), "prompt_len": prompt_len,
+    impl = "continuous_batching" + (f"_chunked{max_prefill_tokens}" if max_prefill_tokens else "")
+    row = {"scenario": f"streams{streams}", "impl": impl, "requests": len(done), "prompt_len": prompt_len,
            "new_tokens": new_tokens, "tokens_per_s": n_tok / wall, **latency_fields(done)}
     return [row], done
 
@@ -268,7 +271,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if "batching" in wanted:
         rows += bench_batching(model, tok, args.requests or pick(fast=16, full=32))[0]
     if "streams" in wanted:
-        rows += bench_streams(model, tok, pick(fast=8, full=32))[0]
+        for chunk in (None, 32):
+            rows += bench_streams(model, tok, pick(fast=8, full=32), max_prefill_tokens=chunk)[0]
     if "speculative" in wanted:
         rows += bench_speculative(model, tok, pick(fast=3, full=12), pick(fast=48, full=128))
     if "compile" in wanted:
