@@ -167,8 +167,8 @@ def test_uptrain_lowers_loss_and_experiment_reports_every_g() -> None:
     val = [(tokens[:32].view(2, 16), tokens[1:33].view(2, 16))]
     m = tiny(4)
     before = val_loss(m, val)
-    losses = uptrain(m, tokens, steps=30, batch_size=4, seq_len=16, lr=3e-3)
-    assert len(losses) == 30 and val_loss(m, val) < before - 0.5
+    losses = uptrain(m, tokens, steps=20, batch_size=4, seq_len=16, lr=3e-3)
+    assert len(losses) == 20 and val_loss(m, val) < before - 0.5
     rows = group_size_experiment(m, tokens, val, group_sizes=(1, 2, 4), steps=3, batch_size=4, seq_len=16,
                                  decode_batch=2, decode_prompt=8, decode_tokens=2)
     assert [r["g"] for r in rows] == [1, 2, 4] and [r["n_kv_head"] for r in rows] == [4, 2, 1]
