@@ -14,7 +14,7 @@ Pieces:
   port (tests, notebooks).
 
 Limits: bodies over the size limit -> 413, bad fields -> 400, unknown model -> 404, more
-requests in flight than ``max_batch_size + max_waiting`` -> 429; each request has a
+requests in flight than ``max_batch_size`` per version ``+ max_waiting`` -> 429; each request has a
 deadline (30 s by default) and ends with ``finish_reason="deadline"`` when it passes it; a
 client that disconnects is cancelled in the engine at once, freeing its slot.
 """
@@ -52,7 +52,8 @@ class ServerConfig:
     Args:
         model_name: the ``model`` clients send (``name`` or ``name@version`` to pin one).
         max_batch_size: requests decoded together per engine.
-        max_waiting: requests that may queue beyond the running batches; more -> 429.
+        max_waiting: requests that may queue beyond the running batches; more -> 429
+            (capacity = max_batch_size per served version + max_waiting).
         deadline_s: longest a request may take, in seconds (the seed's 30 s).
         limits: request validation limits (``max_seq_len`` is taken from the model).
     """

@@ -22,6 +22,17 @@ GOOD = {  # correct bodies for the suite (an "oracle model"); prompts end at the
 }
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """One intra-op thread during these tests: the engine thread, the HTTP loop and the
+    clients already share the cores, and on a busy 2-core machine two torch threads
+    spinning against each other made the engine up to 50x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def test_suite_answers_pass_and_wrong_answers_fail():
     for p in SUITE:
         assert functional_pass(p, GOOD[p.name]), p.name
@@ -67,17 +78,7 @@ def test_gate_decision_rule():
     assert gate_decision({**base, "syntax": 1.0}, base)[0]  # better is fine
 
 
-@pytest.fixture
-def one_thread():
-    """One intra-op thread while the engine runs: on a busy 2-core machine two threads spin
-    against each other and this test took 4x longer."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def test_gates_through_the_engine_catch_a_perturbed_candidate(small_tokenizer, one_thread):
+def test_gates_through_the_engine_catch_a_perturbed_candidate(small_tokenizer):
     torch.manual_seed(0)
     m = CodexModel(ModelConfig(vocab_size=small_tokenizer.vocab_size, d_model=64, n_layer=2, n_head=4,
                                max_seq_len=128)).eval()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from codex_lab.config import ModelConfig
+from codex_lab.engine import Engine, SamplingParams
 from codex_lab.generate import generate_ids
 from codex_lab.loadtest import malformed_bodies, malformed_storm, run_load
 from codex_lab.metrics import parse_metrics
@@ -19,6 +20,17 @@ from codex_lab.model import CodexModel
 from codex_lab.server import ModelServer, ServerConfig, check_loopback, serve_in_background
 
 NAME = "tiny"
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """One intra-op thread during these tests: the engine thread, the HTTP loop and the
+    clients already share the cores, and on a busy 2-core machine two torch threads
+    spinning against each other made the engine up to 50x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def make_model(vocab: int, seed: int = 0) -> CodexModel:
@@ -123,8 +135,11 @@ def test_storm_of_malformed_requests_no_crash(served):
 def test_disconnect_mid_stream_frees_slot(served):
     bg, srv, tok, model = served
     # a prompt whose greedy continuation never ends by itself within 200 tokens
-    prompt = next((p for p in ("def f():\n", "x = 1\n", "import os\n", "class A:\n", "a")
-                   if generate_ids(model, tok.encode(p), max_new_tokens=200, eos_id=tok.eot_id)[1] == "length"), None)
+    cands = ("def f():\n", "x = 1\n", "import os\n", "class A:\n", "a")
+    eng = Engine(model, tok)
+    rids = [eng.submit(tok.encode(p), SamplingParams(max_tokens=200)) for p in cands]
+    reasons = {f.rid: f.finish_reason for f in eng.run_until_done()}
+    prompt = next((p for p, rid in zip(cands, rids) if reasons[rid] == "length"), None)
     assert prompt is not None, "every candidate prompt hits end-of-text; change the model seed"
     slow = ModelServer(tok, ServerConfig(model_name=NAME))
     slow.add_version("v0001", model, step_delay_s=0.01)  # 200 tokens take >= 2 s
@@ -143,6 +158,12 @@ def test_disconnect_mid_stream_frees_slot(served):
         m = parse_metrics(httpx.get(bg2.url + "/metrics").text)
         dis = [v for lab, v in m["codex_lab:request_errors_total"] if lab["kind"] == "disconnected"]
         assert sum(dis) == 1
+        # a plain (non-streaming) client that gives up is cancelled too
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(bg2.url + "/v1/completions", json={"model": NAME, "prompt": prompt, "max_tokens": 200}, timeout=0.5)
+        t0 = time.time()
+        wait_idle(slow)
+        assert time.time() - t0 < 1.0
     finally:
         bg2.stop()
 
