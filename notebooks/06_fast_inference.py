@@ -217,7 +217,7 @@ same = {tuple(f.output_ids) for f in runs["one_at_a_time"]} == {tuple(f.output_i
 assert same
 ratio = walls["one_at_a_time"] / walls["continuous_batching"]
 print(f"continuous batching: {ratio:.1f}x the throughput of one at a time "
-      f"(the issue's goal is >= 3x on 2 idle cores; a busy machine shrinks it)")
+      f"(goal: >= 3x with 8 slots on 2 idle cores; fewer slots or a busy machine shrink it)")
 assert ratio > 1.2
 
 # %% [markdown]
