@@ -15,6 +15,13 @@ sequence grows; ``stats()`` reports both what is stored and what is allocated.
 
 Threads: ``submit`` and ``cancel`` may be called from any thread (a lock-protected inbox);
 ``step`` runs in the engine's thread, which also calls the ``on_token`` callbacks.
+
+Streaming: ``on_token(token_id, text_delta)`` is called once per output token; a delta is
+"" while a character's bytes are incomplete or while the text could still be the start of
+a stop string. The deltas of a request add up to its ``Finished.text``; when the request
+ends at end-of-text with such text still held back, one extra call
+``on_token(eot_id, rest)`` delivers it (never for an empty rest). A request that ends by
+deadline or cancel gets no further call.
 Timing comes from the injectable ``clock`` (seconds), so tests can use a fake one.
 """
 

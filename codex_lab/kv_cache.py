@@ -2,8 +2,13 @@
 
 The model talks to a cache through one method, ``update(k, v, positions)``: it stores the
 new keys/values of this step and returns every key/value the step may attend to, plus the
-position of each key (``-1`` marks an empty slot, which the mask then hides). Lesson 06
-adds a preallocated static cache and a rolling window buffer with the same interface.
+position of each key (``-1`` marks an empty slot, which the mask then hides).
+
+- :class:`DynamicKVCache`: concatenates (the plain reference);
+- :class:`StaticKVCache`: preallocated, slot = position, ``truncate`` rolls back (lesson 06);
+- :class:`RollingWindowCache`: a sliding-window layer keeps only its window (Mistral);
+- :class:`PagedKVPool`: fixed-size blocks + per-request block tables, used by
+  :class:`~codex_lab.engine.Engine` (PagedAttention-style).
 """
 
 from __future__ import annotations
