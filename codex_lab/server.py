@@ -65,6 +65,10 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
 
 
+class WorkerClosed(RuntimeError):
+    """A retired version's engine thread has stopped; route the request again."""
+
+
 class EngineFailure(RuntimeError):
     """An engine thread failed while serving a request (counted once, with its version)."""
 
@@ -121,14 +125,26 @@ class EngineWorker:
         self.stats: dict[str, Any] = self.engine.stats()
         self.steps = 0
         self._stop = threading.Event()
+        self._gate = threading.Lock()  # orders submit() against the thread's decision to exit
         self.retired = False  # no new requests; the thread exits once idle
+        self.closed = False
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"engine-{version}", daemon=True)
         self.thread.start()
 
     def submit(self, live: _Live) -> None:
-        """Queue a request for the engine (thread-safe)."""
-        self.inbox.put(("submit", live))
+        """Queue a request for the engine (thread-safe).
+
+        Raises :class:`WorkerClosed` if this retired worker has already stopped (route
+        again), and a 503 :class:`ApiError` if its engine crashed.
+        """
+        with self._gate:
+            if self.error is not None:
+                raise ApiError(503, f"the engine of version {self.version} failed ({self.error}); retry later",
+                               type_="server_error", code="engine_failed", kind="internal")
+            if self.closed:
+                raise WorkerClosed(self.version)
+            self.inbox.put(("submit", live))
 
     def cancel(self, live: _Live) -> None:
         """Cancel a request now (thread-safe): its slot and KV blocks are freed at the next step."""
@@ -174,10 +190,15 @@ class EngineWorker:
                             live.on_finish(fin)
                     self.steps += 1
                 self.stats = self.engine.stats()
-                if self.retired and not self.live and not self.engine.has_work() and self.inbox.empty():
-                    return
+                if self.retired and not self.live and not self.engine.has_work():
+                    with self._gate:
+                        if self.inbox.empty():
+                            self.closed = True
+                            self.stats = {}
+                            return
         except BaseException as exc:  # surface engine crashes to waiting requests
-            self.error = exc
+            with self._gate:
+                self.error = exc
             for live in list(self.live.values()):
                 live.post(("error", exc))
             self.live.clear()
@@ -398,12 +419,23 @@ def create_app(server: ModelServer) -> Any:
                                    code="body_too_large", kind="too_large")
             body = parse_json(bytes(raw), cfg.limits)
             req = parse_completion(body, tok, cfg.limits, cfg.model_name, server.versions())
-            worker = server.route(req.version)
             server.admit()
         except ApiError as e:
             return err(e)
-        live = _Live(asyncio.get_running_loop(), req, worker.version, cfg.deadline_s)
-        worker.submit(live)
+        try:
+            for attempt in range(3):  # a version retired between routing and submitting: route again
+                try:
+                    worker = server.route(req.version)
+                    live = _Live(asyncio.get_running_loop(), req, worker.version, cfg.deadline_s)
+                    worker.submit(live)
+                    break
+                except (WorkerClosed, KeyError):
+                    if attempt == 2 or req.version is not None:
+                        raise ApiError(404 if req.version else 503, f"version {req.version or 'primary'} is no longer "
+                                       "served", param="model", code="model_not_found", kind="not_found") from None
+        except ApiError as e:
+            server.release()
+            return err(e)
         cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         headers = {"x-codex-lab-version": worker.version}
 

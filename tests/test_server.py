@@ -235,3 +235,29 @@ def test_only_loopback():
         check_loopback("0.0.0.0")
     with pytest.raises(ValueError, match="only targets this machine"):
         run_load("http://example.com:8000", requests=1)
+
+
+class _CrashingEngine(Engine):
+    """An engine whose decode blows up (a stand-in for a CUDA error or a bad kernel)."""
+
+    def step(self):
+        raise RuntimeError("simulated kernel failure")
+
+
+def test_engine_crash_is_a_500_then_503_not_a_hang(small_tokenizer):
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name=NAME), engine_factory=_CrashingEngine)
+    srv.add_version("v0001", make_model(small_tokenizer.vocab_size))
+    bg = serve_in_background(srv)
+    try:
+        body = {"model": NAME, "prompt": "a", "max_tokens": 4}
+        r1 = httpx.post(bg.url + "/v1/completions", json=body, timeout=10)
+        assert r1.status_code == 500 and "simulated kernel failure" in r1.json()["error"]["message"]
+        r2 = httpx.post(bg.url + "/v1/completions", json=body, timeout=10)
+        assert r2.status_code == 503 and r2.json()["error"]["code"] == "engine_failed"
+        h = httpx.get(bg.url + "/health").json()
+        assert h["status"] == "degraded" and h["dead_engines"] == ["v0001"] and h["in_flight"] == 0
+        m = parse_metrics(httpx.get(bg.url + "/metrics").text)
+        internal = sum(v for lab, v in m["codex_lab:request_errors_total"] if lab["kind"] == "internal")
+        assert internal == 2  # each failure counted once
+    finally:
+        bg.stop()
