@@ -80,10 +80,11 @@ class AttentionPattern:
         """Exact number of allowed (query, key) pairs for length n (computed in row chunks,
         so memory stays O(chunk * n))."""
         _check_len(n)
-        k = torch.arange(n)
         total = 0
         for start in range(0, n, chunk):
-            q = torch.arange(start, min(n, start + chunk))
+            end = min(n, start + chunk)
+            q = torch.arange(start, end, dtype=torch.int32)
+            k = torch.arange(end, dtype=torch.int32)  # causal: no key after the chunk's last query
             total += int(self.allowed(q[:, None], k[None, :]).sum())
         return total
 
@@ -102,13 +103,13 @@ class AttentionPattern:
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
         nb = -(-n // block)
-        k = torch.arange(nb * block)
-        k_ok = k < n
         out = torch.zeros(nb, nb, dtype=torch.bool)
         for i in range(nb):
-            q = torch.arange(i * block, min(n, (i + 1) * block))
-            m = self.allowed(q[:, None], k[None, :]) & k_ok[None, :]  # (block, nb*block)
-            out[i] = m.view(len(q), nb, block).any(dim=2).any(dim=0)
+            q = torch.arange(i * block, min(n, (i + 1) * block), dtype=torch.int32)
+            # causal: only key blocks 0..i can hold an allowed pair
+            k = torch.arange((i + 1) * block, dtype=torch.int32)
+            m = self.allowed(q[:, None], k[None, :]) & (k < n)[None, :]  # (block, (i+1)*block)
+            out[i, : i + 1] = m.view(len(q), i + 1, block).any(dim=2).any(dim=0)
         return out
 
     def __add__(self, other: "AttentionPattern") -> "AttentionPattern":

@@ -74,8 +74,7 @@ def _blocks(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern, block: i
     g = H // Hkv
     nb = -(-N // block)
     pad = nb * block - N
-    # scale once on q: scores = (q / sqrt(D)) k^T
-    q = q * (1.0 / math.sqrt(D))
+    scale = 1.0 / math.sqrt(D)
     if pad:
         q = torch.nn.functional.pad(q, (0, 0, 0, pad))  # (B, H, nb*bs, D)
         k = torch.nn.functional.pad(k, (0, 0, 0, pad))  # (B, Hkv, nb*bs, D)
@@ -97,16 +96,16 @@ def _blocks(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern, block: i
         vs = vb.index_select(2, flat).view(B, Hkv, R, m * block, D)  # (B, Hkv, R, m*bs, D)
         if grp.row_ok is None:
             # every row has a key: PyTorch's fused attention on the gathered tiles, with the
-            # in-tile mask (True = may attend); the scale is already folded into q
+            # in-tile mask as an additive bias (0 = attend, -inf = not)
             # 4-D q/k/v (B*Hkv, R, rows, D) and a 4-D additive mask (1, R, g*bs, m*bs): only then
-            # does torch pick its fused kernel over the slow math path
+            # does torch pick its fused kernel over the slow math path; scores = q k^T / sqrt(D)
             o = F.scaled_dot_product_attention(
                 qs.reshape(B * Hkv, R, g * block, D), ks.reshape(B * Hkv, R, m * block, D),
-                vs.reshape(B * Hkv, R, m * block, D), attn_mask=grp.bias, scale=1.0,
+                vs.reshape(B * Hkv, R, m * block, D), attn_mask=grp.bias, scale=scale,
             )  # (B*Hkv, R, g*bs, D)
             outs.append(o.view(B, Hkv, R, g * block, D))
         else:
-            outs.append(_tiles_explicit(qs, ks, vs, grp))  # (B, Hkv, R, g*bs, D)
+            outs.append(_tiles_explicit(qs * scale, ks, vs, grp))  # (B, Hkv, R, g*bs, D)
         order.append(grp.rows)
     if not outs:
         return q.new_zeros(B, H, N, D)
