@@ -188,3 +188,13 @@ def test_chunked_prefill_same_tokens(tok):
     assert len(pre_steps) == 4 and pre_steps == list(range(4))  # 8 + 8 + 8 + 6 tokens, first come first served
     with pytest.raises(ValueError, match="max_prefill_tokens"):
         Engine(model, tok, max_prefill_tokens=0)
+
+
+def test_streamable_holds_back_partial_characters_and_stop_prefixes():
+    from codex_lab.engine import _streamable
+
+    assert _streamable("ab\ufffd", []) == "ab"  # a character whose bytes are still incomplete
+    assert _streamable("x = 1\n", ["\n\n"]) == "x = 1"  # "\n" may become the stop string
+    assert _streamable("x = 1\n", ["\ndef"]) == "x = 1"
+    assert _streamable("x = 1\nd", ["\ndef"]) == "x = 1"
+    assert _streamable("x = 1\nz", ["\ndef", "\n\n"]) == "x = 1\nz"
