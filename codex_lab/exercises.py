@@ -68,6 +68,8 @@ def _py_to_ipynb(text: str) -> str:
     import jupytext
 
     nb = jupytext.reads(text, fmt="py:percent")
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"cell-{i}"  # fixed ids: regeneration must be byte-for-byte stable
     return jupytext.writes(nb, fmt="ipynb")
 
 

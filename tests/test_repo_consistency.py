@@ -23,7 +23,9 @@ def test_environment_yml_declares_the_same_dependencies_as_pyproject():
     wanted = {_name(r) for r in pp["dependencies"]}
     for extra in pp["optional-dependencies"].values():
         wanted |= {_name(r) for r in extra if not r.startswith("codex_lab")}
-    env_lines = [ln.strip()[2:] for ln in (ROOT / "environment.yml").read_text().splitlines() if ln.strip().startswith("- ")]
+    text = (ROOT / "environment.yml").read_text()
+    deps = text[text.index("dependencies:"):]  # skip the channels list
+    env_lines = [ln.strip()[2:] for ln in deps.splitlines() if ln.strip().startswith("- ")]
     declared = {_name(x) for x in env_lines if not x.startswith(("-", "python", "pip", "--"))}
     assert wanted == declared, f"only in pyproject: {wanted - declared}; only in environment.yml: {declared - wanted}"
     pins = {_name(x): x for x in env_lines}
