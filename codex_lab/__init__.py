@@ -9,6 +9,26 @@ from .corpus import Corpus, SourceFile, load_corpus
 from .data import fixed_batches, random_batch, tokenize_texts
 from .exercises import generate_exercises, load_definitions, strip_solutions
 from .generate import Generation, generate, generate_ids
+from .gqa import (
+    decode_tokens_per_s,
+    group_size_experiment,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    kv_saving,
+    measured_cache_bytes,
+    mean_pool_heads,
+    mha_to_gqa,
+    uptrain,
+)
+from .hf import from_hf, hf_config_to_codex, to_hf
+from .hf_mixtral import (
+    codex_config_from_mixtral,
+    from_hf_mixtral,
+    mixtral_config,
+    moe_from_hf_block,
+    moe_to_hf_block,
+    to_hf_mixtral,
+)
 from .grading import check, grade_file, grade_folder
 from .kv_cache import DynamicKVCache, make_dynamic_caches
 from .model import (
@@ -22,6 +42,23 @@ from .model import (
     attention_sdpa,
     register_attention_impl,
     rope_tables,
+)
+from .moe import (
+    MoEFeedForward,
+    Routing,
+    RoutingStats,
+    bias_update,
+    capacity_keep_mask,
+    dispatch_grouped,
+    dispatch_reference,
+    expert_capacity,
+    ffn_param_counts,
+    load_balancing_loss,
+    moe_layers_of,
+    route,
+    router_z_loss,
+    routing_stats,
+    set_dispatch_impl,
 )
 from .patterns import AttentionPattern, LocalWindow, parse_pattern
 from .runtime import describe_environment, fast_mode, get_device, pick, seed_everything
@@ -45,4 +82,14 @@ __all__ = [
     "sample_next", "save_checkpoint", "seed_everything", "strip_solutions",
     "syntax_validity", "tokenize_texts", "top_k_filter", "top_p_filter", "train",
     "train_tokenizer",
+    # lesson 03: grouped-query attention and Hugging Face interop
+    "decode_tokens_per_s", "from_hf", "group_size_experiment", "hf_config_to_codex",
+    "kv_bytes_per_token", "kv_cache_bytes", "kv_saving", "measured_cache_bytes",
+    "mean_pool_heads", "mha_to_gqa", "to_hf", "uptrain",
+    # lesson 04: mixture of experts
+    "MoEFeedForward", "Routing", "RoutingStats", "bias_update", "capacity_keep_mask",
+    "codex_config_from_mixtral", "dispatch_grouped", "dispatch_reference", "expert_capacity",
+    "ffn_param_counts", "from_hf_mixtral", "load_balancing_loss", "mixtral_config",
+    "moe_from_hf_block", "moe_layers_of", "moe_to_hf_block", "route", "router_z_loss",
+    "routing_stats", "set_dispatch_impl", "to_hf_mixtral",
 ]
