@@ -56,6 +56,19 @@ def expected_tokens_per_round(a: float, gamma: int) -> float:
     return (1 - a ** (gamma + 1)) / (1 - a)
 
 
+def expected_speedup(a: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
+    """Expected wall-clock speedup over plain decoding: E[tokens] / (gamma * c + verify_cost).
+
+    ``c``: one draft forward in target decode steps; ``verify_cost``: the target forward over
+    gamma + 1 tokens in target decode steps (about 1 when decoding is memory-bound; the
+    paper's Theorem 3.8 assumes exactly 1, Leviathan et al., 2023). Below 1 = slower.
+    """
+    if c < 0 or verify_cost <= 0:
+        raise ValueError(f"need c >= 0 and verify_cost > 0, got c={c}, verify_cost={verify_cost}")
+    # speedup = (1 - a^(gamma+1)) / ((1 - a) (gamma c + verify_cost))
+    return expected_tokens_per_round(a, gamma) / (gamma * c + verify_cost)
+
+
 @dataclass
 class SpecStats:
     """Counts of one speculative generation.

@@ -5,7 +5,9 @@ import torch
 
 from codex_lab.generate import generate_ids
 from codex_lab.model import CodexModel
-from codex_lab.speculative import SpecStats, expected_tokens_per_round, speculative_generate, truncated_draft
+from codex_lab.speculative import (
+    SpecStats, expected_speedup, expected_tokens_per_round, speculative_generate, truncated_draft,
+)
 
 from conftest import tiny_config
 
@@ -64,5 +66,9 @@ def test_expected_tokens_formula_and_stats():
     assert st.acceptance_rate == 5 / 6 and st.tokens_per_round == 3.5
     with pytest.raises(ValueError):
         expected_tokens_per_round(1.5, 3)
+    assert expected_speedup(1.0, 4, 0.0) == 5.0  # a free, perfect draft: gamma + 1 tokens per forward
+    assert expected_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
+    assert expected_speedup(0.0, 4, 0.5) < 1  # useless guesses only cost time
+    assert expected_speedup(1.0, 4, 0.0, verify_cost=2.5) == 2.0
     with pytest.raises(ValueError, match="n_layers"):
         truncated_draft(model_of(), 3)
