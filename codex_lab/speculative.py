@@ -135,10 +135,10 @@ def speculative_generate(
     t_cache = make_static_caches(target.cfg, 1, total, rolling=False, device=dev, dtype=p.dtype)
     d_cache = make_static_caches(draft.cfg, 1, total, rolling=False, device=dev, dtype=p.dtype)
 
-    def run(model: CodexModel, caches: list, ids: list[int], start: int) -> torch.Tensor:
+    def run(model: CodexModel, caches: list, ids: list[int], start: int, last_only: bool = True) -> torch.Tensor:
         x = torch.tensor([ids], device=dev)  # (1, n)
         pos = torch.arange(start, start + len(ids), device=dev)[None]  # (1, n)
-        return model(x, positions=pos, caches=caches).logits[0]  # (n, V)
+        return model(x, positions=pos, caches=caches, last_only=last_only).logits[0]  # (n or 1, V)
 
     tokens = list(prompt_ids)
     first = int(run(target, t_cache, tokens, 0)[-1].argmax())
@@ -161,7 +161,7 @@ def speculative_generate(
             d_len += len(feed)
             guesses.append(nxt)
         # one target forward checks every guess: preds[i] = target's token after guess i
-        preds = run(target, t_cache, [tokens[-1]] + guesses, L - 1).argmax(dim=-1).tolist()  # (g + 1,)
+        preds = run(target, t_cache, [tokens[-1]] + guesses, L - 1, last_only=False).argmax(dim=-1).tolist()  # (g + 1,)
         stats.target_calls += 1
         k = 0
         while k < g and guesses[k] == preds[k]:
