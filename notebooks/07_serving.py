@@ -63,7 +63,7 @@ import codex_lab as cl
 from codex_lab.canary import CanaryController, CanaryPolicy
 from codex_lab.gates import SUITE, engine_completer, gate_decision, run_gates
 from codex_lab.loadtest import malformed_storm, run_load
-from codex_lab.metrics import histogram_attainment, parse_metrics
+from codex_lab.metrics import ServerMetrics, histogram_attainment, parse_metrics
 from codex_lab.registry import ChecksumError, Registry
 from codex_lab.server import ModelServer, ServerConfig, serve_in_background
 
@@ -122,8 +122,7 @@ def ttft_tbt(arrival, token_times):
     return token_times[0] - arrival, [b - a for a, b in zip(token_times, token_times[1:])]
 
 
-fresh = ModelServer(base.tokenizer, ServerConfig(model_name="codex-lab-tiny"))  # empty histograms
-metrics = fresh.metrics
+metrics = ServerMetrics("codex-lab-tiny")  # the server's metrics class, fresh (empty histograms)
 raw_ttft, raw_tbt = [], []
 for i, prob in enumerate(SUITE[:4]):
     t0, times = time.perf_counter(), []
