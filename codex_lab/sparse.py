@@ -223,9 +223,17 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern, block: int
         )
         return _blocks(q, k, v, pattern, block)
     N = q.shape[2]
-    bm = flex_block_mask(pattern, N, str(q.device), block)
-    fn = _compiled_flex()
-    out = fn(q, k, v, block_mask=bm, scale=1.0 / math.sqrt(q.shape[-1]), enable_gqa=q.shape[1] != k.shape[1])
+    try:
+        bm = flex_block_mask(pattern, N, str(q.device), block)
+        fn = _compiled_flex()
+        out = fn(q, k, v, block_mask=bm, scale=1.0 / math.sqrt(q.shape[-1]), enable_gqa=q.shape[1] != k.shape[1])
+    except Exception as exc:  # e.g. no C++ compiler for Inductor, unsupported device
+        warnings.warn(
+            f"compiled FlexAttention failed on {q.device} ({type(exc).__name__}: {str(exc)[:200]}); using "
+            "impl='blocks' (same result). Install a C++ compiler or use impl='blocks' directly.",
+            stacklevel=3,
+        )
+        return _blocks(q, k, v, pattern, block)
     # a fully masked row: flex already returns 0 there; nan_to_num is belt and braces
     return torch.nan_to_num(out, nan=0.0)
 
@@ -288,7 +296,9 @@ def _model_kernel(impl: str) -> Callable[..., Tensor]:
         """Model hook: block-sparse for a plain 0..N-1 batch, masked reference otherwise
         (KV-cache decode, padded or shifted positions)."""
         pat = AttentionPattern() if pattern is None else pattern
-        if mask is None and k.shape[2] == q.shape[2] and (_plain_layout(q_pos, k_pos, q.shape[2]) or (q_pos is None and (is_causal or pattern is not None))):
+        n = q.shape[2]
+        no_positions = q_pos is None and k_pos is None  # called directly: positions 0..N-1
+        if mask is None and k.shape[2] == n and (no_positions or _plain_layout(q_pos, k_pos, n)):
             return sparse_attention(q, k, v, pat, impl=impl)
         if mask is None:
             if q_pos is None or k_pos is None:
