@@ -186,3 +186,25 @@ def test_flex_equals_reference_and_falls_back_for_training() -> None:
         out = sparse_attention(q, k, v, spec, impl="flex")
     out.sum().backward()  # went through "blocks"
     assert q.grad is not None and not q.grad.isnan().any()
+
+
+def test_bench_attention_records_are_flat_and_complete() -> None:
+    import argparse
+
+    from codex_lab.benches import attention
+
+    p = argparse.ArgumentParser()
+    attention.add_arguments(p)
+    args = p.parse_args(["--sizes", "256", "--impls", "reference", "blocks", "--heads", "2", "--head-dim", "16",
+                         "--repeats", "1", "--pattern", "window:64+blockstride:64:2", "--device", "cpu"])
+    rows = attention.run(args)
+    assert [r["impl"] for r in rows] == ["sdpa", "reference", "blocks"]  # the baseline is always measured
+    for r in rows:
+        assert {"impl", "pattern", "N", "median_ms", "peak_mib", "density", "speedup_vs_sdpa"} <= set(r)
+        assert all(isinstance(v, (int, float, str)) for v in r.values())  # flat, JSON-ready
+        assert r["median_ms"] > 0 and r["N"] == 256
+    sd = rows[0]
+    assert sd["density"] == 1.0 and sd["speedup_vs_sdpa"] == 1.0
+    d = parse_pattern("window:64+blockstride:64:2").density(256)
+    assert rows[2]["density"] == pytest.approx(d) and rows[2]["limit_1_over_d"] == pytest.approx(1 / d)
+    assert rows[2]["speedup_vs_sdpa"] == pytest.approx(sd["median_ms"] / rows[2]["median_ms"])
