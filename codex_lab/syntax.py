@@ -32,7 +32,9 @@ def function_prompts(texts: Sequence[str], n: int, max_chars: int = 400) -> list
             first = node.body[0]
             has_doc = isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) and isinstance(first.value.value, str)
             end = (first.end_lineno or first.lineno) if has_doc else first.lineno - 1
-            prompt = "".join(lines[node.lineno - 1 : end])
+            # no trailing newline: "\n" + indentation is usually ONE token in training text,
+            # so a prompt that ends in "\n" forces a split the model has rarely seen
+            prompt = "".join(lines[node.lineno - 1 : end]).rstrip("\n")
             if has_doc and len(node.body) < 2:
                 continue  # docstring-only function: nothing to complete
             if 0 < len(prompt) <= max_chars:
@@ -44,9 +46,14 @@ def function_prompts(texts: Sequence[str], n: int, max_chars: int = 400) -> list
 
 
 def cut_function(completion: str) -> str:
-    """Keep the completion up to the first non-blank line at column 0 (the function ended)."""
-    kept: list[str] = []
-    for line in completion.splitlines(keepends=True):
+    """Keep the completion up to the first non-blank line at column 0 (the function ended).
+
+    The text before the completion's first newline continues the prompt's last line and
+    is always kept.
+    """
+    first, nl, rest = completion.partition("\n")
+    kept: list[str] = [first + nl]
+    for line in rest.splitlines(keepends=True):
         if line.strip() and not line[0].isspace():
             break
         kept.append(line)
@@ -81,12 +88,16 @@ def syntax_validity(
     seed: int = 0,
     progress: bool = True,
 ) -> SyntaxReport:
-    """Generate a body for each prompt and measure how often prompt + body parses."""
+    """Generate a body for each prompt and measure how often prompt + body parses.
+
+    A completion counts only when it adds at least one non-blank line to the function.
+    """
     samples = []
     for i, prompt in enumerate(tqdm(prompts, desc="syntax check", disable=not progress)):
         g = generate(model, tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i)
         body = cut_function(g.text)
-        samples.append((prompt, body, parses(prompt + body)))
+        # an empty body would "parse" after a docstring; it must write at least one line
+        samples.append((prompt, body, bool(body.strip()) and parses(prompt + body)))
     n = len(samples)
     # rate = functions that parse / functions generated
     rate = sum(ok for _, _, ok in samples) / n if n else 0.0

@@ -40,6 +40,7 @@ def test_generate_greedy_matches_manual_argmax(tiny_model, small_tokenizer):
 
 def test_syntax_helpers():
     src = 'def add(a, b):\n    """Add."""\n    return a + b\n\ndef only_doc():\n    """Doc."""\n'
-    assert function_prompts([src], 5) == ['def add(a, b):\n    """Add."""\n']
-    assert cut_function("    return 1\n\nx = 2\n") == "    return 1\n\n"
+    assert function_prompts([src], 5) == ['def add(a, b):\n    """Add."""']
+    assert cut_function("\n    return 1\n\nx = 2\n") == "\n    return 1\n\n"
+    assert cut_function(" + 1\n    return y\ndef g(): pass\n") == " + 1\n    return y\n"
     assert parses("def f():\n    return 1\n") and not parses("def f(:\n")
