@@ -66,3 +66,20 @@ def test_cli_loadtest_json(small_tokenizer, capsys):
         assert cli_main(["loadtest", "--url", "http://192.0.2.1:80"]) == 2  # refused, not sent
     finally:
         bg.stop()
+
+
+def test_bench_serving_records(tmp_path, small_tokenizer):
+    import argparse
+
+    from codex_lab.benches import discover
+    from codex_lab.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    m = CodexModel(ModelConfig(vocab_size=small_tokenizer.vocab_size, d_model=64, n_layer=2, n_head=4,
+                               max_seq_len=128)).eval()
+    save_checkpoint(tmp_path / "ck", m, small_tokenizer)
+    bench = discover()["serving"]
+    rows = bench.run(argparse.Namespace(concurrency="1,2", requests=2, max_tokens=4, checkpoint=str(tmp_path / "ck"),
+                                        threads=None))
+    assert [r["concurrency"] for r in rows] == [1, 2]
+    assert all(r["requests"] == 2 and r["errors"] == 0 and r["ttft_p50_ms"] > 0 for r in rows)
