@@ -38,15 +38,21 @@ def run(ctx: Any) -> str:
                    + "\n".join(f"| {k} | {v:.1f} |" for k, v in by.items()))
         out.append(f"\nStatic cache vs no cache: {by['static_cache'] / by['no_cache']:.1f}x (same tokens, asserted).")
 
-        rows, runs = bench.bench_batching(model, tok, pick(fast=8, full=32), batch=pick(fast=4, full=8))
+        rows, runs = bench.bench_batching(model, tok, pick(fast=12, full=32), batch=pick(fast=4, full=8))
         b = {r["impl"]: r for r in rows}
-        ratio = b["continuous_batching"]["tokens_per_s"] / b["one_at_a_time"]["tokens_per_s"]
-        vs_static = b["continuous_batching"]["tokens_per_s"] / b["static_batching"]["tokens_per_s"]
-        out.append("\n| batching ({} mixed requests) | tokens/s | TTFT p95 ms | TBT p95 ms |\n|---|---|---|---|\n".format(rows[0]["requests"])
-                   + "\n".join(f"| {r['impl']} | {r['tokens_per_s']:.1f} | {r['ttft_p95_ms']:.0f} | {r['tbt_p95_ms']:.1f} |" for r in rows))
+        cont, stat, one = b["continuous_batching"], b["static_batching"], b["one_at_a_time"]
+        ratio = cont["tokens_per_s"] / one["tokens_per_s"]
+        vs_static = cont["tokens_per_s"] / stat["tokens_per_s"]
+        out.append("\n| batching ({} mixed requests, {} slots) | tokens/s | TTFT p50 ms | TTFT p95 ms | TBT p95 ms |\n|---|---|---|---|---|\n".format(
+                   rows[0]["requests"], cont["max_batch_size"])
+                   + "\n".join(f"| {r['impl']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p95_ms']:.0f} | {r['tbt_p95_ms']:.1f} |" for r in rows))
+        # batching is the throughput lever; continuous (vs static) batching mostly buys latency
+        lower_ttft = cont["ttft_p50_ms"] < stat["ttft_p50_ms"]
+        verdict = "does not hold" if ratio <= 1.2 else ("holds" if lower_ttft and vs_static >= 1 else "holds with a correction")
         ctx.claim("Improved batch scheduling speeds up serving",
-                  f"continuous batching {ratio:.1f}x one-at-a-time and {vs_static:.2f}x static batching throughput "
-                  f"({rows[0]['requests']} mixed requests, same tokens)", "holds" if ratio > 1 and vs_static > 1 else "does not hold", lesson="06")
+                  f"continuous batching {ratio:.1f}x one-at-a-time throughput; vs static batching {vs_static:.2f}x throughput and "
+                  f"TTFT p50 {cont['ttft_p50_ms']:.0f} vs {stat['ttft_p50_ms']:.0f} ms ({rows[0]['requests']} mixed requests, same tokens)",
+                  verdict, lesson="06")
 
         srow, done = bench.bench_streams(model, tok, pick(fast=8, full=32), streams=4, new_tokens=pick(fast=32, full=64))
         s = srow[0]
