@@ -139,3 +139,15 @@ def test_bad_inputs_raise_clear_errors():
         generate_ids_cached(model, [1] * 120, max_new_tokens=20)
     with pytest.raises(ValueError, match="cache kind"):
         generate_ids_cached(model, [1], max_new_tokens=2, cache="paged")
+
+
+def test_positions_default_to_the_cache_length():
+    """model(idx, caches=...) without positions continues after what the cache holds."""
+    model = model_of(**VARIANTS["window"])
+    seq = torch.randint(0, 512, (1, 12), generator=torch.Generator().manual_seed(4))
+    caches = make_static_caches(model.cfg, 1, 12)
+    model(seq[:, :10], caches=caches)
+    assert all(c.length == 10 for c in caches)
+    last = model(seq[:, 10:12], caches=caches).logits  # positions 10, 11 inferred
+    # fp32 logits O(1): another summation order differs by ~1e-6
+    torch.testing.assert_close(last, model(seq).logits[:, 10:], atol=1e-5, rtol=0)
