@@ -60,6 +60,12 @@ from .moe import (
     routing_stats,
     set_dispatch_impl,
 )
+from .canary import CanaryController, CanaryPolicy
+from .gates import GateReport, gate_decision, run_gates
+from .loadtest import LoadReport, malformed_storm, run_load
+from .metrics import ServerMetrics
+from .registry import ChecksumError, Registry
+from .server import BackgroundServer, ModelServer, ServerConfig, create_app, serve_in_background
 from .patterns import AttentionPattern, LocalWindow, parse_pattern
 from .runtime import describe_environment, fast_mode, get_device, pick, seed_everything
 from .sampling import sample_next, top_k_filter, top_p_filter
@@ -92,4 +98,8 @@ __all__ = [
     "ffn_param_counts", "from_hf_mixtral", "load_balancing_loss", "mixtral_config",
     "moe_from_hf_block", "moe_layers_of", "moe_to_hf_block", "route", "router_z_loss",
     "routing_stats", "set_dispatch_impl", "to_hf_mixtral",
+    # lesson 07: serving, metrics, registry, gates, canary, load test
+    "BackgroundServer", "CanaryController", "CanaryPolicy", "ChecksumError", "GateReport",
+    "LoadReport", "ModelServer", "Registry", "ServerConfig", "ServerMetrics", "create_app",
+    "gate_decision", "malformed_storm", "run_gates", "run_load", "serve_in_background",
 ]
