@@ -7,6 +7,8 @@ from .checkpoint import Checkpoint, load_checkpoint, load_pretrained, pretrained
 from .config import ModelConfig
 from .corpus import Corpus, SourceFile, load_corpus
 from .data import fixed_batches, random_batch, tokenize_texts
+from .cached_generate import generate_batch_cached, generate_ids_cached
+from .engine import Engine, Finished, SamplingParams
 from .exercises import generate_exercises, load_definitions, strip_solutions
 from .generate import Generation, generate, generate_ids
 from .gqa import (
@@ -30,7 +32,7 @@ from .hf_mixtral import (
     to_hf_mixtral,
 )
 from .grading import check, grade_file, grade_folder
-from .kv_cache import DynamicKVCache, make_dynamic_caches
+from .kv_cache import DynamicKVCache, PagedKVPool, RollingWindowCache, StaticKVCache, make_dynamic_caches, make_static_caches
 from .model import (
     Attention,
     CodexModel,
@@ -69,6 +71,7 @@ from .server import BackgroundServer, ModelServer, ServerConfig, create_app, ser
 from .patterns import AttentionPattern, LocalWindow, parse_pattern
 from .runtime import describe_environment, fast_mode, get_device, pick, seed_everything
 from .sampling import sample_next, top_k_filter, top_p_filter
+from .speculative import SpecStats, expected_speedup, expected_tokens_per_round, speculative_generate, truncated_draft
 from .syntax import cut_function, function_prompts, parses, syntax_validity
 from .tokenizer import SPECIAL_TOKENS, TASK_TAGS, CodeTokenizer, train_tokenizer
 from .train import PRESETS, TrainConfig, lr_at, preset_config, train
@@ -102,4 +105,8 @@ __all__ = [
     "BackgroundServer", "CanaryController", "CanaryPolicy", "ChecksumError", "GateReport",
     "LoadReport", "ModelServer", "Registry", "ServerConfig", "ServerMetrics", "create_app",
     "gate_decision", "malformed_storm", "run_gates", "run_load", "serve_in_background",
+    # lesson 06: fast inference
+    "Engine", "Finished", "PagedKVPool", "RollingWindowCache", "SamplingParams", "SpecStats",
+    "StaticKVCache", "expected_speedup", "expected_tokens_per_round", "generate_batch_cached",
+    "generate_ids_cached", "make_static_caches", "speculative_generate", "truncated_draft",
 ]

@@ -217,14 +217,6 @@ def make_static_caches(
     return caches
 
 
-def kv_bytes_per_token(cfg: "ModelConfig", dtype: torch.dtype = torch.float32) -> int:
-    """KV-cache bytes one token costs across all layers: 2 (K and V) * layers * H_kv * D * bytes."""
-    assert cfg.n_kv_head is not None
-    elem = torch.empty((), dtype=dtype).element_size()
-    # bytes/token = 2 * n_layer * n_kv_head * head_dim * element size
-    return 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * elem
-
-
 # ---------------------------------------------------------------------------------------
 # Paged KV memory (PagedAttention-style): fixed-size blocks shared by many requests.
 # ---------------------------------------------------------------------------------------
@@ -239,7 +231,7 @@ class PagedKVPool:
     block at a time and returns to the pool the moment a request ends.
 
     Args:
-        n_layer, n_kv_head, head_dim: the model's shape (``kv_bytes_per_token`` per token).
+        n_layer, n_kv_head, head_dim: the model's shape (``codex_lab.gqa.kv_bytes_per_token`` per token).
         n_blocks: blocks in the pool; capacity = n_blocks * block_size tokens.
         block_size: tokens per block.
         device, dtype: where and how the storage lives.

@@ -52,7 +52,8 @@ import codex_lab as cl
 from codex_lab.benches import inference as bench
 from codex_lab.cached_generate import generate_ids_cached
 from codex_lab.engine import Engine, SamplingParams
-from codex_lab.kv_cache import kv_bytes_per_token, make_static_caches
+from codex_lab.gqa import kv_bytes_per_token
+from codex_lab.kv_cache import make_static_caches
 import codex_lab.speculative as cl_spec
 from codex_lab.speculative import expected_tokens_per_round, speculative_generate, truncated_draft
 

@@ -12,7 +12,8 @@ ORDER = 6
 
 def run(ctx: Any) -> str:
     from ..benches import inference as bench
-    from ..kv_cache import kv_bytes_per_token, make_static_caches
+    from ..gqa import kv_bytes_per_token
+    from ..kv_cache import make_static_caches
     from ..runtime import pick
 
     ck = ctx.checkpoint()
