@@ -1,0 +1,134 @@
+"""The capstone recipe: the composed config builds, converts exactly where it should,
+trains, fine-tunes, and the gate decision and the canary's refusal rule work on it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from codex_lab import capstone as cap
+from codex_lab.config import ModelConfig
+from codex_lab.gates import gate_decision
+from codex_lab.gqa import uptrain
+from codex_lab.model import CodexModel
+from codex_lab.moe import MoEFeedForward, ffn_param_counts
+
+
+def plain(vocab: int = 128, n_layer: int = 4, max_seq_len: int = 128) -> CodexModel:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=vocab, d_model=64, n_layer=n_layer, n_head=4, max_seq_len=max_seq_len)
+    return CodexModel(cfg).eval()
+
+
+def small_cand_cfg(base: ModelConfig, **kw) -> ModelConfig:
+    # a 16-token window + every 2nd 16-token block: sparse already at the test lengths
+    return cap.capstone_config(base, sparse="window:16+blockstride:16:2", n_experts=4, top_k=2, **kw)
+
+
+def test_capstone_config_composes_every_optimisation():
+    base = plain().cfg
+    c = cap.capstone_config(base)
+    assert c.attn_patterns == ["dense", "dense", cap.DEFAULT_SPARSE, cap.DEFAULT_SPARSE]
+    assert c.n_kv_head == 2 and c.group_size == 2
+    assert c.moe_layers == [2, 3] and c.n_experts == 8 and c.moe_top_k == 2 and c.attn_impl == "blocks"
+    assert base.attn_patterns is None and base.moe_layers == []  # the base config is not modified
+    c1 = cap.capstone_config(base, dense_layers=1, n_kv_head=1, moe_layers=[3])
+    assert c1.attn_patterns[0] == "dense" and c1.attn_patterns[1] != "dense" and c1.n_kv_head == 1 and c1.moe_layers == [3]
+    with pytest.raises(ValueError, match="dense pattern"):
+        cap.capstone_config(base, sparse="dense")
+    with pytest.raises(ValueError, match="dense_layers"):
+        cap.capstone_config(base, dense_layers=5)
+    with pytest.raises(ValueError, match="n_kv_head"):
+        cap.capstone_config(base, n_kv_head=3)
+
+
+def test_conversion_oracles():
+    base = plain()
+    idx = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(1))  # (B, T)
+    # upcycled experts are copies of the dense FFN: the layer computes the same function
+    only_moe = cap.convert(base, small_cand_cfg(base.cfg, dense_layers=4, n_kv_head=4))
+    # fp32 logits O(1); grouped expert matmuls sum in another order (~1e-6 differences)
+    assert cap.max_logit_gap(base, only_moe, idx) < 1e-5
+    # nothing switched on: the same model
+    same = cap.convert(base, small_cand_cfg(base.cfg, dense_layers=4, n_kv_head=4, moe_layers=[]))
+    assert cap.max_logit_gap(base, same, idx) < 1e-5
+    # the sparse pattern (window 16 < 40 tokens) and mean-pooled K/V heads change the function
+    full = cap.convert(base, small_cand_cfg(base.cfg))
+    assert cap.max_logit_gap(base, full, idx) > 1e-3
+    for i in full.cfg.moe_layers:
+        ffn = full.layers[i].ffn
+        assert isinstance(ffn, MoEFeedForward)
+        for e in ffn.experts:
+            assert torch.equal(e.down_proj.weight, base.layers[i].ffn.down_proj.weight)
+    assert torch.equal(full.embed.weight, base.embed.weight)
+    # the input model is untouched and keeps its plain layout
+    assert base.cfg.moe_layers == [] and base.cfg.n_kv_head == 4
+
+
+def test_convert_refuses_a_shape_change():
+    base = plain()
+    bad = ModelConfig.from_dict({**small_cand_cfg(base.cfg).to_dict(), "d_model": 128})
+    with pytest.raises(ValueError, match="d_model"):
+        cap.convert(base, bad)
+    moe_base = CodexModel(small_cand_cfg(base.cfg))
+    with pytest.raises(ValueError, match="dense-FFN"):
+        cap.convert(moe_base, small_cand_cfg(base.cfg))
+
+
+def test_active_params_counts_only_routed_experts():
+    base = plain()
+    full = cap.convert(base, small_cand_cfg(base.cfg))
+    c = ffn_param_counts(full.cfg)
+    # 2 MoE layers: each skips (E - k) experts of 3 d h weights
+    skipped = 2 * (full.cfg.n_experts - full.cfg.moe_top_k) * 3 * 64 * full.cfg.ffn_hidden
+    assert cap.active_params(full) == full.num_params() - skipped
+    assert c["total"] - c["active"] == (full.cfg.n_experts - full.cfg.moe_top_k) * c["expert"]
+    assert cap.active_params(base) == base.num_params()
+    d = cap.describe(full, seq_len=128)
+    assert d["kv_bytes_per_token"] * 2 == cap.describe(base, seq_len=128)["kv_bytes_per_token"]  # 2 of 4 K/V heads
+    assert d["attn_density@128"] < 1.0 and cap.attention_density(base.cfg, 128) == 1.0
+
+
+def test_candidate_trains_through_sparse_gqa_and_moe_layers():
+    base = plain()
+    cand = cap.convert(base, small_cand_cfg(base.cfg))
+    tokens = torch.randint(0, 128, (2000,), generator=torch.Generator().manual_seed(0))
+    before = {n: p.detach().clone() for n, p in cand.named_parameters()}
+    losses = uptrain(cand, tokens, steps=3, batch_size=2, seq_len=48, lr=1e-3)
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    moved = {n for n, p in cand.named_parameters() if not torch.equal(p, before[n])}
+    # gradients reached the sparse layers' attention, the routers and the experts
+    assert "layers.3.attn.k_proj.weight" in moved and "layers.3.ffn.router.weight" in moved
+    assert any(n.startswith("layers.2.ffn.experts.") for n in moved)
+
+
+def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer, small_corpus):
+    base = plain(vocab=small_tokenizer.vocab_size, max_seq_len=256)
+    log = cap.StageLog()
+    models = cap.build_models(base, small_cand_cfg(base.cfg), log=log)
+    sz = cap.CapstoneSizes(ft_steps=2, ft_batch=2, ft_max_len=160, ft_eval_every=1, val_per_task=2,
+                           tasks=("completion", "bugfix"), task_fraction=1.0, gate_tokens=4)
+    fts = cap.finetune_stage(models, small_tokenizer, small_corpus, sz, log)
+    for name, r in fts.items():
+        assert len(r.steps) == 2 and torch.isfinite(r.final).all(), name
+        assert {"ft_val_completion", "ft_val_bugfix"} <= set(log.rows[name])
+    reports, passed, reasons = cap.gate_stage(models, small_tokenizer, sz, log)
+    assert passed == (not reasons)
+    assert (passed, reasons) == gate_decision(reports["candidate"].scores(), reports["baseline"].scores())
+    # the rule itself: a candidate worse on one quality gate is refused, naming that gate
+    worse = {**reports["baseline"].scores(), "style": reports["baseline"].style - 0.5}
+    ok, why = gate_decision(worse, reports["baseline"].scores())
+    assert not ok and why[0].startswith("style")
+    table = cap.summary_table(log)
+    assert "baseline" in table and "candidate" in table and "gate_syntax" in table
+    assert "| gate_style |" in cap.summary_table(log, markdown=True)
+
+
+def test_canary_release_refuses_a_candidate_that_failed_its_gates(tmp_path):
+    base = plain()
+    cand = cap.convert(base, small_cand_cfg(base.cfg))
+    with pytest.raises(ValueError, match="failed its release gates"):
+        cap.canary_release(base, cand, None, str(tmp_path), gates={"passed": False})
+    assert not any(tmp_path.iterdir())  # refused before anything was registered or served
