@@ -9,8 +9,9 @@ import torch
 
 from codex_lab.cached_generate import generate_batch_cached, generate_ids_cached
 from codex_lab.generate import generate_ids
+from codex_lab.gqa import kv_bytes_per_token
 from codex_lab.kv_cache import (
-    DynamicKVCache, PagedKVPool, RollingWindowCache, StaticKVCache, kv_bytes_per_token, make_static_caches,
+    DynamicKVCache, PagedKVPool, RollingWindowCache, StaticKVCache, make_static_caches,
 )
 from codex_lab.model import CodexModel
 
