@@ -79,9 +79,9 @@ def attention_reference(
     k = k.repeat_interleave(g, dim=1)  # (B, H, S, D)
     v = v.repeat_interleave(g, dim=1)  # (B, H, S, D)
     if mask is None and is_causal:
-        # queries are the last T of S positions
-        qp = torch.arange(S - T, S, device=q.device)
-        mask = (torch.arange(S, device=q.device)[None, :] <= qp[:, None])[None, None]  # (1, 1, T, S)
+        if T != S:
+            raise ValueError(f"is_causal needs as many queries as keys (got T={T}, S={S}); pass an explicit mask")
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()[None, None]  # (1, 1, T, S)
     # scores = q k^T / sqrt(D)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, S)
     if mask is not None:
@@ -97,6 +97,9 @@ def attention_sdpa(
 ) -> Tensor:
     """PyTorch's fused attention; grouped K/V heads are broadcast, never copied."""
     grouped = q.shape[1] != k.shape[1]
+    if mask is None and is_causal and q.shape[2] != k.shape[2]:
+        # SDPA aligns is_causal top-left; the reference would disagree, so refuse instead
+        raise ValueError(f"is_causal needs as many queries as keys (got T={q.shape[2]}, S={k.shape[2]}); pass an explicit mask")
     if mask is not None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=grouped)

@@ -96,3 +96,12 @@ def test_tied_embeddings_and_param_count():
     m = CodexModel(tiny_config())
     assert m.lm_head.weight is m.embed.weight
     assert m.num_params() - m.num_params(non_embedding=True) == 512 * 64
+
+
+def test_is_causal_requires_square_scores():
+    q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4)
+    for fn in (attention_reference, attention_sdpa):
+        with pytest.raises(ValueError, match="is_causal needs as many queries as keys"):
+            fn(q, k, k, None, is_causal=True)
+    torch.testing.assert_close(attention_reference(q, q, q, None, is_causal=True),
+                               attention_sdpa(q, q, q, None, is_causal=True), atol=ATOL, rtol=0)
