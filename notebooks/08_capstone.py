@@ -55,7 +55,6 @@ import torch
 
 import codex_lab as cl
 from codex_lab import capstone as cap
-from codex_lab.gqa import measured_cache_bytes
 from codex_lab.patterns import parse_pattern
 from codex_lab.sparse import tiles_computed
 
@@ -248,45 +247,12 @@ print("offline gates and live canary agree:", passed == (rollout["action"] == "p
 # table from every lesson.
 
 # %%
-n_tok = 512
-kv = {n: measured_cache_bytes(m.cpu(), 1, n_tok) for n, m in models.items()}
-kv_save = 1 - kv["candidate"] / kv["baseline"]
-g = cand_cfg.group_size
-b_rows, c_rows = log.rows["baseline"], log.rows["candidate"]
-speed_all = next(r for r in abl if r["variant"] == "all" and r["batch"] == 8)["tokens_per_s"] / plain[8]
-b_ttft, b_tbt = reports["baseline"].ttft_p95_s * 1000, reports["baseline"].tbt_p95_s * 1000  # ms
-c_ttft, c_tbt = reports["candidate"].ttft_p95_s * 1000, reports["candidate"].tbt_p95_s * 1000  # ms
-testgen_gain = {n: float(fts[n].rel_improvement[list(sizes.tasks).index("testgen")]) for n in fts}
-claims = [
-    ("Sparse attention: O(N^2) -> O(N sqrt N)",
-     f"{pat.spec}: attended pairs grow like N^{growth:.2f} (1024->4096); density {dens[1024]:.2f} at N=1024",
-     "holds with a correction"),
-    ("Dense early layers, sparse deep layers",
-     f"built and trained (layers {cand_cfg.attn_patterns}); at T=60 the sparse layers equal dense "
-     f"(gap {gaps['sparse layers only (T=60 < window)']:.1e})", "not reproduced at this scale"),
-    ("GQA cuts the KV cache by about 40%",
-     f"group size {g}: measured {kv['baseline']:,} -> {kv['candidate']:,} bytes at {n_tok} tokens = {kv_save:.0%} "
-     f"(1 - 1/g = {1 - 1 / g:.0%})", "holds with a correction" if abs(kv_save - (1 - 1 / g)) < 1e-9 else "does not hold"),
-    ("MoE: big-model capacity at small-model compute",
-     f"{c_rows['params']:,} params, {c_rows['active_params']:,} active per token ({c_rows['params'] / c_rows['active_params']:.1f}x); "
-     f"decode speed of the full candidate {speed_all:.2f}x plain at batch 8 on this machine",
-     "holds" if speed_all >= 1 else "holds with a correction"),
-    ("Balanced multi-task fine-tuning: +8-15% HumanEval",
-     f"{sizes.ft_steps} steps; relative val-loss gain on the small testgen task: baseline {testgen_gain['baseline']:.1%}, "
-     f"candidate {testgen_gain['candidate']:.1%} (no HumanEval at this scale)", "not reproduced at this scale"),
-    ("TTFT < 100 ms, TBT < 20 ms",
-     f"8 gate prompts at once, p95: baseline TTFT {b_ttft:.0f} ms / TBT {b_tbt:.1f} ms, candidate {c_ttft:.0f} ms / "
-     f"{c_tbt:.1f} ms; live mixed traffic TBT p95 {load['tbt_p95_ms']} ms",
-     "holds" if b_ttft < 100 and b_tbt < 20 else "does not hold"),
-    ("A candidate must be no worse than the baseline on every gate before traffic grows",
-     f"gates {'passed' if passed else 'refused: ' + '; '.join(r.split(':')[0] for r in reasons)}; live canary: "
-     f"{rollout['action']} with {load['errors']} client errors",
-     "holds" if passed == (rollout["action"] == "promote") else "holds with a correction"),
-]
-w = max(len(c[0]) for c in claims)
-for c, m, v in claims:
-    print(f"{c:<{w}} | {v:<28} | {m}")
-assert all(v in ("holds", "holds with a correction", "does not hold", "not reproduced at this scale") for _, _, v in claims)
+claims = cap.capstone_claims(models=models, log=log, finetunes=fts, reports=reports, passed=passed, reasons=reasons,
+                             ablation=abl, rollout=rollout)
+w = max(len(c["claim"]) for c in claims)
+for c in claims:
+    print(f"{c['claim']:<{w}} | {c['verdict']:<28} | {c['measured']}")
+assert len(claims) == 6 and all(c["verdict"] in cap.VERDICTS for c in claims)
 
 # %% [markdown]
 # ## Summary
