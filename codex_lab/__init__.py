@@ -62,15 +62,36 @@ from .moe import (
     routing_stats,
     set_dispatch_impl,
 )
+from .attention_analysis import (
+    attention_entropy,
+    attention_maps,
+    code_snippets,
+    mass_by_distance,
+    share_within,
+    uniform_share_within,
+)
 from .canary import CanaryController, CanaryPolicy
 from .gates import GateReport, gate_decision, run_gates
 from .loadtest import LoadReport, malformed_storm, run_load
 from .metrics import ServerMetrics
 from .registry import ChecksumError, Registry
 from .server import BackgroundServer, ModelServer, ServerConfig, create_app, serve_in_background
-from .patterns import AttentionPattern, LocalWindow, parse_pattern
+from .patterns import (
+    AttentionPattern,
+    BlockStrided,
+    Fixed,
+    GlobalTokens,
+    LocalWindow,
+    Strided,
+    Union,
+    causal_pairs,
+    parse_pattern,
+    seed_cost_ratio,
+    union,
+)
 from .runtime import describe_environment, fast_mode, get_device, pick, seed_everything
 from .sampling import sample_next, top_k_filter, top_p_filter
+from .sparse import flex_available, sparse_attention, tiles_computed
 from .speculative import SpecStats, expected_speedup, expected_tokens_per_round, speculative_generate, truncated_draft
 from .syntax import cut_function, function_prompts, parses, syntax_validity
 from .tokenizer import SPECIAL_TOKENS, TASK_TAGS, CodeTokenizer, train_tokenizer
@@ -91,6 +112,11 @@ __all__ = [
     "sample_next", "save_checkpoint", "seed_everything", "strip_solutions",
     "syntax_validity", "tokenize_texts", "top_k_filter", "top_p_filter", "train",
     "train_tokenizer",
+    # lessons 01-02: attention patterns and sparse attention
+    "BlockStrided", "Fixed", "GlobalTokens", "Strided", "Union", "attention_entropy",
+    "attention_maps", "causal_pairs", "code_snippets", "flex_available", "mass_by_distance",
+    "seed_cost_ratio", "share_within", "sparse_attention", "tiles_computed", "union",
+    "uniform_share_within",
     # lesson 03: grouped-query attention and Hugging Face interop
     "decode_tokens_per_s", "from_hf", "group_size_experiment", "hf_config_to_codex",
     "kv_bytes_per_token", "kv_cache_bytes", "kv_saving", "measured_cache_bytes",
