@@ -499,7 +499,7 @@ def capstone_claims(
     add("Sparse attention: O(N^2) -> O(N sqrt N)",
         f"{pat.spec}: attended pairs grow like N^{growth:.2f} from N=1024 to 4096 (N sqrt N: 1.50); density {pat.density(1024):.2f} at 1024",
         "holds" if growth <= 1.5 + 0.05 else "holds with a correction")
-    kv = {n: measured_cache_bytes(m.cpu(), 1, kv_tokens) for n, m in models.items()}
+    kv = {n: measured_cache_bytes(m, 1, kv_tokens) for n, m in models.items()}
     save = 1 - kv["candidate"] / kv["baseline"]
     g = cfg.group_size
     add("GQA cuts the KV cache by about 40%",

@@ -121,6 +121,14 @@ def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer,
     worse = {**reports["baseline"].scores(), "style": reports["baseline"].style - 0.5}
     ok, why = gate_decision(worse, reports["baseline"].scores())
     assert not ok and why[0].startswith("style")
+    # the seed claims of the run: verdicts follow the numbers
+    abl = [{"variant": "plain", "batch": 8, "tokens_per_s": 100.0}, {"variant": "MoE layers [2, 3]", "batch": 8, "tokens_per_s": 50.0},
+           {"variant": "all", "batch": 8, "tokens_per_s": 80.0}]
+    claims = {c["claim"].split(":")[0].split(" cuts")[0]: c for c in cap.capstone_claims(
+        models=models, log=log, finetunes=fts, reports=reports, passed=passed, reasons=reasons, ablation=abl, kv_tokens=64)}
+    assert len(claims) == 6 and all(c["verdict"] in cap.VERDICTS for c in claims.values())
+    assert "= 50%" in claims["GQA"]["measured"] and claims["GQA"]["verdict"] == "holds with a correction"  # 2 of 4 K/V heads
+    assert "MoE alone 0.50x" in claims["MoE"]["measured"] and claims["MoE"]["verdict"] == "holds with a correction"
     table = cap.summary_table(log)
     assert "baseline" in table and "candidate" in table and "gate_syntax" in table
     assert "| gate_style |" in cap.summary_table(log, markdown=True)
