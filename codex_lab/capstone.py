@@ -15,8 +15,10 @@ that plain model given the same training budget:
 5. release gates (:mod:`codex_lab.gates`): the candidate must be no worse than the baseline;
 6. a temporary registry and a live canary (:mod:`codex_lab.registry`, :mod:`codex_lab.canary`).
 
-Stages 1-5 are plain functions here; the notebook and the report call them one by one and
-:func:`summary_table` lays the measured numbers side by side.
+Each stage is a plain function here (:func:`build_models`, :func:`pretrain_stage`,
+:func:`finetune_stage`, :func:`gate_stage`, :func:`canary_release`; :func:`run_capstone`
+chains stages 1-5); the notebook and the report call them, :func:`summary_table` lays the
+measured numbers side by side and :func:`capstone_claims` turns them into seed-claim verdicts.
 """
 
 from __future__ import annotations
@@ -105,11 +107,12 @@ def convert(model: CodexModel, cfg: ModelConfig, *, seed: int = 0) -> CodexModel
         raise ValueError(f"convert starts from a dense-FFN model; this one has MoE layers {src_cfg.moe_layers}")
     if (cfg.moe_ffn_hidden or cfg.ffn_hidden) != src_cfg.ffn_hidden:
         raise ValueError("upcycled experts copy the dense FFN: leave moe_ffn_hidden unset (= ffn_hidden)")
-    pooled = mha_to_gqa(model, cfg.n_kv_head) if cfg.n_kv_head != src_cfg.n_kv_head else model  # type: ignore[arg-type]
-    src = pooled.state_dict()
-    torch.manual_seed(seed)
     ref = next(model.parameters())
-    new = CodexModel(cfg).to(device=ref.device, dtype=ref.dtype)
+    with torch.random.fork_rng(devices=[]):  # seeded inits without touching the caller's RNG state
+        torch.manual_seed(seed)
+        pooled = mha_to_gqa(model, cfg.n_kv_head) if cfg.n_kv_head != src_cfg.n_kv_head else model  # type: ignore[arg-type]
+        new = CodexModel(cfg).to(device=ref.device, dtype=ref.dtype)
+    src = pooled.state_dict()
     for i, layer in enumerate(new.layers):
         if isinstance(layer.ffn, MoEFeedForward):
             for expert in layer.ffn.experts:

@@ -55,7 +55,9 @@ def test_conversion_oracles():
     same = cap.convert(base, small_cand_cfg(base.cfg, dense_layers=4, n_kv_head=4, moe_layers=[]))
     assert cap.max_logit_gap(base, same, idx) < 1e-5
     # the sparse pattern (window 16 < 40 tokens) and mean-pooled K/V heads change the function
+    rng = torch.get_rng_state()
     full = cap.convert(base, small_cand_cfg(base.cfg))
+    assert torch.equal(rng, torch.get_rng_state())  # seeded router init, caller's RNG untouched
     assert cap.max_logit_gap(base, full, idx) > 1e-3
     for i in full.cfg.moe_layers:
         ffn = full.layers[i].ffn
