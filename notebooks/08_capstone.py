@@ -168,6 +168,13 @@ for name, r in fts.items():
     print(f"--- {name}\n{r.table()}")
     assert (r.final < r.initial).all(), f"{name}: fine-tuning did not lower every task's validation loss"
 print(f"stage time {log.times['finetune']:.1f} s")
+fig, axes = plt.subplots(1, 2, figsize=(9, 2.8), sharey=True)
+for ax, (name, r) in zip(axes, fts.items()):
+    for t in sizes.tasks:
+        ax.plot([e["step"] for e in r.evals], [e[f"val_{t}"] for e in r.evals], "o-", label=t)
+    ax.set_title(name); ax.set_xlabel("fine-tuning step")
+axes[0].set_ylabel("val loss (nats/token)"); axes[0].legend(fontsize=8)
+plt.show()
 
 # %% [markdown]
 # ## 5. Release gates: no worse than the baseline on every gate
