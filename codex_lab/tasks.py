@@ -104,7 +104,7 @@ def _docstring_node(fn: ast.FunctionDef) -> ast.Expr | None:
 
 
 def extract_functions(
-    files: Iterable[SourceFile], *, val_fraction: float = 0.1, max_chars: int = 1200, min_lines: int = 3
+    files: Iterable[SourceFile], *, val_fraction: float = 0.15, max_chars: int = 1200, min_lines: int = 3
 ) -> list[FunctionRecord]:
     """Top-level functions and methods (one class level deep) of ``files``, deduplicated.
 
@@ -473,7 +473,7 @@ def build_tasks(
     tasks: Sequence[str] = TASKS,
     *,
     share: dict[str, float] | None = None,
-    val_fraction: float = 0.1,
+    val_fraction: float = 0.15,
     verify_tests: bool = True,
     max_chars: int = 1200,
 ) -> TaskSet:

@@ -14,6 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=None, help="checkpoint folder to start from (default: the shipped tiny model)")
     p.add_argument("--corpus", default=None, help="folder of code (default: the Python standard library)")
     p.add_argument("--files-fraction", type=float, default=None, help="stable share of corpus files to build tasks from")
+    p.add_argument("--val-fraction", type=float, default=0.15, help="share of functions held out for validation")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=None)
@@ -49,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
     ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
     corpus = load_corpus(args.corpus)
     fraction = args.files_fraction if args.files_fraction is not None else pick(fast=0.05, full=1.0)
-    taskset = build_tasks(task_files(corpus, fraction), tasks, max_chars=pick(fast=600, full=1200))
+    taskset = build_tasks(task_files(corpus, fraction), tasks, val_fraction=args.val_fraction, max_chars=pick(fast=600, full=1200))
     print("examples per task:", json.dumps(taskset.sizes()))
     cfg = FinetuneConfig(
         tasks=tasks, balance=args.balance, mix=args.mix, seed=args.seed,
