@@ -1,0 +1,97 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: kernelspec,jupytext
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# GENERATED from solutions/ by `codex-lab exercises generate`: do not edit by hand.
+
+# %% [markdown]
+# # Lesson 05 exercises: balanced multi-task losses
+#
+# Write each function between the markers, then run the `check(...)` cell below it.
+# `check` runs the *public* checks and prints `passed`, `not yet done` or the failure.
+# Grade the whole file from a terminal with `codex-lab grade exercises/05_multitask.py`.
+#
+# **Run time:** fast mode on CPU: ~5 s; on one GPU: not yet measured.
+
+# %%
+import sys
+
+if "google.colab" in sys.modules:  # Colab only: install the course (torch/numpy untouched)
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "git+https://github.com/codex-lab/codex-lab@main"], check=True)
+
+# %%
+import torch
+import torch.nn.functional as F
+
+from codex_lab import check, seed_everything
+
+seed_everything(0)
+
+
+# %% [markdown]
+# ## Exercise 1: the loss counts only valid tokens
+# In a fine-tuning batch, the prompt and the padding carry target `-100`: only the answer
+# tokens ("valid tokens") are learned. Return the mean cross-entropy over the positions whose
+# target is not -100, as a scalar tensor. `logits` is (B, T, V), `targets` (B, T).
+
+# %%
+def masked_token_loss(logits, targets):
+    """Mean of -log p(target) over positions with targets != -100 (scalar tensor)."""
+    raise NotImplementedError("exercise masked_token_loss: not yet done")
+
+
+# %%
+check(masked_token_loss)
+
+# %% [markdown]
+# ## Exercise 2: each task averaged over its own tokens (MFTCoder "case3")
+# Pooling all valid tokens lets the task with the most (and longest) answers dominate.
+# Instead: for every task k present in the batch, L_k = (sum of its valid-token losses) /
+# (its number of valid tokens); return the plain mean of L_k over the tasks present.
+# `token_loss` and `targets` are (B, T), `task` (B,) holds each row's task index.
+
+# %%
+def task_token_mean_loss(token_loss, targets, task, n_tasks):
+    """(1/K') * sum over the K' tasks present of (task's valid-token loss sum / its valid tokens)."""
+    raise NotImplementedError("exercise task_token_mean_loss: not yet done")
+
+
+# %%
+check(task_token_mean_loss)
+
+# %% [markdown]
+# ## Exercise 3: convergence weights from validation curves
+# `history` is (W, K): the last W validation losses of K tasks, oldest first.
+# 1. Normalise each task by its first loss: h = history / history[0].
+# 2. Fit a least-squares slope per task against steps 0..W-1:
+#    alpha_k = sum_t (t - tbar)(h_tk - hbar_k) / sum_t (t - tbar)^2.
+# 3. Relative convergence score: RCS = softmax(K * alpha / sum_j |alpha_j|) (slow tasks,
+#    alpha near 0, score higher than fast ones, alpha very negative).
+# 4. A diverging task (alpha_k > 0) gets RCS 0; renormalise RCS to sum 1.
+# 5. Return w = floor + (1 - K * floor) * RCS, so every weight is at least `floor`.
+
+# %%
+def convergence_weights(history, floor):
+    """CoBa-style task weights (K,) from a (W, K) validation-loss history."""
+    raise NotImplementedError("exercise convergence_weights: not yet done")
+
+
+# %%
+check(convergence_weights)
+w = convergence_weights(torch.tensor([[4.0, 2.0], [3.0, 1.95], [2.2, 1.9]]), 0.05)
+print("fast task vs slow task weights:", [round(x, 3) for x in w.tolist()])
