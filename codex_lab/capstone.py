@@ -41,7 +41,8 @@ from .patterns import parse_pattern
 # Deep-layer pattern: a 64-token local window (the seed's 64-128) plus every 4th 64-token key
 # block (a block-granular stride: whole tiles a block-sparse kernel can skip, lesson 02).
 DEFAULT_SPARSE = "window:64+blockstride:64:4"
-# The balancer the capstone fine-tunes with (``codex_lab.balancing.STRATEGIES``).
+# The balancer the capstone fine-tunes with (``codex_lab.balancing.STRATEGIES``): the article's
+# dynamic weights from convergence speed, as built and compared in lesson 05.
 DEFAULT_BALANCE = "coba"
 
 

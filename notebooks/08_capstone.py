@@ -158,8 +158,11 @@ assert all(math.isfinite(log.rows[n]["val_loss_pretrained"]) for n in models)
 # ## 4. Multi-task fine-tuning with balanced losses
 # Three tasks built from the corpus functions (lesson 05): completion (large), bug fixing
 # (smaller), test generation from doctests (small and slow). Both models get the same tasks,
-# batches and balancer; the table shows per-task validation loss before and after, and the
-# spread of the relative gains across tasks (what balancing tries to keep small).
+# batches and balancer. The balancer is the article's recipe, dynamic task weights from
+# each task's convergence speed on validation data (`coba`, built and compared with naive
+# token weighting in lesson 05, whose table says how much it helps at this scale). The
+# tables show per-task validation loss before and after, and the spread of the relative
+# gains across tasks (what balancing tries to keep small).
 
 # %%
 print("balancer:", cap.DEFAULT_BALANCE)
