@@ -1,8 +1,10 @@
 """Copy a finished `codex-lab train --preset tiny` run into codex_lab/assets/tiny and record
 its syntax-validity rate and the command that regenerates it in meta.json.
 
-    codex-lab train --preset tiny --out runs/tiny      # ~10 min on 2 idle CPU cores
-    python scripts/ship_checkpoint.py runs/tiny/checkpoint --prompts 64
+    codex-lab train --preset tiny --out runs/tiny                          # 600 steps
+    codex-lab train --preset tiny --out runs/tiny --steps 1200 --resume    # 600 more
+    python scripts/ship_checkpoint.py runs/tiny/checkpoint --prompts 32 \
+        --command "codex-lab train --preset tiny --out runs/tiny && codex-lab train --preset tiny --out runs/tiny --steps 1200 --resume"
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ def main() -> None:
     ap.add_argument("checkpoint", help="checkpoint folder of a finished run")
     ap.add_argument("--prompts", type=int, default=64, help="function prompts for the syntax rate")
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--command", default="codex-lab train --preset tiny --out runs/tiny",
+                    help="the training command(s) that produced the checkpoint, stored in meta.json")
     ap.add_argument("--note", default="", help="free text stored in meta.json (e.g. how the run was interrupted)")
     args = ap.parse_args()
     ck = load_checkpoint(args.checkpoint)
@@ -30,7 +34,7 @@ def main() -> None:
     t0 = time.perf_counter()
     rep = syntax_validity(ck.model, ck.tokenizer, prompts, max_new_tokens=args.max_new_tokens)
     meta = dict(ck.meta)
-    meta["command"] = "codex-lab train --preset tiny --out runs/tiny && python scripts/ship_checkpoint.py runs/tiny/checkpoint"
+    meta["command"] = f"{args.command} && python scripts/ship_checkpoint.py runs/tiny/checkpoint"
     meta["syntax_validity"] = round(rep.rate, 4)
     meta["syntax_validity_prompts"] = rep.n
     meta["syntax_validity_max_new_tokens"] = args.max_new_tokens
