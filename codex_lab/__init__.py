@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "attention_analysis": ('attention_entropy', 'attention_maps', 'code_snippets', 'mass_by_distance', 'share_within', 'uniform_share_within'),
     "cached_generate": ('generate_batch_cached', 'generate_ids_cached'),
+    "capstone": ('CapstoneResult', 'CapstoneSizes', 'active_params', 'canary_release', 'capstone_claims', 'capstone_config', 'run_capstone'),
     "canary": ('CanaryController', 'CanaryPolicy'),
     "checkpoint": ('Checkpoint', 'load_checkpoint', 'load_pretrained', 'pretrained_path', 'save_checkpoint'),
     "config": ('ModelConfig',),
