@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -207,15 +207,3 @@ def finetune(
         raise RuntimeError("a task's validation loss is NaN; check its validation examples")
     return FinetuneResult(cfg, steps, evals, initial, final, final_acc, {t: len(train[t]) for t in names}, time.perf_counter() - t0)
 
-
-def compare(
-    load_model: Any, tok: CodeTokenizer, taskset: TaskSet, base: FinetuneConfig, strategies: Sequence[str], seeds: Sequence[int], *, progress: bool = False
-) -> dict[str, list[FinetuneResult]]:
-    """Run every strategy for every seed from a fresh model (``load_model()``), same budget."""
-    out: dict[str, list[FinetuneResult]] = {}
-    for name in strategies:
-        out[name] = []
-        for seed in seeds:
-            cfg = FinetuneConfig(**{**asdict(base), "balance": name, "seed": seed})
-            out[name].append(finetune(load_model(), tok, taskset, cfg, progress=progress))
-    return out
