@@ -108,6 +108,11 @@ class Balancer(nn.Module):
     def after_step(self, s: TaskStats) -> None:
         """Hook for strategies that track training losses."""
 
+    def sampling_weights(self) -> Tensor:
+        """Task probabilities (K,) for a balancer-driven data mix: equal unless a strategy
+        keeps weights between steps (``coba``)."""
+        return torch.full((self.n_tasks,), 1.0 / self.n_tasks)
+
     def observe_val(self, val_losses: Tensor) -> None:
         """Receive per-task validation losses (K,) after an evaluation."""
 
@@ -258,6 +263,10 @@ class ConvergenceBalancer(Balancer):
 
     def weights(self, s: TaskStats) -> Tensor:
         return _normalise(self.current.to(s.mean), s.present)
+
+    def sampling_weights(self) -> Tensor:
+        """The current convergence weights (K,), every one >= floor."""
+        return self.current.clone()
 
 
 def slopes(h: Tensor) -> Tensor:

@@ -2,8 +2,9 @@
 
 Batches are drawn from the pooled training examples of all tasks (``mix="size"``: each
 example equally likely, so a task's share of the batch follows its data size, as when
-datasets are simply concatenated) or task-first (``mix="uniform"``: pick a task uniformly,
-then an example of it). The balancer turns the per-token losses into one scalar and its
+datasets are simply concatenated), task-first (``mix="uniform"``: pick a task uniformly,
+then an example of it), or task-first with the balancer's current weights as the task
+probabilities (``mix="balancer"``: dynamic weights steer the data mix, not only the loss). The balancer turns the per-token losses into one scalar and its
 per-task weights are logged every step; per-task validation loss and answer-token accuracy
 are measured every ``eval_every`` steps (and at step 0) and fed to the balancer.
 """
@@ -41,7 +42,8 @@ class FinetuneConfig:
         max_len: longest example kept, in tokens (prompt + answer).
         eval_every: steps between per-task validations.
         val_per_task: held-out examples per task used for validation loss (first N, fixed).
-        mix: "size" (sample examples from the pool) or "uniform" (sample a task, then an example).
+        mix: "size" (sample examples from the pool), "uniform" (sample a task, then an example) or
+            "balancer" (sample a task with the balancer's ``sampling_weights()``, then an example).
         seed: seed of initial state, batch order and balancer.
         grad_clip: gradient-norm clip.
         balance_options: keyword options of the balancer (e.g. ``{"floor": 0.05}``).
@@ -65,8 +67,8 @@ class FinetuneConfig:
     device: str | None = None
 
     def __post_init__(self) -> None:
-        if self.mix not in ("size", "uniform"):
-            raise ValueError(f"mix must be 'size' or 'uniform', got {self.mix!r}")
+        if self.mix not in ("size", "uniform", "balancer"):
+            raise ValueError(f"mix must be 'size', 'uniform' or 'balancer', got {self.mix!r}")
         if not self.tasks:
             raise ValueError("give at least one task")
         if self.steps < 1 or self.batch_size < 1 or self.eval_every < 1:
@@ -163,7 +165,11 @@ def finetune(
         if cfg.mix == "size":
             idx = torch.randint(0, len(pool), (cfg.batch_size,), generator=gen).tolist()
             return [pool[i] for i in idx]
-        ks = torch.randint(0, K, (cfg.batch_size,), generator=gen).tolist()
+        if cfg.mix == "balancer":
+            # P(task k) = the balancer's current weight w_k
+            ks = torch.multinomial(bal.sampling_weights().cpu().float(), cfg.batch_size, replacement=True, generator=gen).tolist()
+        else:
+            ks = torch.randint(0, K, (cfg.batch_size,), generator=gen).tolist()
         return [train[names[k]][int(torch.randint(0, len(train[names[k]]), (1,), generator=gen))] for k in ks]
 
     def run_eval(step: int) -> tuple[torch.Tensor, torch.Tensor]:

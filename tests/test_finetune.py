@@ -53,6 +53,17 @@ def test_weights_logged_every_step_and_runs_are_deterministic(taskset, small_tok
     assert "spread of relative gains" in r.table() and json.dumps(r.to_dict())
 
 
+def test_balancer_mix_samples_tasks_by_the_convergence_weights(taskset, small_tokenizer):
+    from codex_lab.balancing import ConvergenceBalancer
+
+    bal = ConvergenceBalancer(3, floor=0.0)
+    bal.current = torch.tensor([0.0, 0.0, 1.0])  # all probability on testgen
+    bal.observe_val = lambda v: None  # keep the weights fixed for this test
+    r = finetune(fresh_model(small_tokenizer.vocab_size), small_tokenizer, taskset, cfg(mix="balancer", steps=3), progress=False, balancer=bal)
+    assert all(row["n_testgen"] == 4 for row in r.steps)
+    assert torch.equal(make_balancer("token", 3).sampling_weights(), torch.full((3,), 1 / 3))
+
+
 def test_training_lowers_validation_loss_and_uncertainty_learns(taskset, small_tokenizer):
     model = fresh_model(small_tokenizer.vocab_size)
     bal = make_balancer("uncertainty", len(TASKS3))

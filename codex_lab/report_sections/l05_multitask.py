@@ -63,6 +63,7 @@ def run(ctx: Any) -> str:
     for name in strategies:
         runs[name] = [finetune(fresh(s), tok, taskset, FinetuneConfig(**{**asdict(base), "balance": name, "seed": s}), progress=False) for s in seeds]
     runs["token + uniform mix"] = [finetune(fresh(s), tok, taskset, FinetuneConfig(**{**asdict(base), "mix": "uniform", "seed": s}), progress=False) for s in seeds]
+    runs["coba + coba mix"] = [finetune(fresh(s), tok, taskset, FinetuneConfig(**{**asdict(base), "balance": "coba", "mix": "balancer", "seed": s}), progress=False) for s in seeds]
 
     model_txt = "a fresh 2-layer, width-64 model (shipped tokenizer)" if fast else "the shipped checkpoint"
     lines += ["### Naive vs balanced, equal compute", "",
@@ -78,9 +79,14 @@ def run(ctx: Any) -> str:
         lines.append(f"| {name} | {_ms(sp)} | {_ms(gains[0])} | {_ms(gains[1])} | {_ms(gains[2])} | {_ms(acc)} |")
     ratio = summ["coba"]["spread"] / summ["token"]["spread"]
     acc_up = summ["coba"]["acc"] > summ["token"]["acc"]
-    lines += ["", f"Goal: spread(coba) <= 0.5 x spread(naive): measured ratio **{ratio:.2f}** "
-              f"({'met' if ratio <= 0.5 else 'not met'}); testgen token accuracy coba {summ['coba']['acc']:.3f} vs naive "
-              f"{summ['token']['acc']:.3f} ({'higher' if acc_up else 'not higher'}).", ""]
+    ratio_mix = summ["coba + coba mix"]["spread"] / summ["token"]["spread"]
+    acc_mix = summ["coba + coba mix"]["acc"] > summ["token"]["acc"]
+    lines += ["", f"Goal: spread(coba) <= 0.5 x spread(naive): measured ratio **{ratio:.2f}** with CoBa as loss weights only "
+              f"({'met' if ratio <= 0.5 else 'not met'}; testgen token accuracy {summ['coba']['acc']:.3f} vs naive "
+              f"{summ['token']['acc']:.3f}), **{ratio_mix:.2f}** when the CoBa weights also choose each batch's tasks "
+              f"({'met' if ratio_mix <= 0.5 else 'not met'}; accuracy {summ['coba + coba mix']['acc']:.3f}). "
+              f"The uniform mix with the naive loss gives {summ['token + uniform mix']['spread'] / summ['token']['spread']:.2f}: "
+              "at this scale the gain comes from how often the small task is sampled, not from the loss weights.", ""]
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3))
     for name, style in (("token", "--"), ("coba", "-")):
@@ -110,10 +116,18 @@ def run(ctx: Any) -> str:
               + f"; pooling valid tokens is the naive loss (spread {summ['token']['spread']:.3f}); a per-task token mean "
               f"(MFTCoder case3) gives spread {summ['task_token']['spread']:.3f}",
               "holds with a correction", lesson="05")
-    verdict = "holds" if ratio <= 0.5 and acc_up else "not reproduced at this scale"
+    uni = summ["token + uniform mix"]["spread"] / summ["token"]["spread"]
+    if ratio <= 0.5 and acc_up:
+        verdict = "holds"
+    elif ratio_mix <= 0.5 and acc_mix:
+        verdict = "holds with a correction"
+    else:
+        verdict = "not reproduced at this scale"
     ctx.claim("Dynamic (convergence) task weights rescue slow, small tasks",
-              f"spread of relative gains coba/naive = {ratio:.2f} (goal <= 0.5), testgen token accuracy {summ['coba']['acc']:.3f} vs "
-              f"{summ['token']['acc']:.3f}, 3 seeds; loss weights act only on batches that contain the task",
+              f"spread of relative gains vs naive, 3 seeds: CoBa loss weights {ratio:.2f} (goal <= 0.5), CoBa weights also "
+              f"steering the data mix {ratio_mix:.2f}, a plain uniform task mix {uni:.2f}; testgen token accuracy "
+              f"{summ['coba']['acc']:.3f} / {summ['coba + coba mix']['acc']:.3f} vs naive {summ['token']['acc']:.3f}. "
+              "Loss weights act only on batches that contain the task: the data mix does the rescuing",
               verdict, lesson="05")
     ctx.claim("Balanced multi-task models score ~8-15% higher on HumanEval-style benchmarks",
               "no HumanEval at this scale; per-task generated metrics: " + gen_txt, "not reproduced at this scale", lesson="05")
