@@ -80,3 +80,10 @@ def test_readme_links_come_from_links_module():
     assert links.binder_url() in readme and links.colab_url("notebooks/00_tour.ipynb") in readme
     for cmd in ("codex-lab report", "pytest", "jupyter lab"):
         assert cmd in readme
+
+
+def test_every_public_name_resolves():
+    import codex_lab
+
+    missing = [n for n in codex_lab.__all__ if getattr(codex_lab, n, None) is None]
+    assert not missing, f"codex_lab.__all__ names that do not import: {missing}"
