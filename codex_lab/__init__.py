@@ -25,7 +25,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "data": ('fixed_batches', 'random_batch', 'tokenize_texts'),
     "engine": ('Engine', 'Finished', 'SamplingParams'),
     "exercises": ('generate_exercises', 'load_definitions', 'strip_solutions'),
-    "finetune": ('FinetuneConfig', 'FinetuneResult', 'finetune'),
+    "finetune": ('FinetuneConfig', 'FinetuneResult'),
     "gates": ('GateReport', 'gate_decision', 'run_gates'),
     "generate": ('Generation', 'generate', 'generate_ids'),
     "gqa": ('decode_tokens_per_s', 'group_size_experiment', 'kv_bytes_per_token', 'kv_cache_bytes', 'kv_saving', 'mean_pool_heads', 'measured_cache_bytes', 'mha_to_gqa', 'uptrain'),
@@ -65,3 +65,10 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+# A public name that is also a module name binds eagerly: importing the submodule later
+# (anything that does `from .generate import ...`) would otherwise shadow a lazy name with
+# the module. The finetune loop stays reachable as codex_lab.finetune.finetune.
+from .generate import generate  # noqa: E402
+from .train import train  # noqa: E402

@@ -85,5 +85,13 @@ def test_readme_links_come_from_links_module():
 def test_every_public_name_resolves():
     import codex_lab
 
+    import importlib
+    import pkgutil
+    import types
+
     missing = [n for n in codex_lab.__all__ if getattr(codex_lab, n, None) is None]
     assert not missing, f"codex_lab.__all__ names that do not import: {missing}"
+    for m in pkgutil.iter_modules(codex_lab.__path__):  # every submodule imported...
+        importlib.import_module(f"codex_lab.{m.name}")
+    shadowed = [n for n in codex_lab.__all__ if isinstance(getattr(codex_lab, n), types.ModuleType)]
+    assert not shadowed, f"public names shadowed by a submodule of the same name: {shadowed}"
