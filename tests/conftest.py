@@ -19,6 +19,10 @@ from codex_lab.corpus import load_corpus  # noqa: E402
 from codex_lab.model import CodexModel  # noqa: E402
 from codex_lab.tokenizer import CodeTokenizer, train_tokenizer  # noqa: E402
 
+# Also for this process, whatever torch read at import: tiny models' ops are too small to
+# split, and two spinning threads per process made engine tests 20-50x slower on 2 busy cores.
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 @pytest.fixture(scope="session")
 def small_corpus():

@@ -21,16 +21,6 @@ from codex_lab.server import ModelServer, ServerConfig, serve_in_background
 POLICY = CanaryPolicy(share=0.5, min_requests=4, promote_after=6, ttft_slo_s=1.0, tbt_slo_s=0.1)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One intra-op thread during these tests: the engine thread, the HTTP loop and the
-    clients already share the cores, and on a busy 2-core machine two torch threads
-    spinning against each other made the engine up to 50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def make_model(vocab: int, seed: int = 0) -> CodexModel:
     torch.manual_seed(seed)

@@ -22,16 +22,6 @@ GOOD = {  # correct bodies for the suite (an "oracle model"); prompts end at the
 }
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One intra-op thread during these tests: the engine thread, the HTTP loop and the
-    clients already share the cores, and on a busy 2-core machine two torch threads
-    spinning against each other made the engine up to 50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def test_suite_answers_pass_and_wrong_answers_fail():
     for p in SUITE:

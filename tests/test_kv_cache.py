@@ -18,15 +18,6 @@ from codex_lab.model import CodexModel
 from conftest import tiny_config
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: ops are too small to split over threads (2 threads were up to 20x slower
-    on a busy 2-core machine); restore the setting for other modules."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 VARIANTS = {
     "dense": {},
     "window": {"attn_patterns": ["window:8", "dense"]},

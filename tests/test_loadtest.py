@@ -15,16 +15,6 @@ from codex_lab.model import CodexModel
 from codex_lab.server import ModelServer, ServerConfig, serve_in_background
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One intra-op thread during these tests: the engine thread, the HTTP loop and the
-    clients already share the cores, and on a busy 2-core machine two torch threads
-    spinning against each other made the engine up to 50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def test_loopback_only():
     assert check_url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"

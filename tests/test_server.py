@@ -22,16 +22,6 @@ from codex_lab.server import ModelServer, ServerConfig, check_loopback, serve_in
 NAME = "tiny"
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One intra-op thread during these tests: the engine thread, the HTTP loop and the
-    clients already share the cores, and on a busy 2-core machine two torch threads
-    spinning against each other made the engine up to 50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def make_model(vocab: int, seed: int = 0) -> CodexModel:
     torch.manual_seed(seed)
