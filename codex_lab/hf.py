@@ -132,8 +132,12 @@ def hf_config_to_codex(hf_config: Any, *, max_seq_len: int | None = None) -> Mod
     )
 
 
-def _name_map(cfg: ModelConfig) -> dict[str, str]:
-    """codex_lab parameter name -> Hugging Face parameter name (one-to-one)."""
+def _name_map(cfg: ModelConfig, *, include_ffn: bool = True) -> dict[str, str]:
+    """codex_lab parameter name -> Hugging Face parameter name (one-to-one).
+
+    ``include_ffn=False`` leaves out the dense feed-forward weights (Mixtral maps its
+    experts itself and shares everything else with this map).
+    """
     m = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     if not cfg.tie_embeddings:
         m["lm_head.weight"] = "lm_head.weight"
@@ -146,8 +150,9 @@ def _name_map(cfg: ModelConfig) -> dict[str, str]:
         if cfg.qkv_bias:
             for p in ("q_proj", "k_proj", "v_proj"):
                 m[f"{a}.attn.{p}.bias"] = f"{h}.self_attn.{p}.bias"
-        for p in ("gate_proj", "up_proj", "down_proj"):
-            m[f"{a}.ffn.{p}.weight"] = f"{h}.mlp.{p}.weight"
+        if include_ffn:
+            for p in ("gate_proj", "up_proj", "down_proj"):
+                m[f"{a}.ffn.{p}.weight"] = f"{h}.mlp.{p}.weight"
     return m
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config import ModelConfig
-from .hf import _rope_settings
+from .hf import _name_map, _rope_settings
 from .model import CodexModel
 from .moe import MoEFeedForward
 
@@ -170,17 +170,8 @@ def moe_from_hf_block(block: "MixtralSparseMoeBlock", cfg: ModelConfig) -> MoEFe
 
 
 def _shared_name_map(cfg: ModelConfig) -> dict[str, str]:
-    """Non-MoE weights: codex_lab name -> HF Mixtral name."""
-    m = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
-    if not cfg.tie_embeddings:
-        m["lm_head.weight"] = "lm_head.weight"
-    for i in range(cfg.n_layer):
-        a, h = f"layers.{i}", f"model.layers.{i}"
-        m[f"{a}.attn_norm.weight"] = f"{h}.input_layernorm.weight"
-        m[f"{a}.ffn_norm.weight"] = f"{h}.post_attention_layernorm.weight"
-        for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            m[f"{a}.attn.{p}.weight"] = f"{h}.self_attn.{p}.weight"
-    return m
+    """Non-MoE weights: codex_lab name -> HF Mixtral name (the Llama map without the FFN)."""
+    return _name_map(cfg, include_ffn=False)
 
 
 @torch.no_grad()
