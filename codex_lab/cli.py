@@ -8,7 +8,7 @@ import pkgutil
 import sys
 from typing import Sequence
 
-from . import commands
+from codex_lab import commands
 
 
 def build_parser() -> argparse.ArgumentParser:

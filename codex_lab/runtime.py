@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import random
-from typing import TypeVar
+import statistics
+import time
+from typing import Callable, TypeVar
 
 import numpy as np
 import torch
@@ -91,3 +93,19 @@ def describe_environment() -> dict[str, str]:
     if dev.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(dev)
     return info
+
+
+def median_ms(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1, sync: Callable[[], None] | None = None) -> float:
+    """Median wall time of ``fn()`` in milliseconds over ``repeats`` runs after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times)

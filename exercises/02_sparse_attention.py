@@ -39,7 +39,7 @@ if "google.colab" in sys.modules:  # Colab only: install the course (torch/numpy
 import torch
 
 from codex_lab import check, seed_everything
-from codex_lab.patterns import parse_pattern
+from codex_lab.nn.patterns import parse_pattern
 
 seed_everything(0)
 

@@ -39,7 +39,7 @@ if "google.colab" in sys.modules:  # Colab only: install the course (torch/numpy
 import torch
 
 from codex_lab import check, seed_everything
-from codex_lab.moe import capacity_keep_mask, load_balancing_loss, route
+from codex_lab.nn.moe import capacity_keep_mask, load_balancing_loss, route
 
 seed_everything(0)
 

@@ -41,8 +41,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import codex_lab as cl
-import codex_lab.benches
-import codex_lab.tokenizer
+from codex_lab.data.tokenizer import tokenizer_summary
 
 cl.seed_everything(0)
 FAST = cl.fast_mode()
@@ -88,7 +87,7 @@ line = "    for i, item in enumerate(items):\n"
 ids = tok.encode(line)
 print(len(line), "characters ->", len(ids), "tokens:", [tok.decode([i]) for i in ids])
 assert tok.decode(ids) == line
-summary = cl.tokenizer.tokenizer_summary(tok, corpus.texts("val")[:50])
+summary = tokenizer_summary(tok, corpus.texts("val")[:50])
 print(f"vocabulary {summary['vocab_size']}, {summary['chars_per_token']:.2f} characters per token on validation files")
 print("special tokens:", cl.SPECIAL_TOKENS)
 
@@ -147,8 +146,8 @@ ref_model.load_state_dict(model.state_dict())
 x = torch.randint(0, tok.vocab_size, (4, 256), device=device)
 with torch.no_grad():
     diff = (model(x).logits - ref_model(x).logits).abs().max().item()
-    t_fast = cl.benches.median_ms(lambda: model(x), repeats=3)
-    t_ref = cl.benches.median_ms(lambda: ref_model(x), repeats=3)
+    t_fast = cl.median_ms(lambda: model(x), repeats=3)
+    t_ref = cl.median_ms(lambda: ref_model(x), repeats=3)
 print(f"max |logit difference| = {diff:.2e}; SDPA {t_fast:.1f} ms vs reference {t_ref:.1f} ms "
       f"({t_ref / t_fast:.2f}x)")
 assert diff < 1e-3  # fp32 logits of size ~10; summation order differs between the paths

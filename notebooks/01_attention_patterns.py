@@ -42,7 +42,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import codex_lab as cl
-from codex_lab.attention_analysis import (
+from codex_lab.lessons.l01_attention_patterns.analysis import (
     attention_entropy,
     attention_maps,
     code_snippets,

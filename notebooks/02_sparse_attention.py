@@ -44,9 +44,9 @@ import numpy as np
 import torch
 
 import codex_lab as cl
-from codex_lab.benches.attention import measure
-from codex_lab.patterns import causal_pairs, parse_pattern, seed_cost_ratio
-from codex_lab.sparse import sparse_attention, tiles_computed
+from codex_lab.lessons.l02_sparse_attention.bench import measure
+from codex_lab.nn.patterns import causal_pairs, parse_pattern, seed_cost_ratio
+from codex_lab.nn.sparse import sparse_attention, tiles_computed
 
 cl.seed_everything(0)
 FAST = cl.fast_mode()

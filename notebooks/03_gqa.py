@@ -47,10 +47,10 @@ import matplotlib.pyplot as plt
 import torch
 
 import codex_lab as cl
-from codex_lab import gqa
-from codex_lab.config import ModelConfig
-from codex_lab.data import fixed_batches, tokenize_texts
-from codex_lab.model import CodexModel, attention_reference, attention_sdpa
+from codex_lab.lessons.l03_gqa import experiments as gqa
+from codex_lab.nn.config import ModelConfig
+from codex_lab.data.batches import fixed_batches, tokenize_texts
+from codex_lab.nn.model import CodexModel, attention_reference, attention_sdpa
 
 T_START = time.perf_counter()
 cl.seed_everything(0)
@@ -359,14 +359,14 @@ print(f"MQA / MHA attention time at {S_LONG} cached tokens: {attn_ms[8] / attn_m
 #
 # ## 6. Hugging Face interop: the same weights in `transformers`
 # codex_lab's parameter names and RoPE layout follow Hugging Face Llama, so a model converts
-# one-to-one. `codex_lab.hf.to_hf` gives a `LlamaForCausalLM` (or `Qwen2ForCausalLM` when the
+# one-to-one. `codex_lab.hf.llama.to_hf` gives a `LlamaForCausalLM` (or `Qwen2ForCausalLM` when the
 # model has q/k/v biases) and `from_hf` goes back. Same weights, same logits, same greedy
 # tokens; configurations codex_lab does not implement (RoPE scaling, sliding windows, biases
 # elsewhere) are refused with an error, never converted approximately.
 
 # %%
-from codex_lab.generate import generate_ids
-from codex_lab.hf import from_hf, to_hf
+from codex_lab.infer.generate import generate_ids
+from codex_lab.hf.llama import from_hf, to_hf
 
 small = gqa.mha_to_gqa(mha, 2).cpu().eval()  # the shipped model as GQA, g = 2
 hf = to_hf(small, eos_token_id=tok.eot_id, pad_token_id=tok.pad_id)
@@ -409,8 +409,8 @@ else:
 # import torch
 # import codex_lab as cl
 # from transformers import AutoModelForCausalLM, AutoTokenizer
-# from codex_lab.hf import from_hf
-# from codex_lab.generate import generate_ids
+# from codex_lab.hf.llama import from_hf
+# from codex_lab.infer.generate import generate_ids
 # from codex_lab import gqa
 #
 # name = "Qwen/Qwen2.5-Coder-0.5B"

@@ -24,7 +24,7 @@
 # The article (SEED.md, section 3) recommends mixture-of-experts (MoE) feed-forward layers
 # with **8-16 experts and top-k = 2-4**: "the total capacity of a big dense model at the
 # compute cost of a small one". This lesson builds an MoE layer from its parts, checks it
-# against `codex_lab.moe` and Hugging Face Mixtral, then measures what the claim leaves out:
+# against `codex_lab.nn.moe` and Hugging Face Mixtral, then measures what the claim leaves out:
 # which experts code tokens go to, how unbalanced routing gets without help, what a
 # capacity limit drops, and how MoE compares with a dense model of equal active size.
 
@@ -43,12 +43,12 @@ import matplotlib.pyplot as plt
 import torch
 
 import codex_lab as cl
-from codex_lab.benches.moe import bench_case
-from codex_lab.data import fixed_batches, tokenize_texts
-from codex_lab.model import SwiGLU
-from codex_lab.moe import (MoEFeedForward, capacity_keep_mask, expert_capacity, ffn_param_counts,
+from codex_lab.lessons.l04_moe.bench import bench_case
+from codex_lab.data.batches import fixed_batches, tokenize_texts
+from codex_lab.nn.model import SwiGLU
+from codex_lab.nn.moe import (MoEFeedForward, capacity_keep_mask, expert_capacity, ffn_param_counts,
                            load_balancing_loss, moe_layers_of, route)
-from codex_lab.moe_experiments import (CATEGORIES, expert_by_category, mutual_information,
+from codex_lab.lessons.l04_moe.experiments import (CATEGORIES, expert_by_category, mutual_information,
                                        shuffled_mutual_information, token_categories, train_run)
 
 cl.seed_everything(0)
@@ -82,7 +82,7 @@ assert all(abs(r[4] - (r[0] * 3 * 256 * 704 + 256 * r[0]) / (r[1] * 3 * 256 * 70
 #
 # ## 2. Building the layer from its parts
 # **Router**: a linear map to one logit per expert, softmax, keep the top k, renormalise
-# the k probabilities to sum to 1 (Mixtral's rule). By hand, then against `codex_lab.moe.route`:
+# the k probabilities to sum to 1 (Mixtral's rule). By hand, then against `codex_lab.nn.moe.route`:
 
 # %%
 d, E, k, N = 32, 6, 2, 10
@@ -141,7 +141,7 @@ assert gap < 1e-6
 # %% [markdown]
 # The same layer is also checked against an independent, randomly initialised Hugging Face
 # `MixtralSparseMoeBlock` and a whole `MixtralForCausalLM` (same logits, same greedy
-# tokens) in `tests/test_hf_mixtral.py`; `codex_lab.hf_mixtral` converts both ways.
+# tokens) in `tests/test_hf_mixtral.py`; `codex_lab.hf.mixtral` converts both ways.
 #
 # ## 3. Capacity: what gets dropped
 # With a capacity factor, each expert accepts at most `C = ceil(factor * N * k / E)`

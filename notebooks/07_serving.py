@@ -28,12 +28,12 @@
 # it gets traffic. This lesson builds all of it around the continuous-batching engine of
 # lesson 06 and measures it:
 #
-# 1. an OpenAI-compatible server (`codex_lab.server`) with Prometheus metrics (`codex_lab.metrics`);
+# 1. an OpenAI-compatible server (`codex_lab.serve.app`) with Prometheus metrics (`codex_lab.serve.metrics`);
 # 2. TTFT/TBT from token timestamps, and SLO attainment read straight off histogram buckets;
 # 3. load: 4 streams against the targets, 64 streams with clients hanging up, 200 malformed requests;
-# 4. a model registry with checksums (`codex_lab.registry`);
-# 5. release gates (`codex_lab.gates`) that refuse a damaged candidate;
-# 6. a canary (`codex_lab.canary`): a slow candidate gets live traffic and is rolled back
+# 4. a model registry with checksums (`codex_lab.serve.registry`);
+# 5. release gates (`codex_lab.serve.gates`) that refuse a damaged candidate;
+# 6. a canary (`codex_lab.serve.canary`): a slow candidate gets live traffic and is rolled back
 #    automatically, with no failed client request; a healthy one is promoted.
 
 # %%
@@ -60,12 +60,12 @@ import torch
 from IPython.display import display
 
 import codex_lab as cl
-from codex_lab.canary import CanaryController, CanaryPolicy
-from codex_lab.gates import SUITE, engine_completer, gate_decision, run_gates
-from codex_lab.loadtest import malformed_storm, run_load
-from codex_lab.metrics import ServerMetrics, histogram_attainment, parse_metrics
-from codex_lab.registry import ChecksumError, Registry
-from codex_lab.server import ModelServer, ServerConfig, serve_in_background
+from codex_lab.serve.canary import CanaryController, CanaryPolicy
+from codex_lab.serve.gates import SUITE, engine_completer, gate_decision, run_gates
+from codex_lab.serve.loadtest import malformed_storm, run_load
+from codex_lab.serve.metrics import ServerMetrics, histogram_attainment, parse_metrics
+from codex_lab.serve.registry import ChecksumError, Registry
+from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
 
 cl.seed_everything(0)
 FAST = cl.fast_mode()
@@ -145,7 +145,7 @@ assert math.isclose(from_hist, direct)  # same observations, and 0.02 is an exac
 
 # %% [markdown]
 # ## 3. Load: 4 concurrent streams against the seed's targets
-# `codex_lab.loadtest` opens concurrent streaming clients (loopback only, bounded in
+# `codex_lab.serve.loadtest` opens concurrent streaming clients (loopback only, bounded in
 # requests and time) and reports what the clients see. A live dashboard (ipywidgets) reads
 # `/metrics` while the load runs.
 

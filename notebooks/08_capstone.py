@@ -25,7 +25,7 @@
 # the article proposes, in one model, and we ask the question a team would ask before
 # shipping it: *is the optimised model better than the plain one it replaces?*
 #
-# 1. one config (`codex_lab.capstone.capstone_config`): dense attention in the first layers,
+# 1. one config (`codex_lab.lessons.l08_capstone.pipeline.capstone_config`): dense attention in the first layers,
 #    window + block-stride attention in the deeper ones (lesson 02), grouped-query attention
 #    (lesson 03), mixture-of-experts feed-forwards in the deep layers (lesson 04);
 # 2. built from the shipped model, not from scratch: K/V heads mean-pooled, every expert a copy
@@ -54,9 +54,9 @@ import matplotlib.pyplot as plt
 import torch
 
 import codex_lab as cl
-from codex_lab import capstone as cap
-from codex_lab.patterns import parse_pattern
-from codex_lab.sparse import tiles_computed
+from codex_lab.lessons.l08_capstone import pipeline as cap
+from codex_lab.nn.patterns import parse_pattern
+from codex_lab.nn.sparse import tiles_computed
 
 cl.seed_everything(0)
 FAST = cl.fast_mode()
@@ -137,7 +137,7 @@ assert gaps["all three"] > 1e-2  # mean-pooling K/V heads is a real change
 
 # %% [markdown]
 # ## 3. Brief pre-training, the same for both
-# Both models see the same batches with the same optimiser (`codex_lab.gqa.uptrain`). The
+# Both models see the same batches with the same optimiser (`codex_lab.lessons.l03_gqa.experiments.uptrain`). The
 # sparse layers run the `"blocks"` kernel: plain PyTorch over the touched tiles, so it has a
 # backward pass on CPU.
 

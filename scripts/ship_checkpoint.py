@@ -15,9 +15,9 @@ import shutil
 import time
 from pathlib import Path
 
-from codex_lab.checkpoint import load_checkpoint, pretrained_path
-from codex_lab.corpus import load_corpus
-from codex_lab.syntax import function_prompts, syntax_validity
+from codex_lab.training.checkpoint import load_checkpoint, pretrained_path
+from codex_lab.data.corpus import load_corpus
+from codex_lab.infer.syntax import function_prompts, syntax_validity
 
 
 def main() -> None:

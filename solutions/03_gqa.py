@@ -39,9 +39,9 @@ import math
 import torch
 
 from codex_lab import check, seed_everything
-from codex_lab.config import ModelConfig
-from codex_lab.gqa import mha_to_gqa
-from codex_lab.model import CodexModel
+from codex_lab.nn.config import ModelConfig
+from codex_lab.lessons.l03_gqa.experiments import mha_to_gqa
+from codex_lab.nn.model import CodexModel
 
 seed_everything(0)
 
@@ -116,4 +116,4 @@ model = CodexModel(ModelConfig(vocab_size=64, d_model=32, n_layer=1, n_head=4, m
 w = model.layers[0].attn.k_proj.weight.detach()
 ours = mean_pool_kv(w, 4, 2)
 theirs = mha_to_gqa(model, 2).layers[0].attn.k_proj.weight.detach()
-print("matches codex_lab.gqa.mha_to_gqa:", torch.allclose(ours, theirs), "| shape", tuple(w.shape), "->", tuple(ours.shape))
+print("matches codex_lab.lessons.l03_gqa.experiments.mha_to_gqa:", torch.allclose(ours, theirs), "| shape", tuple(w.shape), "->", tuple(ours.shape))

@@ -41,8 +41,8 @@ import time
 import httpx
 
 from codex_lab import check, load_pretrained, seed_everything
-from codex_lab.metrics import parse_metrics
-from codex_lab.server import ModelServer, ServerConfig, serve_in_background
+from codex_lab.serve.metrics import parse_metrics
+from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
 
 seed_everything(0)
 ckpt = load_pretrained()

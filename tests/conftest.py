@@ -14,10 +14,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from codex_lab.config import ModelConfig  # noqa: E402
-from codex_lab.corpus import load_corpus  # noqa: E402
-from codex_lab.model import CodexModel  # noqa: E402
-from codex_lab.tokenizer import CodeTokenizer, train_tokenizer  # noqa: E402
+from codex_lab.nn.config import ModelConfig  # noqa: E402
+from codex_lab.data.corpus import load_corpus  # noqa: E402
+from codex_lab.nn.model import CodexModel  # noqa: E402
+from codex_lab.data.tokenizer import CodeTokenizer, train_tokenizer  # noqa: E402
 
 # Also for this process, whatever torch read at import: tiny models' ops are too small to
 # split, and two spinning threads per process made engine tests 20-50x slower on 2 busy cores.

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codex_lab.attention_analysis import (
+from codex_lab.lessons.l01_attention_patterns.analysis import (
     attention_entropy,
     attention_maps,
     mass_by_distance,
     share_within,
     uniform_share_within,
 )
-from codex_lab.config import ModelConfig
-from codex_lab.model import CodexModel
+from codex_lab.nn.config import ModelConfig
+from codex_lab.nn.model import CodexModel
 
 # fp32 probabilities summed over <= 40 keys
 ATOL = 1e-5

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from codex_lab.balancing import (
+from codex_lab.training.balancing import (
     STRATEGIES,
     ConvergenceBalancer,
     DynamicWeightAverage,

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from codex_lab import capstone as cap
-from codex_lab.config import ModelConfig
-from codex_lab.gates import gate_decision
-from codex_lab.gqa import uptrain
-from codex_lab.model import CodexModel
-from codex_lab.moe import MoEFeedForward, ffn_param_counts
+from codex_lab.lessons.l08_capstone import pipeline as cap
+from codex_lab.nn.config import ModelConfig
+from codex_lab.serve.gates import gate_decision
+from codex_lab.lessons.l03_gqa.experiments import uptrain
+from codex_lab.nn.model import CodexModel
+from codex_lab.nn.moe import MoEFeedForward, ffn_param_counts
 
 
 def plain(vocab: int = 128, n_layer: int = 4, max_seq_len: int = 128) -> CodexModel:

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from codex_lab.checkpoint import load_checkpoint, load_pretrained, save_checkpoint
-from codex_lab.model import CodexModel
-from codex_lab.train import lr_at, preset_config, train
+from codex_lab.training.checkpoint import load_checkpoint, load_pretrained, save_checkpoint
+from codex_lab.nn.model import CodexModel
+from codex_lab.training.pretrain import lr_at, preset_config, train
 
 from conftest import tiny_config
 
@@ -27,7 +27,7 @@ def test_save_load_roundtrip(tmp_path: Path, small_tokenizer):
 def test_failed_write_keeps_previous_checkpoint(tmp_path: Path, small_tokenizer, monkeypatch):
     m = CodexModel(tiny_config())
     save_checkpoint(tmp_path / "ck", m, small_tokenizer, {"v": 1})
-    import codex_lab.checkpoint as ckmod
+    import codex_lab.training.checkpoint as ckmod
 
     def boom(*a, **k):
         raise OSError("disk full")

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from codex_lab.corpus import load_corpus, split_of
+from codex_lab.data.corpus import load_corpus, split_of
 
 
 def test_default_corpus_is_stdlib_and_deterministic():

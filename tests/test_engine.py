@@ -6,9 +6,9 @@ import threading
 import pytest
 import torch
 
-from codex_lab.engine import Engine, Finished, SamplingParams
-from codex_lab.generate import generate_ids
-from codex_lab.model import CodexModel
+from codex_lab.infer.engine import Engine, Finished, SamplingParams
+from codex_lab.infer.generate import generate_ids
+from codex_lab.nn.model import CodexModel
 
 from conftest import tiny_config
 
@@ -27,8 +27,8 @@ class FakeClock:
 
 @pytest.fixture(scope="module")
 def tok():
-    from codex_lab.corpus import load_corpus
-    from codex_lab.tokenizer import train_tokenizer
+    from codex_lab.data.corpus import load_corpus
+    from codex_lab.data.tokenizer import train_tokenizer
 
     return train_tokenizer(load_corpus(max_files=10).texts("train"), vocab_size=300)
 
@@ -152,7 +152,7 @@ def test_submit_and_cancel_from_another_thread(tok):
 
 def test_bench_hf_and_batching_records(tok):
     """The benchmark's records: HF generate on the same weights gives the same tokens."""
-    from codex_lab.benches import inference as bench
+    from codex_lab.lessons.l06_inference import bench
 
     model = model_for(tok)
     rows = bench.bench_hf(model, prompt_len=8, new_tokens=6)
@@ -182,7 +182,7 @@ def test_chunked_prefill_same_tokens(tok):
 
 
 def test_streamable_holds_back_partial_characters_and_stop_prefixes():
-    from codex_lab.engine import _streamable
+    from codex_lab.infer.engine import _streamable
 
     assert _streamable("ab\ufffd", []) == "ab"  # a character whose bytes are still incomplete
     assert _streamable("x = 1\n", ["\n\n"]) == "x = 1"  # "\n" may become the stop string

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from codex_lab.exercises import exercise_source, generate_exercises, load_definitions, strip_solutions
+from codex_lab.course.exercises import exercise_source, generate_exercises, load_definitions, strip_solutions
 
 SRC = '''def add(a, b):
     """Add."""

@@ -9,13 +9,13 @@ import torch
 from conftest import tiny_config
 from test_tasks import synth_files
 
-from codex_lab.balancing import make_balancer
-from codex_lab.checkpoint import save_checkpoint
+from codex_lab.training.balancing import make_balancer
+from codex_lab.training.checkpoint import save_checkpoint
 from codex_lab.cli import main as cli_main
-from codex_lab.finetune import FinetuneConfig, finetune
-from codex_lab.model import CodexModel
-from codex_lab.mt_eval import completion_parses, exact_match, overlap_f1, score_answers, task_losses
-from codex_lab.tasks import build_tasks, encode_tasks
+from codex_lab.training.finetune import FinetuneConfig, finetune
+from codex_lab.nn.model import CodexModel
+from codex_lab.training.evaluate import completion_parses, exact_match, overlap_f1, score_answers, task_losses
+from codex_lab.data.tasks import build_tasks, encode_tasks
 
 TASKS3 = ("completion", "bugfix", "testgen")
 
@@ -54,7 +54,7 @@ def test_weights_logged_every_step_and_runs_are_deterministic(taskset, small_tok
 
 
 def test_balancer_mix_samples_tasks_by_the_convergence_weights(taskset, small_tokenizer):
-    from codex_lab.balancing import ConvergenceBalancer
+    from codex_lab.training.balancing import ConvergenceBalancer
 
     bal = ConvergenceBalancer(3, floor=0.0)
     bal.current = torch.tensor([0.0, 0.0, 1.0])  # all probability on testgen

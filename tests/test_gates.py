@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from codex_lab.config import ModelConfig
-from codex_lab.gates import (
+from codex_lab.nn.config import ModelConfig
+from codex_lab.serve.gates import (
     SUITE, Sample, engine_completer, functional_pass, gate_decision, percentile, run_gates, score, style_consistency,
 )
-from codex_lab.model import CodexModel
+from codex_lab.nn.model import CodexModel
 
 GOOD = {  # correct bodies for the suite (an "oracle model"); prompts end at the docstring's quotes
     "add": "\n    return a + b\n", "is_even": "\n    return n % 2 == 0\n", "maximum": "\n    return max(items)\n",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codex_lab.config import ModelConfig
-from codex_lab.gqa import (
+from codex_lab.nn.config import ModelConfig
+from codex_lab.lessons.l03_gqa.experiments import (
     decode_tokens_per_s,
     group_size_experiment,
     kv_bytes_per_token,
@@ -19,8 +19,8 @@ from codex_lab.gqa import (
     uptrain,
     val_loss,
 )
-from codex_lab.kv_cache import make_dynamic_caches
-from codex_lab.model import CodexModel, attention_reference, attention_sdpa
+from codex_lab.nn.kv_cache import make_dynamic_caches
+from codex_lab.nn.model import CodexModel, attention_reference, attention_sdpa
 
 # fp32 attention outputs are O(1); fused and explicit kernels sum in different orders,
 # which moves results by ~1e-7 relative: 1e-5 (CONTRIBUTING.md) is the repo's fp32 bound.
@@ -183,7 +183,7 @@ def test_uptrain_lowers_loss_and_experiment_reports_every_g() -> None:
 def test_bench_gqa_records_and_bad_groups() -> None:
     import argparse
 
-    from codex_lab.benches import gqa as bench
+    from codex_lab.lessons.l03_gqa import bench
 
     p = argparse.ArgumentParser()
     bench.add_arguments(p)

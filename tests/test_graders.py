@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from codex_lab.checks import load_all
-from codex_lab.grading import ERROR, NOT_DONE, PASSED, grade_file, grade_folder
+from codex_lab.course.checks import load_all
+from codex_lab.course.grading import ERROR, NOT_DONE, PASSED, grade_file, grade_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted({les for les, _ in load_all()})

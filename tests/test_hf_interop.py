@@ -11,10 +11,10 @@ import pytest
 import torch
 import transformers  # the "hf" extra, part of ".[dev]": a missing install must fail, not skip
 
-from codex_lab.config import ModelConfig
-from codex_lab.generate import generate_ids
-from codex_lab.hf import from_hf, hf_config_to_codex, to_hf
-from codex_lab.model import CodexModel
+from codex_lab.nn.config import ModelConfig
+from codex_lab.infer.generate import generate_ids
+from codex_lab.hf.llama import from_hf, hf_config_to_codex, to_hf
+from codex_lab.nn.model import CodexModel
 
 # fp32 logits of O(1): on CPU (torch 2.13, transformers 5.x) HF and codex_lab run the same
 # ops and agree exactly (max |diff| measured 0.0); other backends may pick different

@@ -15,17 +15,17 @@ transformers = pytest.importorskip("transformers")
 from transformers import MixtralConfig, MixtralForCausalLM  # noqa: E402
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock, load_balancing_loss_func  # noqa: E402
 
-from codex_lab.config import ModelConfig  # noqa: E402
-from codex_lab.generate import generate_ids  # noqa: E402
-from codex_lab.hf_mixtral import (  # noqa: E402
+from codex_lab.nn.config import ModelConfig  # noqa: E402
+from codex_lab.infer.generate import generate_ids  # noqa: E402
+from codex_lab.hf.mixtral import (  # noqa: E402
     codex_config_from_mixtral,
     from_hf_mixtral,
     moe_from_hf_block,
     moe_to_hf_block,
     to_hf_mixtral,
 )
-from codex_lab.model import CodexModel  # noqa: E402
-from codex_lab.moe import MoEFeedForward, load_balancing_loss, set_dispatch_impl  # noqa: E402
+from codex_lab.nn.model import CodexModel  # noqa: E402
+from codex_lab.nn.moe import MoEFeedForward, load_balancing_loss, set_dispatch_impl  # noqa: E402
 
 # fp32 outputs of O(1); HF's expert loop and codex_lab's dispatch add the same terms in
 # a different order, so the repo's fp32 tolerance (1e-5, CONTRIBUTING.md) applies. A

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from codex_lab.cli import main as cli_main
-from codex_lab.config import ModelConfig
-from codex_lab.loadtest import LoadReport, check_url, malformed_bodies
-from codex_lab.model import CodexModel
-from codex_lab.server import ModelServer, ServerConfig, serve_in_background
+from codex_lab.nn.config import ModelConfig
+from codex_lab.serve.loadtest import LoadReport, check_url, malformed_bodies
+from codex_lab.nn.model import CodexModel
+from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
 
 
 
@@ -61,8 +61,8 @@ def test_cli_loadtest_json(small_tokenizer, capsys):
 def test_bench_serving_records(tmp_path, small_tokenizer):
     import argparse
 
-    from codex_lab.benches import discover
-    from codex_lab.checkpoint import save_checkpoint
+    from codex_lab.course.benches import discover
+    from codex_lab.training.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
     m = CodexModel(ModelConfig(vocab_size=small_tokenizer.vocab_size, d_model=64, n_layer=2, n_head=4,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from codex_lab.metrics import ITL_BUCKETS, TTFT_BUCKETS, ServerMetrics, histogram_attainment, parse_metrics
+from codex_lab.serve.metrics import ITL_BUCKETS, TTFT_BUCKETS, ServerMetrics, histogram_attainment, parse_metrics
 
 
 def test_observe_request_and_attainment():

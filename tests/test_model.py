@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from codex_lab.config import ModelConfig
-from codex_lab.kv_cache import make_dynamic_caches
-from codex_lab.model import CodexModel, attention_reference, attention_sdpa
+from codex_lab.nn.config import ModelConfig
+from codex_lab.nn.kv_cache import make_dynamic_caches
+from codex_lab.nn.model import CodexModel, attention_reference, attention_sdpa
 
 from conftest import tiny_config
 

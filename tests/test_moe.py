@@ -1,4 +1,4 @@
-"""Mixture of experts (codex_lab.moe): routing, dispatch equivalence, capacity, losses, bias."""
+"""Mixture of experts (codex_lab.nn.moe): routing, dispatch equivalence, capacity, losses, bias."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from codex_lab.config import ModelConfig
-from codex_lab.model import CodexModel, SwiGLU
-from codex_lab.moe import (
+from codex_lab.nn.config import ModelConfig
+from codex_lab.nn.model import CodexModel, SwiGLU
+from codex_lab.nn.moe import (
     MoEFeedForward,
     bias_update,
     capacity_keep_mask,
@@ -253,7 +253,7 @@ def test_param_counts() -> None:
 
 
 def test_bench_records_are_flat_and_equal() -> None:
-    from codex_lab.benches.moe import bench_case, parse_sizes
+    from codex_lab.lessons.l04_moe.bench import bench_case, parse_sizes
 
     rows = bench_case(64, 4, 2, d_model=32, hidden=48, repeats=1, device=torch.device("cpu"))
     assert [r["impl"] for r in rows] == ["reference", "grouped", "hf_eager", "hf_grouped_mm"]
@@ -270,7 +270,7 @@ def test_bench_records_are_flat_and_equal() -> None:
 
 
 def test_code_token_categories_and_mutual_information(small_tokenizer) -> None:
-    from codex_lab.moe_experiments import (char_categories, expert_by_category, mutual_information,
+    from codex_lab.lessons.l04_moe.experiments import (char_categories, expert_by_category, mutual_information,
                                            shuffled_mutual_information, token_categories)
 
     src = 'def f(x):\n    return "hi" + 42  # note\n'
@@ -293,8 +293,8 @@ def test_code_token_categories_and_mutual_information(small_tokenizer) -> None:
 
 
 def test_train_run_logs_routing_stats() -> None:
-    from codex_lab.data import fixed_batches
-    from codex_lab.moe_experiments import ffn_counts, train_run
+    from codex_lab.data.batches import fixed_batches
+    from codex_lab.lessons.l04_moe.experiments import ffn_counts, train_run
 
     tokens = torch.randint(0, 128, (2000,), generator=torch.Generator().manual_seed(0))
     cfg = small_cfg(moe_router_bias=True, moe_aux_loss_coef=0.0)
@@ -314,7 +314,7 @@ def test_train_run_logs_routing_stats() -> None:
 
 
 def test_checkpoint_round_trip_keeps_experts_and_bias(small_tokenizer, tmp_path) -> None:
-    from codex_lab.checkpoint import load_checkpoint, save_checkpoint
+    from codex_lab.training.checkpoint import load_checkpoint, save_checkpoint
 
     cfg = small_cfg(vocab_size=small_tokenizer.vocab_size, moe_layers=[1], moe_router_bias=True, n_shared_experts=1)
     model = CodexModel(cfg).eval()

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codex_lab.config import ModelConfig
-from codex_lab.patterns import (
+from codex_lab.nn.config import ModelConfig
+from codex_lab.nn.patterns import (
     AttentionPattern,
     BlockStrided,
     Fixed,

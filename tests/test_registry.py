@@ -10,9 +10,9 @@ import textwrap
 import pytest
 import torch
 
-from codex_lab.config import ModelConfig
-from codex_lab.model import CodexModel
-from codex_lab.registry import ChecksumError, Registry
+from codex_lab.nn.config import ModelConfig
+from codex_lab.nn.model import CodexModel
+from codex_lab.serve.registry import ChecksumError, Registry
 
 
 def model(seed: int, vocab: int) -> CodexModel:
@@ -93,11 +93,11 @@ def test_crash_mid_write_leaves_no_half_version(tmp_path, small_tokenizer):
     small_tokenizer.save(tmp_path / "tok.json")
     code = textwrap.dedent(f"""
         import os, torch, safetensors.torch as st
-        import codex_lab.checkpoint as ck
-        from codex_lab.config import ModelConfig
-        from codex_lab.model import CodexModel
-        from codex_lab.registry import Registry
-        from codex_lab.tokenizer import CodeTokenizer
+        import codex_lab.training.checkpoint as ck
+        from codex_lab.nn.config import ModelConfig
+        from codex_lab.nn.model import CodexModel
+        from codex_lab.serve.registry import Registry
+        from codex_lab.data.tokenizer import CodeTokenizer
         def half_then_die(model, path, metadata=None):
             with open(path, "wb") as f:
                 f.write(b"\\x00" * 1000)  # half a file...
@@ -125,7 +125,7 @@ def test_keep_previous_must_be_at_least_two(tmp_path):
 
 
 def test_registry_cli(tmp_path, small_tokenizer, capsys):
-    from codex_lab.checkpoint import save_checkpoint
+    from codex_lab.training.checkpoint import save_checkpoint
     from codex_lab.cli import main as cli_main
 
     root = str(tmp_path / "reg")

@@ -8,7 +8,7 @@ import jupytext
 import pytest
 
 from codex_lab import links
-from codex_lab.exercises import BEGIN, generate_exercises
+from codex_lab.course.exercises import BEGIN, generate_exercises
 
 ROOT = Path(__file__).resolve().parents[1]
 NB_DIRS = ["notebooks", "solutions", "exercises"]

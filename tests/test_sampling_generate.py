@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from codex_lab.generate import generate, generate_ids
-from codex_lab.sampling import sample_next, top_k_filter, top_p_filter
-from codex_lab.syntax import cut_function, function_prompts, parses
+from codex_lab.infer.generate import generate, generate_ids
+from codex_lab.infer.sampling import sample_next, top_k_filter, top_p_filter
+from codex_lab.infer.syntax import cut_function, function_prompts, parses
 
 
 def test_top_k_and_top_p_filters():

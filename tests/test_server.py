@@ -11,13 +11,13 @@ import openai
 import pytest
 import torch
 
-from codex_lab.config import ModelConfig
-from codex_lab.engine import Engine, SamplingParams
-from codex_lab.generate import generate_ids
-from codex_lab.loadtest import malformed_bodies, malformed_storm, run_load
-from codex_lab.metrics import parse_metrics
-from codex_lab.model import CodexModel
-from codex_lab.server import ModelServer, ServerConfig, check_loopback, serve_in_background
+from codex_lab.nn.config import ModelConfig
+from codex_lab.infer.engine import Engine, SamplingParams
+from codex_lab.infer.generate import generate_ids
+from codex_lab.serve.loadtest import malformed_bodies, malformed_storm, run_load
+from codex_lab.serve.metrics import parse_metrics
+from codex_lab.nn.model import CodexModel
+from codex_lab.serve.app import ModelServer, ServerConfig, check_loopback, serve_in_background
 
 NAME = "tiny"
 
@@ -30,7 +30,7 @@ def make_model(vocab: int, seed: int = 0) -> CodexModel:
 
 @pytest.fixture(scope="module")
 def served(small_corpus):
-    from codex_lab.tokenizer import train_tokenizer
+    from codex_lab.data.tokenizer import train_tokenizer
 
     tok = train_tokenizer(small_corpus.texts("train")[:10], vocab_size=400)
     model = make_model(tok.vocab_size)

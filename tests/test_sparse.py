@@ -10,11 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codex_lab.config import ModelConfig
-from codex_lab.kv_cache import make_dynamic_caches
-from codex_lab.model import CodexModel
-from codex_lab.patterns import AttentionPattern, parse_pattern
-from codex_lab.sparse import sparse_attention, tiles_computed
+from codex_lab.nn.config import ModelConfig
+from codex_lab.nn.kv_cache import make_dynamic_caches
+from codex_lab.nn.model import CodexModel
+from codex_lab.nn.patterns import AttentionPattern, parse_pattern
+from codex_lab.nn.sparse import sparse_attention, tiles_computed
 
 # fp32 attention: outputs are O(1) and the summation order differs between paths
 ATOL = 1e-5
@@ -191,13 +191,13 @@ def test_flex_equals_reference_and_falls_back_for_training() -> None:
 def test_bench_attention_records_are_flat_and_complete() -> None:
     import argparse
 
-    from codex_lab.benches import attention
+    from codex_lab.lessons.l02_sparse_attention import bench
 
     p = argparse.ArgumentParser()
-    attention.add_arguments(p)
+    bench.add_arguments(p)
     args = p.parse_args(["--sizes", "256", "--impls", "reference", "blocks", "--heads", "2", "--head-dim", "16",
                          "--repeats", "1", "--pattern", "window:64+blockstride:64:2", "--device", "cpu"])
-    rows = attention.run(args)
+    rows = bench.run(args)
     assert [r["impl"] for r in rows] == ["sdpa", "reference", "blocks"]  # the baseline is always measured
     for r in rows:
         assert {"impl", "pattern", "N", "median_ms", "peak_mib", "density", "speedup_vs_sdpa"} <= set(r)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from codex_lab.generate import generate_ids
-from codex_lab.model import CodexModel
-from codex_lab.speculative import (
+from codex_lab.infer.generate import generate_ids
+from codex_lab.nn.model import CodexModel
+from codex_lab.infer.speculative import (
     SpecStats, expected_speedup, expected_tokens_per_round, speculative_generate, truncated_draft,
 )
 

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 import torch
 
-from codex_lab.corpus import SourceFile, load_corpus
-from codex_lab.tasks import (
+from codex_lab.data.corpus import SourceFile, load_corpus
+from codex_lab.data.tasks import (
     MUTATIONS,
     TASKS,
     apply_mutation,
@@ -24,7 +24,7 @@ from codex_lab.tasks import (
     task_files,
     to_camel_case,
 )
-from codex_lab.tokenizer import ANSWER, TASK_TAGS
+from codex_lab.data.tokenizer import ANSWER, TASK_TAGS
 
 # Small pure functions with inputs: every mutation site of each must change some output.
 PURE = {

@@ -1,6 +1,6 @@
 import pytest
 
-from codex_lab.tokenizer import EOT, SPECIAL_TOKENS, CodeTokenizer, train_tokenizer
+from codex_lab.data.tokenizer import EOT, SPECIAL_TOKENS, CodeTokenizer, train_tokenizer
 
 
 def test_roundtrip_and_specials(small_tokenizer: CodeTokenizer, tmp_path):

@@ -11,7 +11,7 @@ HELP = "run a benchmark (attention, moe, inference, ...) and print a table or --
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..benches import discover
+    from codex_lab.course.benches import discover
 
     sub = p.add_subparsers(dest="bench", metavar="NAME")
     for name, mod in sorted(discover().items()):
@@ -37,7 +37,7 @@ def format_records(rows: list[dict]) -> str:
 def main(args: argparse.Namespace) -> int:
     mod = getattr(args, "_bench", None)
     if mod is None:
-        from ..benches import discover
+        from codex_lab.course.benches import discover
 
         print("choose a benchmark: " + ", ".join(sorted(discover())), file=sys.stderr)
         return 2

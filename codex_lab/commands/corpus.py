@@ -13,7 +13,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..corpus import load_corpus
+    from codex_lab.data.corpus import load_corpus
 
     c = load_corpus(args.corpus)
     for k, v in c.stats().items():

@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..exercises import generate_exercises
+    from codex_lab.course.exercises import generate_exercises
 
     changed = generate_exercises(args.solutions, args.exercises, check=args.check)
     if args.check:

@@ -32,13 +32,13 @@ def main(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from ..balancing import STRATEGIES
-    from ..checkpoint import load_checkpoint, load_pretrained, save_checkpoint
-    from ..corpus import load_corpus
-    from ..finetune import FinetuneConfig, finetune
-    from ..mt_eval import evaluate_generation
-    from ..runtime import get_device, pick
-    from ..tasks import TASKS, build_tasks, task_files
+    from codex_lab.training.balancing import STRATEGIES
+    from codex_lab.training.checkpoint import load_checkpoint, load_pretrained, save_checkpoint
+    from codex_lab.data.corpus import load_corpus
+    from codex_lab.training.finetune import FinetuneConfig, finetune
+    from codex_lab.training.evaluate import evaluate_generation
+    from codex_lab.runtime import get_device, pick
+    from codex_lab.data.tasks import TASKS, build_tasks, task_files
 
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     bad = [t for t in tasks if t not in TASKS]

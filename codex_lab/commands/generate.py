@@ -20,9 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..checkpoint import load_checkpoint, load_pretrained
-    from ..generate import generate
-    from ..runtime import get_device
+    from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
+    from codex_lab.infer.generate import generate
+    from codex_lab.runtime import get_device
 
     device = get_device(args.device)
     ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)

@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..grading import PASSED, format_table, grade_file, grade_folder, rows_to_csv, rows_to_json
+    from codex_lab.course.grading import PASSED, format_table, grade_file, grade_folder, rows_to_csv, rows_to_json
 
     path = Path(args.path)
     if path.is_dir():

@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..loadtest import check_url, malformed_storm, run_load
+    from codex_lab.serve.loadtest import check_url, malformed_storm, run_load
 
     url = check_url(args.url)
     rep = run_load(url, concurrency=args.concurrency, requests=args.requests, duration_s=args.duration,

@@ -16,9 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..checkpoint import load_checkpoint
-    from .bench import format_records
-    from ..registry import Registry
+    from codex_lab.training.checkpoint import load_checkpoint
+    from codex_lab.commands.bench import format_records
+    from codex_lab.serve.registry import Registry
 
     reg = Registry(args.root)
     if args.action == "list":

@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..report import run_report
+    from codex_lab.course.report import run_report
 
     sections = args.sections.split(",") if args.sections else None
     path = run_report(args.out, sections=sections, corpus=args.corpus, progress=not args.no_progress)

@@ -25,11 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..checkpoint import load_checkpoint, load_pretrained
-    from ..protocol import Limits
-    from ..registry import Registry
-    from ..runtime import get_device
-    from ..server import ModelServer, ServerConfig, check_loopback, create_app
+    from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
+    from codex_lab.serve.protocol import Limits
+    from codex_lab.serve.registry import Registry
+    from codex_lab.runtime import get_device
+    from codex_lab.serve.app import ModelServer, ServerConfig, check_loopback, create_app
 
     check_loopback(args.host)
     device = get_device(args.device)

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..train import preset_config, train
+    from codex_lab.training.pretrain import preset_config, train
 
     tc = preset_config(
         args.preset, out=args.out, corpus=args.corpus, steps=args.steps, batch_size=args.batch_size,

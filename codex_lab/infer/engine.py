@@ -1,0 +1,416 @@
+"""An inference engine with iteration-level continuous batching (Orca) and paged KV memory.
+
+Requests join and leave at every step: ``step()`` admits waiting requests that fit,
+prefills each of them (one forward over the whole prompt gives its first token; with
+``max_prefill_tokens`` long prompts are prefilled in chunks over several steps), then
+runs ONE batched decode forward for every request that already has a token. A finished
+request frees its KV blocks at once, so the next waiting request can start in the next
+step instead of waiting for the whole batch (static batching) to drain.
+
+KV memory is a :class:`~codex_lab.nn.kv_cache.PagedKVPool`: fixed-size blocks, a block table
+per request (PagedAttention). A request is admitted only when the blocks for its prompt
+plus ``max_tokens`` can be reserved, so a running request never runs out of memory and a
+request that does not fit yet simply waits. Blocks are taken one at a time as the
+sequence grows; ``stats()`` reports both what is stored and what is allocated.
+
+Threads: ``submit`` and ``cancel`` may be called from any thread (a lock-protected inbox);
+``step`` runs in the engine's thread, which also calls the ``on_token`` callbacks.
+
+Streaming: ``on_token(token_id, text_delta)`` is called once per output token; a delta is
+"" while a character's bytes are incomplete or while the text could still be the start of
+a stop string. The deltas of a request add up to its ``Finished.text``; when the request
+ends at end-of-text with such text still held back, one extra call
+``on_token(eot_id, rest)`` delivers it (never for an empty rest). A request that ends by
+deadline or cancel gets no further call.
+Timing comes from the injectable ``clock`` (seconds), so tests can use a fake one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from codex_lab.nn.kv_cache import PagedKVPool
+from codex_lab.nn.model import CodexModel
+from codex_lab.infer.sampling import SamplingParams, sample_next
+from codex_lab.data.tokenizer import CodeTokenizer
+
+TokenCallback = Callable[[int, str], None]
+
+
+@dataclass
+class Finished:
+    """A finished request. Times are ``clock()`` readings in seconds.
+
+    ``finish_reason``: "stop" (end-of-text or a stop string), "length" (max_tokens),
+    "deadline" (``deadline_s`` passed) or "cancelled". ``text`` is the decoded output,
+    cut before a stop string; the ``on_token`` deltas of the request add up to it.
+    """
+
+    rid: int
+    prompt_tokens: int
+    output_ids: list[int]
+    text: str
+    finish_reason: str
+    arrival: float
+    first_token_time: float | None
+    token_times: list[float]
+    error: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token in seconds, queueing included: first_token_time - arrival."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival
+
+    @property
+    def tbt(self) -> list[float]:
+        """Times between consecutive tokens in seconds (len = tokens - 1)."""
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+@dataclass(eq=False)
+class _Request:
+    rid: int
+    prompt: list[int]
+    params: SamplingParams
+    on_token: TokenCallback | None
+    deadline_s: float | None
+    arrival: float
+    need_blocks: int
+    gen: torch.Generator | None = None
+    output: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    cached: int = 0  # tokens whose K/V are in the cache
+    emitted: str = ""  # text already passed to on_token
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+
+class Engine:
+    """Continuous-batching engine over a :class:`~codex_lab.nn.model.CodexModel`.
+
+    Args:
+        model: the model (put in eval mode; its device and dtype are used).
+        tokenizer: decodes text deltas; its end-of-text id ends a request with "stop".
+        max_batch_size: most requests running at once.
+        max_kv_tokens: KV pool capacity in tokens (default max_batch_size * max_seq_len).
+        block_size: tokens per KV block.
+        clock: time source in seconds (default ``time.perf_counter``).
+        max_prefill_tokens: chunked prefill: at most this many prompt tokens are prefilled
+            per step (a long prompt takes several steps), which caps how long the running
+            requests' next token is held up; None = whole prompts at once.
+    """
+
+    def __init__(
+        self,
+        model: CodexModel,
+        tokenizer: CodeTokenizer,
+        *,
+        max_batch_size: int = 8,
+        max_kv_tokens: int | None = None,
+        block_size: int = 16,
+        clock: Callable[[], float] = time.perf_counter,
+        max_prefill_tokens: int | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_prefill_tokens is not None and max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1 or None, got {max_prefill_tokens}")
+        self.max_prefill_tokens = max_prefill_tokens
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.cfg = model.cfg
+        self.clock = clock
+        self.max_batch_size = max_batch_size
+        p = next(model.parameters())
+        self.device = p.device
+        assert self.cfg.n_kv_head is not None
+        cap = max_batch_size * self.cfg.max_seq_len if max_kv_tokens is None else max_kv_tokens
+        if cap < block_size:
+            raise ValueError(f"max_kv_tokens={cap} is smaller than one block of {block_size} tokens")
+        self.pool = PagedKVPool(self.cfg.n_layer, self.cfg.n_kv_head, self.cfg.head_dim, cap // block_size,
+                                block_size, device=self.device, dtype=p.dtype)
+        self.eot_id = tokenizer.eot_id
+        self._rids = itertools.count()
+        self._inbox_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._inbox: list[_Request] = []
+        self._cancels: list[int] = []
+        self._done: list[Finished] = []  # finished outside step() (cancel while idle)
+        self.waiting: deque[_Request] = deque()
+        self.running: dict[int, _Request] = {}
+        self.steps = 0
+        # which request ran in which step: (step, prefilled rids, decoded rids)
+        self.timeline: deque[tuple[int, list[int], list[int]]] = deque(maxlen=100_000)
+
+    # ---------------------------------------------------------------- any thread
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        on_token: TokenCallback | None = None,
+        deadline_s: float | None = None,
+    ) -> int:
+        """Queue a request; return its id. ``deadline_s``: seconds after arrival at which it
+        is stopped with "deadline". Raises ValueError for an empty prompt, unknown token
+        ids, or prompt + max_tokens past max_seq_len or past the whole KV pool."""
+        params = params or SamplingParams()
+        params.validate()
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("the prompt is empty; give at least one token id")
+        bad = [t for t in prompt if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside 0..{self.cfg.vocab_size - 1}")
+        total = len(prompt) + params.max_tokens
+        if total > self.cfg.max_seq_len:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} is past the "
+                f"model's max_seq_len={self.cfg.max_seq_len}; shorten the prompt or lower max_tokens"
+            )
+        need = self.pool.blocks_for(total)
+        if need > self.pool.n_blocks:
+            raise ValueError(
+                f"the request needs {need} KV blocks but the pool has {self.pool.n_blocks}; "
+                "raise max_kv_tokens or lower max_tokens"
+            )
+        if deadline_s is not None and deadline_s <= 0:
+            raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s}")
+        gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        with self._inbox_lock:
+            rid = next(self._rids)
+            self._inbox.append(_Request(rid, prompt, params, on_token, deadline_s, self.clock(), need, gen))
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        """Stop request ``rid``; it finishes with "cancelled" and its blocks return to the pool
+        at once when the engine is idle, else at the start of the next step. Unknown or
+        already finished ids are ignored."""
+        with self._inbox_lock:
+            self._cancels.append(rid)
+        if self._state_lock.acquire(blocking=False):  # engine idle: apply now
+            try:
+                self._done.extend(self._drain_inbox())
+            finally:
+                self._state_lock.release()
+
+    def has_work(self) -> bool:
+        """True while any request is queued, running, or finished but not yet returned."""
+        with self._inbox_lock:
+            pending = bool(self._inbox or self._cancels)
+        return pending or bool(self.waiting or self.running or self._done)
+
+    def stats(self) -> dict[str, int]:
+        """Requests and KV memory right now.
+
+        kv_used_*: tokens whose K/V are stored; kv_allocated_*: the blocks owned by running
+        requests (stored tokens rounded up to whole blocks); kv_capacity_*: the whole pool.
+        """
+        with self._inbox_lock:
+            queued = len(self._inbox)
+        running: list[_Request] = []
+        for _ in range(100):  # another thread may call this while step() mutates the dict
+            try:
+                running = list(self.running.values())
+                break
+            except RuntimeError:
+                continue
+        bpt = self.pool.bytes_per_token()
+        used = sum(r.cached for r in running)
+        alloc = sum(len(r.blocks) for r in running) * self.pool.block_size
+        cap = self.pool.n_blocks * self.pool.block_size
+        return {
+            "running": len(running), "waiting": len(self.waiting) + queued, "steps": self.steps,
+            "kv_used_tokens": used, "kv_used_bytes": used * bpt,
+            "kv_allocated_tokens": alloc, "kv_allocated_bytes": alloc * bpt,
+            "kv_capacity_tokens": cap, "kv_capacity_bytes": cap * bpt, "kv_block_size": self.pool.block_size,
+        }
+
+    # ---------------------------------------------------------------- engine thread
+    def run_until_done(self) -> list[Finished]:
+        """Step until no work is left; every finished request, in finishing order."""
+        out: list[Finished] = []
+        while self.has_work():
+            out.extend(self.step())
+        return out
+
+    @torch.no_grad()
+    def step(self) -> list[Finished]:
+        """One iteration: admit, prefill the admitted, one decode step for the others."""
+        with self._state_lock:
+            finished, self._done = self._done, []
+            finished.extend(self._drain_inbox())
+            finished.extend(self._expire())
+            decoding = [r for r in self.running.values() if r.output]
+            for req in self._admit():
+                self.running[req.rid] = req
+            budget = self.max_prefill_tokens or sum(len(r.prompt) for r in self.running.values())
+            prefilled: list[int] = []
+            for req in [r for r in self.running.values() if r.cached < len(r.prompt)]:
+                if budget <= 0:
+                    break
+                n = min(len(req.prompt) - req.cached, budget)
+                logits = self._prefill(req, n)  # (1, V)
+                budget -= n
+                prefilled.append(req.rid)
+                if req.cached == len(req.prompt):  # prompt done: its last logits give token 1
+                    done = self._emit(req, logits)
+                    if done:
+                        finished.append(done)
+            if decoding:
+                finished.extend(self._decode(decoding))
+            self.timeline.append((self.steps, prefilled, [r.rid for r in decoding]))
+            self.steps += 1
+            return finished
+
+    # ---------------------------------------------------------------- internals
+    def _drain_inbox(self) -> list[Finished]:
+        with self._inbox_lock:
+            new, self._inbox = self._inbox, []
+            cancels, self._cancels = self._cancels, []
+        self.waiting.extend(new)
+        out = []
+        for rid in cancels:
+            if rid in self.running:
+                out.append(self._finish(self.running[rid], "cancelled"))
+            else:
+                req = next((r for r in self.waiting if r.rid == rid), None)
+                if req is not None:
+                    out.append(self._finish(req, "cancelled"))
+        return out
+
+    def _expire(self) -> list[Finished]:
+        now = self.clock()
+        late = [r for r in [*self.waiting, *self.running.values()]
+                if r.deadline_s is not None and now - r.arrival > r.deadline_s]
+        return [self._finish(r, "deadline") for r in late]
+
+    def _reserved_blocks(self) -> int:
+        """Blocks promised to running requests but not yet taken from the pool."""
+        return sum(r.need_blocks - len(r.blocks) for r in self.running.values())
+
+    def _admit(self) -> list[_Request]:
+        """First come, first served: stop at the first request that does not fit (no overtaking)."""
+        admitted: list[_Request] = []
+        reserved = self._reserved_blocks()
+        while self.waiting and len(self.running) + len(admitted) < self.max_batch_size:
+            req = self.waiting[0]
+            if req.need_blocks > self.pool.n_free - reserved:
+                break
+            self.waiting.popleft()
+            reserved += req.need_blocks
+            admitted.append(req)
+        return admitted
+
+    def _grow(self, req: _Request, n_tokens: int) -> None:
+        """Make sure ``req`` owns the blocks for its first ``n_tokens`` positions."""
+        missing = self.pool.blocks_for(n_tokens) - len(req.blocks)
+        if missing > 0:
+            req.blocks.extend(self.pool.allocate(missing))
+
+    def _prefill(self, req: _Request, n: int) -> torch.Tensor:
+        """Prefill the next ``n`` prompt tokens of ``req``; logits (1, V) after the last one."""
+        start = req.cached
+        self._grow(req, start + n)
+        idx = torch.tensor([req.prompt[start : start + n]], device=self.device)  # (1, n)
+        pos = torch.arange(start, start + n, device=self.device)[None]  # (1, n)
+        tables = torch.tensor([req.blocks], device=self.device)  # (1, NB)
+        out = self.model(idx, positions=pos, caches=self.pool.views(tables), last_only=True)
+        req.cached = start + n
+        return out.logits[:, -1]  # (1, V)
+
+    def _decode(self, reqs: list[_Request]) -> list[Finished]:
+        for r in reqs:
+            self._grow(r, r.cached + 1)
+        nb = max(len(r.blocks) for r in reqs)
+        # pad each block table to nb with its own first block (padding slots are masked)
+        tables = torch.tensor([r.blocks + r.blocks[:1] * (nb - len(r.blocks)) for r in reqs], device=self.device)  # (B, NB)
+        idx = torch.tensor([[r.output[-1]] for r in reqs], device=self.device)  # (B, 1)
+        pos = torch.tensor([[r.cached] for r in reqs], device=self.device)  # (B, 1)
+        logits = self.model(idx, positions=pos, caches=self.pool.views(tables), last_only=True).logits[:, -1]  # (B, V)
+        greedy = logits.argmax(dim=-1).tolist()  # (B,)
+        out = []
+        for i, r in enumerate(reqs):
+            r.cached += 1
+            done = self._emit(r, logits[i : i + 1], greedy[i])
+            if done:
+                out.append(done)
+        return out
+
+    def _sample(self, req: _Request, logits: torch.Tensor) -> int:
+        p = req.params
+        return int(sample_next(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, generator=req.gen).item())
+
+    def _emit(self, req: _Request, logits: torch.Tensor, greedy: int | None = None) -> Finished | None:
+        """Pick the next token of ``req`` from its logits (1, V), stream it, maybe finish it."""
+        tok = greedy if (greedy is not None and req.params.temperature == 0.0) else self._sample(req, logits)
+        now = self.clock()
+        if tok == self.eot_id and not req.params.ignore_eos:
+            return self._finish(req, "stop", notify_tok=tok)
+        req.output.append(tok)
+        req.token_times.append(now)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        text, cut = self._text(req)
+        if cut or len(req.output) >= req.params.max_tokens:
+            return self._finish(req, "stop" if cut else "length", notify_tok=tok, text=text)
+        delta = _streamable(text, req.params.stop)[len(req.emitted):]
+        if not self._notify(req, tok, delta):
+            return self._finish(req, "cancelled", error="on_token raised")
+        return None
+
+    def _text(self, req: _Request) -> tuple[str, bool]:
+        """Decoded output, cut before the first stop string; and whether one was found."""
+        text = self.tokenizer.decode(req.output)
+        cuts = [text.find(s) for s in req.params.stop if s in text]
+        return (text[: min(cuts)], True) if cuts else (text, False)
+
+    def _notify(self, req: _Request, tok: int, delta: str) -> bool:
+        req.emitted += delta
+        if req.on_token is None:
+            return True
+        try:
+            req.on_token(tok, delta)
+        except Exception as exc:  # a broken consumer (e.g. a closed connection) ends its request only
+            warnings.warn(f"on_token of request {req.rid} raised {type(exc).__name__}: {exc}; cancelling it")
+            return False
+        return True
+
+    def _finish(self, req: _Request, reason: str, *, notify_tok: int | None = None, text: str | None = None,
+                error: str | None = None) -> Finished:
+        if text is None:
+            text = self._text(req)[0] if req.output else ""
+        if notify_tok is not None and reason != "cancelled":
+            rest = text[len(req.emitted):] if text.startswith(req.emitted) else ""
+            if notify_tok != self.eot_id or rest:  # end-of-text only speaks when text was held back
+                self._notify(req, notify_tok, rest)
+        self.running.pop(req.rid, None)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req.blocks:
+            self.pool.release(req.blocks)
+            req.blocks = []
+        return Finished(req.rid, len(req.prompt), list(req.output), text, reason, req.arrival,
+                        req.first_token_time, list(req.token_times), error)
+
+
+def _streamable(text: str, stop: list[str]) -> str:
+    """The prefix of ``text`` that is safe to stream: no trailing U+FFFD (a character whose
+    bytes are incomplete) and no tail that could still grow into a stop string."""
+    safe = text.rstrip("\ufffd")
+    hold = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(safe)), hold, -1):
+            if safe.endswith(s[:k]):
+                hold = k
+                break
+    return safe[: len(safe) - hold]

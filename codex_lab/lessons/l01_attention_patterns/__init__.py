@@ -1,0 +1,1 @@
+"""l01_attention_patterns"""

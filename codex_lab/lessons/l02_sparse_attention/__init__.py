@@ -1,0 +1,1 @@
+"""l02_sparse_attention"""

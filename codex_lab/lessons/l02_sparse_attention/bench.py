@@ -1,0 +1,145 @@
+"""``codex-lab bench attention``: sparse kernels against dense causal SDPA.
+
+One flat record per (impl, pattern, N): median forward time, peak memory, the pattern's
+density (fraction of causal pairs), the speed-up over dense causal SDPA measured in the
+same run, and the physical limit 1/density beside it.
+
+Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` above the inputs; on CPU, the
+process's resident-set high-water mark above its level just before the call, sampled
+every millisecond by a thread, after returning freed heap pages to the OS
+(``malloc_trim``), so it is approximate (within a few MiB) but comparable between impls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from codex_lab.nn.patterns import parse_pattern
+from codex_lab.runtime import get_device, pick
+from codex_lab.nn.sparse import sparse_attention, tiles_computed
+from codex_lab.runtime import median_ms
+
+NAME = "attention"
+HELP = "time and peak memory of dense SDPA vs sparse attention (reference, blocks, flex) against N"
+DEFAULT_PATTERN = "window:128+blockstride:128:12"  # ~10% of causal pairs at N=8192
+IMPLS = ("sdpa", "reference", "blocks", "flex")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """CLI options (sizes default to fast/full mode choices)."""
+    p.add_argument("--sizes", type=int, nargs="+", default=None,
+                   help="sequence lengths N (default: fast 1024 2048 4096, full 1024 .. 8192)")
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS, help="implementations to time")
+    p.add_argument("--pattern", default=DEFAULT_PATTERN, help="sparse pattern spec (see codex_lab.nn.patterns)")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per case (median reported)")
+    p.add_argument("--max-reference-n", type=int, default=4096,
+                   help="skip 'reference' above this N (it materialises N x N scores)")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: best available)")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096  # resident pages * page size
+
+
+def _trim() -> None:
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the baseline is just less tight
+        pass
+
+
+def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
+    """Peak extra memory of one call of ``fn`` in MiB (see the module docstring)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    try:
+        _rss_bytes()
+    except OSError:
+        return float("nan")  # no /proc (macOS, Windows): not measured
+    _trim()
+    base = peak = _rss_bytes()
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _rss_bytes())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out = fn()
+    peak = max(peak, _rss_bytes())
+    done.set()
+    t.join()
+    del out
+    return (peak - base) / 2**20
+
+
+def measure(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, head_dim: int = 64,
+            repeats: int = 3, device: torch.device | None = None) -> dict[str, Any]:
+    """One record: forward time and peak memory of ``impl`` on random q, k, v (B, H, N, D).
+
+    ``impl="sdpa"`` is dense causal ``scaled_dot_product_attention`` (pattern ignored).
+    """
+    dev = device or get_device()
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(batch, heads, n, head_dim, generator=g).to(dev) for _ in range(3))  # (B, H, N, D)
+    if impl == "sdpa":
+        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    else:
+        fn = lambda: sparse_attention(q, k, v, pattern, impl=impl)  # noqa: E731
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        fn()  # warm-up: builds the tile plan / compiles flex
+        setup_s = time.perf_counter() - t0
+        ms = median_ms(fn, repeats=repeats, warmup=0, sync=sync)
+        mem = peak_mib(fn, dev)
+    pat = parse_pattern("dense" if impl == "sdpa" else pattern)
+    return {"impl": impl, "pattern": pat.spec, "N": n, "median_ms": ms, "peak_mib": mem,
+            "first_call_s": setup_s, "tiles": tiles_computed(pat, n)}
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """All records of one run; speed-ups are against dense SDPA at the same N, this run."""
+    dev = get_device(args.device)
+    sizes = args.sizes or pick(fast=[1024, 2048, 4096], full=[1024, 2048, 4096, 8192])
+    repeats = args.repeats or pick(fast=3, full=5)
+    impls = list(dict.fromkeys(["sdpa", *args.impls]))  # the baseline is always measured
+    pattern = parse_pattern(args.pattern)
+    rows: list[dict[str, Any]] = []
+    for n in sizes:
+        density = pattern.density(n)
+        base_ms = None
+        for impl in impls:
+            if impl == "reference" and n > args.max_reference_n:
+                continue
+            r = measure(impl, pattern.spec, n, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
+                        repeats=repeats, device=dev)
+            if impl == "sdpa":
+                base_ms = r["median_ms"]
+            d = 1.0 if impl == "sdpa" else density
+            assert base_ms is not None
+            r.update({"density": d, "speedup_vs_sdpa": base_ms / r["median_ms"],
+                      "limit_1_over_d": 1.0 / d, "goal_0_6_over_d": 0.6 / d, "device": str(dev)})
+            rows.append(r)
+    return rows

@@ -1,0 +1,1 @@
+"""l05_multitask"""

@@ -1,0 +1,1 @@
+"""l06_inference"""

@@ -1,0 +1,282 @@
+"""``codex-lab bench inference``: KV cache, Hugging Face generate, batching, speculative decoding.
+
+Every ratio is taken within one run on one machine. Records (flat dicts) carry
+``scenario``, ``impl``, ``tokens_per_s`` and, for the engine scenarios, TTFT/TBT p50/p95
+in milliseconds. The measuring functions are reused by lesson 06 and the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from codex_lab.infer.cached import compiled_forward, generate_batch_cached, generate_ids_cached
+from codex_lab.infer.engine import Engine, Finished, SamplingParams
+from codex_lab.infer.generate import generate_ids
+from codex_lab.nn.model import CodexModel
+from codex_lab.runtime import pick, seed_everything
+from codex_lab.infer.speculative import expected_tokens_per_round, speculative_generate, truncated_draft
+from codex_lab.data.tokenizer import CodeTokenizer
+
+NAME = "inference"
+HELP = "KV cache vs none, codex_lab vs HF generate, continuous vs static batching, speculative decoding"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenarios", default="cache,hf,batching,streams,speculative",
+                   help="comma-separated subset of: cache, hf, batching, streams, speculative, compile")
+    p.add_argument("--requests", type=int, default=None, help="requests in the batching scenario (default 16 fast / 32 full)")
+    p.add_argument("--random", action="store_true", help="use a random model of the shipped shape (no checkpoint needed)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice); 1 avoids thread-sync stalls on a busy machine")
+
+
+def load_model_and_tokenizer(random: bool = False) -> tuple[CodexModel, CodeTokenizer]:
+    """The shipped checkpoint on CPU, or (``random``) a random model of its shape."""
+    if not random:
+        from codex_lab.training.checkpoint import load_pretrained
+
+        ck = load_pretrained("cpu")
+        return ck.model.eval(), ck.tokenizer
+    from codex_lab.nn.config import ModelConfig
+    from codex_lab.data.corpus import load_corpus
+    from codex_lab.data.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(load_corpus(max_files=30).texts("train"), vocab_size=1024)
+    torch.manual_seed(0)
+    return CodexModel(ModelConfig(vocab_size=tok.vocab_size)).eval(), tok
+
+
+def code_prompts(tok: CodeTokenizer, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    """Prompts of the given token lengths cut from held-out standard-library files."""
+    from codex_lab.data.corpus import load_corpus
+
+    texts = [t for t in load_corpus(max_files=200).texts("val") if len(t) > 4000]
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        ids = tok.encode(texts[int(rng.integers(len(texts)))])
+        start = int(rng.integers(0, max(1, len(ids) - n)))
+        out.append(ids[start : start + n])
+    return out
+
+
+def pct_ms(xs: list[float], q: float) -> float:
+    """q-th percentile of seconds ``xs``, in milliseconds (nan when empty)."""
+    return float(np.percentile(xs, q) * 1000.0) if xs else float("nan")
+
+
+def latency_fields(done: list[Finished], t0: float | None = None) -> dict[str, float]:
+    """TTFT (from arrival, or from ``t0`` when all requests arrived then) and TBT p50/p95 in ms."""
+    ttft = [(f.first_token_time - (f.arrival if t0 is None else t0)) for f in done if f.first_token_time is not None]
+    tbt = [x for f in done for x in f.tbt]
+    return {"ttft_p50_ms": pct_ms(ttft, 50), "ttft_p95_ms": pct_ms(ttft, 95),
+            "tbt_p50_ms": pct_ms(tbt, 50), "tbt_p95_ms": pct_ms(tbt, 95)}
+
+
+# ----------------------------------------------------------------------------- scenarios
+def bench_cache(model: CodexModel, prompt_lens: list[int], new_tokens: int) -> list[dict[str, Any]]:
+    """Decode tokens/s with no cache, the concatenating cache and the static cache."""
+    rows = []
+    for n in prompt_lens:
+        prompt = torch.randint(0, model.cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+        impls = {
+            "no_cache": lambda: generate_ids(model, prompt, max_new_tokens=new_tokens),
+            "dynamic_cache": lambda: generate_ids_cached(model, prompt, max_new_tokens=new_tokens, cache="dynamic"),
+            "static_cache": lambda: generate_ids_cached(model, prompt, max_new_tokens=new_tokens, cache="static"),
+        }
+        outs = {}
+        for impl, fn in impls.items():
+            fn() if impl != "no_cache" else None  # warm-up (the uncached path is too slow to repeat)
+            t0 = time.perf_counter()
+            outs[impl] = fn()[0]
+            dt = time.perf_counter() - t0
+            rows.append({"scenario": "cache", "impl": impl, "prompt_len": n, "new_tokens": new_tokens,
+                         "tokens_per_s": new_tokens / dt, "ms_per_token": dt * 1000 / new_tokens})
+        assert outs["static_cache"] == outs["no_cache"] == outs["dynamic_cache"], "cached != uncached tokens"
+    return rows
+
+
+def bench_hf(model: CodexModel, prompt_len: int, new_tokens: int) -> list[dict[str, Any]]:
+    """codex_lab (static cache) vs Hugging Face ``generate`` on the same weights, batch 1, greedy."""
+    from codex_lab.hf.llama import to_hf
+
+    hf = to_hf(model).eval()
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
+
+    def run_hf() -> list[int]:
+        out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        return out[0, prompt_len:].tolist()
+
+    def run_ours() -> list[int]:
+        return generate_ids_cached(model, prompt[0].tolist(), max_new_tokens=new_tokens)[0]
+
+    rows, outs = [], {}
+    for impl, fn in (("hf_generate", run_hf), ("codex_lab_static_cache", run_ours)):
+        with torch.no_grad():
+            fn()  # warm-up
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                outs[impl] = fn()
+                times.append(time.perf_counter() - t0)
+        dt = float(np.median(times))
+        rows.append({"scenario": "hf", "impl": impl, "prompt_len": prompt_len, "new_tokens": new_tokens,
+                     "tokens_per_s": new_tokens / dt})
+    same = outs["hf_generate"] == outs["codex_lab_static_cache"]
+    for r in rows:
+        r["same_tokens"] = same
+    return rows
+
+
+def mixed_requests(tok: CodeTokenizer, n: int, seed: int = 0, max_prompt: int = 200, max_new: int = 64) -> list[tuple[list[int], int]]:
+    """``n`` (prompt ids, max_tokens) pairs of mixed lengths (prompts 8..max_prompt, outputs 8..max_new)."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(8, max_prompt + 1, n).tolist()
+    outs = rng.integers(8, max_new + 1, n).tolist()
+    return list(zip(code_prompts(tok, lens, seed), outs))
+
+
+def run_engine(model: CodexModel, tok: CodeTokenizer, reqs: list[tuple[list[int], int]], *, max_batch_size: int,
+               static: bool = False) -> tuple[list[Finished], float, Engine]:
+    """Serve every request (all arriving at t0); return finished requests, wall seconds, engine.
+
+    ``static``: admit ``max_batch_size`` requests, and the next group only when the whole
+    group has finished (static batching; slots of early finishers idle). Greedy, no end-of-text
+    stop (``max_tokens`` decides each length), so all impls generate the same tokens.
+    """
+    eng = Engine(model, tok, max_batch_size=max_batch_size)
+    done: list[Finished] = []
+    t0 = eng.clock()
+    if static:
+        for i in range(0, len(reqs), max_batch_size):
+            for p, m in reqs[i : i + max_batch_size]:
+                eng.submit(p, SamplingParams(max_tokens=m, ignore_eos=True))
+            done += eng.run_until_done()
+    else:
+        for p, m in reqs:
+            eng.submit(p, SamplingParams(max_tokens=m, ignore_eos=True))
+        done = eng.run_until_done()
+    wall = eng.clock() - t0
+    for f in done:  # all requests arrived at t0: queueing counts in TTFT
+        f.arrival = t0
+    return done, wall, eng
+
+
+def bench_batching(model: CodexModel, tok: CodeTokenizer, n_requests: int, batch: int = 8) -> tuple[list[dict[str, Any]], dict[str, list[Finished]]]:
+    """Continuous vs static batching vs one at a time on ``n_requests`` mixed-length requests."""
+    reqs = mixed_requests(tok, n_requests)
+    rows, runs = [], {}
+    for impl, kw in (("one_at_a_time", dict(max_batch_size=1)), ("static_batching", dict(max_batch_size=batch, static=True)),
+                     ("continuous_batching", dict(max_batch_size=batch))):
+        done, wall, eng = run_engine(model, tok, reqs, **kw)
+        n_tok = sum(len(f.output_ids) for f in done)
+        rows.append({"scenario": "batching", "impl": impl, "requests": len(reqs), "max_batch_size": kw["max_batch_size"],
+                     "tokens_per_s": n_tok / wall, "wall_s": wall, "steps": eng.steps, **latency_fields(done)})
+        runs[impl] = done
+    ref = {tuple(f.output_ids) for f in runs["one_at_a_time"]}
+    assert ref == {tuple(f.output_ids) for f in runs["continuous_batching"]}, "batched tokens differ from one-at-a-time"
+    return rows, runs
+
+
+def bench_streams(model: CodexModel, tok: CodeTokenizer, n_requests: int, streams: int = 4,
+                  prompt_len: int = 128, new_tokens: int = 64, max_prefill_tokens: int | None = None,
+                  ) -> tuple[list[dict[str, Any]], list[Finished]]:
+    """``streams`` concurrent clients, each sending its next request when the last one ends
+    (optionally with chunked prefill of ``max_prefill_tokens`` per step)."""
+    reqs = [(p, new_tokens) for p in code_prompts(tok, [prompt_len] * n_requests, seed=3)]
+    eng = Engine(model, tok, max_batch_size=streams, max_prefill_tokens=max_prefill_tokens)
+    todo = list(reqs)
+    for _ in range(min(streams, len(todo))):
+        p, m = todo.pop(0)
+        eng.submit(p, SamplingParams(max_tokens=m, ignore_eos=True))
+    done: list[Finished] = []
+    t0 = eng.clock()
+    while eng.has_work():
+        for f in eng.step():
+            done.append(f)
+            if todo:
+                p, m = todo.pop(0)
+                eng.submit(p, SamplingParams(max_tokens=m, ignore_eos=True))
+    wall = eng.clock() - t0
+    n_tok = sum(len(f.output_ids) for f in done)
+    impl = "continuous_batching" + (f"_chunked{max_prefill_tokens}" if max_prefill_tokens else "")
+    row = {"scenario": f"streams{streams}", "impl": impl, "requests": len(done), "prompt_len": prompt_len,
+           "new_tokens": new_tokens, "tokens_per_s": n_tok / wall, **latency_fields(done)}
+    return [row], done
+
+
+def bench_speculative(model: CodexModel, tok: CodeTokenizer, n_prompts: int, new_tokens: int, draft_layers: int = 1,
+                      gammas: tuple[int, ...] = (2, 4)) -> list[dict[str, Any]]:
+    """Speculative (early-exit draft: the target's first ``draft_layers`` blocks + head) vs plain cached greedy."""
+    draft = truncated_draft(model, draft_layers)
+    prompts = code_prompts(tok, [96] * n_prompts, seed=5)
+    generate_ids_cached(model, prompts[0], max_new_tokens=4)  # warm-up
+    t0 = time.perf_counter()
+    plain = [generate_ids_cached(model, p, max_new_tokens=new_tokens)[0] for p in prompts]
+    dt_plain = time.perf_counter() - t0
+    n = sum(map(len, plain))
+    rows = [{"scenario": "speculative", "impl": "plain_static_cache", "tokens_per_s": n / dt_plain, "target_calls": n}]
+    for g in gammas:
+        t0 = time.perf_counter()
+        res = [speculative_generate(model, draft, p, max_new_tokens=new_tokens, gamma=g) for p in prompts]
+        dt = time.perf_counter() - t0
+        assert [r[0] for r in res] == plain, "speculative output differs from the target's greedy output"
+        acc = sum(r[2].accepted for r in res) / max(1, sum(r[2].accepted + r[2].rejections for r in res))
+        per_round = sum(r[2].emitted for r in res) / max(1, sum(r[2].rounds for r in res))
+        rows.append({"scenario": "speculative", "impl": f"speculative_g{g}", "draft": f"first {draft_layers} of {model.cfg.n_layer} layers + head",
+                     "gamma": g, "tokens_per_s": n / dt, "acceptance_rate": acc, "tokens_per_round": per_round,
+                     "expected_tokens_per_round": expected_tokens_per_round(acc, g),
+                     "target_calls": sum(r[2].target_calls for r in res), "same_tokens": True})
+    return rows
+
+
+def bench_compile(model: CodexModel, batch: int = 4, prompt_len: int = 64, new_tokens: int = 32) -> list[dict[str, Any]]:
+    """Eager vs ``torch.compile`` decode (opt-in: compiling takes tens of seconds on CPU)."""
+    prompts = torch.randint(0, model.cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(2))
+    rows = []
+    fwd = compiled_forward(model)
+    for impl, f in (("eager", None), ("torch_compile", fwd)):
+        t_first = time.perf_counter()
+        ref = generate_batch_cached(model, prompts, max_new_tokens=new_tokens, forward=f)  # warm-up / compile
+        t_first = time.perf_counter() - t_first
+        t0 = time.perf_counter()
+        out = generate_batch_cached(model, prompts, max_new_tokens=new_tokens, forward=f)
+        dt = time.perf_counter() - t0
+        rows.append({"scenario": "compile", "impl": impl, "batch": batch, "tokens_per_s": batch * new_tokens / dt,
+                     "first_call_s": t_first, "same_tokens": bool(torch.equal(out, ref))})
+    return rows
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    seed_everything(0)
+    torch.set_grad_enabled(False)
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    model, tok = load_model_and_tokenizer(getattr(args, "random", False))
+    wanted = {s.strip() for s in args.scenarios.split(",") if s.strip()}
+    known = {"cache", "hf", "batching", "streams", "speculative", "compile"}
+    if wanted - known:
+        raise ValueError(f"unknown scenarios {sorted(wanted - known)}; choose from {sorted(known)}")
+    rows: list[dict[str, Any]] = []
+    if "cache" in wanted:
+        rows += bench_cache(model, pick(fast=[32, 256], full=[32, 256, 768]), pick(fast=32, full=128))
+    if "hf" in wanted:
+        rows += bench_hf(model, 64, pick(fast=32, full=128))
+    if "batching" in wanted:
+        rows += bench_batching(model, tok, args.requests or pick(fast=16, full=32))[0]
+    if "streams" in wanted:
+        for chunk in (None, 32):
+            rows += bench_streams(model, tok, pick(fast=8, full=32), max_prefill_tokens=chunk)[0]
+    if "speculative" in wanted:
+        rows += bench_speculative(model, tok, pick(fast=3, full=12), pick(fast=48, full=128))
+    if "compile" in wanted:
+        rows += bench_compile(model)
+    for r in rows:
+        r["threads"] = torch.get_num_threads()
+    return rows

@@ -1,0 +1,82 @@
+"""Report section for lesson 06: KV-cache growth, the cache ladder, batching, TTFT/TBT, speculative."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+TITLE = "Lesson 06: fast inference"
+ORDER = 6
+
+
+def run(ctx: Any) -> str:
+    from codex_lab.lessons.l06_inference import bench
+    from codex_lab.lessons.l03_gqa.experiments import kv_bytes_per_token
+    from codex_lab.nn.kv_cache import make_static_caches
+    from codex_lab.runtime import pick
+
+    ck = ctx.checkpoint()
+    model, tok, cfg = ck.model.cpu().eval(), ck.tokenizer, ck.config
+    threads = torch.get_num_threads()
+    grad = torch.is_grad_enabled()
+    # a tiny model's ops are too small to share between threads (measured in lesson 06)
+    torch.set_num_threads(1)
+    torch.set_grad_enabled(False)
+    try:
+        out = []
+        per_tok = kv_bytes_per_token(cfg)
+        sizes = {n: sum(c.nbytes() for c in make_static_caches(cfg, 1, n)) for n in (256, 512, 1024)}
+        linear = all(b == n * per_tok for n, b in sizes.items())
+        out.append(f"KV cache: {per_tok:,} bytes per token (2 x {cfg.n_layer} layers x {cfg.n_kv_head} KV heads x "
+                   f"{cfg.head_dim} x 4 B); " + ", ".join(f"{n} tokens = {b / 2**20:.1f} MiB" for n, b in sizes.items()) + ".")
+        ctx.claim("KV cache grows linearly with sequence length", f"{per_tok:,} B/token, exactly linear: "
+                  + ", ".join(f"{b / 2**20:.0f} MiB at {n}" for n, b in sizes.items()), "holds" if linear else "does not hold", lesson="06")
+
+        ladder = bench.bench_cache(model, [pick(fast=128, full=512)], pick(fast=16, full=64))
+        by = {r["impl"]: r["tokens_per_s"] for r in ladder}
+        out.append("\n| decode after a {}-token prompt | tokens/s |\n|---|---|\n".format(ladder[0]["prompt_len"])
+                   + "\n".join(f"| {k} | {v:.1f} |" for k, v in by.items()))
+        out.append(f"\nStatic cache vs no cache: {by['static_cache'] / by['no_cache']:.1f}x (same tokens, asserted).")
+
+        rows, runs = bench.bench_batching(model, tok, pick(fast=12, full=32), batch=pick(fast=4, full=8))
+        b = {r["impl"]: r for r in rows}
+        cont, stat, one = b["continuous_batching"], b["static_batching"], b["one_at_a_time"]
+        ratio = cont["tokens_per_s"] / one["tokens_per_s"]
+        vs_static = cont["tokens_per_s"] / stat["tokens_per_s"]
+        out.append("\n| batching ({} mixed requests, {} slots) | tokens/s | TTFT p50 ms | TTFT p95 ms | TBT p95 ms |\n|---|---|---|---|---|\n".format(
+                   rows[0]["requests"], cont["max_batch_size"])
+                   + "\n".join(f"| {r['impl']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p95_ms']:.0f} | {r['tbt_p95_ms']:.1f} |" for r in rows))
+        # batching is the throughput lever; continuous (vs static) batching mostly buys latency
+        lower_ttft = cont["ttft_p50_ms"] < stat["ttft_p50_ms"]
+        verdict = "does not hold" if ratio <= 1.2 else ("holds" if lower_ttft and vs_static >= 1 else "holds with a correction")
+        ctx.claim("Improved batch scheduling speeds up serving",
+                  f"continuous batching {ratio:.1f}x one-at-a-time throughput; vs static batching {vs_static:.2f}x throughput and "
+                  f"TTFT p50 {cont['ttft_p50_ms']:.0f} vs {stat['ttft_p50_ms']:.0f} ms ({rows[0]['requests']} mixed requests, same tokens)",
+                  verdict, lesson="06")
+
+        srow, done = bench.bench_streams(model, tok, pick(fast=8, full=32), streams=4, new_tokens=pick(fast=32, full=64))
+        s = srow[0]
+        met = s["ttft_p95_ms"] < 100 and s["tbt_p95_ms"] < 20
+        out.append(f"\n4 concurrent streams ({s['prompt_len']}-token prompts): TTFT p50/p95 {s['ttft_p50_ms']:.0f}/{s['ttft_p95_ms']:.0f} ms, "
+                   f"TBT p50/p95 {s['tbt_p50_ms']:.1f}/{s['tbt_p95_ms']:.1f} ms, {s['tokens_per_s']:.0f} tokens/s, "
+                   f"{torch.get_num_threads()} CPU thread.")
+        ctx.claim("Code completion targets TTFT < 100 ms and TBT < 20 ms",
+                  f"tiny model, 4 streams, CPU: TTFT p95 {s['ttft_p95_ms']:.0f} ms, TBT p95 {s['tbt_p95_ms']:.1f} ms",
+                  "holds" if met else "not reproduced at this scale", lesson="06")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(9, 2.8))
+        axes[0].hist([f.ttft * 1000 for f in done], bins=15); axes[0].axvline(100, color="r"); axes[0].set_xlabel("TTFT (ms)")
+        axes[1].hist([x * 1000 for f in done for x in f.tbt], bins=30); axes[1].axvline(20, color="r"); axes[1].set_xlabel("TBT (ms)")
+        out.append("\n" + ctx.savefig(fig, "l06_ttft_tbt"))
+
+        spec = bench.bench_speculative(model, tok, pick(fast=1, full=8), pick(fast=32, full=128), draft_layers=2, gammas=(4,))
+        plain, sp = spec[0], spec[1]
+        out.append(f"\nSpeculative decoding (draft: {sp['draft']}, gamma 4): acceptance {sp['acceptance_rate']:.2f}, "
+                   f"{sp['tokens_per_round']:.2f} tokens per target forward (formula (1-a^5)/(1-a) = {sp['expected_tokens_per_round']:.2f}), "
+                   f"{sp['tokens_per_s']:.0f} vs {plain['tokens_per_s']:.0f} tokens/s plain; output identical to the target's greedy output.")
+        return "\n".join(out)
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_grad_enabled(grad)

@@ -1,0 +1,60 @@
+"""``codex-lab bench serving``: what clients of the HTTP server see, by concurrency.
+
+Starts the OpenAI-compatible server (``codex_lab.serve.app``) on a free loopback port with
+the shipped model (or ``--checkpoint``), then drives it with ``codex_lab.serve.loadtest`` at each
+concurrency: one record per level with TTFT/TBT p50/p95/p99 (ms), the shares within the
+seed's targets (100 ms / 20 ms), throughput and errors. All levels run in one process on
+one machine, so they compare with each other; absolute numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+from codex_lab.runtime import pick
+
+NAME = "serving"
+HELP = "server latency seen by streaming clients at several concurrencies (TTFT/TBT percentiles, SLO shares)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--concurrency", default="1,4,8", help="comma-separated client counts")
+    p.add_argument("--requests", type=int, default=None, help="requests per level (default 4x clients fast, 16x full)")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the shipped tiny model)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
+    from codex_lab.serve.loadtest import run_load
+    from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+
+    levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--concurrency must list client counts >= 1, got {args.concurrency!r}")
+    old_threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained()
+    srv = ModelServer(ck.tokenizer, ServerConfig(model_name="bench", max_batch_size=max(8, max(levels)),
+                                                 max_waiting=4 * max(levels)))
+    srv.add_version("v0001", ck.model)
+    bg = serve_in_background(srv)
+    rows: list[dict[str, Any]] = []
+    try:
+        run_load(bg.url, concurrency=1, requests=2, max_tokens=8)  # warm-up
+        for c in levels:
+            n = args.requests or c * pick(fast=4, full=16)
+            s = run_load(bg.url, concurrency=c, requests=n, max_tokens=args.max_tokens, duration_s=300).summary()
+            rows.append({"concurrency": c, "requests": s["requests_ok"], "threads": torch.get_num_threads(),
+                         **{k: s[k] for k in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tbt_p50_ms", "tbt_p95_ms",
+                                              "tbt_p99_ms", "ttft_share_under_100ms", "tbt_share_under_20ms",
+                                              "tokens_per_s", "errors")}})
+    finally:
+        bg.stop()
+        torch.set_num_threads(old_threads)
+    return rows

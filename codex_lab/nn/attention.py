@@ -1,0 +1,80 @@
+"""Attention kernels and their registry.
+
+Every kernel takes q (B, H, T, D), k/v (B, H_kv, S, D) and a boolean mask (B or 1, 1, T, S)
+where True = may attend (None with ``is_causal`` = plain causal). ``"reference"`` builds the
+scores and mask explicitly (obviously correct, O(T*S) memory); ``"sdpa"`` calls PyTorch's
+fused kernel; tests hold them equal. Block-sparse kernels (lesson 02) register themselves
+from :mod:`codex_lab.nn.sparse`, which the model imports.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+
+
+def attention_reference(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False, **_: object
+) -> Tensor:
+    """Explicit-scores attention: repeat K/V per group, score, mask, softmax, weight.
+
+    A fully masked query row returns zeros (never NaN).
+    """
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    g = H // k.shape[1]
+    k = k.repeat_interleave(g, dim=1)  # (B, H, S, D)
+    v = v.repeat_interleave(g, dim=1)  # (B, H, S, D)
+    if mask is None and is_causal:
+        if T != S:
+            raise ValueError(f"is_causal needs as many queries as keys (got T={T}, S={S}); pass an explicit mask")
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()[None, None]  # (1, 1, T, S)
+    # scores = q k^T / sqrt(D)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1)  # (B, H, T, S)
+    if mask is not None:
+        probs = torch.where(mask.any(dim=-1, keepdim=True), probs, torch.zeros_like(probs))
+    return probs.to(v.dtype) @ v  # (B, H, T, D)
+
+
+def attention_sdpa(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False, **_: object
+) -> Tensor:
+    """PyTorch's fused attention; grouped K/V heads are broadcast, never copied."""
+    grouped = q.shape[1] != k.shape[1]
+    if mask is None and is_causal and q.shape[2] != k.shape[2]:
+        # SDPA aligns is_causal top-left; the reference would disagree, so refuse instead
+        raise ValueError(f"is_causal needs as many queries as keys (got T={q.shape[2]}, S={k.shape[2]}); pass an explicit mask")
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=grouped)
+
+
+AttentionFn = Callable[..., Tensor]
+_ATTENTION_IMPLS: dict[str, AttentionFn] = {"reference": attention_reference, "sdpa": attention_sdpa}
+
+
+def register_attention_impl(name: str, fn: AttentionFn) -> None:
+    """Register a kernel ``fn(q, k, v, mask, is_causal=False, *, pattern, q_pos, k_pos)``.
+
+    Sparse kernels are called with ``mask=None`` and the layer's pattern plus the query
+    positions (B, T) and key positions (B, S) (-1 = empty slot), and must return
+    (B, H, T, D) equal to :func:`attention_reference` under the same pattern.
+    """
+    _ATTENTION_IMPLS[name] = fn
+
+
+def get_attention_impl(name: str) -> AttentionFn:
+    """Look up a kernel by name ("reference", "sdpa", and "blocks"/"flex" once
+    :mod:`codex_lab.nn.sparse` is imported, which :mod:`codex_lab.nn.model` does)."""
+    if name not in _ATTENTION_IMPLS:
+        raise ValueError(f"unknown attention impl {name!r}; known: {sorted(_ATTENTION_IMPLS)}")
+    return _ATTENTION_IMPLS[name]

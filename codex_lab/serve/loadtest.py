@@ -1,0 +1,222 @@
+"""Load a local server with concurrent streaming clients and measure what clients see.
+
+Loopback only (127.0.0.1 / localhost / ::1): the load generator refuses any other host.
+Runs are bounded twice: by a number of requests and by a duration. Each client streams a
+completion and timestamps every server-sent event that carries text:
+TTFT = first text event - request sent; TBT = gaps between text events. Optional random
+disconnects close a stream after a few events (the server must free the slot).
+:func:`malformed_storm` sends bad requests and counts the answers by status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Coroutine, Sequence, TypeVar
+from urllib.parse import urlparse
+
+import httpx
+
+from codex_lab.serve.gates import percentile
+
+T = TypeVar("T")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+PROMPTS = ("def add(a, b):\n", "import os\n\n\ndef list_files(path):\n", "class Stack:\n    def __init__(self):\n",
+           "def parse_args(argv):\n    \"\"\"Parse the command line.\"\"\"\n", "for i in range(10):\n")
+
+
+def check_url(url: str) -> str:
+    """``url`` without a trailing slash; ValueError unless its host is loopback."""
+    host = urlparse(url).hostname
+    if host not in LOOPBACK_HOSTS:
+        raise ValueError(f"refusing to load {url!r}: the load test only targets this machine "
+                         f"(hosts {LOOPBACK_HOSTS}); start the server with `codex-lab serve` and use its URL")
+    return url.rstrip("/")
+
+
+@dataclass
+class LoadReport:
+    """Raw per-request measurements of one run (seconds)."""
+
+    ttft: list[float] = field(default_factory=list)
+    tbt: list[float] = field(default_factory=list)
+    ok: int = 0
+    disconnected: int = 0
+    errors: dict[str, int] = field(default_factory=dict)  # "status 500", "ReadTimeout", ...
+    tokens: int = 0
+    duration_s: float = 0.0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+
+    def summary(self, ttft_slo_s: float = 0.1, tbt_slo_s: float = 0.02) -> dict[str, Any]:
+        """Flat numbers: percentiles in ms, shares within the SLOs, throughput, errors."""
+        s: dict[str, Any] = {"requests_ok": self.ok, "disconnected": self.disconnected,
+                             "errors": sum(self.errors.values()), "error_kinds": dict(self.errors),
+                             "duration_s": round(self.duration_s, 3), "tokens": self.tokens,
+                             # throughput = tokens received / wall time
+                             "tokens_per_s": round(self.tokens / self.duration_s, 2) if self.duration_s else 0.0}
+        for name, xs in (("ttft", self.ttft), ("tbt", self.tbt)):
+            for q in (50, 95, 99):
+                s[f"{name}_p{q}_ms"] = round(percentile(xs, q) * 1000, 2) if xs else None
+        # share within SLO = observations <= target / observations
+        s["ttft_share_under_100ms"] = round(sum(x <= ttft_slo_s for x in self.ttft) / len(self.ttft), 4) if self.ttft else None
+        s["tbt_share_under_20ms"] = round(sum(x <= tbt_slo_s for x in self.tbt) / len(self.tbt), 4) if self.tbt else None
+        s["finish_reasons"] = dict(self.finish_reasons)
+        return s
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], rep: LoadReport,
+               disconnect_after: int | None) -> None:
+    t0 = time.perf_counter()
+    times: list[float] = []
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                await r.aread()
+                key = f"status {r.status_code}"
+                rep.errors[key] = rep.errors.get(key, 0) + 1
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                ch = chunk["choices"][0] if chunk.get("choices") else {}
+                if ch.get("text"):
+                    times.append(time.perf_counter())
+                if ch.get("finish_reason"):
+                    reason = ch["finish_reason"]
+                    rep.finish_reasons[reason] = rep.finish_reasons.get(reason, 0) + 1
+                    rep.tokens += chunk.get("usage", {}).get("completion_tokens", 0)
+                if disconnect_after is not None and len(times) >= disconnect_after:
+                    rep.disconnected += 1
+                    return  # leaving the block closes the connection mid-stream
+        rep.ok += 1
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
+        key = type(exc).__name__
+        rep.errors[key] = rep.errors.get(key, 0) + 1
+        return
+    finally:
+        if times:
+            rep.ttft.append(times[0] - t0)
+            rep.tbt.extend(b - a for a, b in zip(times, times[1:]))
+
+
+async def run_load_async(url: str, *, concurrency: int = 4, requests: int = 16, duration_s: float = 30.0,
+                         max_tokens: int = 32, disconnect_prob: float = 0.0, prompts: Sequence[str] = PROMPTS,
+                         model: str | None = None, seed: int = 0, timeout_s: float = 60.0) -> LoadReport:
+    """``concurrency`` clients issue streaming requests until ``requests`` were sent or
+    ``duration_s`` passed (requests in flight then finish). See :func:`run_load`."""
+    url = check_url(url)
+    if concurrency < 1 or requests < 1 or duration_s <= 0:
+        raise ValueError("concurrency and requests must be >= 1 and duration_s > 0")
+    rng = random.Random(seed)
+    rep = LoadReport()
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, trust_env=False) as client:
+        if model is None:
+            model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+        t_start = time.perf_counter()
+        issued = 0
+        lock = asyncio.Lock()
+
+        async def worker() -> None:
+            nonlocal issued
+            while True:
+                async with lock:
+                    if issued >= requests or time.perf_counter() - t_start >= duration_s:
+                        return
+                    issued += 1
+                    prompt = prompts[rng.randrange(len(prompts))]
+                    cut = rng.randint(1, max(1, max_tokens - 1)) if rng.random() < disconnect_prob else None
+                body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                        "temperature": 0.0}
+                await _one(client, url, body, rep, cut)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        rep.duration_s = time.perf_counter() - t_start
+    return rep
+
+
+def run_sync(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion in a fresh event loop on a helper thread (works inside
+    Jupyter, whose own loop is already running)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["v"] = asyncio.run(coro_fn())
+        except BaseException as exc:  # re-raised in the caller
+            box["e"] = exc
+
+    t = threading.Thread(target=target, name="loadtest")
+    t.start()
+    t.join()
+    if "e" in box:
+        raise box["e"]
+    return box["v"]
+
+
+def run_load(url: str, **kwargs: Any) -> LoadReport:
+    """Blocking load test (see :func:`run_load_async` for the arguments):
+    concurrency (clients), requests (most requests), duration_s (most seconds of issuing),
+    max_tokens, disconnect_prob (share of streams closed early), prompts, model, seed."""
+    return run_sync(lambda: run_load_async(url, **kwargs))
+
+
+def malformed_bodies(model: str, max_seq_len: int) -> list[tuple[str, bytes]]:
+    """Named bad request bodies for POST /v1/completions (each must get a 4xx)."""
+    ok = {"model": model, "prompt": "def f():", "max_tokens": 4}
+    j = lambda **kw: json.dumps({**ok, **kw}).encode()  # noqa: E731
+    no = lambda key: json.dumps({k: v for k, v in ok.items() if k != key}).encode()  # noqa: E731
+    return [
+        ("invalid json", b"{\"model\": "), ("not an object", b"[1, 2, 3]"), ("empty body", b""),
+        ("bad utf-8", b"\xff\xfe\xfa"), ("missing model", no("model")), ("missing prompt", no("prompt")),
+        ("model not a string", j(model=7)), ("unknown model", j(model="gpt-4")),
+        ("unknown version", j(model=model + "@v9999")), ("max_tokens 0", j(max_tokens=0)),
+        ("max_tokens negative", j(max_tokens=-5)), ("max_tokens huge", j(max_tokens=10**9)),
+        ("max_tokens string", j(max_tokens="8")), ("max_tokens bool", j(max_tokens=True)),
+        ("max_tokens float", j(max_tokens=2.5)), ("prompt too long", j(prompt="x = 1\n" * (2 * max_seq_len))),
+        ("empty prompt", j(prompt="")), ("prompt number", j(prompt=3)), ("prompt batch", j(prompt=["a", "b"])),
+        ("prompt bad ids", j(prompt=[1, -4])), ("temperature negative", j(temperature=-1)),
+        ("temperature string", j(temperature="hot")), ("top_p zero", j(top_p=0)), ("stream string", j(stream="yes")),
+        ("n 3", j(n=3)), ("stop number", j(stop=5)), ("stop too many", j(stop=["a", "b", "c", "d", "e"])),
+        ("seed float", j(seed=1.5)), ("echo", j(echo=True)), ("oversize body", j(prompt="y" * 200_000)),
+    ]
+
+
+async def _storm(url: str, n: int) -> dict[str, Any]:
+    url = check_url(url)
+    async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
+        info = (await client.get(url + "/v1/models")).json()
+        model = info["data"][0]["id"]
+        bodies = malformed_bodies(model, 1024)
+        statuses: dict[str, int] = {}
+        bad_shape: list[str] = []
+        for i in range(n):
+            name, body = bodies[i % len(bodies)]
+            r = await client.post(url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+            statuses[str(r.status_code)] = statuses.get(str(r.status_code), 0) + 1
+            try:
+                e = r.json()["error"]
+                assert isinstance(e["message"], str) and "type" in e and "param" in e and "code" in e
+            except Exception:  # noqa: BLE001 (any failure means the shape is wrong)
+                bad_shape.append(name)
+        for path, method in (("/v1/completions", "GET"), ("/v1/nope", "POST")):
+            r = await client.request(method, url + path)
+            statuses[str(r.status_code)] = statuses.get(str(r.status_code), 0) + 1
+        healthy = (await client.get(url + "/health")).status_code == 200
+    return {"sent": n + 2, "statuses": statuses, "server_errors": sum(v for k, v in statuses.items() if k[0] == "5"),
+            "non_4xx": sum(v for k, v in statuses.items() if k[0] != "4"), "bad_error_shape": sorted(set(bad_shape)),
+            "healthy_after": healthy}
+
+
+def malformed_storm(url: str, n: int = 200) -> dict[str, Any]:
+    """Send ``n`` malformed completions (cycling :func:`malformed_bodies`) plus a wrong method
+    and an unknown route; count statuses, check the OpenAI error shape, then /health."""
+    return run_sync(lambda: _storm(url, n))

@@ -1,0 +1,167 @@
+"""The OpenAI completions wire format: request validation and error bodies.
+
+Kept apart from the server so that every rule about bad input is in one small, testable
+place. Each rejection is an :class:`ApiError` whose body has the OpenAI error shape::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": null}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from codex_lab.data.tokenizer import CodeTokenizer
+
+
+class ApiError(Exception):
+    """A request the server refuses: HTTP status, OpenAI error fields, and a metrics kind."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type_: str = "invalid_request_error", kind: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type, self.kind = status, message, param, code, type_, kind
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body in the OpenAI error shape."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Limits:
+    """What the server accepts.
+
+    Args:
+        max_tokens: largest ``max_tokens`` a request may ask for.
+        default_max_tokens: used when a request gives none (16, as in the OpenAI API).
+        max_seq_len: the model's context in tokens (prompt + output must fit).
+        max_body_bytes: largest request body.
+        max_stop: most stop strings per request.
+    """
+
+    max_tokens: int = 256
+    default_max_tokens: int = 16
+    max_seq_len: int = 1024
+    max_body_bytes: int = 64 * 1024
+    max_stop: int = 4
+
+
+@dataclass
+class CompletionRequest:
+    """A validated ``POST /v1/completions`` body."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    stream: bool = False
+    version: str | None = None  # pinned with model="name@version"
+
+
+def parse_json(raw: bytes, limits: Limits) -> dict[str, Any]:
+    """Decode a body into a JSON object, or raise :class:`ApiError` (413 / 400)."""
+    if len(raw) > limits.max_body_bytes:
+        raise ApiError(413, f"request body is {len(raw)} bytes; the limit is {limits.max_body_bytes}",
+                       code="body_too_large", kind="too_large")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the body is not valid JSON ({exc}); send a JSON object", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}", code="invalid_json")
+    return body
+
+
+def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any, what: str) -> Any:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
+        raise ApiError(400, f"'{name}' must be {what}, got {json.dumps(v)[:60]}", param=name, code="invalid_type")
+    return v
+
+
+def parse_completion(body: dict[str, Any], tokenizer: CodeTokenizer, limits: Limits,
+                     model_name: str, versions: list[str]) -> CompletionRequest:
+    """Validate an OpenAI completions body; raise :class:`ApiError` naming the field and the fix."""
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise ApiError(400, f"'model' is required and must be a string; use {model_name!r}", param="model",
+                       code="missing_field" if model is None else "invalid_type")
+    name, _, version = model.partition("@")
+    if name != model_name or (version and version not in versions):
+        known = [model_name] + [f"{model_name}@{v}" for v in versions]
+        raise ApiError(404, f"the model {model!r} does not exist; served: {known}", param="model",
+                       code="model_not_found", kind="not_found")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ApiError(400, "'prompt' is empty; give at least one character", param="prompt")
+        ids = tokenizer.encode(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        bad = [t for t in prompt if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise ApiError(400, f"token ids {bad[:5]} are outside 0..{tokenizer.vocab_size - 1}", param="prompt")
+        ids = list(prompt)
+    elif prompt is None:
+        raise ApiError(400, "'prompt' is required (a string, or a list of token ids)", param="prompt", code="missing_field")
+    else:
+        raise ApiError(400, "'prompt' must be one string or a non-empty list of token ids (batches of prompts "
+                            "are not supported: send one request each)", param="prompt", code="invalid_type")
+    max_tokens = _typed(body, "max_tokens", (int,), limits.default_max_tokens, "an integer")
+    if not 1 <= max_tokens <= limits.max_tokens:
+        raise ApiError(400, f"'max_tokens' must be in 1..{limits.max_tokens}, got {max_tokens}", param="max_tokens")
+    if len(ids) + max_tokens > limits.max_seq_len:
+        raise ApiError(400, f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: together more than "
+                            f"the model's context of {limits.max_seq_len} tokens; shorten the prompt or lower max_tokens",
+                       param="prompt", code="context_length_exceeded")
+    temperature = float(_typed(body, "temperature", (int, float), 0.0, "a number"))
+    if not (math.isfinite(temperature) and 0.0 <= temperature <= 2.0):
+        raise ApiError(400, f"'temperature' must be in [0, 2], got {temperature}", param="temperature")
+    top_p = float(_typed(body, "top_p", (int, float), 1.0, "a number"))
+    if not (math.isfinite(top_p) and 0.0 < top_p <= 1.0):
+        raise ApiError(400, f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
+    top_k = _typed(body, "top_k", (int,), 0, "an integer (0 = off)")
+    if top_k < 0:
+        raise ApiError(400, f"'top_k' must be >= 0, got {top_k}", param="top_k")
+    stop = body.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > limits.max_stop:
+        raise ApiError(400, f"'stop' must be a non-empty string or a list of at most {limits.max_stop}", param="stop")
+    seed = _typed(body, "seed", (int,), None, "an integer")
+    stream = _typed(body, "stream", (bool,), False, "true or false")
+    n = _typed(body, "n", (int,), 1, "an integer")
+    if n != 1:
+        raise ApiError(400, f"'n' must be 1 (one completion per request), got {n}", param="n")
+    if body.get("echo") or body.get("logprobs") is not None or body.get("suffix") is not None:
+        raise ApiError(400, "'echo', 'logprobs' and 'suffix' are not supported by this server", code="unsupported")
+    return CompletionRequest(prompt_ids=ids, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                             top_k=top_k, stop=list(stop), seed=seed, stream=stream, version=version or None)
+
+
+def safe_text(text: str, stop: list[str]) -> tuple[str, bool]:
+    """The part of ``text`` that can be sent now, and whether a stop string occurred.
+
+    A stop string cuts the text where it starts. Without one, a tail that could be the start
+    of a stop string is held back, and so is an incomplete UTF-8 character (U+FFFD).
+    """
+    cuts = [text.find(s) for s in stop if s in text]
+    if cuts:
+        return text[: min(cuts)], True
+    hold = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    out = text[: len(text) - hold]
+    while out.endswith("\ufffd"):
+        out = out[:-1]
+    return out, False
