@@ -14,23 +14,9 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from codex_lab.nn.kv_cache import DynamicKVCache, make_static_caches
+from codex_lab.infer.generate import CACHE_KINDS, decode_step, make_caches  # noqa: F401
 from codex_lab.nn.model import CodexModel
 from codex_lab.infer.sampling import sample_next
-
-CACHE_KINDS = ("static", "dynamic")
-
-
-def make_caches(model: CodexModel, batch_size: int, max_len: int, kind: str = "static") -> list:
-    """Per-layer caches of ``kind``: "static" (preallocated, rolling buffers for window
-    layers) or "dynamic" (grow by concatenation, the reference)."""
-    if kind == "static":
-        p = next(model.parameters())
-        return make_static_caches(model.cfg, batch_size, max_len, device=p.device, dtype=p.dtype)
-    if kind == "dynamic":
-        return [DynamicKVCache() for _ in range(model.cfg.n_layer)]
-    raise ValueError(f"cache kind {kind!r}; choose one of {CACHE_KINDS}")
-
 
 def compiled_forward(model: CodexModel) -> Callable[..., object]:
     """``torch.compile`` of the model's forward (opt-in; first call compiles for seconds)."""

@@ -7,14 +7,45 @@ batching, speculative decoding) and tests it token-for-token against this one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
+from torch import Tensor
 
 
+from codex_lab.nn.kv_cache import DynamicKVCache, make_static_caches
 from codex_lab.nn.model import CodexModel
 from codex_lab.infer.sampling import sample_next
 from codex_lab.data.tokenizer import CodeTokenizer
+
+
+CACHE_KINDS = ("static", "dynamic")
+
+
+def make_caches(model: CodexModel, batch_size: int, max_len: int, kind: str = "static") -> list:
+    """Per-layer KV caches of ``kind`` for ``batch_size`` rows of up to ``max_len`` tokens.
+
+    "static": preallocated (rolling buffers for window layers), the fast path;
+    "dynamic": grow by concatenation, the reference.
+    """
+    if kind == "static":
+        p = next(model.parameters())
+        return make_static_caches(model.cfg, batch_size, max_len, device=p.device, dtype=p.dtype)
+    if kind == "dynamic":
+        return [DynamicKVCache() for _ in range(model.cfg.n_layer)]
+    raise ValueError(f"cache kind {kind!r}; choose one of {CACHE_KINDS}")
+
+
+def decode_step(
+    model: Callable[..., Any], tokens: Tensor, positions: Tensor, caches: Sequence[Any]
+) -> Tensor:
+    """One cached forward: feed ``tokens`` (B, T) at ``positions`` (B, T), append their
+    keys/values to ``caches``, return the logits of the last position (B, V).
+
+    Prefill is a decode step with the whole prompt (T = prompt length); each later step
+    feeds one token (T = 1). ``model`` may be a compiled forward of the model.
+    """
+    return model(tokens, positions=positions, caches=caches, last_only=True).logits[:, -1]  # (B, V)
 
 
 @dataclass
