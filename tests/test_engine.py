@@ -189,3 +189,74 @@ def test_streamable_holds_back_partial_characters_and_stop_prefixes():
     assert _streamable("x = 1\n", ["\ndef"]) == "x = 1"
     assert _streamable("x = 1\nd", ["\ndef"]) == "x = 1"
     assert _streamable("x = 1\nz", ["\ndef", "\n\n"]) == "x = 1\nz"
+
+
+class _FailOneRequest(Engine):
+    """Sampling raises for the request whose seed is 666, at its third token (a stand-in
+    for a bad kernel or NaN logits that only one request meets)."""
+
+    def _emit(self, req, logits, greedy=None):
+        if req.params.seed == 666 and len(req.output) == 2:
+            raise RuntimeError("simulated failure in one request")
+        return super()._emit(req, logits, greedy)
+
+
+def test_failure_in_one_request_fails_it_alone(tok):
+    model = model_for(tok)
+    eng = _FailOneRequest(model, tok, max_batch_size=4)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    rids = [eng.submit(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in prompts]
+    bad = eng.submit([1, 2, 3], SamplingParams(max_tokens=8, seed=666, ignore_eos=True))
+    eng.step()  # all four running in one batch
+    assert eng.stats()["running"] == 4
+    with pytest.warns(UserWarning, match="simulated failure"):
+        done = {f.rid: f for f in eng.run_until_done()}
+    assert done[bad].finish_reason == "error" and "simulated failure" in done[bad].error
+    assert len(done[bad].output_ids) == 2  # it failed at its third token, mid-batch
+    for rid, p in zip(rids, prompts):  # the rest of the batch finished with the reference tokens
+        ref = generate_ids(model, p, max_new_tokens=8)[0]
+        assert done[rid].finish_reason == "length" and done[rid].output_ids == ref
+    st = eng.stats()
+    assert st["running"] == 0 and st["kv_allocated_tokens"] == 0  # the failed request's blocks came back
+    # and the engine keeps serving
+    again = eng.submit([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert {f.rid: f.finish_reason for f in eng.run_until_done()} == {again: "length"}
+
+
+class _FailBatchedForward(Engine):
+    """The batched decode forward raises whenever the request with seed 13 is in it."""
+
+    def _forward(self, reqs):
+        if any(r.params.seed == 13 for r in reqs):
+            raise RuntimeError("kernel failure on this request's input")
+        return super()._forward(reqs)
+
+
+def test_batched_forward_failure_is_narrowed_to_its_request(tok):
+    model = model_for(tok)
+    eng = _FailBatchedForward(model, tok, max_batch_size=4)
+    good = [eng.submit([i + 2] * 4, SamplingParams(max_tokens=5, ignore_eos=True)) for i in range(3)]
+    bad = eng.submit([9, 9], SamplingParams(max_tokens=5, seed=13, ignore_eos=True))
+    with pytest.warns(UserWarning, match="kernel failure"):
+        done = {f.rid: f for f in eng.run_until_done()}
+    assert done[bad].finish_reason == "error" and len(done[bad].output_ids) == 1  # its prefill worked
+    for i, rid in enumerate(good):  # retried one by one: same tokens as the reference
+        assert done[rid].output_ids == generate_ids(model, [i + 2] * 4, max_new_tokens=5)[0]
+
+
+@pytest.mark.parametrize("t", [1e-38, 1e-300, 5e-324, 1e-7])
+def test_tiny_temperatures_are_greedy(tok, t):
+    from codex_lab.infer.sampling import GREEDY_BELOW, sample_next
+
+    assert t < GREEDY_BELOW
+    model = model_for(tok)
+    eng = Engine(model, tok)
+    rid = eng.submit([3, 4, 5], SamplingParams(max_tokens=6, temperature=t, seed=1, ignore_eos=True))
+    (f,) = eng.run_until_done()
+    assert f.rid == rid and f.finish_reason == "length"
+    assert f.output_ids == generate_ids(model, [3, 4, 5], max_new_tokens=6)[0]
+    # the sampler alone: logits whose scaled values would overflow float32 give the argmax
+    logits = torch.tensor([[3.0, 9.0, -2.0], [50.0, -50.0, 49.0]])
+    assert sample_next(logits, temperature=t, generator=torch.Generator().manual_seed(0)).tolist() == [1, 0]
+    # just above the threshold it samples (a finite softmax, no error)
+    assert sample_next(logits, temperature=GREEDY_BELOW * 2).shape == (2,)

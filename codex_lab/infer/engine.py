@@ -22,6 +22,12 @@ a stop string. The deltas of a request add up to its ``Finished.text``; when the
 ends at end-of-text with such text still held back, one extra call
 ``on_token(eot_id, rest)`` delivers it (never for an empty rest). A request that ends by
 deadline or cancel gets no further call.
+
+Failures stay with their request: if prefilling, decoding or sampling one request raises,
+that request alone finishes with ``finish_reason="error"`` (the message in
+``Finished.error``) and the rest of the batch goes on. A batched decode forward that
+raises is retried one request at a time, so only the request that fails alone is failed.
+Temperatures below :data:`~codex_lab.infer.sampling.GREEDY_BELOW` decode greedily.
 Timing comes from the injectable ``clock`` (seconds), so tests can use a fake one.
 """
 
@@ -32,66 +38,21 @@ import threading
 import time
 import warnings
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
+from codex_lab.data.tokenizer import CodeTokenizer
+from codex_lab.infer.generate import decode_step
+from codex_lab.infer.sampling import GREEDY_BELOW, SamplingParams, sample_next
+from codex_lab.infer.scheduler import (FINISH_REASONS, Finished, Request, TokenCallback, admit, cut_at_stop, expired,
+                                       grow, streamable)
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
-from codex_lab.infer.sampling import SamplingParams, sample_next
-from codex_lab.data.tokenizer import CodeTokenizer
 
-TokenCallback = Callable[[int, str], None]
-
-
-@dataclass
-class Finished:
-    """A finished request. Times are ``clock()`` readings in seconds.
-
-    ``finish_reason``: "stop" (end-of-text or a stop string), "length" (max_tokens),
-    "deadline" (``deadline_s`` passed) or "cancelled". ``text`` is the decoded output,
-    cut before a stop string; the ``on_token`` deltas of the request add up to it.
-    """
-
-    rid: int
-    prompt_tokens: int
-    output_ids: list[int]
-    text: str
-    finish_reason: str
-    arrival: float
-    first_token_time: float | None
-    token_times: list[float]
-    error: str | None = None
-
-    @property
-    def ttft(self) -> float | None:
-        """Time to first token in seconds, queueing included: first_token_time - arrival."""
-        return None if self.first_token_time is None else self.first_token_time - self.arrival
-
-    @property
-    def tbt(self) -> list[float]:
-        """Times between consecutive tokens in seconds (len = tokens - 1)."""
-        t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
-
-
-@dataclass(eq=False)
-class _Request:
-    rid: int
-    prompt: list[int]
-    params: SamplingParams
-    on_token: TokenCallback | None
-    deadline_s: float | None
-    arrival: float
-    need_blocks: int
-    gen: torch.Generator | None = None
-    output: list[int] = field(default_factory=list)
-    blocks: list[int] = field(default_factory=list)
-    cached: int = 0  # tokens whose K/V are in the cache
-    emitted: str = ""  # text already passed to on_token
-    first_token_time: float | None = None
-    token_times: list[float] = field(default_factory=list)
+__all__ = ["Engine", "Finished", "SamplingParams", "FINISH_REASONS", "TokenCallback"]
+_Request = Request  # the names before the split into engine + scheduler
+_streamable = streamable
 
 
 class Engine:
@@ -142,11 +103,11 @@ class Engine:
         self._rids = itertools.count()
         self._inbox_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._inbox: list[_Request] = []
+        self._inbox: list[Request] = []
         self._cancels: list[int] = []
         self._done: list[Finished] = []  # finished outside step() (cancel while idle)
-        self.waiting: deque[_Request] = deque()
-        self.running: dict[int, _Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, Request] = {}
         self.steps = 0
         # which request ran in which step: (step, prefilled rids, decoded rids)
         self.timeline: deque[tuple[int, list[int], list[int]]] = deque(maxlen=100_000)
@@ -188,7 +149,7 @@ class Engine:
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         with self._inbox_lock:
             rid = next(self._rids)
-            self._inbox.append(_Request(rid, prompt, params, on_token, deadline_s, self.clock(), need, gen))
+            self._inbox.append(Request(rid, prompt, params, on_token, deadline_s, self.clock(), need, gen))
         return rid
 
     def cancel(self, rid: int) -> None:
@@ -217,7 +178,7 @@ class Engine:
         """
         with self._inbox_lock:
             queued = len(self._inbox)
-        running: list[_Request] = []
+        running: list[Request] = []
         for _ in range(100):  # another thread may call this while step() mutates the dict
             try:
                 running = list(self.running.values())
@@ -245,13 +206,18 @@ class Engine:
 
     @torch.no_grad()
     def step(self) -> list[Finished]:
-        """One iteration: admit, prefill the admitted, one decode step for the others."""
+        """One iteration: admit, prefill the admitted, one decode step for the others.
+
+        A request whose prefill, decode or sampling raises finishes with "error"; the
+        others are unaffected.
+        """
         with self._state_lock:
             finished, self._done = self._done, []
             finished.extend(self._drain_inbox())
-            finished.extend(self._expire())
+            late = expired([*self.waiting, *self.running.values()], self.clock())
+            finished.extend(self._finish(r, "deadline") for r in late)
             decoding = [r for r in self.running.values() if r.output]
-            for req in self._admit():
+            for req in admit(self.waiting, self.running, self.max_batch_size, self.pool):
                 self.running[req.rid] = req
             budget = self.max_prefill_tokens or sum(len(r.prompt) for r in self.running.values())
             prefilled: list[int] = []
@@ -259,13 +225,11 @@ class Engine:
                 if budget <= 0:
                     break
                 n = min(len(req.prompt) - req.cached, budget)
-                logits = self._prefill(req, n)  # (1, V)
                 budget -= n
                 prefilled.append(req.rid)
-                if req.cached == len(req.prompt):  # prompt done: its last logits give token 1
-                    done = self._emit(req, logits)
-                    if done:
-                        finished.append(done)
+                done = self._guarded(req, self._prefill_and_emit, req, n)
+                if done:
+                    finished.append(done)
             if decoding:
                 finished.extend(self._decode(decoding))
             self.timeline.append((self.steps, prefilled, [r.rid for r in decoding]))
@@ -288,71 +252,79 @@ class Engine:
                     out.append(self._finish(req, "cancelled"))
         return out
 
-    def _expire(self) -> list[Finished]:
-        now = self.clock()
-        late = [r for r in [*self.waiting, *self.running.values()]
-                if r.deadline_s is not None and now - r.arrival > r.deadline_s]
-        return [self._finish(r, "deadline") for r in late]
+    def _guarded(self, req: Request, fn: Callable[..., Finished | None], *args: Any) -> Finished | None:
+        """``fn(*args)``, or finish ``req`` with "error" if it raises (the batch goes on)."""
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 (any failure of one request ends that request only)
+            return self._fail(req, exc)
 
-    def _reserved_blocks(self) -> int:
-        """Blocks promised to running requests but not yet taken from the pool."""
-        return sum(r.need_blocks - len(r.blocks) for r in self.running.values())
+    def _fail(self, req: Request, exc: BaseException) -> Finished:
+        warnings.warn(f"request {req.rid} failed: {type(exc).__name__}: {exc}; the other requests go on")
+        return self._finish(req, "error", text="", error=f"{type(exc).__name__}: {exc}")
 
-    def _admit(self) -> list[_Request]:
-        """First come, first served: stop at the first request that does not fit (no overtaking)."""
-        admitted: list[_Request] = []
-        reserved = self._reserved_blocks()
-        while self.waiting and len(self.running) + len(admitted) < self.max_batch_size:
-            req = self.waiting[0]
-            if req.need_blocks > self.pool.n_free - reserved:
-                break
-            self.waiting.popleft()
-            reserved += req.need_blocks
-            admitted.append(req)
-        return admitted
-
-    def _grow(self, req: _Request, n_tokens: int) -> None:
-        """Make sure ``req`` owns the blocks for its first ``n_tokens`` positions."""
-        missing = self.pool.blocks_for(n_tokens) - len(req.blocks)
-        if missing > 0:
-            req.blocks.extend(self.pool.allocate(missing))
-
-    def _prefill(self, req: _Request, n: int) -> torch.Tensor:
-        """Prefill the next ``n`` prompt tokens of ``req``; logits (1, V) after the last one."""
+    def _prefill_and_emit(self, req: Request, n: int) -> Finished | None:
+        """Prefill the next ``n`` prompt tokens of ``req``; when the prompt is done, its last
+        logits give the first output token."""
         start = req.cached
-        self._grow(req, start + n)
+        grow(self.pool, req, start + n)
         idx = torch.tensor([req.prompt[start : start + n]], device=self.device)  # (1, n)
         pos = torch.arange(start, start + n, device=self.device)[None]  # (1, n)
         tables = torch.tensor([req.blocks], device=self.device)  # (1, NB)
-        out = self.model(idx, positions=pos, caches=self.pool.views(tables), last_only=True)
+        logits = decode_step(self.model, idx, pos, self.pool.views(tables))  # (1, V)
         req.cached = start + n
-        return out.logits[:, -1]  # (1, V)
+        return self._emit(req, logits) if req.cached == len(req.prompt) else None
 
-    def _decode(self, reqs: list[_Request]) -> list[Finished]:
-        for r in reqs:
-            self._grow(r, r.cached + 1)
+    def _forward(self, reqs: list[Request]) -> torch.Tensor:
+        """One cached decode step for ``reqs`` (their last token each); logits (B, V)."""
         nb = max(len(r.blocks) for r in reqs)
         # pad each block table to nb with its own first block (padding slots are masked)
         tables = torch.tensor([r.blocks + r.blocks[:1] * (nb - len(r.blocks)) for r in reqs], device=self.device)  # (B, NB)
         idx = torch.tensor([[r.output[-1]] for r in reqs], device=self.device)  # (B, 1)
         pos = torch.tensor([[r.cached] for r in reqs], device=self.device)  # (B, 1)
-        logits = self.model(idx, positions=pos, caches=self.pool.views(tables), last_only=True).logits[:, -1]  # (B, V)
+        return decode_step(self.model, idx, pos, self.pool.views(tables))  # (B, V)
+
+    def _decode(self, reqs: list[Request]) -> list[Finished]:
+        out: list[Finished] = []
+        ok: list[Request] = []
+        for r in reqs:
+            try:
+                grow(self.pool, r, r.cached + 1)
+                ok.append(r)
+            except Exception as exc:  # noqa: BLE001
+                out.append(self._fail(r, exc))
+        if not ok:
+            return out
+        try:
+            logits = self._forward(ok)  # (B, V)
+        except Exception:  # noqa: BLE001 (find the request that fails on its own; K/V writes are idempotent)
+            rows = []
+            for r in ok:
+                try:
+                    rows.append((r, self._forward([r])))  # (1, V)
+                except Exception as exc:  # noqa: BLE001
+                    out.append(self._fail(r, exc))
+            if not rows:
+                return out
+            ok, logits = [r for r, _ in rows], torch.cat([lg for _, lg in rows])  # (B', V)
         greedy = logits.argmax(dim=-1).tolist()  # (B,)
-        out = []
-        for i, r in enumerate(reqs):
+        for i, r in enumerate(ok):
             r.cached += 1
-            done = self._emit(r, logits[i : i + 1], greedy[i])
+            done = self._guarded(r, self._emit, r, logits[i : i + 1], greedy[i])
             if done:
                 out.append(done)
         return out
 
-    def _sample(self, req: _Request, logits: torch.Tensor) -> int:
+    def _sample(self, req: Request, logits: torch.Tensor) -> int:
         p = req.params
         return int(sample_next(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, generator=req.gen).item())
 
-    def _emit(self, req: _Request, logits: torch.Tensor, greedy: int | None = None) -> Finished | None:
+    def _emit(self, req: Request, logits: torch.Tensor, greedy: int | None = None) -> Finished | None:
         """Pick the next token of ``req`` from its logits (1, V), stream it, maybe finish it."""
-        tok = greedy if (greedy is not None and req.params.temperature == 0.0) else self._sample(req, logits)
+        if req.params.temperature < GREEDY_BELOW:  # greedy (tiny temperatures too: 1/T would overflow)
+            tok = greedy if greedy is not None else int(logits.argmax(dim=-1).item())
+        else:
+            tok = self._sample(req, logits)
         now = self.clock()
         if tok == self.eot_id and not req.params.ignore_eos:
             return self._finish(req, "stop", notify_tok=tok)
@@ -363,18 +335,16 @@ class Engine:
         text, cut = self._text(req)
         if cut or len(req.output) >= req.params.max_tokens:
             return self._finish(req, "stop" if cut else "length", notify_tok=tok, text=text)
-        delta = _streamable(text, req.params.stop)[len(req.emitted):]
+        delta = streamable(text, req.params.stop)[len(req.emitted):]
         if not self._notify(req, tok, delta):
             return self._finish(req, "cancelled", error="on_token raised")
         return None
 
-    def _text(self, req: _Request) -> tuple[str, bool]:
+    def _text(self, req: Request) -> tuple[str, bool]:
         """Decoded output, cut before the first stop string; and whether one was found."""
-        text = self.tokenizer.decode(req.output)
-        cuts = [text.find(s) for s in req.params.stop if s in text]
-        return (text[: min(cuts)], True) if cuts else (text, False)
+        return cut_at_stop(self.tokenizer.decode(req.output), req.params.stop)
 
-    def _notify(self, req: _Request, tok: int, delta: str) -> bool:
+    def _notify(self, req: Request, tok: int, delta: str) -> bool:
         req.emitted += delta
         if req.on_token is None:
             return True
@@ -385,11 +355,11 @@ class Engine:
             return False
         return True
 
-    def _finish(self, req: _Request, reason: str, *, notify_tok: int | None = None, text: str | None = None,
+    def _finish(self, req: Request, reason: str, *, notify_tok: int | None = None, text: str | None = None,
                 error: str | None = None) -> Finished:
         if text is None:
             text = self._text(req)[0] if req.output else ""
-        if notify_tok is not None and reason != "cancelled":
+        if notify_tok is not None and reason not in ("cancelled", "error"):
             rest = text[len(req.emitted):] if text.startswith(req.emitted) else ""
             if notify_tok != self.eot_id or rest:  # end-of-text only speaks when text was held back
                 self._notify(req, notify_tok, rest)
@@ -397,20 +367,7 @@ class Engine:
         if req in self.waiting:
             self.waiting.remove(req)
         if req.blocks:
-            self.pool.release(req.blocks)
-            req.blocks = []
+            blocks, req.blocks = req.blocks, []
+            self.pool.release(blocks)
         return Finished(req.rid, len(req.prompt), list(req.output), text, reason, req.arrival,
                         req.first_token_time, list(req.token_times), error)
-
-
-def _streamable(text: str, stop: list[str]) -> str:
-    """The prefix of ``text`` that is safe to stream: no trailing U+FFFD (a character whose
-    bytes are incomplete) and no tail that could still grow into a stop string."""
-    safe = text.rstrip("\ufffd")
-    hold = 0
-    for s in stop:
-        for k in range(min(len(s) - 1, len(safe)), hold, -1):
-            if safe.endswith(s[:k]):
-                hold = k
-                break
-    return safe[: len(safe) - hold]
