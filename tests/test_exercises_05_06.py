@@ -65,7 +65,7 @@ def test_masked_token_loss_wrong_answers():
         return ((_nll(lg, y) * v).sum() / v.sum()).detach()
 
     def as_float(lg, y):
-        return float(F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1), ignore_index=-100))
+        return float(F.cross_entropy(lg.detach().reshape(-1, lg.shape[-1]), y.reshape(-1), ignore_index=-100))
 
     _assert_wrong("05", "masked_token_loss", {
         "mean over every position": (all_positions, "carry loss"),
@@ -151,4 +151,99 @@ def test_convergence_weights_wrong_answers():
         "softmax reversed": (reversed_softmax, "wrong way round"),
         "endpoint slope": (endpoints, "least-squares"),
         "no K factor": (no_k, "factor K"),
+    })
+
+
+# ====================================================================== lesson 06
+def _attn(q, k, v, scale=True, dim=-1):
+    s = q @ k.transpose(-2, -1)
+    if scale:
+        s = s / math.sqrt(q.shape[-1])
+    return torch.softmax(s, dim=dim) @ v
+
+
+def test_cached_attention_wrong_answers():
+    def all_slots(kb, vb, n, q, k, v):
+        kb[:, :, n : n + 1], vb[:, :, n : n + 1] = k, v
+        return _attn(q, kb, vb)
+
+    def without_new(kb, vb, n, q, k, v):
+        out = _attn(q, kb[:, :, :n], vb[:, :, :n]) if n else torch.zeros_like(q)
+        kb[:, :, n : n + 1], vb[:, :, n : n + 1] = k, v
+        return out
+
+    def no_write(kb, vb, n, q, k, v):
+        kk = torch.cat([kb[:, :, :n], k], 2)
+        vv = torch.cat([vb[:, :, :n], v], 2)
+        return _attn(q, kk, vv)
+
+    def off_by_one(kb, vb, n, q, k, v):
+        kb[:, :, n + 1 : n + 2], vb[:, :, n + 1 : n + 2] = k, v
+        return _attn(q, kb[:, :, : n + 2], vb[:, :, : n + 2])
+
+    def unscaled(kb, vb, n, q, k, v):
+        kb[:, :, n : n + 1], vb[:, :, n : n + 1] = k, v
+        return _attn(q, kb[:, :, : n + 1], vb[:, :, : n + 1], scale=False)
+
+    def wrong_axis(kb, vb, n, q, k, v):
+        kb[:, :, n : n + 1], vb[:, :, n : n + 1] = k, v
+        return _attn(q, kb[:, :, : n + 1], vb[:, :, : n + 1], dim=-2)
+
+    _assert_wrong("06", "cached_attention", {
+        "attends to empty slots": (all_slots, "empty ones"),
+        "leaves out the new token": (without_new, "new token is left out"),
+        "never writes the buffer": (no_write, "in place"),
+        "writes slot length + 1": (off_by_one, "next free one"),
+        "no 1/sqrt(D)": (unscaled, "sqrt(D)"),
+        "softmax over queries": (wrong_axis, "wrong axis"),
+    })
+
+
+def _nucleus(logits, p, *, crossing=True, descending=True, scatter=True, per_row=True, fill=float("-inf")):
+    x = logits if per_row else logits.reshape(1, -1)
+    s, order = torch.sort(x, dim=-1, descending=descending)
+    pr = torch.softmax(s, -1)
+    drop = (pr.cumsum(-1) - pr >= p) if crossing else (pr.cumsum(-1) > p)
+    s = s.masked_fill(drop, fill)
+    if not scatter:
+        return s.reshape(logits.shape)
+    return torch.full_like(x, fill).scatter(-1, order, s).reshape(logits.shape)
+
+
+def test_nucleus_filter_wrong_answers():
+    _assert_wrong("06", "nucleus_filter", {
+        "stops before the crossing token": (lambda lg, p: _nucleus(lg, p, crossing=False), "crosses p"),
+        "keeps the least likely": (lambda lg, p: _nucleus(lg, p, descending=False), "least likely"),
+        "never scatters back": (lambda lg, p: _nucleus(lg, p, scatter=False), "sorted order"),
+        "whole batch as one row": (lambda lg, p: _nucleus(lg, p, per_row=False), "per row"),
+        "fills with 0": (lambda lg, p: _nucleus(lg, p, fill=0.0), "-inf"),
+    })
+
+
+def _schedule(waiting, n_running, free, max_batch, bs, *, decrement=True, floor=False, skip=False, ignore_running=False, strict=False):
+    out = []
+    for rid, tokens in waiting:
+        need = tokens // bs if floor else math.ceil(tokens / bs)
+        if (0 if ignore_running else n_running) + len(out) >= max_batch:
+            break
+        if need > free or (strict and need >= free):
+            if skip:
+                continue
+            break
+        if decrement:
+            free -= need
+        out.append(rid)
+    return out
+
+
+def test_schedule_step_wrong_answers():
+    def variant(**kw):
+        return lambda *a: _schedule(*a, **kw)
+
+    _assert_wrong("06", "schedule_step", {
+        "free blocks not decremented": (variant(decrement=False), "free blocks are not used up"),
+        "floor instead of ceil": (variant(floor=True), "rounded down"),
+        "overtaking": (variant(skip=True), "no overtaking"),
+        "running requests ignored": (variant(ignore_running=True), "count the running"),
+        "exact fit refused": (variant(strict=True), "exactly the free blocks"),
     })

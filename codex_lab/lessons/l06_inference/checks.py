@@ -1,5 +1,10 @@
-"""Lesson 06 exercises: attention over a preallocated KV cache, top-p filtering, one
-scheduler (admission) step of a continuous-batching engine."""
+"""Lesson 06 exercises: attention over a preallocated KV cache, top-p (nucleus) filtering,
+one admission step of a continuous-batching scheduler with a KV-block budget.
+
+Each check computes its own reference here (never the package's answer) and, when an answer
+is wrong, runs the plausible mistakes on the same inputs so the feedback names the bug.
+tests/test_exercises_05_06.py holds those mistakes and asserts each one fails.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,22 @@ import math
 from typing import Any, Callable
 
 import torch
+from torch import Tensor
 
 from codex_lab.course.checks import exercise
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    # softmax(q k^T / sqrt(D)) v over every key given
-    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+def _attention(q: Tensor, k: Tensor, v: Tensor, scale: bool = True) -> Tensor:
+    # softmax(q k^T / sqrt(D)) v over every key given; no key at all -> zeros
+    if k.shape[2] == 0:
+        return torch.zeros_like(q)
+    s = q @ k.transpose(-2, -1)  # (B, H, 1, S)
+    if scale:
+        s = s / math.sqrt(q.shape[-1])
+    return torch.softmax(s, dim=-1) @ v  # (B, H, 1, D)
 
 
+# ------------------------------------------------------------------ exercise 1
 @exercise("06", "cached_attention")
 def check_cached_attention(fn: Callable[..., Any]) -> None:
     """fn(k_buf, v_buf, length, q, k_new, v_new) writes slot ``length`` and attends to 0..length."""
@@ -24,39 +36,117 @@ def check_cached_attention(fn: Callable[..., Any]) -> None:
     k_buf, v_buf = torch.zeros(B, H, L, D), torch.zeros(B, H, L, D)
     keys, values = torch.randn(B, H, 6, D, generator=g), torch.randn(B, H, 6, D, generator=g)
     for t in range(6):  # decode six tokens one at a time
-        q = torch.randn(B, H, 1, D, generator=g)
+        q = torch.randn(B, H, 1, D, generator=g) * 2
         out = fn(k_buf, v_buf, t, q, keys[:, :, t : t + 1], values[:, :, t : t + 1])
-        assert isinstance(out, torch.Tensor) and out.shape == (B, H, 1, D), (
-            f"return the attention output of shape (B, H, 1, D) = {(B, H, 1, D)}, got "
+        assert isinstance(out, Tensor) and out.shape == (B, H, 1, D), (
+            f"cached_attention: return the attention output of shape (B, H, 1, D) = {(B, H, 1, D)}, got "
             f"{getattr(out, 'shape', type(out).__name__)}")
-        assert torch.equal(k_buf[:, :, t], keys[:, :, t]) and torch.equal(v_buf[:, :, t], values[:, :, t]), (
-            f"step {t}: write the new key/value into slot {t} of the buffers, in place")
-        assert not k_buf[:, :, t + 1 :].any(), "write only slot `length`; later slots must stay empty"
-        want = _attention(q, keys[:, :, : t + 1], values[:, :, : t + 1])
+        if not (torch.equal(k_buf[:, :, t], keys[:, :, t]) and torch.equal(v_buf[:, :, t], values[:, :, t])):
+            if t + 1 < L and torch.equal(k_buf[:, :, t + 1], keys[:, :, t]):
+                raise AssertionError(f"cached_attention: step {t} wrote slot {t + 1}; slot `length` = {t} is the next free one (positions start at 0)")
+            raise AssertionError(f"cached_attention: step {t} did not write the new key/value into slot {t} of k_buf/v_buf in place "
+                                 "(assign into the buffer, e.g. k_buf[:, :, length] = ...; a new tensor is lost after the call)")
+        assert not k_buf[:, :, t + 1 :].any() and not v_buf[:, :, t + 1 :].any(), (
+            "cached_attention: write only slot `length`; later slots must stay empty")
         # fp32, outputs O(1): another summation order differs by ~1e-7
-        assert torch.allclose(out, want, atol=1e-5), (
-            f"step {t}: attend to the cached slots 0..{t} including the new one (and no empty slot), "
-            "with scores scaled by 1/sqrt(D)")
+        want = _attention(q, keys[:, :, : t + 1], values[:, :, : t + 1])
+        if torch.allclose(out, want, atol=1e-5):
+            continue
+        mistakes = {
+            f"the query attended to all {L} slots, including empty ones: use only slots 0..length (k_buf[:, :, :length + 1])":
+                _attention(q, k_buf, v_buf),
+            "the new token is left out: attend to slots 0..length inclusive (the new key is its own first key)":
+                _attention(q, keys[:, :, :t], values[:, :, :t]),
+            "the scores are not scaled: divide q k^T by sqrt(D), D the head width":
+                _attention(q, keys[:, :, : t + 1], values[:, :, : t + 1], scale=False),
+            "the softmax runs over the wrong axis: normalise over the keys (the last axis of the scores)":
+                torch.softmax(q @ keys[:, :, : t + 1].transpose(-2, -1) / math.sqrt(D), dim=-2) @ values[:, :, : t + 1],
+        }
+        for msg, val in mistakes.items():
+            if torch.allclose(out, val, atol=1e-5):
+                raise AssertionError(f"cached_attention, step {t}: {msg}")
+        raise AssertionError(f"cached_attention, step {t}: the output is not softmax(q k^T / sqrt(D)) v over slots 0..{t}")
+
+
+# ------------------------------------------------------------------ exercise 2
+def _top_p_keep(logits: Tensor, p: float, *, cross: bool = True, keep_top: bool = True, descending: bool = True) -> Tensor:
+    """Kept mask (B, V) of the smallest top set with mass >= p (the variants switch one rule off)."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=descending)  # (B, V)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(-1) - probs  # mass strictly before each token
+    keep_sorted = before < p if cross else probs.cumsum(-1) <= p
+    if keep_top:
+        keep_sorted[:, 0] = True
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
 @exercise("06", "nucleus_filter")
 def check_nucleus_filter(fn: Callable[..., Any]) -> None:
     """fn(logits (B, V), p) keeps the smallest set of most likely tokens with mass >= p."""
-    from codex_lab.infer.sampling import top_p_filter
-
-    logits = torch.tensor([[3.0, 1.0, 2.0, 0.0]])  # probs ~ 0.64, 0.09, 0.24, 0.03
-    for p, kept in ((0.7, [True, False, True, False]), (0.5, [True, False, False, False]),
-                    (0.9, [True, True, True, False]), (1.0, [True] * 4)):
-        out = fn(logits.clone(), p)
-        assert isinstance(out, torch.Tensor) and out.shape == logits.shape, "return filtered logits of the same shape"
-        got = (~torch.isinf(out)).tolist()[0]
-        assert got == kept, f"p={p}: expected tokens kept {kept}, got {got} (keep the smallest set whose mass reaches p; the top token always)"
-        assert torch.equal(out[~torch.isinf(out)], logits[0][torch.tensor(kept)]), "kept logits must be unchanged"
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(5, 50, generator=g) * 3
-    for p in (0.3, 0.8, 0.95):
-        want = torch.isinf(top_p_filter(x, p))
-        assert torch.equal(torch.isinf(fn(x.clone(), p)), want), f"p={p}: wrong tokens kept on random rows (each row on its own)"
+    cases = [(torch.tensor([[3.0, 1.0, 2.0, 0.0]]), p) for p in (0.7, 0.5, 0.9, 1.0)]  # probs ~ .64 .09 .24 .03
+    cases += [(torch.randn(5, 50, generator=g) * 3, p) for p in (0.3, 0.8, 0.95)]
+    kept = []
+    for logits, p in cases:
+        out = fn(logits.clone(), p)
+        assert isinstance(out, Tensor) and out.shape == logits.shape, (
+            f"nucleus_filter: return filtered logits of the same shape {tuple(logits.shape)}, got {getattr(out, 'shape', type(out).__name__)}")
+        if not torch.isinf(out).any() and bool((out == 0).any()) and not bool((logits == 0).any()):
+            raise AssertionError(f"nucleus_filter, p={p}: set dropped tokens to -inf (so softmax gives them probability 0), not to 0")
+        got = ~torch.isinf(out)
+        if torch.equal(got, _top_p_keep(logits, p)) and not torch.equal(out[got], logits[got]):
+            if torch.equal(out, torch.sort(out, dim=-1, descending=True).values):  # rows come out sorted
+                raise AssertionError("nucleus_filter: the result is still in sorted order: scatter the filtered logits back to their original token positions")
+            raise AssertionError("nucleus_filter: the kept logits must be unchanged (only the others become -inf)")
+        kept.append(got)
+    if all(torch.equal(k, _top_p_keep(lg, p)) for k, (lg, p) in zip(kept, cases)):
+        return
+
+    def sorted_order(lg: Tensor, p: float) -> Tensor:  # filtered but never scattered back
+        s = torch.sort(lg, dim=-1, descending=True).values
+        return _top_p_keep(s, p)
+
+    mistakes = {
+        "the kept set stops before the token that crosses p, so its mass is below p (and with p below the top probability "
+        "nothing is left): keep a token while the mass BEFORE it is < p; the most likely token is always kept":
+            lambda lg, p: _top_p_keep(lg, p, cross=False, keep_top=False),
+        "the kept set stops before the token that crosses p, so its mass is below p: keep a token while the mass BEFORE it is < p":
+            lambda lg, p: _top_p_keep(lg, p, cross=False),
+        "you kept the LEAST likely tokens: sort in descending order of probability":
+            lambda lg, p: _top_p_keep(lg, p, descending=False),
+        "the result is still in sorted order: scatter the filtered logits back to their original token positions":
+            sorted_order,
+        "each row is its own distribution: sort and accumulate per row (dim=-1), not over the whole batch flattened":
+            lambda lg, p: _top_p_keep(lg.reshape(1, -1), p).reshape(lg.shape),
+    }
+    for msg, variant in mistakes.items():
+        if all(torch.equal(k, variant(lg, p)) for k, (lg, p) in zip(kept, cases)):
+            raise AssertionError(f"nucleus_filter: {msg}")
+    i = next(i for i, (k, (lg, p)) in enumerate(zip(kept, cases)) if not torch.equal(k, _top_p_keep(lg, p)))
+    lg, p = cases[i]
+    raise AssertionError(f"nucleus_filter, p={p} on a {tuple(lg.shape)} batch: kept {int(kept[i].sum())} tokens, expected "
+                         f"{int(_top_p_keep(lg, p).sum())} (the smallest set of most likely tokens whose probabilities add up to >= p)")
+
+
+# ------------------------------------------------------------------ exercise 3
+def _admit(waiting: list, n_running: int, free_blocks: int, max_batch: int, block_size: int, *,
+           ceil: bool = True, decrement: bool = True, overtake: bool = False, count_running: bool = True,
+           fits_strict: bool = False) -> list[int]:
+    """The reference admission rule; each keyword switches on one plausible mistake."""
+    admitted: list[int] = []
+    for rid, tokens in waiting:
+        need = -(-tokens // block_size) if ceil else tokens // block_size  # blocks = ceil(tokens / block_size)
+        busy = (n_running if count_running else 0) + len(admitted)
+        if busy >= max_batch:
+            break
+        if need > free_blocks or (fits_strict and need == free_blocks):
+            if overtake:
+                continue
+            break
+        if decrement:
+            free_blocks -= need
+        admitted.append(rid)
+    return admitted
 
 
 @exercise("06", "schedule_step")
@@ -64,13 +154,38 @@ def check_schedule_step(fn: Callable[..., Any]) -> None:
     """fn(waiting, n_running, free_blocks, max_batch, block_size) -> rids admitted this step."""
     # waiting: (rid, prompt tokens + max new tokens) in arrival order
     cases = [
-        (([(1, 16), (2, 17), (3, 5)], 0, 10, 8, 16), [1, 2, 3], "everything fits"),
-        (([(1, 16), (2, 17), (3, 5)], 0, 3, 8, 16), [1, 2], "17 tokens need ceil(17/16) = 2 blocks"),
-        (([(1, 40), (2, 4)], 0, 2, 8, 16), [], "the head of the queue needs 3 blocks: nobody may overtake it"),
-        (([(1, 4), (2, 4), (3, 4)], 6, 99, 8, 16), [1, 2], "only max_batch - n_running slots are free"),
-        (([], 0, 5, 8, 16), [], "an empty queue admits nobody"),
-        (([(7, 33), (8, 1)], 1, 4, 4, 16), [7, 8], "33 tokens = 3 blocks, 1 token = 1 block"),
+        ([(1, 16), (2, 17), (3, 5)], 0, 10, 8, 16),
+        ([(1, 16), (2, 17), (3, 5)], 0, 3, 8, 16),
+        ([(1, 40), (2, 4)], 0, 2, 8, 16),
+        ([(1, 4), (2, 4), (3, 4)], 6, 99, 8, 16),
+        ([], 0, 5, 8, 16),
+        ([(7, 33), (8, 1)], 1, 4, 4, 16),
+        ([(1, 20), (2, 20), (3, 20)], 0, 4, 8, 16),
+        ([(1, 10), (2, 10)], 0, 1, 8, 16),
     ]
-    for args, want, why in cases:
+    got_all = []
+    for args in cases:
         got = fn(list(args[0]), *args[1:])
-        assert list(got) == want, f"schedule_step{args} returned {got}, expected {want}: {why}"
+        assert isinstance(got, (list, tuple)), f"schedule_step: return a list of rids, got {type(got).__name__}"
+        got_all.append(list(got))
+    wrong = [(c, g) for c, g in zip(cases, got_all) if g != _admit(*c)]
+    if not wrong:
+        return
+    mistakes = {
+        "free blocks are not used up: subtract each admitted request's blocks from free_blocks before checking the next one":
+            dict(decrement=False),
+        "blocks are ceil(tokens / block_size): a partly filled block is still a whole block (you rounded down)":
+            dict(ceil=False),
+        "a request that does not fit was skipped and later ones admitted: stop at the first one that does not fit (no overtaking)":
+            dict(overtake=True),
+        "only max_batch - n_running batch slots are free: count the running requests too":
+            dict(count_running=False),
+        "a request that needs exactly the free blocks fits: refuse only when it needs MORE than free_blocks":
+            dict(fits_strict=True),
+    }
+    for msg, kw in mistakes.items():
+        if all(g == _admit(*c, **kw) for c, g in zip(cases, got_all)):
+            raise AssertionError(f"schedule_step: {msg}")
+    (c, g), = wrong[:1]
+    raise AssertionError(f"schedule_step{c} returned {g}, expected {_admit(*c)} "
+                         "(first come, first served; ceil(tokens / block_size) blocks each; stop at the first that does not fit)")
