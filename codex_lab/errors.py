@@ -10,3 +10,7 @@ from __future__ import annotations
 
 class InputError(ValueError):
     """Bad user input (file, folder, flag); the message names the problem and the fix."""
+
+
+class MissingFileError(InputError, FileNotFoundError):
+    """A file or folder the user named does not exist (both an InputError and a FileNotFoundError)."""

@@ -12,6 +12,10 @@ from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from codex_lab.errors import InputError, MissingFileError
+
+MAX_TOKENIZER_BYTES = 64 << 20  # 64 MiB: a 100k-token BPE is ~5 MB of JSON
+
 EOT = "<|endoftext|>"
 PAD = "<|pad|>"
 FIM_PREFIX = "<|fim_prefix|>"
@@ -78,11 +82,34 @@ class CodeTokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> "CodeTokenizer":
-        """Read a ``tokenizer.json`` written by :meth:`save`."""
+        """Read a ``tokenizer.json`` written by :meth:`save`.
+
+        Raises:
+            MissingFileError: no file at ``path``.
+            InputError: the file is not a tokenizer (garbage, truncated, too large, or lacking the
+                reserved special tokens); one line naming the file and the fix.
+        """
         path = Path(path)
+        fix = "re-save it with CodeTokenizer.save (or re-train: codex-lab train)"
         if not path.is_file():
-            raise FileNotFoundError(f"no tokenizer file at {str(path)!r}")
-        return cls(Tokenizer.from_file(str(path)))
+            raise MissingFileError(f"no tokenizer file at {str(path)!r}; {fix}")
+        try:
+            size = path.stat().st_size
+            if size > MAX_TOKENIZER_BYTES:
+                raise InputError(f"{path}: {size:,} bytes is over the {MAX_TOKENIZER_BYTES >> 20} MiB limit for a tokenizer; {fix}")
+            text = path.read_text(encoding="utf-8")
+            tok = Tokenizer.from_str(text)
+        except InputError:
+            raise
+        except Exception as exc:  # the Rust library raises plain Exception for any bad file
+            msg = " ".join(str(exc).split())[:200] or type(exc).__name__
+            raise InputError(f"{path}: not a readable tokenizer.json ({msg}); {fix}") from None
+        missing = [s for s in SPECIAL_TOKENS if tok.token_to_id(s) is None]
+        if missing:
+            raise InputError(f"{path}: the tokenizer lacks the reserved special tokens {missing}; {fix}")
+        if tok.get_vocab_size() < 256 + len(SPECIAL_TOKENS):
+            raise InputError(f"{path}: {tok.get_vocab_size()} ids is too few for a byte-level tokenizer; {fix}")
+        return cls(tok)
 
     def to_hf(self):  # -> transformers.PreTrainedTokenizerFast
         """The same tokenizer as a ``transformers.PreTrainedTokenizerFast`` (needs the hf extra)."""

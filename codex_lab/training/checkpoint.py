@@ -8,15 +8,20 @@ The shipped tiny checkpoint lives in the package (``codex_lab/assets/tiny``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+import types
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_model, save_model
+
+from codex_lab.errors import InputError, MissingFileError
 
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
@@ -41,6 +46,19 @@ def pretrained_path() -> Path:
     return Path(__file__).resolve().parents[1] / "assets" / "tiny"  # codex_lab/assets/tiny
 
 
+def write_checkpoint_files(
+    folder: Path, model: CodexModel, tokenizer: CodeTokenizer, meta: dict[str, Any] | None = None
+) -> None:
+    """Write the four checkpoint files into an existing (private, temporary) folder, fsynced."""
+    save_model(model, str(folder / WEIGHTS), metadata={"format": "pt"})
+    model.cfg.save(folder / CONFIG)
+    tokenizer.save(folder / TOKENIZER)
+    (folder / META).write_text(json.dumps(meta or {}, indent=2, sort_keys=True, default=str) + "\n")
+    for name in (WEIGHTS, CONFIG, TOKENIZER, META):  # on disk before the folder is renamed into place
+        with open(folder / name, "rb") as f:
+            os.fsync(f.fileno())
+
+
 def save_checkpoint(
     path: str | Path, model: CodexModel, tokenizer: CodeTokenizer, meta: dict[str, Any] | None = None
 ) -> Path:
@@ -50,10 +68,7 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
     try:
-        save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        model.cfg.save(tmp / CONFIG)
-        tokenizer.save(tmp / TOKENIZER)
-        (tmp / META).write_text(json.dumps(meta or {}, indent=2, sort_keys=True, default=str) + "\n")
+        write_checkpoint_files(tmp, model, tokenizer, meta)
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
@@ -68,28 +83,190 @@ def save_checkpoint(
 
 
 def load_checkpoint(path: str | Path, device: torch.device | str | None = None) -> Checkpoint:
-    """Read a checkpoint folder written by :func:`save_checkpoint`.
+    """Read a checkpoint folder written by :func:`save_checkpoint`, validating every file first.
+
+    The config is type- and range-checked, the weights' header is compared (names, shapes,
+    dtypes) with the model the config describes before any real weight is allocated, and
+    the weights must be finite.
 
     Raises:
-        FileNotFoundError: the folder or one of its files is missing (names which).
+        MissingFileError: the folder or one of its files is missing (names which).
+        InputError: a file is truncated, garbage or does not fit the others (names the file and the fix).
     """
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"no checkpoint folder at {str(path)!r}; train one with `codex-lab train` "
             "or use the shipped one (codex_lab.load_pretrained())"
         )
     missing = [n for n in (WEIGHTS, CONFIG, TOKENIZER) if not (path / n).is_file()]
     if missing:
-        raise FileNotFoundError(f"checkpoint {str(path)!r} is incomplete: missing {missing}")
-    cfg = ModelConfig.load(path / CONFIG)
+        raise MissingFileError(
+            f"checkpoint {str(path)!r} is incomplete: missing {missing}; "
+            "point at a folder written by `codex-lab train` (or save_checkpoint)"
+        )
+    cfg = load_config(path / CONFIG)
+    tokenizer = CodeTokenizer.load(path / TOKENIZER)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise InputError(
+            f"{path / TOKENIZER}: the tokenizer has {tokenizer.vocab_size} ids but {path / CONFIG} says "
+            f"vocab_size={cfg.vocab_size}; the files come from different checkpoints, re-save the checkpoint"
+        )
+    check_weights_header(path / WEIGHTS, cfg)
     model = CodexModel(cfg)
-    load_model(model, str(path / WEIGHTS), strict=True)
+    weights = path / WEIGHTS
+    try:
+        load_model(model, str(weights), strict=True)
+    except Exception as exc:  # safetensors/torch raise several types; all mean a bad file
+        raise InputError(f"{weights}: cannot load the weights ({_one_line(exc)}); {_REDO}") from None
+    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise InputError(f"{weights}: non-finite values (NaN/inf) in {bad[:3]}; {_REDO}")
     if device is not None:
         model = model.to(device)
     model.eval()
-    meta = json.loads((path / META).read_text()) if (path / META).is_file() else {}
-    return Checkpoint(model=model, tokenizer=CodeTokenizer.load(path / TOKENIZER), config=cfg, meta=meta, path=path)
+    meta = _load_meta(path / META)
+    return Checkpoint(model=model, tokenizer=tokenizer, config=cfg, meta=meta, path=path)
+
+
+_REDO = "the file is truncated or corrupt: re-save the checkpoint (codex-lab train, or save_checkpoint)"
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; anything over 1 MiB is not one
+# Upper bounds for a config read from disk: they stop a hostile config from making the loader
+# allocate terabytes (RoPE tables, KV caches) before the weights' shapes are checked.
+CONFIG_LIMITS = {"vocab_size": 1 << 22, "d_model": 1 << 16, "n_layer": 1024, "n_head": 1024, "n_kv_head": 1024,
+                 "ffn_hidden": 1 << 18, "max_seq_len": 1 << 17, "n_experts": 1024, "moe_top_k": 1024,
+                 "n_shared_experts": 64, "moe_ffn_hidden": 1 << 18}
+REQUIRED_CONFIG_KEYS = ("vocab_size", "d_model", "n_layer", "n_head", "max_seq_len")
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line, at most 200 characters."""
+    msg = " ".join(str(exc).split()) or type(exc).__name__
+    return msg[:200]
+
+
+def _type_ok(value: Any, tp: Any) -> bool:
+    """Whether a JSON value has the annotated type (bool is not an int; floats must be finite)."""
+    origin = get_origin(tp)
+    if tp is type(None):
+        return value is None
+    if origin in (Union, types.UnionType):
+        return any(_type_ok(value, a) for a in get_args(tp))
+    if origin is list:
+        return isinstance(value, list) and all(_type_ok(v, get_args(tp)[0]) for v in value)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if tp is str:
+        return isinstance(value, str)
+    return True
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """Read and validate a ``config.json``: a JSON object, known keys, right types, sane ranges.
+
+    Raises:
+        InputError: one line naming the file, what is wrong and the fix.
+    """
+    path = Path(path)
+    fix = "re-save the checkpoint (codex-lab train, or save_checkpoint) or repair the file by hand"
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise InputError(f"{path}: {path.stat().st_size:,} bytes is not a model config (limit 1 MiB); {fix}")
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MissingFileError(f"{path}: no such file; point at a checkpoint folder with a config.json") from None
+    except (ValueError, OSError, RecursionError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"{path}: not valid JSON ({_one_line(exc)}); {fix}") from None
+    if not isinstance(d, dict):
+        raise InputError(f"{path}: expected a JSON object of ModelConfig fields, got {type(d).__name__}; {fix}")
+    hints = get_type_hints(ModelConfig)
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(k for k in d if k not in known)
+    if unknown:
+        raise InputError(f"{path}: unknown config keys {unknown[:5]}; {fix}")
+    missing = [k for k in REQUIRED_CONFIG_KEYS if k not in d]
+    if missing:
+        raise InputError(f"{path}: missing config keys {missing}; {fix}")
+    for k, v in d.items():
+        if not _type_ok(v, hints[k]):
+            want = getattr(hints[k], "__name__", str(hints[k]))
+            raise InputError(f"{path}: {k}={json.dumps(v)[:40]} should be of type {want}; {fix}")
+        lim = CONFIG_LIMITS.get(k)
+        if lim is not None and v is not None and not 1 <= v <= lim and not (k == "n_shared_experts" and v == 0):
+            raise InputError(f"{path}: {k}={v} is outside 1..{lim}; {fix}")
+    for k in ("rope_theta", "norm_eps"):
+        if k in d and not d[k] > 0:
+            raise InputError(f"{path}: {k}={d[k]} must be > 0; {fix}")
+    try:
+        cfg = ModelConfig.from_dict(d)
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"{path}: {_one_line(exc)}; {fix}") from None
+    # RoPE tables hold max_seq_len * head_dim floats each: keep them under 2**25 (128 MiB)
+    if cfg.max_seq_len * cfg.head_dim > 1 << 25:
+        raise InputError(f"{path}: max_seq_len * head_dim = {cfg.max_seq_len * cfg.head_dim:,} is over 2**25; {fix}")
+    return cfg
+
+
+def check_weights_header(path: str | Path, cfg: ModelConfig) -> None:
+    """Compare a safetensors file's header (names, shapes, dtypes) with the model ``cfg`` describes.
+
+    The model is built on the meta device (no memory), so a config that does not match the
+    weights is refused before anything is allocated.
+
+    Raises:
+        InputError: the file is truncated/garbage, or names/shapes do not match (names the file).
+    """
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+    except FileNotFoundError:
+        raise MissingFileError(f"{path}: no such file; point at a checkpoint folder with model.safetensors") from None
+    except Exception as exc:  # SafetensorError (Rust) for truncated or garbage files
+        raise InputError(f"{path}: not a readable safetensors file ({_one_line(exc)}); {_REDO}") from None
+    with torch.device("meta"):
+        shape_model = CodexModel(cfg)
+    groups: dict[int, list[str]] = {}  # tied parameters share one tensor and are stored once
+    for name, p in shape_model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    expected = {n: tuple(t.shape) for n, t in shape_model.state_dict().items()}
+    extra = sorted(set(header) - set(expected))
+    if extra:
+        raise InputError(f"{path}: tensors {extra[:3]} are not in the model {path.parent / CONFIG} describes; {_REDO}")
+    param_names = {n for names in groups.values() for n in names}
+    wanted = [names for names in groups.values()] + [[n] for n in expected if n not in param_names]
+    absent = [names[0] for names in wanted if not any(n in header for n in names)]
+    if absent:
+        raise InputError(f"{path}: missing tensors {absent[:3]} for the model {path.parent / CONFIG} describes; {_REDO}")
+    for n, (shape, dtype) in header.items():
+        if shape != expected[n]:
+            raise InputError(
+                f"{path}: {n} has shape {list(shape)} but {path.parent / CONFIG} implies {list(expected[n])}; "
+                "the config and weights come from different models, re-save the checkpoint"
+            )
+        if dtype not in ("F16", "BF16", "F32", "F64"):
+            raise InputError(f"{path}: {n} has dtype {dtype}, not a floating-point weight; {_REDO}")
+
+
+def _load_meta(path: Path) -> dict[str, Any]:
+    """``meta.json`` as a dict (``{}`` when absent); InputError naming the file when it is garbage."""
+    if not path.is_file():
+        return {}
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{path.stat().st_size:,} bytes, over the 1 MiB limit")
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError, RecursionError) as exc:
+        raise InputError(f"{path}: not valid JSON ({_one_line(exc)}); delete it or re-save the checkpoint") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(meta).__name__}; delete it or re-save the checkpoint")
+    return meta
 
 
 def load_pretrained(device: torch.device | str | None = None) -> Checkpoint:
