@@ -1,17 +1,32 @@
-"""Runtime knobs shared by every lesson: device choice, seeding and the fast-mode switch.
+"""Runtime knobs shared by every lesson: device choice, seeding, the mode and its expected time.
 
-Fast mode (``CODEX_LAB_FAST=1``, on automatically when ``CI`` is set) shrinks steps and
-sizes so that every notebook and the report run in minutes on 2 CPU cores. Full mode is
-what a learner runs on a GPU. ``CODEX_LAB_FAST=0`` forces full mode even under CI.
+Two modes. **Fast** shrinks steps and sizes so every notebook and the report run in minutes
+on 2 CPU cores; **full** is the course at its real sizes, meant for a CUDA GPU.
+
+Who chooses, strongest first:
+
+1. a ``--mode fast|full`` flag of the CLI (``set_mode``), which also sets ``CODEX_LAB_FAST``
+   for child processes;
+2. ``CODEX_LAB_FAST=1`` (fast) or ``CODEX_LAB_FAST=0`` (full);
+3. ``CI`` set to a non-empty, non-false value: fast;
+4. the device: full on CUDA, fast on a CPU (and on Apple's MPS, which full sizes do not target).
+
+``mode_info()`` says which mode and why; ``lesson_header("05")`` prints that and the lesson's
+expected time on this machine (recorded timings scaled by a quick matmul calibration).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import statistics
 import time
-from typing import Callable, TypeVar
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 import torch
@@ -20,25 +35,106 @@ T = TypeVar("T")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+MODES = ("fast", "full")
+TIMINGS_PATH = Path(__file__).parent / "assets" / "timings.json"
+_override: tuple[str, str] | None = None  # (mode, reason) set by set_mode / the CLI flag
+
+
+@dataclass(frozen=True)
+class ModeInfo:
+    """The mode in force (``"fast"`` or ``"full"``), why, and the device it was decided on."""
+
+    mode: str
+    reason: str
+    source: str  # "flag", "env", "ci" or "device"
+    device: str
+
+    @property
+    def fast(self) -> bool:
+        return self.mode == "fast"
+
+    def how_to_switch(self) -> str:
+        """One sentence telling the user how to get the other mode."""
+        other = "full" if self.fast else "fast"
+        hint = f"for {other} mode use `--mode {other}` on the command line or set CODEX_LAB_FAST={1 if other == 'fast' else 0}"
+        if other == "full" and self.device != "cuda":
+            hint += " (full sizes are meant for a GPU; on a CPU the report keeps its heaviest sections small to fit ~30 min)"
+        return hint + "."
+
+
+def _env_mode() -> str | None:
+    flag = os.environ.get("CODEX_LAB_FAST", "").strip().lower()
+    if flag in _TRUE:
+        return "fast"
+    if flag in _FALSE:
+        return "full"
+    if flag:
+        raise ValueError(f"CODEX_LAB_FAST={flag!r} is not understood; use 1 (fast) or 0 (full).")
+    return None
+
+
+def mode_info() -> ModeInfo:
+    """Which mode is in force and why (flag > CODEX_LAB_FAST > CI > device)."""
+    dev = get_device().type
+    if _override is not None:
+        return ModeInfo(_override[0], _override[1], "flag", dev)
+    env = _env_mode()
+    if env is not None:
+        return ModeInfo(env, f"CODEX_LAB_FAST={os.environ['CODEX_LAB_FAST'].strip()} is set", "env", dev)
+    ci = os.environ.get("CI", "").strip().lower()
+    if ci and ci not in _FALSE:
+        return ModeInfo("fast", f"CI={os.environ['CI'].strip()} is set (continuous integration runs fast mode)", "ci", dev)
+    if dev == "cuda":
+        return ModeInfo("full", "a CUDA GPU is available; full mode is the course at its real sizes", "device", dev)
+    return ModeInfo("fast", f"the device is {dev.upper()}, not a CUDA GPU; full mode is sized for a GPU", "device", dev)
 
 
 def fast_mode() -> bool:
-    """Return True when fast mode is on.
+    """Return True when fast mode is on (see ``mode_info`` for who decides)."""
+    return mode_info().fast
 
-    ``CODEX_LAB_FAST`` wins when set (1/true/yes/on or 0/false/no/off); otherwise fast mode
-    is on exactly when the ``CI`` variable is set to a non-empty, non-false value.
+
+def set_mode(mode: str | None, reason: str = "the --mode flag") -> None:
+    """Force ``"fast"`` or ``"full"`` for this process and its children (via ``CODEX_LAB_FAST``).
+
+    ``None`` removes the forced choice (``CODEX_LAB_FAST`` then keeps the value it had before).
     """
-    flag = os.environ.get("CODEX_LAB_FAST", "").strip().lower()
-    if flag in _TRUE:
-        return True
-    if flag in _FALSE:
-        return False
-    if flag:
-        raise ValueError(
-            f"CODEX_LAB_FAST={flag!r} is not understood; use 1 (fast) or 0 (full)."
-        )
-    ci = os.environ.get("CI", "").strip().lower()
-    return bool(ci) and ci not in _FALSE
+    global _override
+    if mode is None:
+        if _override is not None:
+            prev = _saved_env.pop("CODEX_LAB_FAST", None)
+            if prev is None:
+                os.environ.pop("CODEX_LAB_FAST", None)
+            else:
+                os.environ["CODEX_LAB_FAST"] = prev
+        _override = None
+        return
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not understood; use one of {MODES}.")
+    if _override is None:
+        _saved_env["CODEX_LAB_FAST"] = os.environ.get("CODEX_LAB_FAST")
+    _override = (mode, f"{reason} asked for {mode} mode")
+    os.environ["CODEX_LAB_FAST"] = "1" if mode == "fast" else "0"
+
+
+_saved_env: dict[str, str | None] = {}
+
+
+@contextmanager
+def mode_override(mode: str, reason: str) -> Iterator[None]:
+    """Run a block in ``mode`` and restore the previous choice afterwards (report plans use it)."""
+    global _override
+    saved, saved_env = _override, os.environ.get("CODEX_LAB_FAST")
+    _override = (mode, reason)
+    os.environ["CODEX_LAB_FAST"] = "1" if mode == "fast" else "0"
+    try:
+        yield
+    finally:
+        _override = saved
+        if saved_env is None:
+            os.environ.pop("CODEX_LAB_FAST", None)
+        else:
+            os.environ["CODEX_LAB_FAST"] = saved_env
 
 
 def pick(fast: T, full: T) -> T:
@@ -88,6 +184,7 @@ def describe_environment() -> dict[str, str]:
         "threads": str(torch.get_num_threads()),
         "cpu_count": str(os.cpu_count()),
         "fast_mode": str(fast_mode()),
+        "mode": f"{mode_info().mode} ({mode_info().reason})",
         "platform": platform.platform(),
     }
     if dev.type == "cuda":
@@ -109,3 +206,122 @@ def median_ms(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1, sy
             sync()
         times.append((time.perf_counter() - t0) * 1000.0)
     return statistics.median(times)
+
+
+# ---------------------------------------------------------------- expected run times
+
+
+@lru_cache(maxsize=1)
+def calibrate_ms() -> float:
+    """Best-of-15 wall time (ms) of one fixed float32 matmul, (384, 384) @ (384, 384), on one
+    CPU thread. The ratio to the reference machine's figure scales recorded timings; the best
+    run (not the median) is the least disturbed by other processes. Takes about 0.1 s."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(384, 384, generator=g)  # (384, 384)
+        b = torch.randn(384, 384, generator=g)  # (384, 384)
+        a @ b  # warm-up
+        best = float("inf")
+        for _ in range(15):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return best * 1000.0
+
+
+@lru_cache(maxsize=1)
+def recorded_timings() -> dict[str, Any]:
+    """The shipped table of per-lesson and per-report-section seconds (``assets/timings.json``)."""
+    return json.loads(TIMINGS_PATH.read_text())
+
+
+def speed_factor() -> float:
+    """How much slower this machine is than the reference one (>1: slower), from ``calibrate_ms``.
+
+    Clamped to [0.1, 10]: a calibration further off than that says more about a busy machine
+    than about the hardware."""
+    ref = float(recorded_timings()["reference"]["matmul_ms"])
+    # factor = this machine's matmul time / the reference machine's
+    return min(10.0, max(0.1, calibrate_ms() / ref))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Expected seconds (None when nothing was recorded for this mode and device) and its basis."""
+
+    seconds: float | None
+    basis: str
+
+    def text(self) -> str:
+        if self.seconds is None:
+            return f"unknown ({self.basis})"
+        return f"about {format_seconds(self.seconds)} ({self.basis})"
+
+
+def format_seconds(s: float) -> str:
+    """``75`` -> ``"1 min 15 s"``; ``4000`` -> ``"1 h 7 min"``."""
+    s = max(0.0, float(s))
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+
+
+def timing_table(kind: str, mode: str, device: str) -> tuple[dict[str, float], str]:
+    """Recorded seconds per lesson/section (``kind`` "lesson" or "report") and where they come from.
+
+    CUDA uses the GPU table (unscaled); every other device the CPU table."""
+    table = recorded_timings()[kind]
+    key = f"{mode}/{'cuda' if device == 'cuda' else 'cpu'}"
+    return {k: float(v) for k, v in table.get(key, {}).items()}, recorded_timings()["provenance"].get(f"{kind} {key}", key)
+
+
+def expected_seconds(kind: str, keys: Iterable[str], mode: str | None = None, device: str | None = None) -> Estimate:
+    """Expected wall time of some lessons or report sections on this machine.
+
+    Recorded seconds (reference machine) times ``speed_factor()`` on a CPU; GPU timings are
+    used as recorded. Unknown when any of ``keys`` has no recorded time for the mode/device."""
+    info = mode_info() if mode is None or device is None else None
+    mode = mode or info.mode  # type: ignore[union-attr]
+    device = device or info.device  # type: ignore[union-attr]
+    table, source = timing_table(kind, mode, device)
+    keys = list(keys)
+    missing = [k for k in keys if k not in table]
+    if missing:
+        return Estimate(None, f"no recorded {mode}-mode time on {'a GPU' if device == 'cuda' else 'a CPU'} for {', '.join(missing)}")
+    recorded = sum(table[k] for k in keys)
+    if device == "cuda":
+        return Estimate(recorded, f"recorded on a GPU: {format_seconds(recorded)}; {source}")
+    f = speed_factor()
+    # expected = recorded seconds on the reference machine x (this matmul time / reference matmul time)
+    return Estimate(recorded * f, f"{format_seconds(recorded)} {source}, x{f:.2f} for this machine by a matmul calibration")
+
+
+def lesson_header(lesson: str) -> bool:
+    """Print the mode, why, this lesson's expected time here and how to switch; return fast mode.
+
+    A notebook's first code cell calls it: ``FAST = cl.lesson_header("05")``."""
+    key = f"{int(str(lesson).lower().lstrip('l')):02d}"
+    info = mode_info()
+    est = expected_seconds("lesson", [key], info.mode, info.device)
+    print(f"lesson {key} | {info.mode} mode: {info.reason}")
+    print(f"expected time of this notebook on this machine: {est.text()}")
+    other = "full" if info.fast else "fast"
+    print(f"for {other} mode: set CODEX_LAB_FAST={0 if info.fast else 1} before starting Jupyter "
+          f"(or run `%env CODEX_LAB_FAST={0 if info.fast else 1}` and restart the kernel)")
+    return info.fast
+
+
+def progress(iterable: Iterable[T] | None = None, *, desc: str = "", total: int | None = None,
+             enabled: bool = True, unit: str = "it", leave: bool = False) -> Any:
+    """A tqdm bar (rate and time left), widget-style in notebooks; a silent pass-through when
+    ``enabled`` is False or ``CODEX_LAB_PROGRESS=0`` (logs, CI)."""
+    from tqdm.auto import tqdm
+
+    off = not enabled or os.environ.get("CODEX_LAB_PROGRESS", "").strip().lower() in _FALSE
+    return tqdm(iterable, desc=desc, total=total, disable=off, unit=unit, leave=leave, dynamic_ncols=True)

@@ -44,7 +44,7 @@ import codex_lab as cl
 from codex_lab.data.tokenizer import tokenizer_summary
 
 cl.seed_everything(0)
-FAST = cl.fast_mode()
+FAST = cl.lesson_header("00")  # prints the mode, why, and this lesson's expected time here
 device = cl.get_device()
 for key, value in cl.describe_environment().items():
     print(f"{key:>10}: {value}")

@@ -52,7 +52,7 @@ from codex_lab.lessons.l01_attention_patterns.analysis import (
 )
 
 cl.seed_everything(0)
-FAST = cl.fast_mode()
+FAST = cl.lesson_header("01")  # prints the mode, why, and this lesson's expected time here
 device = cl.get_device()
 
 # %% [markdown]

@@ -49,7 +49,7 @@ from codex_lab.nn.patterns import causal_pairs, parse_pattern, seed_cost_ratio
 from codex_lab.nn.sparse import sparse_attention, tiles_computed
 
 cl.seed_everything(0)
-FAST = cl.fast_mode()
+FAST = cl.lesson_header("02")  # prints the mode, why, and this lesson's expected time here
 device = cl.get_device()
 
 # %% [markdown]

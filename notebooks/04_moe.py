@@ -52,7 +52,7 @@ from codex_lab.lessons.l04_moe.experiments import (CATEGORIES, expert_by_categor
                                        shuffled_mutual_information, token_categories, train_run)
 
 cl.seed_everything(0)
-FAST = cl.fast_mode()
+FAST = cl.lesson_header("04")  # prints the mode, why, and this lesson's expected time here
 if FAST:
     # CI runs two notebooks at once on 2 cores; one thread each avoids OpenMP oversubscription
     torch.set_num_threads(1)

@@ -49,7 +49,7 @@ import codex_lab as cl
 from codex_lab import balancing, finetune, mt_eval, tasks
 
 cl.seed_everything(0)
-FAST = cl.fast_mode()
+FAST = cl.lesson_header("05")  # prints the mode, why, and this lesson's expected time here
 T0 = time.perf_counter()
 ckpt = cl.load_pretrained()
 tok = ckpt.tokenizer

@@ -58,7 +58,7 @@ import codex_lab.infer.speculative as cl_spec
 from codex_lab.infer.speculative import expected_tokens_per_round, speculative_generate, truncated_draft
 
 cl.seed_everything(0)
-FAST = cl.fast_mode()
+FAST = cl.lesson_header("06")  # prints the mode, why, and this lesson's expected time here
 torch.set_grad_enabled(False)
 ckpt = cl.load_pretrained("cpu")
 model, tok, cfg = ckpt.model, ckpt.tokenizer, ckpt.config

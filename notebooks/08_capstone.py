@@ -59,7 +59,7 @@ from codex_lab.nn.patterns import parse_pattern
 from codex_lab.nn.sparse import tiles_computed
 
 cl.seed_everything(0)
-FAST = cl.fast_mode()
+FAST = cl.lesson_header("08")  # prints the mode, why, and this lesson's expected time here
 if FAST:
     # CI: 2 cores shared by parallel test workers; the engine and server threads below also
     # run on them, and one intra-op thread avoids oversubscription
