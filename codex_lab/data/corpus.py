@@ -5,17 +5,27 @@ reviewed code. Any other folder of code can be used instead (``--corpus PATH``).
 Files are read in a deterministic order (sorted relative paths), exact duplicates are
 dropped, undecodable files are skipped and counted, and the train/validation split is a
 stable hash of the relative path, so it never changes between runs or machines.
+
+Hostile folders are safe to read: special files (FIFOs, devices, sockets) are skipped
+without being read (files are opened non-blocking and checked with ``fstat``), symlink loops
+and dangling links are skipped, files over ``max_file_bytes`` are skipped without reading
+past the cap, and unreadable files are skipped; every kind is counted in :meth:`Corpus.stats`.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from codex_lab.errors import InputError, MissingFileError
+
 SKIP_DIRS = frozenset({"site-packages", "__pycache__", ".git", ".venv", "node_modules"})
+DEFAULT_MAX_FILE_BYTES = 1_000_000  # ~1 MB: larger "source" files are generated data, not code
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,10 @@ class Corpus:
     skipped_undecodable: list[str] = field(default_factory=list)
     skipped_duplicates: int = 0
     skipped_by_limit: int = 0
+    skipped_special: list[str] = field(default_factory=list)  # FIFOs, devices, sockets, folders named *.py
+    skipped_links: list[str] = field(default_factory=list)  # symlink loops and dangling links
+    skipped_too_large: list[str] = field(default_factory=list)  # over max_file_bytes
+    skipped_unreadable: list[str] = field(default_factory=list)  # permission denied, I/O errors
 
     @property
     def train(self) -> list[SourceFile]:
@@ -61,6 +75,10 @@ class Corpus:
         out["skipped_undecodable"] = len(self.skipped_undecodable)
         out["skipped_duplicates"] = self.skipped_duplicates
         out["skipped_by_limit"] = self.skipped_by_limit
+        out["skipped_special"] = len(self.skipped_special)
+        out["skipped_links"] = len(self.skipped_links)
+        out["skipped_too_large"] = len(self.skipped_too_large)
+        out["skipped_unreadable"] = len(self.skipped_unreadable)
         return out
 
 
@@ -72,8 +90,47 @@ def default_corpus_root() -> Path:
 def split_of(rel_path: str, val_fraction: float) -> str:
     """Stable split: ``"val"`` when sha1(path) mod 10_000 < val_fraction * 10_000."""
     # bucket = int(sha1(path)) mod 10_000, compared with the fraction in basis points
-    bucket = int(hashlib.sha1(rel_path.encode("utf-8")).hexdigest(), 16) % 10_000
+    bucket = int(hashlib.sha1(rel_path.encode("utf-8", "surrogateescape")).hexdigest(), 16) % 10_000
     return "val" if bucket < round(val_fraction * 10_000) else "train"
+
+
+def read_source_bytes(path: Path, max_bytes: int) -> tuple[str, bytes | None]:
+    """Read one candidate file safely: ``(kind, data)`` where kind is ``"ok"``, ``"special"``,
+    ``"link"`` (loop or dangling), ``"large"`` or ``"unreadable"`` and data is set only for ``"ok"``.
+
+    The file is opened with ``O_NONBLOCK`` (a FIFO never blocks the open) and checked with
+    ``fstat`` on the open descriptor (no race between the check and the read); at most
+    ``max_bytes + 1`` bytes are ever read, whatever the file claims its size is.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOENT and os.path.islink(path)):
+            return "link", None
+        if exc.errno in (errno.ENXIO, errno.EISDIR, errno.EOPNOTSUPP):  # a socket, a folder named *.py
+            return "special", None
+        return "unreadable", None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "special", None
+        if st.st_size > max_bytes:
+            return "large", None
+        chunks, total = [], 0
+        while total <= max_bytes:  # the size can lie (procfs, a growing file): cap what is read
+            b = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+        if total > max_bytes:
+            return "large", None
+        return "ok", b"".join(chunks)
+    except OSError:
+        return "unreadable", None
+    finally:
+        os.close(fd)
 
 
 def load_corpus(
@@ -83,6 +140,7 @@ def load_corpus(
     val_fraction: float = 0.05,
     max_files: int | None = None,
     include_tests: bool = True,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> Corpus:
     """Read a folder of code into a :class:`Corpus`.
 
@@ -92,24 +150,27 @@ def load_corpus(
         val_fraction: share of files (by stable path hash) put in the validation split.
         max_files: keep only the first ``max_files`` files in sorted order (fast mode).
         include_tests: keep files under ``test``/``tests`` folders.
+        max_file_bytes: files larger than this many bytes are skipped and counted.
 
     Raises:
-        FileNotFoundError: the path does not exist or is not a folder.
-        ValueError: no readable file with one of ``extensions`` was found.
+        MissingFileError: the path does not exist or is not a folder.
+        InputError: bad arguments, or no readable file with one of ``extensions`` was found.
     """
     if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        raise InputError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int) or max_file_bytes < 1:
+        raise InputError(f"max_file_bytes must be a positive number of bytes, got {max_file_bytes!r} (default 1000000)")
     root = Path(path) if path is not None else default_corpus_root()
     if not root.exists():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"corpus folder {str(root)!r} does not exist; pass --corpus with a folder of code "
             "or leave it out to use the Python standard library."
         )
     if not root.is_dir():
-        raise FileNotFoundError(f"corpus path {str(root)!r} is a file, not a folder of code.")
+        raise MissingFileError(f"corpus path {str(root)!r} is a file, not a folder of code.")
 
     rel_paths: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root):  # followlinks=False: no folder loops
         rel_dir = Path(dirpath).relative_to(root)
         dirnames[:] = sorted(
             d
@@ -122,15 +183,21 @@ def load_corpus(
     rel_paths.sort()
 
     corpus = Corpus(root=str(root), files=[])
+    skipped = {"special": corpus.skipped_special, "link": corpus.skipped_links,
+               "large": corpus.skipped_too_large, "unreadable": corpus.skipped_unreadable}
     seen: set[str] = set()
     for rel in rel_paths:
         if max_files is not None and len(corpus.files) >= max_files:
             corpus.skipped_by_limit += 1
             continue
-        raw = (root / rel).read_bytes()
+        kind, raw = read_source_bytes(root / rel, max_file_bytes)
+        if raw is None:
+            skipped[kind].append(rel)
+            continue
         try:
+            rel.encode("utf-8")  # a file name that is not UTF-8 cannot be reported or split stably
             text = raw.decode("utf-8")
-        except UnicodeDecodeError:
+        except UnicodeError:
             corpus.skipped_undecodable.append(rel)
             continue
         digest = hashlib.sha256(raw).hexdigest()
@@ -143,8 +210,10 @@ def load_corpus(
         corpus.files.append(SourceFile(rel, text, split_of(rel, val_fraction)))
 
     if not corpus.files:
-        raise ValueError(
-            f"no readable {'/'.join(extensions)} files under {str(root)!r}; point --corpus "
+        n_skipped = sum(len(v) for v in skipped.values()) + len(corpus.skipped_undecodable)
+        raise InputError(
+            f"no readable {'/'.join(extensions)} files under {str(root)!r} ({n_skipped} skipped: special, "
+            f"broken links, over {max_file_bytes:,} bytes, undecodable or unreadable); point --corpus "
             "at a folder that contains source code."
         )
     return corpus
