@@ -1,51 +1,140 @@
-"""Plain text generation: the whole context is re-run for every new token (no cache).
+"""Text generation: ONE path, prefill + :func:`decode_step`, over any cache kind.
 
-Obviously correct and slow on purpose: lesson 06 builds the fast path (KV cache,
-batching, speculative decoding) and tests it token-for-token against this one.
+:func:`stream_tokens` is the only decoding loop of the package. It feeds the prompt once
+(prefill), then one new token per forward (decode), and yields each sampled token:
+
+- ``cache="static"`` (default of the cached names) or ``"dynamic"``: the keys/values of
+  earlier tokens are kept, so a decode step is a forward of length 1;
+- ``cache=None``: no cache; every step re-runs the whole context (cropped to the model's
+  ``max_seq_len``). Obviously correct and slow on purpose: the reference the cached kinds
+  are tested against, token for token. This is the default of :func:`generate_ids`.
+
+:func:`generate_ids`, :func:`generate`, :func:`generate_ids_cached` and
+:func:`generate_batch_cached` are the public shapes of that one loop; speculative decoding,
+the engine, the gates and the benches call :func:`decode_step` for their own forwards.
+How the next token is chosen is one :class:`~codex_lab.infer.sampling.SamplingParams`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-
+from codex_lab.data.tokenizer import CodeTokenizer
+from codex_lab.infer.sampling import SamplingParams, params_from, sample_next
 from codex_lab.nn.kv_cache import DynamicKVCache, make_static_caches
 from codex_lab.nn.model import CodexModel
-from codex_lab.infer.sampling import sample_next
-from codex_lab.data.tokenizer import CodeTokenizer
-
 
 CACHE_KINDS = ("static", "dynamic")
 
 
-def make_caches(model: CodexModel, batch_size: int, max_len: int, kind: str = "static") -> list:
+def make_caches(model: CodexModel, batch_size: int, max_len: int, kind: str = "static", *, rolling: bool = True) -> list:
     """Per-layer KV caches of ``kind`` for ``batch_size`` rows of up to ``max_len`` tokens.
 
-    "static": preallocated (rolling buffers for window layers), the fast path;
-    "dynamic": grow by concatenation, the reference.
+    "static": preallocated (rolling buffers for window layers unless ``rolling=False``, which
+    speculative decoding needs to roll back), the fast path; "dynamic": grow by
+    concatenation, the reference.
     """
     if kind == "static":
         p = next(model.parameters())
-        return make_static_caches(model.cfg, batch_size, max_len, device=p.device, dtype=p.dtype)
+        return make_static_caches(model.cfg, batch_size, max_len, rolling=rolling, device=p.device, dtype=p.dtype)
     if kind == "dynamic":
         return [DynamicKVCache() for _ in range(model.cfg.n_layer)]
     raise ValueError(f"cache kind {kind!r}; choose one of {CACHE_KINDS}")
 
 
+def cached_logits(
+    model: Callable[..., Any], tokens: Tensor, positions: Tensor | None, caches: Sequence[Any] | None, *, last_only: bool = True
+) -> Tensor:
+    """The one forward of generation: ``tokens`` (B, T) at ``positions`` (B, T), appending
+    their keys/values to ``caches``. Returns logits (B, 1, V), or (B, T, V) with
+    ``last_only=False`` (speculative decoding checks every guess at once).
+
+    ``caches=None`` with ``positions=None`` is the plain causal forward of the whole context.
+    """
+    return model(tokens, positions=positions, caches=caches, last_only=last_only).logits
+
+
 def decode_step(
-    model: Callable[..., Any], tokens: Tensor, positions: Tensor, caches: Sequence[Any]
+    model: Callable[..., Any], tokens: Tensor, positions: Tensor | None, caches: Sequence[Any] | None
 ) -> Tensor:
     """One cached forward: feed ``tokens`` (B, T) at ``positions`` (B, T), append their
     keys/values to ``caches``, return the logits of the last position (B, V).
 
     Prefill is a decode step with the whole prompt (T = prompt length); each later step
-    feeds one token (T = 1). ``model`` may be a compiled forward of the model.
+    feeds one token (T = 1). ``model`` may be a compiled forward of the model. Without a
+    cache (``caches=None``, ``positions=None``) ``tokens`` must be the whole context.
     """
-    return model(tokens, positions=positions, caches=caches, last_only=True).logits[:, -1]  # (B, V)
+    return cached_logits(model, tokens, positions, caches)[:, -1]  # (B, V)
+
+
+def compiled_forward(model: CodexModel) -> Callable[..., object]:
+    """``torch.compile`` of the model's forward (opt-in; first call compiles for seconds)."""
+    return torch.compile(model, dynamic=True)
+
+
+def _check_prompt(prompts: Tensor, max_new_tokens: int) -> None:
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if prompts.dim() != 2 or prompts.shape[1] == 0:
+        raise ValueError(f"prompts must be (B, T) with T >= 1, got shape {tuple(prompts.shape)}; give at least one token")
+
+
+@torch.no_grad()
+def stream_tokens(
+    model: CodexModel,
+    prompts: Tensor,
+    params: SamplingParams,
+    *,
+    cache: str | None = "static",
+    generator: torch.Generator | None = None,
+    forward: Callable[..., object] | None = None,
+) -> Iterator[Tensor]:
+    """Yield ``params.max_tokens`` new tokens (B,) after equal-length ``prompts`` (B, T).
+
+    The one decoding loop: prefill, then :func:`decode_step` per token, sampling with
+    ``params`` (temperature / top-k / top-p; ``generator`` seeds it). ``cache`` is a kind of
+    :data:`CACHE_KINDS` or ``None`` (re-run the cropped context each step, the reference).
+    A forward runs only when the next token is asked for, so a consumer that stops early
+    (end-of-text) costs no extra forward. ``forward`` replaces ``model`` for the forwards
+    (e.g. :func:`compiled_forward`).
+    """
+    n_new = params.max_tokens
+    _check_prompt(prompts, n_new)
+    if n_new == 0:
+        return
+    fwd = model if forward is None else forward
+    B, T = prompts.shape
+    dev = prompts.device
+
+    def pick(logits: Tensor) -> Tensor:  # (B, V) -> (B,)
+        return sample_next(logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator)
+
+    if cache is None:
+        idx = prompts  # (B, T)
+        for i in range(n_new):
+            ctx = idx[:, -model.cfg.max_seq_len :]  # (B, <= L)
+            nxt = pick(decode_step(fwd, ctx, None, None))  # (B,)
+            yield nxt
+            if i + 1 < n_new:
+                idx = torch.cat([idx, nxt[:, None]], dim=1)  # (B, T + 1)
+        return
+    total = T + n_new
+    if total > model.cfg.max_seq_len:
+        raise ValueError(f"prompt {T} + {n_new} new tokens is past max_seq_len={model.cfg.max_seq_len}")
+    caches = make_caches(model, B, total, cache)
+    pos = torch.arange(T, device=dev).expand(B, T)  # (B, T)
+    logits = decode_step(fwd, prompts, pos, caches)  # (B, V) prefill
+    for i in range(n_new):
+        nxt = pick(logits)  # (B,)
+        yield nxt
+        if i + 1 == n_new:
+            break
+        p = torch.full((B, 1), T + i, device=dev)  # (B, 1) position of the token fed now
+        logits = decode_step(fwd, nxt[:, None], p, caches)  # (B, V)
 
 
 @dataclass
@@ -62,6 +151,7 @@ class Generation:
 def generate_ids(
     model: CodexModel,
     prompt_ids: Sequence[int],
+    params: SamplingParams | None = None,
     *,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
@@ -69,35 +159,71 @@ def generate_ids(
     top_p: float = 1.0,
     seed: int | None = None,
     eos_id: int | None = None,
+    cache: str | None = None,
 ) -> tuple[list[int], str]:
-    """New token ids after ``prompt_ids`` (without cache) and the finish reason.
+    """New token ids after ``prompt_ids`` and the finish reason ("stop" at ``eos_id``, else "length").
 
-    The context is cropped to the model's last ``max_seq_len`` tokens when it grows past it.
+    Sampling is ``params`` (or the keyword arguments when it is None); ``seed`` /
+    ``params.seed`` seeds a private generator (same seed, same tokens). ``cache=None``
+    (default) re-runs the context each step and crops it to the last ``max_seq_len``
+    tokens; with a cache kind, prompt + new tokens must fit ``max_seq_len``.
     """
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    sp = params_from(params, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one token")
+    if sp.ignore_eos:
+        eos_id = None
     device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    gen = torch.Generator().manual_seed(sp.seed) if sp.seed is not None else None
     idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)
     out: list[int] = []
-    for _ in range(max_new_tokens):
-        ctx = idx[:, -model.cfg.max_seq_len :]  # (1, <= L)
-        logits = model(ctx, last_only=True).logits[:, -1, :]  # (1, V)
-        nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)  # (1,)
+    for nxt in stream_tokens(model, idx, sp, cache=cache, generator=gen):
         tok = int(nxt.item())
         if eos_id is not None and tok == eos_id:
             return out, "stop"
         out.append(tok)
-        idx = torch.cat([idx, nxt.view(1, 1)], dim=1)  # (1, T + 1)
     return out, "length"
+
+
+def generate_ids_cached(
+    model: CodexModel, prompt_ids: Sequence[int], params: SamplingParams | None = None, *, cache: str = "static", **kw: Any
+) -> tuple[list[int], str]:
+    """:func:`generate_ids` with a KV cache (``cache``: "static" or "dynamic"); same tokens."""
+    return generate_ids(model, prompt_ids, params, cache=cache, **kw)
+
+
+@torch.no_grad()
+def generate_batch_cached(
+    model: CodexModel,
+    prompts: Tensor,
+    params: SamplingParams | None = None,
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    cache: str | None = "static",
+    forward: Callable[..., object] | None = None,
+) -> Tensor:
+    """New tokens (B, max_new_tokens) after equal-length ``prompts`` (B, T).
+
+    No early stop: every row gets ``max_new_tokens`` tokens (static batching).
+    ``forward`` replaces ``model`` for the forward passes (e.g. :func:`compiled_forward`).
+    """
+    sp = params_from(params, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    _check_prompt(prompts, sp.max_tokens)
+    out = torch.empty(prompts.shape[0], sp.max_tokens, dtype=torch.long, device=prompts.device)  # (B, N)
+    for i, nxt in enumerate(stream_tokens(model, prompts, sp, cache=cache, generator=generator, forward=forward)):
+        out[:, i] = nxt
+    return out
 
 
 def generate(
     model: CodexModel,
     tokenizer: CodeTokenizer,
     prompt: str,
+    params: SamplingParams | None = None,
     *,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
@@ -105,25 +231,22 @@ def generate(
     top_p: float = 1.0,
     seed: int | None = None,
     stop: Sequence[str] = (),
+    cache: str | None = None,
 ) -> Generation:
     """Continue ``prompt``; greedy when temperature is 0, seeded sampling otherwise.
 
-    Generation ends at end-of-text, at the first of the ``stop`` strings (which is cut
-    from the text), or after ``max_new_tokens``.
+    Generation ends at end-of-text, at the first of the stop strings (which is cut from the
+    text), or after ``max_new_tokens`` (``params.max_tokens``).
     """
+    sp = params_from(params, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop)
     was_training = model.training
     model.eval()
     try:
-        ids, reason = generate_ids(
-            model, tokenizer.encode(prompt), max_new_tokens=max_new_tokens, temperature=temperature,
-            top_k=top_k, top_p=top_p, seed=seed, eos_id=tokenizer.eot_id,
-        )
+        ids, reason = generate_ids(model, tokenizer.encode(prompt), sp, eos_id=tokenizer.eot_id, cache=cache)
     finally:
         model.train(was_training)
     text = tokenizer.decode(ids)
-    cut = min((text.find(s) for s in stop if s and s in text), default=-1)
+    cut = min((text.find(s) for s in sp.stop if s and s in text), default=-1)
     if cut >= 0:
         text, reason = text[:cut], "stop"
     return Generation(text=text, ids=ids, finish_reason=reason)
-
-

@@ -7,9 +7,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 from torch import Tensor
+
+# temperatures below this are greedy: logits / 1e-38 overflow float32 to inf and softmax gives NaN
+GREEDY_BELOW = 1e-6
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
@@ -47,12 +51,13 @@ def sample_next(
 ) -> Tensor:
     """Pick one token per row. logits (B, V) -> ids (B,).
 
-    temperature 0 means greedy (argmax); otherwise softmax(logits / temperature) after the
-    top-k and top-p filters, sampled with ``generator`` (same seed, same tokens).
+    temperature below ``GREEDY_BELOW`` (1e-6, 0 included) means greedy (argmax); otherwise
+    softmax(logits / temperature) after the top-k and top-p filters, sampled with
+    ``generator`` (same seed, same tokens).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if temperature == 0.0:
+    if temperature < GREEDY_BELOW:
         return logits.argmax(dim=-1)
     logits = top_p_filter(top_k_filter(logits.float() / temperature, top_k), top_p)
     probs = torch.softmax(logits, dim=-1)  # (B, V)
@@ -95,3 +100,24 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+
+
+def params_from(
+    params: SamplingParams | None,
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+) -> SamplingParams:
+    """``params`` itself, or the :class:`SamplingParams` the keyword arguments describe.
+
+    Lets a generator take one ``SamplingParams`` while the older keyword form keeps working
+    (``max_new_tokens`` is the keyword name of ``max_tokens``). Given both, ``params`` wins.
+    """
+    if params is not None:
+        return params
+    return SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                          stop=list(stop), seed=seed)

@@ -14,35 +14,14 @@ with :meth:`~codex_lab.nn.kv_cache.StaticKVCache.truncate` after a rejection.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from torch import nn
 
-from codex_lab.nn.kv_cache import make_static_caches
+from codex_lab.infer.generate import cached_logits, make_caches
 from codex_lab.nn.model import CodexModel
-
-
-def truncated_draft(model: CodexModel, n_layers: int) -> CodexModel:
-    """A draft that is the target's first ``n_layers`` blocks plus its final norm and head
-    (early exit; no training, weights shared with ``model``, not copied)."""
-    if not 1 <= n_layers <= model.cfg.n_layer:
-        raise ValueError(f"n_layers must be in 1..{model.cfg.n_layer}, got {n_layers}")
-    cfg = copy.deepcopy(model.cfg)
-    cfg.n_layer = n_layers
-    if cfg.attn_patterns is not None:
-        cfg.attn_patterns = cfg.attn_patterns[:n_layers]
-    cfg.moe_layers = [i for i in cfg.moe_layers if i < n_layers]
-    draft = CodexModel.__new__(CodexModel)
-    nn.Module.__init__(draft)
-    draft.cfg = cfg
-    draft.embed, draft.norm, draft.lm_head = model.embed, model.norm, model.lm_head
-    draft.layers = nn.ModuleList(list(model.layers[:n_layers]))
-    draft.register_buffer("rope_cos", model.rope_cos, persistent=False)
-    draft.register_buffer("rope_sin", model.rope_sin, persistent=False)
-    return draft.eval()
+from codex_lab.nn.surgery import truncated_draft  # noqa: F401  (the lesson's draft; lives with the other surgery)
 
 
 def expected_tokens_per_round(a: float, gamma: int) -> float:
@@ -130,15 +109,14 @@ def speculative_generate(
     if max_new_tokens == 0:
         return [], "length", stats
     dev = next(target.parameters()).device
-    p = next(target.parameters())
     # caches that can roll back: no rolling buffers (a rejected guess may have overwritten a slot)
-    t_cache = make_static_caches(target.cfg, 1, total, rolling=False, device=dev, dtype=p.dtype)
-    d_cache = make_static_caches(draft.cfg, 1, total, rolling=False, device=dev, dtype=p.dtype)
+    t_cache = make_caches(target, 1, total, "static", rolling=False)
+    d_cache = make_caches(draft, 1, total, "static", rolling=False)
 
     def run(model: CodexModel, caches: list, ids: list[int], start: int, last_only: bool = True) -> torch.Tensor:
         x = torch.tensor([ids], device=dev)  # (1, n)
         pos = torch.arange(start, start + len(ids), device=dev)[None]  # (1, n)
-        return model(x, positions=pos, caches=caches, last_only=last_only).logits[0]  # (n or 1, V)
+        return cached_logits(model, x, pos, caches, last_only=last_only)[0]  # (n or 1, V)
 
     tokens = list(prompt_ids)
     first = int(run(target, t_cache, tokens, 0)[-1].argmax())

@@ -17,11 +17,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
+from torch import Tensor
 
 from codex_lab.training.balancing import Balancer, make_balancer, relative_improvement, spread, token_losses
 from codex_lab.nn.model import CodexModel
 from codex_lab.training.evaluate import task_losses
+from codex_lab.training.loop import LoopConfig, adamw, run_loop
 from codex_lab.runtime import seed_everything
 from codex_lab.data.tasks import Encoded, TaskSet, collate, encode_tasks
 from codex_lab.data.tokenizer import CodeTokenizer
@@ -156,8 +157,9 @@ def finetune(
     gen = seed_everything(cfg.seed)
     bal = balancer or make_balancer(cfg.balance, K, **cfg.balance_options)
     bal.to(device)
-    params = list(model.parameters()) + list(bal.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    loop = LoopConfig(steps=cfg.steps, lr=cfg.lr, warmup=max(1, cfg.warmup), weight_decay=cfg.weight_decay,
+                      grad_clip=cfg.grad_clip, eval_every=cfg.eval_every)
+    opt = adamw(list(model.parameters()) + list(bal.parameters()), loop)
     pool = [e for t in names for e in train[t]]
     pad = tok.pad_id
 
@@ -172,41 +174,30 @@ def finetune(
             ks = torch.randint(0, K, (cfg.batch_size,), generator=gen).tolist()
         return [train[names[k]][int(torch.randint(0, len(train[names[k]]), (1,), generator=gen))] for k in ks]
 
-    def run_eval(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        vl, acc = task_losses(model, val, names, pad_id=pad, batch_size=cfg.batch_size)
-        evals.append({"step": float(step), **{f"val_{t}": float(vl[k]) for k, t in enumerate(names)},
-                      **{f"acc_{t}": float(acc[k]) for k, t in enumerate(names)}})
-        bal.observe_val(vl)
-        return vl, acc
-
-    steps: list[dict[str, float]] = []
-    evals: list[dict[str, float]] = []
-    t0 = time.perf_counter()
-    initial, _ = run_eval(0)
-    bar = tqdm(range(cfg.steps), desc=f"finetune {cfg.balance}", disable=not progress)
-    for step in bar:
-        # lr_t = lr * min(1, (t + 1) / warmup)
-        lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup))
-        for g in opt.param_groups:
-            g["lr"] = lr
+    def loss_fn(_: int) -> tuple[Tensor, dict[str, float]]:
         b = collate(draw(), pad)
         y = b.y.to(device)
         logits = model(b.x.to(device)).logits  # (B, T, V)
         loss, w = bal(token_losses(logits, y), y, b.task.to(device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
         counts = torch.bincount(b.task, minlength=K)
-        row = {"step": float(step + 1), "loss": float(loss.detach()), "lr": lr}
-        row.update({f"w_{t}": float(w[k]) for k, t in enumerate(names)})
-        row.update({f"n_{t}": float(counts[k]) for k, t in enumerate(names)})
-        steps.append(row)
-        bar.set_postfix(loss=f"{row['loss']:.3f}")
-        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-            if not (evals and evals[-1]["step"] == step + 1):
-                run_eval(step + 1)
-    bar.close()
+        return loss, {**{f"w_{t}": float(w[k]) for k, t in enumerate(names)},
+                      **{f"n_{t}": float(counts[k]) for k, t in enumerate(names)}}
+
+    def run_eval(step: int, _: dict[str, float] | None = None) -> Tensor:
+        if evals and evals[-1]["step"] == step:
+            return torch.empty(0)
+        vl, acc = task_losses(model, val, names, pad_id=pad, batch_size=cfg.batch_size)
+        evals.append({"step": float(step), **{f"val_{t}": float(vl[k]) for k, t in enumerate(names)},
+                      **{f"acc_{t}": float(acc[k]) for k, t in enumerate(names)}})
+        bal.observe_val(vl)
+        return vl
+
+    evals: list[dict[str, float]] = []
+    t0 = time.perf_counter()
+    initial = run_eval(0)
+    done = run_loop(loss_fn, opt, loop, clip_params=model.parameters(), eval_fn=run_eval, progress=progress,
+                    desc=f"finetune {cfg.balance}")
+    steps = [{**r, "step": float(r["step"])} for r in done.rows]
     final = torch.tensor([evals[-1][f"val_{t}"] for t in names])
     final_acc = torch.tensor([evals[-1][f"acc_{t}"] for t in names])
     if any(math.isnan(float(v)) for v in final):

@@ -9,40 +9,47 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from tqdm.auto import tqdm
+from torch import Tensor
 
-from codex_lab.training.checkpoint import load_checkpoint, save_checkpoint
-from codex_lab.nn.config import ModelConfig
-from codex_lab.data.corpus import load_corpus
 from codex_lab.data.batches import fixed_batches, random_batch, tokenize_texts
+from codex_lab.data.corpus import load_corpus
+from codex_lab.data.tokenizer import CodeTokenizer, train_tokenizer
+from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.runtime import fast_mode, get_device, seed_everything
-from codex_lab.data.tokenizer import CodeTokenizer, train_tokenizer
+from codex_lab.training.checkpoint import load_checkpoint, save_checkpoint
+from codex_lab.training.evaluate import val_loss
+from codex_lab.training.loop import LoopConfig, adamw, autocast_for, lr_schedule, run_loop
+
+
+# TrainConfig fields that used to be model fields, kept as keyword names of preset_config
+# and readable from old checkpoints' meta (flat "train_config")
+MODEL_KEYS = ("vocab_size", "d_model", "n_layer", "n_head", "n_kv_head")
+
+
+def _default_model() -> ModelConfig:
+    return ModelConfig(vocab_size=4096, d_model=256, n_layer=4, n_head=4, max_seq_len=1024)
 
 
 @dataclass
 class TrainConfig:
     """Everything that defines a training run (saved in the checkpoint's meta).
 
-    Sizes are in tokens; ``lr`` is the peak learning rate reached after ``warmup`` steps,
-    decayed by a cosine to ``min_lr`` at ``steps``.
+    ``model`` is the shape trained (its ``vocab_size`` is the tokenizer's target size; the
+    trained tokenizer's real size replaces it). Sizes are in tokens; ``lr`` is the peak
+    learning rate reached after ``warmup`` steps, decayed by a cosine to ``min_lr`` at
+    ``steps``; ``grad_accum`` micro-batches of ``batch_size`` make one step.
     """
 
     preset: str = "tiny"
-    vocab_size: int = 4096
-    d_model: int = 256
-    n_layer: int = 4
-    n_head: int = 4
-    n_kv_head: int | None = None
+    model: ModelConfig = field(default_factory=_default_model)
     seq_len: int = 256
     batch_size: int = 16
     steps: int = 1000
@@ -51,6 +58,7 @@ class TrainConfig:
     warmup: int = 50
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    grad_accum: int = 1
     eval_every: int = 100
     eval_batches: int = 8
     seed: int = 0
@@ -58,14 +66,36 @@ class TrainConfig:
     max_files: int | None = None
     out: str = "runs/tiny"
     device: str | None = None
-    extra_model: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def vocab_size(self) -> int:
+        """Target vocabulary of the tokenizer trained for this run."""
+        return self.model.vocab_size
 
     def model_config(self, vocab_size: int) -> ModelConfig:
-        """The model shape this run trains (max_seq_len covers the training windows)."""
-        return ModelConfig(
-            vocab_size=vocab_size, d_model=self.d_model, n_layer=self.n_layer, n_head=self.n_head,
-            n_kv_head=self.n_kv_head, max_seq_len=max(1024, self.seq_len), **self.extra_model,
-        )
+        """The model shape this run trains, with the trained tokenizer's ``vocab_size``."""
+        return ModelConfig.from_dict({**self.model.to_dict(), "vocab_size": vocab_size})
+
+    def loop_config(self) -> LoopConfig:
+        """The optimisation part of this run for :func:`codex_lab.training.loop.run_loop`."""
+        return LoopConfig(steps=self.steps, lr=self.lr, min_lr=self.min_lr, warmup=self.warmup,
+                          weight_decay=self.weight_decay, grad_clip=self.grad_clip, accum_steps=self.grad_accum,
+                          eval_every=self.eval_every)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        """Read a saved config: nested (``{"model": {...}, ...}``) or the older flat form
+        (model fields at the top level plus ``extra_model``)."""
+        d = dict(d)
+        known = {f.name for f in fields(cls)}
+        if isinstance(d.get("model"), dict):
+            d["model"] = ModelConfig.from_dict(d["model"])
+        else:
+            flat = {k: d.pop(k) for k in MODEL_KEYS if k in d}
+            flat.update(d.pop("extra_model", None) or {})
+            flat.setdefault("max_seq_len", max(1024, int(d.get("seq_len", 256))))
+            d["model"] = ModelConfig(**flat)
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -79,28 +109,31 @@ FAST_OVERRIDES: dict[str, Any] = dict(vocab_size=512, d_model=64, n_layer=2, n_h
 
 
 def preset_config(name: str = "tiny", **overrides: Any) -> TrainConfig:
-    """A :class:`TrainConfig` from a preset, shrunk in fast mode, then ``overrides`` applied."""
+    """A :class:`TrainConfig` from a preset, shrunk in fast mode, then ``overrides`` applied.
+
+    Model fields (``vocab_size``, ``d_model``, ``n_layer``, ``n_head``, ``n_kv_head``, or any
+    other :class:`~codex_lab.nn.config.ModelConfig` field) are accepted by name and go into
+    ``model``; ``max_seq_len`` defaults to max(1024, seq_len).
+    """
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     values: dict[str, Any] = {"preset": name, **PRESETS[name], "out": f"runs/{name}"}
     if fast_mode():
         values.update(FAST_OVERRIDES)
-    known = {f.name for f in fields(TrainConfig)}
-    bad = sorted(set(overrides) - known)
+    train_keys = {f.name for f in fields(TrainConfig)} - {"model"}
+    model_keys = {f.name for f in fields(ModelConfig)}
+    bad = sorted(set(overrides) - train_keys - model_keys)
     if bad:
         raise ValueError(f"unknown training options {bad}")
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return TrainConfig(**values)
+    model = {k: values.pop(k) for k in list(values) if k in model_keys and k not in train_keys}
+    model.setdefault("max_seq_len", max(1024, int(values.get("seq_len", 256))))
+    return TrainConfig(model=ModelConfig(**model), **values)
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:
     """Learning rate at ``step``: linear warm-up, then cosine decay to ``min_lr``."""
-    if step < tc.warmup:
-        # lr * (step + 1) / warmup
-        return tc.lr * (step + 1) / tc.warmup
-    progress = min(1.0, (step - tc.warmup) / max(1, tc.steps - tc.warmup))
-    # min_lr + (lr - min_lr) * (1 + cos(pi * progress)) / 2
-    return tc.min_lr + (tc.lr - tc.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return lr_schedule(step, tc.lr, tc.warmup, tc.steps, tc.min_lr)
 
 
 def param_checksum(model: torch.nn.Module) -> str:
@@ -120,19 +153,6 @@ class TrainResult:
     val_loss: float
     train_time_s: float
     n_params: int
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> float:
-    """Mean validation loss (nats per token) over fixed batches."""
-    was = model.training
-    model.eval()
-    losses = []
-    for x, y in batches:
-        out = model(x.to(device), y.to(device))
-        losses.append(float(out.loss))
-    model.train(was)
-    return sum(losses) / len(losses)
 
 
 def _dist_info() -> tuple[int, int]:
@@ -174,12 +194,8 @@ def train(tc: TrainConfig, *, resume: bool = False, progress: bool = True) -> Tr
     val_tokens = tokenize_texts(tokenizer, corpus.texts("val"))
     val_batches = fixed_batches(val_tokens, tc.batch_size, tc.seq_len, tc.eval_batches)
 
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=tc.lr, betas=(0.9, 0.95), fused=device.type == "cuda",
-    )
+    loop = tc.loop_config()
+    opt = adamw(model, loop, split_decay=True, fused=device.type == "cuda")
     step, history, elapsed_before = 0, [], 0.0
     gen = torch.Generator().manual_seed(tc.seed * 1000 + rank)  # each rank its own windows
     if resume:
@@ -191,9 +207,20 @@ def train(tc: TrainConfig, *, resume: bool = False, progress: bool = True) -> Tr
     net: torch.nn.Module = model
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
 
-    def checkpoint(val_loss: float) -> None:
+    def loss_fn(_: int) -> tuple[Tensor, dict[str, float]]:
+        x, y = random_batch(train_tokens, tc.batch_size, tc.seq_len, gen)  # (B, T) each
+        o = net(x.to(device), y.to(device))
+        return o.loss + o.aux_loss, {"loss": float(o.loss.detach())}
+
+    def on_eval(at: int, row: dict[str, float]) -> None:
+        vl = val_loss(model, val_batches, device)
+        history.append({"step": at, "train_loss": row["loss"], "val_loss": vl, "lr": row["lr"],
+                        "tokens": at * tc.grad_accum * tc.batch_size * tc.seq_len * world,
+                        "elapsed_s": elapsed_before + row["elapsed_s"]})
+        checkpoint(at, vl, elapsed_before + row["elapsed_s"])
+
+    def checkpoint(at: int, vl: float, elapsed_s: float) -> None:
         gens = [gen.get_state()]
         if world > 1:
             gathered: list[Any] = [None] * world
@@ -201,50 +228,63 @@ def train(tc: TrainConfig, *, resume: bool = False, progress: bool = True) -> Tr
             gens = gathered
         if rank != 0:
             return
-        meta = {"train_config": asdict(tc), "history": history, "val_loss": val_loss, "step": step,
-                "train_time_s": elapsed_before + (time.perf_counter() - t0), "n_params": model.num_params(),
+        meta = {"train_config": asdict(tc), "history": history, "val_loss": vl, "step": at,
+                "train_time_s": elapsed_s, "n_params": model.num_params(),
                 "corpus": corpus.stats(), "world_size": world, "torch": torch.__version__, "device": str(device)}
         save_checkpoint(ckpt_dir, model, tokenizer, meta)
         tmp = state_file.with_suffix(".tmp")
-        torch.save({"optimizer": opt.state_dict(), "step": step, "history": history,
-                    "elapsed_s": meta["train_time_s"], "generator": gens}, tmp)
+        torch.save({"optimizer": opt.state_dict(), "step": at, "history": history,
+                    "elapsed_s": elapsed_s, "generator": gens}, tmp)
         os.replace(tmp, state_file)
 
-    t0 = time.perf_counter()
     net.train()
-    bar = tqdm(total=tc.steps, initial=step, desc=f"train {tc.preset}", disable=not progress or rank != 0)
-    val_loss = float("nan")
-    train_loss = float("nan")
-    while step < tc.steps:
-        lr = lr_at(step, tc)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        x, y = random_batch(train_tokens, tc.batch_size, tc.seq_len, gen)
-        with amp:
-            o = net(x.to(device), y.to(device))
-            loss = o.loss + o.aux_loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        opt.step()
-        step += 1
-        train_loss = float(o.loss.detach())
-        bar.update(1)
-        bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.1e}")
-        if step % tc.eval_every == 0 or step == tc.steps:
-            val_loss = evaluate(model, val_batches, device)
-            history.append({"step": step, "train_loss": train_loss, "val_loss": val_loss, "lr": lr,
-                            "tokens": step * tc.batch_size * tc.seq_len * world,
-                            "elapsed_s": elapsed_before + time.perf_counter() - t0})
-            checkpoint(val_loss)
-    bar.close()
+    done = run_loop(loss_fn, opt, loop, clip_params=model.parameters(), eval_fn=on_eval, start_step=step,
+                    autocast=autocast_for(device), progress=progress and rank == 0, desc=f"train {tc.preset}")
     if not history:  # resumed a finished run
-        val_loss = evaluate(model, val_batches, device)
+        val = val_loss(model, val_batches, device)
     else:
-        val_loss = history[-1]["val_loss"]
+        val = history[-1]["val_loss"]
     if world > 1:
         (out / f"ddp_rank{rank}.json").write_text(json.dumps({"rank": rank, "checksum": param_checksum(model), "step": step}))
         dist.barrier()
         dist.destroy_process_group()
-    return TrainResult(out=ckpt_dir, history=history, val_loss=val_loss,
-                       train_time_s=elapsed_before + time.perf_counter() - t0, n_params=model.num_params())
+    return TrainResult(out=ckpt_dir, history=history, val_loss=val,
+                       train_time_s=elapsed_before + done.train_time_s + done.eval_time_s, n_params=model.num_params())
+
+
+def uptrain(
+    model: CodexModel,
+    tokens: Tensor,
+    *,
+    steps: int,
+    batch_size: int = 8,
+    seq_len: int = 128,
+    lr: float = 1e-3,
+    warmup: int = 0,
+    seed: int = 0,
+) -> list[float]:
+    """Train ``model`` in place on random windows of ``tokens`` (1-D ids); return the
+    training losses (nats/token, one per step).
+
+    A short continued pre-training: AdamW (no weight decay) with linear warm-up to ``lr``
+    over ``warmup`` steps, then constant; gradient norm clipped at 1; LM loss plus the MoE
+    layers' aux losses. This is the "uptraining" after an MHA -> GQA conversion (Ainslie et
+    al. used about 5% of the pre-training steps), the capstone's brief pre-training, and a
+    short pre-training from scratch.
+    """
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    loop = LoopConfig(steps=steps, lr=lr, warmup=warmup, weight_decay=0.0, grad_clip=1.0)
+    opt = adamw(model, loop)
+
+    def loss_fn(_: int) -> tuple[Tensor, dict[str, float]]:
+        x, y = random_batch(tokens, batch_size, seq_len, gen)  # (B, T) each
+        out = model(x.to(device), y.to(device))
+        return out.loss + out.aux_loss, {"loss": float(out.loss.detach())}
+
+    model.train()
+    res = run_loop(loss_fn, opt, loop)
+    model.eval()
+    return res.losses

@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
+from codex_lab.infer.generate import stream_tokens
+from codex_lab.infer.sampling import SamplingParams
+from codex_lab.nn.accounting import kv_cache_bytes, measured_cache_bytes
 from codex_lab.nn.config import ModelConfig
-from codex_lab.lessons.l03_gqa.experiments import kv_cache_bytes, measured_cache_bytes
-from codex_lab.nn.kv_cache import make_dynamic_caches
 from codex_lab.nn.model import CodexModel
 from codex_lab.runtime import get_device, pick, seed_everything
 
@@ -53,16 +54,35 @@ def parse_groups(text: str, n_head: int) -> list[int]:
 
 @torch.no_grad()
 def _decode_ms(model: CodexModel, prompt: torch.Tensor, steps: int, device: torch.device) -> float:
-    """Prefill ``prompt`` (B, S) into a fresh cache (untimed), then time ``steps`` greedy steps; ms/step."""
-    caches = make_dynamic_caches(model.cfg.n_layer)
-    nxt = model(prompt, caches=caches, last_only=True).logits.argmax(-1)  # (B, 1)
+    """Prefill ``prompt`` (B, S) into a fresh dynamic cache (untimed), then time ``steps``
+    greedy decode steps of the one generation loop; ms/step."""
+    tokens = stream_tokens(model, prompt, SamplingParams(max_tokens=steps + 1), cache="dynamic")
+    next(tokens)  # prefill + the first token
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
     for _ in range(steps):
-        nxt = model(nxt, caches=caches, last_only=True).logits.argmax(-1)  # (B, 1)
+        next(tokens)  # one decode step: a forward of length 1
     sync()
     return (time.perf_counter() - t0) * 1000.0 / steps
+
+
+@torch.no_grad()
+def decode_tokens_per_s(model: CodexModel, *, batch: int = 8, prompt_len: int = 128, new_tokens: int = 32, repeats: int = 3) -> float:
+    """Greedy cached decoding speed in generated tokens per second (all sequences counted).
+
+    Prefills ``prompt_len`` random tokens into a fresh dynamic cache, then decodes
+    ``new_tokens`` steps one token at a time; the median of ``repeats`` timed runs (after
+    one warm-up) is reported. Prefill time is excluded.
+    """
+    device = next(model.parameters()).device
+    model.eval()
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.cfg.vocab_size, (batch, prompt_len), generator=gen).to(device)  # (B, T)
+    _decode_ms(model, prompt, new_tokens, device)  # warm-up
+    ms = statistics.median(_decode_ms(model, prompt, new_tokens, device) for _ in range(repeats))
+    # tokens/s = batch * 1000 ms / ms per decode step
+    return batch * 1000.0 / ms
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
