@@ -21,6 +21,7 @@
 #
 # Write each function between the markers, then run the `check(...)` cell below it.
 # `check` runs the *public* checks and prints `passed`, `not yet done` or the failure.
+# Cells that use your function run only once its check passes; until then they say so.
 # Grade the whole file from a terminal with `codex-lab grade exercises/03_gqa.py`.
 #
 # **Run time:** fast mode on CPU (2 cores): ~10 s; on one GPU: not yet measured.
@@ -38,39 +39,48 @@ import math
 
 import torch
 
+import codex_lab as cl
 from codex_lab import check, seed_everything
-from codex_lab.nn.config import ModelConfig
-from codex_lab.lessons.l03_gqa.experiments import mha_to_gqa
-from codex_lab.nn.model import CodexModel
 
 seed_everything(0)
 
 
 # %% [markdown]
-# ## Exercise 1: grouped attention forward
-# `q` has `H` query heads, `k` and `v` have `H_kv` heads (`H_kv` divides `H`, group size
-# `g = H / H_kv`). Query head `h` reads K/V head `h // g`. Return causal attention
-# `softmax(q k^T / sqrt(D) + mask) v` of shape (B, H, T, D). You may repeat K/V per group
-# (`repeat_interleave`) or, better, reshape `q` to (B, H_kv, g, T, D) and broadcast.
+# ## Exercise 1: one grouped-query decode step over a padded cache
+# While generating, each sequence of a batch adds one token per step: its queries `q` are
+# (B, H, D), one row per sequence. The KV cache holds `H_kv` key/value heads per layer,
+# `k` and `v` of shape (B, H_kv, S, D), but sequence `b` has only `lengths[b]` cached tokens
+# (positions `0 .. lengths[b] - 1`); the slots after them are padding with leftover values.
+# With group size `g = H / H_kv`, query head `h` reads K/V head `h // g`. Return the
+# attention output (B, H, D): `softmax(q . k_s / sqrt(D))` over the valid positions `s`,
+# times `v_s`. (The newest token may read every cached token, so there is no causal mask;
+# padding gets score `-inf`.) Reshaping `q` to (B, H_kv, g, D) avoids copying K/V.
 
 # %%
-def grouped_attention(q, k, v):
-    """q (B, H, T, D), k/v (B, H_kv, T, D) -> causal attention output (B, H, T, D)."""
+def grouped_decode_attention(q, k, v, lengths):
+    """q (B, H, D), k/v (B, H_kv, S, D), lengths (B,) -> (B, H, D) over each row's valid cache."""
     ### BEGIN SOLUTION
-    B, H, T, D = q.shape
-    n_kv = k.shape[1]
-    qg = q.view(B, n_kv, H // n_kv, T, D)  # (B, Hkv, g, T, D)
-    scores = qg @ k.unsqueeze(2).transpose(-2, -1) / math.sqrt(D)  # (B, Hkv, g, T, T)
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)  # (B, Hkv, g, T, T)
-    return (probs @ v.unsqueeze(2)).reshape(B, H, T, D)
+    B, H, D = q.shape
+    n_kv, S = k.shape[1], k.shape[2]
+    qg = q.reshape(B, n_kv, H // n_kv, D)  # (B, Hkv, g, D): heads j*g .. j*g+g-1 share K/V head j
+    att = torch.einsum("bjgd,bjsd->bjgs", qg, k) / math.sqrt(D)  # (B, Hkv, g, S)
+    pad = torch.arange(S, device=q.device)[None, :] >= lengths[:, None]  # (B, S): True = not cached yet
+    att = att.masked_fill(pad[:, None, None, :], float("-inf")).softmax(dim=-1)  # (B, Hkv, g, S)
+    return torch.einsum("bjgs,bjsd->bjgd", att, v).reshape(B, H, D)
     ### END SOLUTION
 
 
 # %%
-check(grouped_attention)
-q, k = torch.randn(1, 8, 6, 16), torch.randn(1, 2, 6, 16)
-print("output shape with 8 query heads and 2 K/V heads:", tuple(grouped_attention(q, k, k).shape))
+if check(grouped_decode_attention).status == "passed":
+    q = torch.randn(2, 8, 16)  # 2 sequences, 8 query heads
+    k, v = torch.randn(2, 2, 10, 16), torch.randn(2, 2, 10, 16)  # 2 K/V heads (g = 4), 10 slots
+    lengths = torch.tensor([10, 6])
+    out = grouped_decode_attention(q, k, v, lengths)
+    k[1, :, 6:], v[1, :, 6:] = 9.0, 9.0  # overwrite sequence 1's padding
+    same = torch.allclose(out, grouped_decode_attention(q, k, v, lengths))
+    print("output", tuple(out.shape), "| unchanged when the padding changes:", same)
+else:
+    print("skipped: this cell needs grouped_decode_attention (write it above)")
 
 
 # %% [markdown]
@@ -88,9 +98,11 @@ def kv_cache_bytes(n_layer, n_kv_head, head_dim, seq_len, batch, bytes_per_elem)
 
 
 # %%
-check(kv_cache_bytes)
-for name, (layers, kv, hd) in {"Qwen2.5-Coder-0.5B": (24, 2, 64), "same shape as MHA": (24, 14, 64)}.items():
-    print(f"{name:<20} one 32k-token sequence, bf16: {kv_cache_bytes(layers, kv, hd, 32768, 1, 2) / 2**30:.3f} GiB")
+if check(kv_cache_bytes).status == "passed":
+    for name, (layers, kv, hd) in {"Qwen2.5-Coder-0.5B": (24, 2, 64), "same shape as MHA": (24, 14, 64)}.items():
+        print(f"{name:<20} one 32k-token sequence, bf16: {kv_cache_bytes(layers, kv, hd, 32768, 1, 2) / 2**30:.3f} GiB")
+else:
+    print("skipped: this cell needs kv_cache_bytes (write it above)")
 
 
 # %% [markdown]
@@ -111,9 +123,13 @@ def mean_pool_kv(w, n_heads, n_groups):
 
 
 # %%
-check(mean_pool_kv)
-model = CodexModel(ModelConfig(vocab_size=64, d_model=32, n_layer=1, n_head=4, max_seq_len=32))
-w = model.layers[0].attn.k_proj.weight.detach()
-ours = mean_pool_kv(w, 4, 2)
-theirs = mha_to_gqa(model, 2).layers[0].attn.k_proj.weight.detach()
-print("matches codex_lab.lessons.l03_gqa.experiments.mha_to_gqa:", torch.allclose(ours, theirs), "| shape", tuple(w.shape), "->", tuple(ours.shape))
+if check(mean_pool_kv).status == "passed":
+    model = cl.load_pretrained().model
+    w = model.layers[0].attn.k_proj.weight.detach()  # (4 heads * 64, 256)
+    for n_groups in (4, 2, 1):
+        pooled = mean_pool_kv(w, 4, n_groups)
+        back = pooled.reshape(n_groups, 1, 64, -1).expand(n_groups, 4 // n_groups, 64, w.shape[1]).reshape(w.shape)
+        lost = float((w - back).norm() / w.norm())  # what sharing throws away, as a share of the weight
+        print(f"{n_groups} K/V head(s): shape {tuple(w.shape)} -> {tuple(pooled.shape)}, relative change {lost:.2f}")
+else:
+    print("skipped: this cell needs mean_pool_kv (write it above)")

@@ -1,4 +1,9 @@
-"""Lesson 00 warm-up: characters per token, the tokenizer's compression."""
+"""Lesson 00 warm-up: characters per token, the tokenizer's compression.
+
+The check computes the expected value itself (no package helper), and when the answer is
+wrong it recognises the usual mistakes (the ratio upside down, the mean of per-text ratios,
+floor division, one text only) and names them.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +11,43 @@ from typing import Any, Callable
 
 from codex_lab.course.checks import exercise
 
+_SAMPLES = ["def f(x):\n    return x + 1\n", "import os\nprint(os.getcwd())\n", "    # indented comment\n",
+            "class Point:\n    x: int = 0\n    y: int = 0\n"]
 
-@exercise("00", "chars_per_token")
-def check_chars_per_token(fn: Callable[..., Any]) -> None:
-    """fn(tokenizer, texts) must return total characters / total tokens."""
+
+def _tokenizer() -> Any:
     from codex_lab.data.corpus import load_corpus
     from codex_lab.data.tokenizer import train_tokenizer
 
-    texts = load_corpus(max_files=20).texts()
-    tok = train_tokenizer(texts, vocab_size=400)
-    samples = ["def f(x):\n    return x + 1\n", "import os\nprint(os.getcwd())\n", "    # indented comment\n"]
-    expected = sum(map(len, samples)) / sum(len(tok.encode(s)) for s in samples)
-    got = fn(tok, samples)
+    return train_tokenizer(load_corpus(max_files=20).texts(), vocab_size=400)
+
+
+@exercise("00", "chars_per_token")
+def check_chars_per_token(fn: Callable[..., Any]) -> None:
+    """fn(tokenizer, texts) must return total characters / total tokens (a float)."""
+    tok = _tokenizer()
+    chars = [len(s) for s in _SAMPLES]
+    tokens = [len(tok.encode(s)) for s in _SAMPLES]
+    # ratio = sum_i len(text_i) / sum_i len(tokens_i), pooled over all texts
+    expected = sum(chars) / sum(tokens)
+    got = fn(tok, list(_SAMPLES))
+    if isinstance(got, int):
+        raise AssertionError(f"got the int {got}: `//` is floor division and drops the fraction; use `/` for a float")
     assert isinstance(got, float), f"return a float, got {type(got).__name__}"
-    assert abs(got - expected) < 1e-9, (
-        f"got {got:.4f}, expected {expected:.4f}: divide the characters of all texts by the "
-        "tokens of all texts (not the mean of per-text ratios)"
-    )
-    assert fn(tok, ["a"]) == 1.0, "one character, one token: the ratio is 1.0"
+    if abs(got - expected) < 1e-9:
+        assert fn(tok, ["a"]) == 1.0, "one character, one token: the ratio is 1.0"
+        return
+    per_text = sum(c / t for c, t in zip(chars, tokens)) / len(chars)
+    if abs(got - 1 / expected) < 1e-9:
+        raise AssertionError(f"got {got:.4f} = tokens per character; expected characters per token ({expected:.4f}): "
+                             "divide the characters by the tokens")
+    if abs(got - per_text) < 1e-9:
+        raise AssertionError(
+            f"got {got:.4f}: that is the mean of the per-text ratios; pool instead: all characters of all "
+            f"texts divided by all tokens of all texts ({expected:.4f})")
+    if abs(got - chars[0] / tokens[0]) < 1e-9:
+        raise AssertionError(f"got {got:.4f}: that is the first text only; count every text in `texts`")
+    words = sum(len(s.split()) for s in _SAMPLES)
+    if abs(got - sum(chars) / words) < 1e-9:
+        raise AssertionError("that divides by words (str.split); count tokens with tokenizer.encode(text)")
+    raise AssertionError(f"got {got:.4f}, expected {expected:.4f}: sum(len(text)) / sum(len(tokenizer.encode(text)))")

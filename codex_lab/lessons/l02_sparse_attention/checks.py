@@ -1,16 +1,33 @@
 """Lesson 02 exercises: the window + strided predicate, pair counts and density, and the
-tiles a block-sparse kernel must compute."""
+tiles a block-sparse kernel must compute.
+
+The expected answers are computed here with plain code (the package's patterns are the
+answer to these exercises, so a check does not lean on them; tests hold these references
+equal to ``codex_lab.nn.patterns``). On a wrong answer the check recognises the usual
+mistakes and names them.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import torch
+from torch import Tensor
 
-from codex_lab.nn.patterns import causal_pairs, parse_pattern
 from codex_lab.course.checks import exercise
 
 _CASES = [(16, 4, 3), (33, 8, 5), (40, 1, 7), (20, 30, 4), (12, 3, 1), (1, 4, 2)]  # (n, window, stride)
+
+
+def _ws(q: Tensor, k: Tensor, window: int, stride: int, *, le: bool = False, both: bool = False,
+        causal: bool = True, key_stride: bool = False) -> Tensor:
+    """The window + strided rule; the keyword options build the usual wrong variants."""
+    dist = q - k  # i - j
+    near = (dist <= window) if le else (dist < window)
+    on_stride = (k % stride == 0) if key_stride else (dist % stride == 0)
+    hit = (near & on_stride) if both else (near | on_stride)
+    # allowed = (0 <= i - j) and (i - j < w  or  (i - j) mod s == 0)
+    return (dist >= 0) & hit if causal else hit
 
 
 @exercise("02", "window_strided_allowed")
@@ -18,60 +35,128 @@ def check_window_strided_allowed(fn: Callable[..., Any]) -> None:
     """fn(q_pos, k_pos, window, stride) -> bool tensor, broadcasting like ``==``."""
     for n, w, s in _CASES:
         pos = torch.arange(n)
-        want = parse_pattern(f"window:{w}+strided:{s}").mask(n)
-        got = fn(pos[:, None], pos[None, :], w, s)
-        assert isinstance(got, torch.Tensor) and got.dtype == torch.bool, "return a bool tensor"
+        q, k = pos[:, None], pos[None, :]
+        want = _ws(q, k, w, s)  # (n, n)
+        got = fn(q.clone(), k.clone(), w, s)
+        assert isinstance(got, Tensor) and got.dtype == torch.bool, "return a bool tensor (comparisons combined with & and |)"
         assert got.shape == want.shape, f"broadcast q_pos (n, 1) against k_pos (1, n): got shape {tuple(got.shape)}"
-        if got[~torch.ones(n, n, dtype=torch.bool).tril()].any():
-            raise AssertionError("a query attends to a future key: the pattern must be causal (k_pos <= q_pos)")
-        bad = (got != want).nonzero()
-        if len(bad):
-            i, j = bad[0].tolist()
-            raise AssertionError(
-                f"window={w}, stride={s}: query {i}, key {j} should be {bool(want[i, j])}; the window keeps "
-                "0 <= i - j < window (the query itself and window - 1 keys before it), the stride keeps "
-                "(i - j) % stride == 0"
-            )
+        if torch.equal(got, want):
+            continue
+        if bool(got[~torch.ones(n, n, dtype=torch.bool).tril()].any()):
+            raise AssertionError("a query attends to a future key: the pattern must be causal (k_pos <= q_pos, i.e. i - j >= 0)")
+        if torch.equal(got, _ws(q, k, w, s, le=True)):
+            raise AssertionError(f"window={w} keeps {w + 1} keys; the window is the query and the {w - 1} keys "
+                                 "before it: i - j < window, not <=")
+        if torch.equal(got, _ws(q, k, w, s, both=True)):
+            raise AssertionError("a key is kept when it is in the window OR on the stride (|), not only when both (&)")
+        if torch.equal(got, _ws(q, k, w, s, key_stride=True)):
+            raise AssertionError("the stride counts back from the query: (i - j) % stride == 0, not j % stride == 0")
+        i, j = (got != want).nonzero()[0].tolist()
+        raise AssertionError(
+            f"window={w}, stride={s}: query {i}, key {j} should be {bool(want[i, j])}; the window keeps "
+            "0 <= i - j < window (the query itself and window - 1 keys before it), the stride keeps "
+            "(i - j) % stride == 0")
     # positions need not start at 0 (a KV cache holds keys at any positions)
     q, k = torch.tensor([[100]]), torch.tensor([[0, 90, 96, 97, 100, 101]])
-    want = parse_pattern("window:4+strided:10").allowed(q, k)
-    assert torch.equal(fn(q, k, 4, 10), want), "work from the positions' differences, not from indices"
+    assert torch.equal(fn(q, k, 4, 10), _ws(q, k, 4, 10)), (
+        "query at position 100, keys at 0, 90, 96, 97, 100, 101: work from the positions' differences, not from indices")
+
+
+def _count(n: int, w: int, s: int, **variant: bool) -> int:
+    pos = torch.arange(n)
+    return int(_ws(pos[:, None], pos[None, :], w, s, **variant).sum())
 
 
 @exercise("02", "pairs_and_density")
 def check_pairs_and_density(fn: Callable[..., Any]) -> None:
     """fn(n, window, stride) -> (attended pairs: int, density vs causal pairs: float)."""
     for n, w, s in _CASES:
-        p = parse_pattern(f"window:{w}+strided:{s}")
+        want = _count(n, w, s)
+        causal = n * (n + 1) // 2  # sum_{i<n} (i + 1) causal pairs
         got = fn(n, w, s)
         assert isinstance(got, tuple) and len(got) == 2, "return a tuple (pairs, density)"
         pairs, density = got
-        assert int(pairs) == p.pairs(n), (
-            f"n={n}, window={w}, stride={s}: {int(pairs)} pairs, expected {p.pairs(n)}; count each allowed "
-            "(query, key) once, even when the window and the stride both allow it"
-        )
-        want = p.pairs(n) / causal_pairs(n)
-        assert abs(float(density) - want) < 1e-9, (
-            f"density {float(density):.4f}, expected {want:.4f}: divide by the n(n+1)/2 causal pairs, not n*n"
-        )
+        pairs = int(pairs)
+        if pairs != want:
+            pos = torch.arange(n)
+            dist = pos[:, None] - pos[None, :]
+            window_only = int(((dist >= 0) & (dist < w)).sum())
+            stride_only = int(((dist >= 0) & (dist % s == 0)).sum())
+            if pairs == window_only + stride_only:
+                raise AssertionError(f"n={n}, window={w}, stride={s}: {pairs} = window pairs + stride pairs; a pair "
+                                     f"that both allow (the diagonal, at least) is counted twice; expected {want}")
+            if pairs == _count(n, w, s, causal=False):
+                raise AssertionError(f"n={n}: {pairs} pairs counts keys after the query; only j <= i (causal)")
+            if pairs == _count(n, w, s, le=True):
+                raise AssertionError(f"n={n}, window={w}: the window holds {w} keys (i - j < window), you counted {w + 1}")
+            raise AssertionError(f"n={n}, window={w}, stride={s}: {pairs} pairs, expected {want}; count each allowed "
+                                 "(query, key) once, even when the window and the stride both allow it")
+        # density = pairs / (n (n + 1) / 2)
+        dens = want / causal
+        if abs(float(density) - dens) < 1e-9:
+            continue
+        if abs(float(density) - want / (n * n)) < 1e-9:
+            raise AssertionError(f"density {float(density):.4f}: divide by the n(n+1)/2 causal pairs, not n*n")
+        if n > 1 and abs(float(density) - want / (n * (n - 1) / 2)) < 1e-9:
+            raise AssertionError(f"density {float(density):.4f}: the n(n+1)/2 causal pairs include each query with "
+                                 "itself; n(n-1)/2 leaves the diagonal out")
+        raise AssertionError(f"n={n}: density {float(density):.4f}, expected {dens:.4f} = pairs / (n(n+1)/2)")
+
+
+def _mask(kind: str, n: int, a: int, b: int = 0) -> Tensor:
+    """(n, n) masks of a few patterns, written out here: window a; strided a; fixed block a
+    with b summary positions; window a + every b-th key block of size a."""
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    causal = j <= i
+    if kind == "window":
+        return causal & (i - j < a)
+    if kind == "strided":
+        return causal & ((i - j) % a == 0)
+    if kind == "fixed":
+        return causal & ((i // a == j // a) | (j % a >= a - b))
+    if kind == "window+blockstride":
+        return causal & ((i - j < a) | ((i // a - j // a) % b == 0))
+    return causal
+
+
+def _tiles(mask: Tensor, block: int) -> list[tuple[int, int]]:
+    n = mask.shape[0]
+    nb = -(-n // block)  # ceil(n / block): the last block may be partial
+    return [(a, b) for a in range(nb) for b in range(nb)
+            if bool(mask[a * block : (a + 1) * block, b * block : (b + 1) * block].any())]
 
 
 @exercise("02", "touched_tiles")
 def check_touched_tiles(fn: Callable[..., Any]) -> None:
     """fn(mask (n, n) bool, block) -> sorted list of (query block, key block) tiles holding
     at least one True."""
-    for spec, n, bs in [("window:4+blockstride:4:3", 24, 4), ("window:5", 21, 8), ("strided:8", 32, 8),
-                        ("fixed:6:2", 30, 6), ("dense", 5, 8)]:
-        p = parse_pattern(spec)
-        want = [tuple(t) for t in p.tiles(n, bs).nonzero().tolist()]
-        got = fn(p.mask(n), bs)
+    cases = [("window:4+blockstride:4:3", _mask("window+blockstride", 24, 4, 3), 4), ("window:5", _mask("window", 21, 5), 8),
+             ("strided:8", _mask("strided", 32, 8), 8), ("fixed:6:2", _mask("fixed", 30, 6, 2), 6),
+             ("dense", _mask("dense", 5, 0), 8), ("window:3", _mask("window", 13, 3), 4)]
+    for spec, mask, bs in cases:
+        n = mask.shape[0]
+        want = _tiles(mask, bs)
+        got = fn(mask.clone(), bs)
         assert isinstance(got, list), "return a list of (i, j) tuples"
         got = [tuple(int(x) for x in t) for t in got]
+        if sorted(set(got)) == want:
+            assert got == want, "return each tile once, sorted"
+            continue
+        if set(got) == {(b, a) for a, b in want} and set(got) != set(want):
+            raise AssertionError(f"{spec}, n={n}: the tiles are transposed; return (query block, key block), "
+                                 "query block first (causal tiles have key block <= query block)")
+        full = [(a, b) for a, b in want if bool(mask[a * bs : (a + 1) * bs, b * bs : (b + 1) * bs].all())]
+        if set(got) == set(full) and len(full) < len(want):
+            raise AssertionError(f"{spec}, n={n}: you kept only tiles where *every* pair is allowed; a kernel must "
+                                 "compute a tile if *any* pair in it is allowed (.any(), not .all())")
         missing = sorted(set(want) - set(got))
         extra = sorted(set(got) - set(want))
-        assert not missing, (
-            f"{spec}, n={n}, block={bs}: tiles {missing[:4]} hold allowed pairs but are missing"
-            + ("; the last block may be partial when n is not a multiple of block" if n % bs else "")
-        )
-        assert not extra, f"{spec}, n={n}, block={bs}: tiles {extra[:4]} hold no allowed pair"
-        assert got == sorted(got) and len(got) == len(set(got)), "return each tile once, sorted"
+        if missing:
+            partial = n % bs and any(a == n // bs or b == n // bs for a, b in missing)
+            raise AssertionError(
+                f"{spec}, n={n}, block={bs}: tiles {missing[:4]} hold allowed pairs but are missing"
+                + (f"; the last block is partial: there are ceil(n / block) = {-(-n // bs)} blocks, not n // block"
+                   if partial else ""))
+        raise AssertionError(f"{spec}, n={n}, block={bs}: tiles {extra[:4]} hold no allowed pair; keep a tile only "
+                             "if its slice of the mask has a True")

@@ -1,15 +1,18 @@
-"""Lesson 03 exercises: grouped attention forward, the KV-cache bytes formula, mean-pool conversion.
+"""Lesson 03 exercises: one grouped-query decode step over a padded KV cache, the KV-cache
+bytes formula, and the mean-pool conversion of K/V heads (MHA -> GQA).
 
-Each check compares the learner's function with codex_lab's reference on cases chosen so
-that the usual mistakes (wrong head grouping, a missing factor, pooling the wrong axis)
-give a different answer, and says which mistake the numbers point to.
+Each check computes the expected answer with plain code here, on cases chosen so that the
+usual mistakes (wrong head grouping, attending to padding, a missing factor, pooling the
+wrong heads) give a different answer, and says which mistake the numbers point to.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
+from torch import Tensor
 
 from codex_lab.course.checks import exercise
 
@@ -17,81 +20,108 @@ from codex_lab.course.checks import exercise
 ATOL = 1e-5
 
 
-@exercise("03", "grouped_attention")
-def check_grouped_attention(fn: Callable[..., Any]) -> None:
-    """fn(q, k, v) with q (B, H, T, D), k/v (B, H_kv, T, D) -> causal GQA output (B, H, T, D)."""
-    from codex_lab.nn.model import attention_reference
+def _decode(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *, tile: bool = False, pad: bool = False,
+            off_by_one: bool = False, scale: float | None = None) -> Tensor:
+    """Reference decode step; the keyword options build the usual wrong variants."""
+    B, H, D = q.shape
+    S, g = k.shape[2], H // k.shape[1]
+    # query head h reads K/V head h // g (h % H_kv when `tile`)
+    kk = k.repeat(1, g, 1, 1) if tile else k.repeat_interleave(g, dim=1)  # (B, H, S, D)
+    vv = v.repeat(1, g, 1, 1) if tile else v.repeat_interleave(g, dim=1)  # (B, H, S, D)
+    # score_s = q . k_s / sqrt(D) over the valid cached positions s < lengths[b]
+    scores = torch.einsum("bhd,bhsd->bhs", q, kk) * (1 / math.sqrt(D) if scale is None else scale)  # (B, H, S)
+    pos = torch.arange(S)
+    valid = (pos[None, :] <= lengths[:, None]) if off_by_one else (pos[None, :] < lengths[:, None])  # (B, S)
+    if not pad:
+        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    return torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), vv)  # (B, H, D)
 
+
+@exercise("03", "grouped_decode_attention")
+def check_grouped_decode_attention(fn: Callable[..., Any]) -> None:
+    """fn(q (B, H, D), k (B, H_kv, S, D), v (B, H_kv, S, D), lengths (B,)) -> (B, H, D)."""
     gen = torch.Generator().manual_seed(3)
     for h, h_kv in [(4, 4), (4, 2), (6, 3), (8, 1)]:
-        q = torch.randn(2, h, 5, 8, generator=gen)
-        k = torch.randn(2, h_kv, 5, 8, generator=gen)
-        v = torch.randn(2, h_kv, 5, 8, generator=gen)
-        want = attention_reference(q, k, v, None, is_causal=True)  # (B, H, T, D)
-        got = fn(q, k, v)
-        assert isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}"
+        B, S, D = 3, 7, 8
+        q = torch.randn(B, h, D, generator=gen)
+        k = torch.randn(B, h_kv, S, D, generator=gen)
+        v = torch.randn(B, h_kv, S, D, generator=gen)
+        lengths = torch.tensor([S, 4, 1])
+        for b, n in enumerate(lengths.tolist()):  # padding slots hold junk, as a reused cache would
+            k[b, :, n:] = 5.0
+            v[b, :, n:] = 100.0
+        want = _decode(q, k, v, lengths)
+        got = fn(q.clone(), k.clone(), v.clone(), lengths.clone())
+        assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"
         assert got.shape == want.shape, f"H={h}, H_kv={h_kv}: expected shape {tuple(want.shape)}, got {tuple(got.shape)}"
         if torch.allclose(got, want, atol=ATOL, rtol=0):
             continue
-        g = h // h_kv
-        tiled = attention_reference(q, k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1), None, is_causal=True)
-        if g > 1 and torch.allclose(got, tiled, atol=ATOL, rtol=0):
+        if h != h_kv and torch.allclose(got, _decode(q, k, v, lengths, tile=True), atol=ATOL, rtol=0):
             raise AssertionError(
                 f"H={h}, H_kv={h_kv}: query head h must read K/V head h // g (heads 0..g-1 share K/V head 0); "
-                "you paired them as h % H_kv (torch.repeat / tile instead of repeat_interleave)"
-            )
-        nomask = attention_reference(q, k, v, torch.ones(1, 1, 5, 5, dtype=torch.bool))
-        if torch.allclose(got, nomask, atol=ATOL, rtol=0):
-            raise AssertionError("the output ignores the causal mask: position t must not see keys after t")
-        raise AssertionError(
-            f"H={h}, H_kv={h_kv}: max difference {float((got - want).abs().max()):.3g} from the reference; "
-            "check the 1/sqrt(D) scale, the causal mask and the softmax axis (keys)"
-        )
+                "you paired them as h % H_kv (torch.repeat / tile instead of repeat_interleave)")
+        if bool((got.abs() > 20).any()) or torch.allclose(got, _decode(q, k, v, lengths, pad=True), atol=ATOL, rtol=0):
+            raise AssertionError("the output reads the padding: row b holds only lengths[b] cached tokens "
+                                 "(positions 0 .. lengths[b] - 1); mask the rest with -inf before the softmax")
+        if torch.allclose(got, _decode(q, k, v, lengths, off_by_one=True), atol=ATOL, rtol=0):
+            raise AssertionError("one padding slot too many: the valid positions are s < lengths[b], not s <= lengths[b]")
+        if torch.allclose(got, _decode(q, k, v, lengths, scale=1.0), atol=ATOL, rtol=0):
+            raise AssertionError("the scores are not scaled: divide q . k by sqrt(D)")
+        raise AssertionError(f"H={h}, H_kv={h_kv}: max difference {float((got - want).abs().max()):.3g} from the "
+                             "reference; check the 1/sqrt(D) scale, the length mask and the softmax axis (cached positions)")
 
 
 @exercise("03", "kv_cache_bytes")
 def check_kv_cache_bytes(fn: Callable[..., Any]) -> None:
     """fn(n_layer, n_kv_head, head_dim, seq_len, batch, bytes_per_elem) -> int bytes."""
-    cases = [(6, 3, 64, 1000, 5, 4), (4, 4, 64, 1024, 1, 4), (24, 2, 64, 32768, 1, 2), (28, 4, 128, 32768, 8, 2), (1, 1, 2, 3, 5, 1)]
+    cases = [(6, 3, 64, 1000, 5, 4), (4, 4, 64, 1024, 3, 4), (24, 2, 64, 32768, 2, 2), (28, 4, 128, 32768, 8, 2), (1, 1, 2, 3, 5, 1)]
     for n_layer, n_kv, hd, seq, batch, nb in cases:
-        # 2 (K and V) * layers * kv_heads * head_dim * seq_len * batch * bytes
+        # bytes = 2 (K and V) * layers * kv_heads * head_dim * seq_len * batch * bytes_per_elem
         want = 2 * n_layer * n_kv * hd * seq * batch * nb
         got = fn(n_layer, n_kv, hd, seq, batch, nb)
+        if isinstance(got, float) and got == want:
+            raise AssertionError(f"{got!r} is a float; bytes are a whole number: return an int (use // or int(), not /)")
         assert isinstance(got, int), f"return an int (bytes), got {type(got).__name__}"
+        if got == want:
+            continue
         if got == want // 2:
             raise AssertionError(f"{got:,} is half the answer: the cache holds keys *and* values (factor 2)")
         if nb > 1 and got == want // nb:
             raise AssertionError(f"{got:,}: that counts elements; multiply by bytes_per_elem={nb}")
         if n_layer > 1 and got == want // n_layer:
             raise AssertionError(f"{got:,}: every one of the {n_layer} layers has its own cache")
-        assert got == want, (
-            f"layers={n_layer}, kv_heads={n_kv}, head_dim={hd}, seq={seq}, batch={batch}, bytes={nb}: "
-            f"expected {want:,}, got {got:,}"
-        )
+        if batch > 1 and got == want // batch:
+            raise AssertionError(f"{got:,}: every one of the {batch} sequences in the batch has its own cache")
+        raise AssertionError(f"layers={n_layer}, kv_heads={n_kv}, head_dim={hd}, seq={seq}, batch={batch}, bytes={nb}: "
+                             f"expected {want:,}, got {got:,}")
 
 
 @exercise("03", "mean_pool_kv")
 def check_mean_pool_kv(fn: Callable[..., Any]) -> None:
     """fn(w, n_heads, n_groups) -> (n_groups*head_dim, d_in): head j = mean of heads j*g..j*g+g-1."""
-    from codex_lab.lessons.l03_gqa.experiments import mean_pool_heads
-
-    w = torch.arange(8 * 3 * 5, dtype=torch.float32).reshape(8 * 3, 5)  # 8 heads of width 3, d_in 5
+    w = torch.randn(8 * 3, 5, generator=torch.Generator().manual_seed(4))  # 8 heads of width 3, d_in 5
+    heads = w.reshape(8, 3, 5)  # (heads, head_dim, d_in)
     for n_groups in (8, 4, 2, 1):
-        want = mean_pool_heads(w, 8, n_groups)
-        got = fn(w.clone(), 8, n_groups)
-        assert isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}"
-        assert got.shape == want.shape, f"n_groups={n_groups}: expected shape {tuple(want.shape)}, got {tuple(got.shape)}"
-        if torch.allclose(got, want):
-            continue
         g = 8 // n_groups
-        strided = w.reshape(g, n_groups, 3, 5).mean(0).reshape(n_groups * 3, 5)
-        if torch.allclose(got, strided):
+        # W'_j = (1/g) sum_{i < g} W_{j*g + i}
+        want = heads.reshape(n_groups, g, 3, 5).mean(1).reshape(n_groups * 3, 5)
+        got = fn(w.clone(), 8, n_groups)
+        assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"
+        assert got.shape == want.shape, (
+            f"n_groups={n_groups}: expected shape {tuple(want.shape)} (n_groups * head_dim rows, d_in columns), "
+            f"got {tuple(got.shape)}")
+        if torch.allclose(got, want, atol=1e-6):
+            continue
+        strided = heads.reshape(g, n_groups, 3, 5).mean(0).reshape(n_groups * 3, 5)
+        if torch.allclose(got, strided, atol=1e-6):
             raise AssertionError(
                 f"n_groups={n_groups}: you averaged heads j, j+{n_groups}, ...; a group is g={g} *consecutive* "
-                "heads (query head h reads K/V head h // g)"
-            )
-        if torch.allclose(got, w.reshape(n_groups, g, 3, 5).sum(1).reshape(n_groups * 3, 5)):
+                "heads (query head h reads K/V head h // g)")
+        if torch.allclose(got, heads.reshape(n_groups, g, 3, 5).sum(1).reshape(n_groups * 3, 5), atol=1e-6):
             raise AssertionError(f"n_groups={n_groups}: that is the sum of the group's heads; divide by g={g}")
-        if torch.allclose(got, w.reshape(n_groups, g, 3, 5)[:, 0].reshape(n_groups * 3, 5)):
+        if torch.allclose(got, heads.reshape(n_groups, g, 3, 5)[:, 0].reshape(n_groups * 3, 5), atol=1e-6):
             raise AssertionError(f"n_groups={n_groups}: that keeps the first head of each group; take the mean")
+        if torch.allclose(got, w.reshape(n_groups, g * 3, 5).reshape(n_groups, 3, g, 5).mean(2).reshape(n_groups * 3, 5), atol=1e-6):
+            raise AssertionError(f"n_groups={n_groups}: you averaged rows inside the group in the wrong layout; "
+                                 "view w as (n_groups, g, head_dim, d_in): head first, then its rows")
         raise AssertionError(f"n_groups={n_groups}: max difference {float((got - want).abs().max()):.3g} from the mean-pooled rows")

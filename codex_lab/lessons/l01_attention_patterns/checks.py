@@ -1,0 +1,142 @@
+"""Lesson 01 exercises: causal attention probabilities, the weight a head puts at each
+distance, and the share of attention inside a window.
+
+Each check computes the expected answer with plain code here (not with the package's
+analysis functions), and on a wrong answer recognises the usual mistakes (a missing scale,
+a reversed mask, softmax over the wrong axis, sums instead of means, off-by-one windows)
+and names them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from codex_lab.course.checks import exercise
+
+# fp32 probabilities in [0, 1]; learner code may sum in another order: 1e-5 (CONTRIBUTING.md)
+ATOL = 1e-5
+
+
+def _close(a: Any, b: Tensor) -> bool:
+    return isinstance(a, Tensor) and a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=ATOL, rtol=0)
+
+
+def _probs(q: Tensor, k: Tensor, scale: float, fill: float = float("-inf"), dim: int = -1, upper: bool = False) -> Tensor:
+    """softmax(q k^T * scale) with a causal mask; the options build the usual wrong variants."""
+    T = q.shape[-2]
+    keep = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T): key j <= query i
+    if upper:
+        keep = keep.T
+    scores = (q @ k.transpose(-2, -1)) * scale  # (H, T, T)
+    return torch.softmax(scores.masked_fill(~keep, fill), dim=dim)
+
+
+@exercise("01", "causal_attention_probs")
+def check_causal_attention_probs(fn: Callable[..., Any]) -> None:
+    """fn(q, k) with q, k (H, T, D) (RoPE already applied) -> (H, T, T) causal probabilities."""
+    gen = torch.Generator().manual_seed(1)
+    for H, T, D in [(2, 6, 16), (3, 9, 4), (1, 1, 8)]:
+        q = 2 * torch.randn(H, T, D, generator=gen)  # scores of a few units: a missing scale shows
+        k = 2 * torch.randn(H, T, D, generator=gen)
+        # p = softmax over keys j <= i of q_i . k_j / sqrt(D)
+        want = _probs(q, k, 1 / math.sqrt(D))  # (H, T, T)
+        got = fn(q.clone(), k.clone())
+        assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"
+        assert got.shape == want.shape, f"H={H}, T={T}, D={D}: expected shape {tuple(want.shape)}, got {tuple(got.shape)}"
+        if _close(got, want):
+            continue
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        if _close(got, _probs(q, k, 1 / math.sqrt(D), upper=True)):
+            raise AssertionError("the mask is reversed: a query may read keys at or *before* it (tril), not after it (triu)")
+        if bool((got.float()[:, future].abs() > ATOL).any()):
+            if _close(got, _probs(q, k, 1 / math.sqrt(D), fill=0.0)):
+                raise AssertionError("future keys still get weight: fill masked scores with -inf (exp(-inf) = 0); "
+                                     "a 0 score still gets exp(0) = 1 in the softmax")
+            raise AssertionError("a query puts weight on a key after it: mask keys j > i before the softmax")
+        if _close(got, _probs(q, k, 1 / math.sqrt(D), dim=-2)):
+            raise AssertionError("softmax over the queries (dim=-2); normalise over the keys (dim=-1): each row sums to 1")
+        if not torch.allclose(got.float().sum(-1), torch.ones(H, T), atol=1e-4):
+            raise AssertionError("rows must sum to 1: mask the scores first, then take the softmax over the keys "
+                                 "(zeroing probabilities after the softmax leaves rows that sum to less than 1)")
+        if _close(got, _probs(q, k, 1.0)):
+            raise AssertionError("the scores are not scaled: divide q k^T by sqrt(D) (Vaswani et al. 2017)")
+        if _close(got, _probs(q, k, 1 / D)):
+            raise AssertionError(f"the scores are divided by D = {D}; the scale is 1 / sqrt(D)")
+        raise AssertionError(f"H={H}, T={T}, D={D}: max difference {float((got.float() - want).abs().max()):.3g} "
+                             "from softmax(q k^T / sqrt(D)) with keys after the query masked")
+
+
+def _causal_map(T: int, gen: torch.Generator) -> Tensor:
+    """A random (T, T) attention map: causal rows that sum to 1."""
+    scores = torch.randn(T, T, generator=gen)
+    return torch.softmax(scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), -1)
+
+
+@exercise("01", "distance_profile")
+def check_distance_profile(fn: Callable[..., Any]) -> None:
+    """fn(p) with p (T, T) one head's probabilities -> (T,): entry d is the mean of p[i, i - d]
+    over the T - d queries i >= d."""
+    gen = torch.Generator().manual_seed(2)
+    for T in (7, 12, 1):
+        p = _causal_map(T, gen)
+        # profile[d] = mean_{i >= d} p[i, i - d]
+        want = torch.stack([torch.diagonal(p, offset=-d).mean() for d in range(T)])  # (T,)
+        got = fn(p.clone())
+        assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"
+        got = got.reshape(-1) if got.numel() == T else got
+        assert got.shape == want.shape, f"T={T}: expected shape ({T},), got {tuple(got.shape)}"
+        if _close(got, want):
+            continue
+        sums = torch.stack([torch.diagonal(p, offset=-d).sum() for d in range(T)])
+        if _close(got, sums):
+            raise AssertionError("you summed the weights at distance d; take their mean over the T - d queries that "
+                                 "have a key d tokens back")
+        if _close(got, sums / T):
+            raise AssertionError(f"you divided by T = {T} for every distance; only T - d queries have a key d back")
+        if _close(got, torch.stack([torch.diagonal(p, offset=d).mean() for d in range(T)])):
+            raise AssertionError("you read p[i, i + d], a key *after* the query (always 0 in causal attention); "
+                                 "distance d means the key at i - d")
+        if _close(got, p.mean(0)) or _close(got, p.sum(0) / torch.arange(T, 0, -1)):
+            raise AssertionError("that is the weight on key *position* d; the distance is i - j, so read the "
+                                 "diagonal p[i, i - d]")
+        raise AssertionError(f"T={T}: max difference {float((got.float() - want).abs().max()):.3g} from the mean of "
+                             "p[i, i - d] over i >= d")
+
+
+@exercise("01", "window_share")
+def check_window_share(fn: Callable[..., Any]) -> None:
+    """fn(p, window, min_query) with p (T, T) -> float: mean over queries i >= min_query of the
+    weight on keys with 0 <= i - j < window."""
+    gen = torch.Generator().manual_seed(3)
+    for T, w, mq in [(20, 4, 8), (16, 1, 3), (10, 3, 3), (12, 12, 11)]:
+        p = _causal_map(T, gen)
+        i = torch.arange(T)
+        dist = i[:, None] - i[None, :]  # (T, T): i - j
+
+        def share(near: Tensor, start: int) -> float:
+            # share = mean_{i >= start} sum_{j near i} p[i, j]
+            return float((p * near).sum(-1)[start:].mean())
+
+        want = share((dist >= 0) & (dist < w), mq)
+        got = fn(p.clone(), w, mq)
+        if isinstance(got, Tensor) and got.numel() == 1:
+            raise AssertionError("return a Python float (float(x)), not a tensor")
+        assert isinstance(got, float), f"return a float, got {type(got).__name__}"
+        if abs(got - want) < ATOL:
+            continue
+        if got > 1 + ATOL:
+            raise AssertionError(f"got {got:.3f} > 1: a share is a mean over queries, not a sum")
+        if abs(got - share((dist >= 0) & (dist <= w), mq)) < ATOL:
+            raise AssertionError(f"window={w} counts {w + 1} keys; the window is the query itself and the "
+                                 f"{w - 1} keys before it: 0 <= i - j < window")
+        if abs(got - share((dist >= 0) & (dist < w), 0)) < ATOL:
+            raise AssertionError(f"average only the queries i >= min_query = {mq}: earlier queries have (almost) "
+                                 "all their keys inside the window, so their share is 1 by construction")
+        if abs(got - share((dist >= 0) & (i[None, :] < w), mq)) < ATOL:
+            raise AssertionError("that keeps the first `window` key positions (j < window); the window is "
+                                 "measured back from each query: i - j < window")
+        raise AssertionError(f"T={T}, window={w}, min_query={mq}: got {got:.4f}, expected {want:.4f}")
