@@ -1,10 +1,15 @@
-"""Grading exercises: per-exercise status for one notebook, a folder of submissions, or a
-single function from inside a notebook (``check``).
+"""Grading exercises: per-exercise status and points for one submission, a folder of
+submissions, or a single function from inside a notebook (``check``).
 
-Statuses: ``passed`` (the public checks passed), ``not yet done`` (the function still
-raises NotImplementedError), ``failed`` (a check's assertion failed), ``error`` (the
-function raised something else), ``missing`` (no function of that name).
-Wording is honest: passing means the *public checks* passed, nothing more.
+Statuses: ``passed`` (every check case passed: full points), ``partial`` (some case points
+earned), ``not yet done`` (the function still raises NotImplementedError), ``failed`` (a
+check's assertion failed), ``error`` (the function or the file crashed, timed out, ended
+the process or printed too much), ``missing`` (no function of that name).
+Wording is honest: passing means the *checks* passed, nothing more.
+
+``grade_file`` / ``grade_folder`` run every submission in its own sandboxed child process
+(:mod:`codex_lab.course.grade_runner` over :func:`codex_lab.sandbox.run_python`); ``check``
+runs in the caller's own process (the learner's notebook kernel).
 """
 
 from __future__ import annotations
@@ -14,19 +19,21 @@ import io
 import json
 import re
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from codex_lab.course.checks import Exercise, exercises_for, load_all
-from codex_lab.course.exercises import load_definitions
+from codex_lab.course.checks import PUBLIC, Exercise, load_all, recording
+from codex_lab.course.forbid import ForbiddenCall, blocked, message, package_origin
 
-PASSED, NOT_DONE, FAILED, ERROR, MISSING = "passed", "not yet done", "failed", "error", "missing"
+PASSED, PARTIAL, NOT_DONE, FAILED, ERROR, MISSING = "passed", "partial", "not yet done", "failed", "error", "missing"
+SUBMISSION_SUFFIXES = (".py", ".ipynb")
 
 
 @dataclass
 class Result:
-    """Outcome of one exercise."""
+    """Outcome of one exercise check (public or hidden) on one submission."""
 
     lesson: str
     name: str
@@ -34,86 +41,138 @@ class Result:
     message: str
     points: int
     max_points: int
+    visibility: str = PUBLIC
+
+
+def _where(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    return f" (line {tb[-1].lineno})" if tb else ""
 
 
 def run_check(ex: Exercise, fn: Callable[..., Any] | None) -> Result:
-    """Run one exercise's check on ``fn`` and classify the outcome."""
+    """Run one exercise's check on ``fn``: points from its ``case`` blocks, the forbidden
+    package functions blocked for the learner's code, the package's own functions refused."""
+
+    def res(status: str, msg: str, pts: int = 0) -> Result:
+        return Result(ex.lesson, ex.name, status, msg, pts, ex.points, ex.visibility)
+
     if fn is None:
-        return Result(ex.lesson, ex.name, MISSING, f"no function named {ex.name!r}", 0, ex.points)
-    try:
-        ex.check(fn)
-    except NotImplementedError:
-        return Result(ex.lesson, ex.name, NOT_DONE, "still raises NotImplementedError", 0, ex.points)
-    except AssertionError as exc:
-        return Result(ex.lesson, ex.name, FAILED, str(exc) or "a check failed", 0, ex.points)
-    except Exception as exc:  # the learner's code crashed: show where
-        tb = traceback.extract_tb(exc.__traceback__)[-1]
-        return Result(ex.lesson, ex.name, ERROR, f"{type(exc).__name__}: {exc} (line {tb.lineno})", 0, ex.points)
-    return Result(ex.lesson, ex.name, PASSED, "public checks passed", ex.points, ex.points)
+        return res(MISSING, f"no function named {ex.name!r}")
+    origin = package_origin(fn)
+    if origin is not None:
+        return res(FAILED, message(origin))
+    exc: BaseException | None = None
+    with recording() as log:
+        try:
+            with blocked(ex.forbid, ex.check):
+                ex.check(fn)
+        except (Exception, SystemExit) as e:  # KeyboardInterrupt passes: the person at the keyboard wants out
+            exc = e
+    if log.declared > ex.points:
+        return res(ERROR, f"check defect: its cases declare {log.declared} points, the exercise has {ex.points}")
+    earned = log.earned + (ex.points - log.declared if exc is None else 0)
+    notes = list(log.failures)
+    status = PASSED
+    if isinstance(exc, NotImplementedError):
+        status = NOT_DONE
+        notes.append("still raises NotImplementedError")
+    elif isinstance(exc, ForbiddenCall):
+        status = FAILED
+        notes.append(str(exc))
+    elif isinstance(exc, AssertionError):
+        status = FAILED
+        notes.append(str(exc) or "a check failed")
+    elif isinstance(exc, SystemExit):
+        status = ERROR
+        notes.append(f"the function called sys.exit({exc.code!r})")
+    elif exc is not None:
+        status = ERROR
+        notes.append(f"{type(exc).__name__}: {exc}{_where(exc)}")
+    elif notes:
+        status = FAILED
+    if 0 < earned < ex.points:
+        status = PARTIAL
+    if earned == ex.points and exc is None and not notes:
+        return res(PASSED, f"{ex.visibility} checks passed", earned)
+    return res(status, "; ".join(notes), earned)
 
 
 def lesson_of(path: str | Path) -> str:
     """Lesson number from a file name like ``03_gqa.py`` -> ``"03"``."""
     m = re.match(r"(\d\d)_", Path(path).name)
     if not m:
-        raise ValueError(f"{str(path)!r} is not a lesson file; expected a name like 00_tour.py")
+        raise ValueError(f"{str(path)!r} is not a lesson file; expected a name like 00_tour.py or 00_tour.ipynb")
     return m.group(1)
 
 
-def grade_file(path: str | Path) -> list[Result]:
-    """Grade every exercise of the lesson that ``path`` (a notebook ``.py``) belongs to.
+def grade_file(path: str | Path, hidden: str | Path | None = None, timeout_s: float = 30.0) -> list[Result]:
+    """Grade every exercise (public, and hidden ones from ``hidden``) of the lesson that
+    ``path`` (a ``.py`` percent source or an ``.ipynb``) belongs to, in a sandboxed child.
 
-    A file that does not even load (syntax error, failing import) gets ``error`` for each
-    exercise instead of crashing the grader.
+    A file that does not even load gets ``error`` for each exercise; a check that hangs,
+    exits or crashes the child costs that exercise alone. ``timeout_s`` is per exercise.
     """
-    lesson = lesson_of(path)
-    exercises = exercises_for(lesson)
-    if not exercises:
-        raise ValueError(f"lesson {lesson} has no graded exercises")
-    try:
-        module = load_definitions(path)
-    except Exception as exc:  # broken submission
-        msg = f"could not load {Path(path).name}: {type(exc).__name__}: {exc}"
-        return [Result(e.lesson, e.name, ERROR, msg, 0, e.points) for e in exercises]
-    return [run_check(e, getattr(module, e.name, None)) for e in exercises]
+    from codex_lab.course.grade_runner import grade_isolated
+
+    return grade_isolated(Path(path), hidden=hidden, timeout_s=timeout_s)
 
 
-def grade_folder(folder: str | Path) -> list[dict[str, Any]]:
-    """Grade every ``NN_*.py`` below ``folder`` (one submission per file, any depth).
+def grade_folder(folder: str | Path, hidden: str | Path | None = None, timeout_s: float = 30.0,
+                 jobs: int | None = None) -> list[dict[str, Any]]:
+    """Grade every ``NN_*.py`` / ``NN_*.ipynb`` below ``folder`` (one submission per file, any depth).
 
     Returns flat records: submission (relative path), lesson, name, status, points,
-    max_points, message.
+    max_points, visibility, message. Submissions are graded ``jobs`` at a time.
     """
+    from codex_lab.course.grade_runner import exercises_of, submissions_in
+
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no folder at {str(folder)!r}")
     load_all()
+    paths = [p for p in submissions_in(folder) if exercises_of(lesson_of(p), hidden)]
+    if jobs is None:
+        import os
+
+        jobs = max(1, min(4, os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        graded = list(pool.map(lambda p: grade_file(p, hidden=hidden, timeout_s=timeout_s), paths))
     rows: list[dict[str, Any]] = []
-    for path in sorted(folder.rglob("[0-9][0-9]_*.py")):
-        if not exercises_for(lesson_of(path)):
-            continue
-        for r in grade_file(path):
+    for path, results in zip(paths, graded):
+        for r in results:
             rows.append({"submission": path.relative_to(folder).as_posix(), **asdict(r)})
     return rows
 
 
-def format_table(results: list[Result]) -> str:
-    """Plain-text table plus a score line that never claims more than public checks."""
-    w = max([len(r.name) for r in results] + [8])
-    lines = [f"{'exercise':<{w}}  {'status':<13} detail", "-" * (w + 40)]
-    for r in results:
-        lines.append(f"{r.name:<{w}}  {r.status:<13} {r.message}")
+def summary(results: list[Result]) -> str:
+    """``score 5/7 (public 4/5, hidden 1/2)``: points and their maximum, split by visibility."""
     got, total = sum(r.points for r in results), sum(r.max_points for r in results)
+    parts = []
+    for vis in ("public", "hidden"):
+        rs = [r for r in results if r.visibility == vis]
+        if rs:
+            parts.append(f"{vis} {sum(r.points for r in rs)}/{sum(r.max_points for r in rs)}")
+    return f"score {got}/{total} ({', '.join(parts)})"
+
+
+def format_table(results: list[Result]) -> str:
+    """Plain-text table with points, plus a score line that never claims more than the checks."""
+    w = max([len(r.name) for r in results] + [8])
+    lines = [f"{'exercise':<{w}}  {'check':<6} {'points':>6}  {'status':<13} detail", "-" * (w + 50)]
+    for r in results:
+        lines.append(f"{r.name:<{w}}  {r.visibility:<6} {f'{r.points}/{r.max_points}':>6}  {r.status:<13} {r.message}")
     done = sum(r.status == PASSED for r in results)
-    lines.append(f"score {got}/{total}: public checks passed for {done} of {len(results)} exercises")
+    lines.append(f"{summary(results)}: checks passed for {done} of {len(results)} exercise checks")
     return "\n".join(lines)
+
+
+FIELDS = ["submission", "lesson", "name", "status", "points", "max_points", "visibility", "message"]
 
 
 def rows_to_csv(rows: list[dict[str, Any]]) -> str:
     """CSV text of :func:`grade_folder` records."""
     buf = io.StringIO()
-    fields = ["submission", "lesson", "name", "status", "points", "max_points", "message"]
-    w = csv.DictWriter(buf, fieldnames=fields)
+    w = csv.DictWriter(buf, fieldnames=FIELDS, extrasaction="ignore")
     w.writeheader()
     w.writerows(rows)
     return buf.getvalue()
@@ -136,7 +195,8 @@ def check(fn: Callable[..., Any], lesson: str | None = None) -> Result:
     if len(matches) > 1:
         raise KeyError(f"{fn.__name__!r} is an exercise of lessons {[m.lesson for m in matches]}; pass lesson=")
     r = run_check(matches[0], fn)
-    print(f"[{r.lesson}] {r.name}: {r.status}" + ("" if r.status == PASSED else f" ({r.message})"))
-    if r.status in (FAILED, ERROR):
+    pts = f" {r.points}/{r.max_points} points"
+    print(f"[{r.lesson}] {r.name}: {r.status}{pts}" + ("" if r.status == PASSED else f" ({r.message})"))
+    if r.status in (FAILED, ERROR, PARTIAL):
         raise AssertionError(f"{r.name}: {r.message}")
     return r
