@@ -15,7 +15,6 @@ __version__ = "0.1.0"
 # module -> the public names it defines
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "lessons.l01_attention_patterns.analysis": ('attention_entropy', 'attention_maps', 'code_snippets', 'mass_by_distance', 'share_within', 'uniform_share_within'),
-    "infer.cached": ('generate_batch_cached', 'generate_ids_cached'),
     "lessons.l08_capstone.pipeline": ('CapstoneResult', 'CapstoneSizes', 'active_params', 'canary_release', 'capstone_claims', 'capstone_config', 'run_capstone'),
     "training.balancing": ('Balancer', 'STRATEGIES', 'make_balancer', 'task_stats', 'token_losses'),
     "serve.canary": ('CanaryController', 'CanaryPolicy'),
@@ -27,8 +26,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "course.exercises": ('generate_exercises', 'load_definitions', 'strip_solutions'),
     "training.finetune": ('FinetuneConfig', 'FinetuneResult'),
     "serve.gates": ('GateReport', 'SUITE', 'engine_completer', 'gate_decision', 'run_gates'),
-    "infer.generate": ('Generation', 'generate', 'generate_ids'),
-    "lessons.l03_gqa.experiments": ('decode_tokens_per_s', 'group_size_experiment', 'kv_bytes_per_token', 'kv_cache_bytes', 'kv_saving', 'mean_pool_heads', 'measured_cache_bytes', 'mha_to_gqa', 'uptrain'),
+    "infer.generate": ('Generation', 'generate', 'generate_batch_cached', 'generate_ids', 'generate_ids_cached'),
+    "lessons.l03_gqa.experiments": ('group_size_experiment',),
+    "lessons.l03_gqa.bench": ('decode_tokens_per_s',),
     "course.grading": ('check', 'grade_file', 'grade_folder'),
     "hf.llama": ('from_hf', 'hf_config_to_codex', 'to_hf'),
     "hf.mixtral": ('codex_config_from_mixtral', 'from_hf_mixtral', 'mixtral_config', 'moe_from_hf_block', 'moe_to_hf_block', 'to_hf_mixtral'),
@@ -36,7 +36,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "serve.loadtest": ('LoadReport', 'malformed_storm', 'run_load'),
     "serve.metrics": ('ServerMetrics', 'histogram_attainment', 'parse_metrics'),
     "nn.model": ('Attention', 'CodexModel', 'ModelOutput', 'RMSNorm', 'SwiGLU', 'apply_rope', 'attention_reference', 'attention_sdpa', 'register_attention_impl', 'rope_tables'),
-    "training.evaluate": ('evaluate_generation', 'task_losses'),
+    "training.evaluate": ('task_losses', 'val_loss'),
+    "infer.task_metrics": ('evaluate_generation',),
     "nn.moe": ('MoEFeedForward', 'Routing', 'RoutingStats', 'bias_update', 'capacity_keep_mask', 'dispatch_grouped', 'dispatch_reference', 'expert_capacity', 'ffn_param_counts', 'load_balancing_loss', 'moe_layers_of', 'route', 'router_z_loss', 'routing_stats', 'set_dispatch_impl'),
     "nn.patterns": ('AttentionPattern', 'BlockStrided', 'Fixed', 'GlobalTokens', 'LocalWindow', 'Strided', 'Union', 'causal_pairs', 'parse_pattern', 'seed_cost_ratio', 'union'),
     "serve.registry": ('ChecksumError', 'Registry'),
@@ -44,11 +45,14 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "infer.sampling": ('SamplingParams', 'sample_next', 'top_k_filter', 'top_p_filter'),
     "serve.app": ('BackgroundServer', 'ModelServer', 'ServerConfig', 'create_app', 'serve_in_background'),
     "nn.sparse": ('flex_available', 'sparse_attention', 'tiles_computed'),
-    "infer.speculative": ('SpecStats', 'expected_speedup', 'expected_tokens_per_round', 'speculative_generate', 'truncated_draft'),
+    "infer.speculative": ('SpecStats', 'expected_speedup', 'expected_tokens_per_round', 'speculative_generate'),
+    "nn.surgery": ('mean_pool_heads', 'mha_to_gqa', 'truncated_draft'),
+    "nn.accounting": ('active_params', 'kv_bytes_per_token', 'kv_cache_bytes', 'kv_saving', 'measured_cache_bytes'),
+    "training.loop": ('LoopConfig', 'run_loop'),
     "infer.syntax": ('cut_function', 'function_prompts', 'parses', 'syntax_validity'),
     "data.tasks": ('TASKS', 'TaskExample', 'TaskSet', 'build_tasks', 'collate', 'task_files'),
     "data.tokenizer": ('CodeTokenizer', 'SPECIAL_TOKENS', 'TASK_TAGS', 'train_tokenizer'),
-    "training.pretrain": ('PRESETS', 'TrainConfig', 'lr_at', 'preset_config', 'train'),
+    "training.pretrain": ('PRESETS', 'TrainConfig', 'lr_at', 'preset_config', 'train', 'uptrain'),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

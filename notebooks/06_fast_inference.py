@@ -50,12 +50,13 @@ import torch
 
 import codex_lab as cl
 from codex_lab.lessons.l06_inference import bench as bench
-from codex_lab.infer.cached import generate_ids_cached
+from codex_lab.infer.generate import generate_ids_cached
 from codex_lab.infer.engine import Engine, SamplingParams
-from codex_lab.lessons.l03_gqa.experiments import kv_bytes_per_token
+from codex_lab.nn.accounting import kv_bytes_per_token
 from codex_lab.nn.kv_cache import make_static_caches
 import codex_lab.infer.speculative as cl_spec
-from codex_lab.infer.speculative import expected_tokens_per_round, speculative_generate, truncated_draft
+from codex_lab.infer.speculative import expected_tokens_per_round, speculative_generate
+from codex_lab.nn.surgery import truncated_draft
 
 cl.seed_everything(0)
 FAST = cl.lesson_header("06")  # prints the mode, why, and this lesson's expected time here
@@ -358,5 +359,5 @@ plt.show()
 # Run the full benchmark (HF `generate` on the same weights included) with
 # `codex-lab bench inference --threads 1`. The opt-in `torch.compile` rung of the ladder
 # (`--scenarios compile`, off by default: compiling takes minutes on a small CPU) is
-# `codex_lab.infer.cached.compiled_forward(model)`, passed as `forward=` to
+# `codex_lab.infer.generate.compiled_forward(model)`, passed as `forward=` to
 # `generate_batch_cached`.

@@ -11,7 +11,7 @@ import torch
 from codex_lab.lessons.l08_capstone import pipeline as cap
 from codex_lab.nn.config import ModelConfig
 from codex_lab.serve.gates import gate_decision
-from codex_lab.lessons.l03_gqa.experiments import uptrain
+from codex_lab.training.pretrain import uptrain
 from codex_lab.nn.model import CodexModel
 from codex_lab.nn.moe import MoEFeedForward, ffn_param_counts
 

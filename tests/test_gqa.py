@@ -7,18 +7,12 @@ import pytest
 import torch
 
 from codex_lab.nn.config import ModelConfig
-from codex_lab.lessons.l03_gqa.experiments import (
-    decode_tokens_per_s,
-    group_size_experiment,
-    kv_bytes_per_token,
-    kv_cache_bytes,
-    kv_saving,
-    mean_pool_heads,
-    measured_cache_bytes,
-    mha_to_gqa,
-    uptrain,
-    val_loss,
-)
+from codex_lab.lessons.l03_gqa.bench import decode_tokens_per_s
+from codex_lab.lessons.l03_gqa.experiments import group_size_experiment
+from codex_lab.nn.accounting import kv_bytes_per_token, kv_cache_bytes, kv_saving, measured_cache_bytes
+from codex_lab.nn.surgery import mean_pool_heads, mha_to_gqa
+from codex_lab.training.evaluate import val_loss
+from codex_lab.training.pretrain import uptrain
 from codex_lab.nn.kv_cache import make_dynamic_caches
 from codex_lab.nn.model import CodexModel, attention_reference, attention_sdpa
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from codex_lab.infer.generate import generate_batch_cached, generate_ids, generate_ids_cached
-from codex_lab.lessons.l03_gqa.experiments import kv_bytes_per_token
+from codex_lab.nn.accounting import kv_bytes_per_token
 from codex_lab.nn.kv_cache import (
     DynamicKVCache, PagedKVPool, RollingWindowCache, StaticKVCache, make_static_caches,
 )

@@ -6,8 +6,9 @@ import torch
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.model import CodexModel
 from codex_lab.infer.speculative import (
-    SpecStats, expected_speedup, expected_tokens_per_round, speculative_generate, truncated_draft,
+    SpecStats, expected_speedup, expected_tokens_per_round, speculative_generate,
 )
+from codex_lab.nn.surgery import truncated_draft
 
 from conftest import tiny_config
 

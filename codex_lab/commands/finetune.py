@@ -36,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
     from codex_lab.training.checkpoint import load_checkpoint, load_pretrained, save_checkpoint
     from codex_lab.data.corpus import load_corpus
     from codex_lab.training.finetune import FinetuneConfig, finetune
-    from codex_lab.training.evaluate import evaluate_generation
+    from codex_lab.infer.task_metrics import evaluate_generation
     from codex_lab.runtime import get_device, pick
     from codex_lab.data.tasks import TASKS, build_tasks, task_files
 

@@ -231,7 +231,7 @@ class PagedKVPool:
     block at a time and returns to the pool the moment a request ends.
 
     Args:
-        n_layer, n_kv_head, head_dim: the model's shape (``codex_lab.lessons.l03_gqa.experiments.kv_bytes_per_token`` per token).
+        n_layer, n_kv_head, head_dim: the model's shape (``codex_lab.nn.accounting.kv_bytes_per_token`` per token).
         n_blocks: blocks in the pool; capacity = n_blocks * block_size tokens.
         block_size: tokens per block.
         device, dtype: where and how the storage lives.

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import keyword
-import time
 import tokenize
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -15,12 +14,15 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from codex_lab.nn.config import ModelConfig
 from codex_lab.data.batches import random_batch
-from codex_lab.nn.model import CodexModel
-from codex_lab.nn.moe import ffn_param_counts, moe_layers_of
-from codex_lab.runtime import get_device
 from codex_lab.data.tokenizer import CodeTokenizer
+from codex_lab.nn.accounting import ffn_counts
+from codex_lab.nn.config import ModelConfig
+from codex_lab.nn.model import CodexModel
+from codex_lab.nn.moe import moe_layers_of
+from codex_lab.runtime import get_device
+from codex_lab.training.evaluate import val_loss
+from codex_lab.training.loop import LoopConfig, adamw, run_loop
 
 CATEGORIES = ("indent", "name", "keyword", "string", "comment", "number", "operator", "other")
 
@@ -48,36 +50,12 @@ class RunResult:
     curve: list[dict[str, float]] = field(default_factory=list)
 
 
-@torch.no_grad()
-def val_loss(model: CodexModel, batches: Sequence[tuple[Tensor, Tensor]]) -> float:
-    """Mean LM loss (nats/token) over fixed batches, in eval mode."""
-    was = model.training
-    model.eval()
-    dev = next(model.parameters()).device
-    out = sum(float(model(x.to(dev), y.to(dev)).loss) for x, y in batches) / len(batches)
-    model.train(was)
-    return out
-
-
-def ffn_counts(cfg: ModelConfig) -> tuple[int, int]:
-    """(active, total) feed-forward parameters per token, summed over layers."""
-    active = total = 0
-    for i in range(cfg.n_layer):
-        if i in cfg.moe_layers:
-            c = ffn_param_counts(cfg)
-            active, total = active + c["active"], total + c["total"]
-        else:
-            assert cfg.ffn_hidden is not None
-            n = 3 * cfg.d_model * cfg.ffn_hidden
-            active, total = active + n, total + n
-    return active, total
-
-
 def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Sequence[tuple[Tensor, Tensor]], *,
               steps: int, batch_size: int, seq_len: int, lr: float = 3e-3, seed: int = 0,
               bias_update_rate: float = 1e-3, eval_every: int | None = None,
               device: torch.device | str | None = None) -> RunResult:
-    """Train ``cfg`` from scratch with AdamW (constant ``lr`` after 10 warm-up steps).
+    """Train ``cfg`` from scratch with the one training loop (AdamW, constant ``lr`` after 10
+    warm-up steps, gradient norm clipped at 1).
 
     LM loss + the MoE layers' weighted aux losses; routing stats recorded every step.
     With ``eval_every``, ``curve`` gets (step, train_flops, val_loss) rows, where
@@ -89,38 +67,35 @@ def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Se
     model = CodexModel(cfg).to(dev)
     for m in moe_layers_of(model):
         m.bias_update_rate = bias_update_rate
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    loop = LoopConfig(steps=steps, lr=lr, warmup=10, weight_decay=0.0, grad_clip=1.0, eval_every=eval_every or 0)
+    opt = adamw(model, loop)
     gen = torch.Generator().manual_seed(seed)
     active, total = ffn_counts(cfg)
     res = RunResult(name=name, model=model, active_ffn_params=active, total_ffn_params=total,
                     active_params=model.num_params() - (total - active))
-    model.train()
-    t0, eval_s = time.perf_counter(), 0.0
-    for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (step + 1) / 10)
+
+    def loss_fn(_: int) -> tuple[Tensor, dict[str, float]]:
         x, y = random_batch(train_tokens, batch_size, seq_len, gen)  # (B, T) each
         out = model(x.to(dev), y.to(dev))
-        opt.zero_grad(set_to_none=True)
-        (out.loss + out.aux_loss).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        row = {"step": step + 1, "loss": float(out.loss.detach())}
-        layers = moe_layers_of(model)
-        if layers:
-            stats = [m.last_stats for m in layers if m.last_stats is not None]
+        row = {"loss": float(out.loss.detach())}
+        stats = [m.last_stats for m in moe_layers_of(model) if m.last_stats is not None]
+        if stats:  # means over the MoE layers
             row["max_load"] = sum(s.max_load_ratio for s in stats) / len(stats)
             row["load_entropy"] = sum(s.load_entropy for s in stats) / len(stats)
             row["router_entropy"] = sum(s.router_entropy for s in stats) / len(stats)
             row["drop_rate"] = sum(s.drop_rate for s in stats) / len(stats)
-        res.history.append(row)
-        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
-            e0 = time.perf_counter()
+        return out.loss + out.aux_loss, row
+
+    def on_eval(step: int, _: dict[str, float]) -> None:
+        if step < steps:  # the last point is added after training
             # training compute ~ 6 FLOPs per active parameter per token (forward + backward)
-            flops = 6.0 * res.active_params * (step + 1) * batch_size * seq_len
-            res.curve.append({"step": step + 1, "train_flops": flops, "val_loss": val_loss(model, val_batches)})
-            eval_s += time.perf_counter() - e0
-    res.train_time_s = time.perf_counter() - t0 - eval_s
+            flops = 6.0 * res.active_params * step * batch_size * seq_len
+            res.curve.append({"step": step, "train_flops": flops, "val_loss": val_loss(model, val_batches)})
+
+    model.train()
+    done = run_loop(loss_fn, opt, loop, eval_fn=on_eval if eval_every else None)
+    res.history = [{k: v for k, v in r.items() if k != "lr"} for r in done.rows]
+    res.train_time_s = done.train_time_s
     res.val_loss = val_loss(model, val_batches)
     if eval_every:
         res.curve.append({"step": steps, "train_flops": 6.0 * res.active_params * steps * batch_size * seq_len,

@@ -28,7 +28,7 @@ def run(ctx: Any) -> str:
     from codex_lab.nn.config import ModelConfig
     from codex_lab.training.finetune import FinetuneConfig, finetune
     from codex_lab.nn.model import CodexModel
-    from codex_lab.training.evaluate import evaluate_generation
+    from codex_lab.infer.task_metrics import evaluate_generation
     from codex_lab.runtime import pick
     from codex_lab.data.tasks import TASKS, build_tasks, encode_tasks, task_files
 

@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from codex_lab.infer.cached import compiled_forward, generate_batch_cached, generate_ids_cached
+from codex_lab.infer.generate import compiled_forward, generate_batch_cached, generate_ids_cached
 from codex_lab.infer.engine import Engine, Finished, SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.model import CodexModel
 from codex_lab.runtime import pick, seed_everything
-from codex_lab.infer.speculative import expected_tokens_per_round, speculative_generate, truncated_draft
+from codex_lab.infer.speculative import expected_tokens_per_round, speculative_generate
+from codex_lab.nn.surgery import truncated_draft
 from codex_lab.data.tokenizer import CodeTokenizer
 
 NAME = "inference"

@@ -12,7 +12,7 @@ ORDER = 6
 
 def run(ctx: Any) -> str:
     from codex_lab.lessons.l06_inference import bench
-    from codex_lab.lessons.l03_gqa.experiments import kv_bytes_per_token
+    from codex_lab.nn.accounting import kv_bytes_per_token
     from codex_lab.nn.kv_cache import make_static_caches
     from codex_lab.runtime import pick
 
