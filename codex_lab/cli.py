@@ -10,15 +10,33 @@ from typing import Sequence
 
 from codex_lab import commands
 
+# commands that run experiments: they take --mode (the global option works before any command too)
+MODE_COMMANDS = ("report", "bench", "train", "finetune")
+MODE_HELP = ("fast (minutes on a CPU) or full (the real sizes, meant for a GPU); "
+             "default: full on a CUDA GPU, fast otherwise, or CODEX_LAB_FAST=1/0")
+
+
+def _add_mode(p: argparse.ArgumentParser) -> None:
+    """Add --mode to a parser and to every nested sub-command parser (e.g. each bench)."""
+    # SUPPRESS: a sub-parser must not overwrite a --mode given at an outer level with a default
+    p.add_argument("--mode", choices=("fast", "full"), default=argparse.SUPPRESS, help=MODE_HELP)
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                _add_mode(child)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Parser with one sub-parser per command module."""
     parser = argparse.ArgumentParser(prog="codex-lab", description="codex-lab: build and measure a fast, good code LLM.")
+    parser.add_argument("--mode", choices=("fast", "full"), default=argparse.SUPPRESS, help=MODE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         mod = importlib.import_module(f"{commands.__name__}.{info.name}")
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
+        if mod.NAME in MODE_COMMANDS:
+            _add_mode(p)
         p.set_defaults(_main=mod.main)
     return parser
 
@@ -30,11 +48,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_main", None):
         parser.print_help()
         return 2
+    from codex_lab.runtime import set_mode
+
+    if getattr(args, "mode", None):
+        set_mode(args.mode, "the --mode flag")  # before the command reads any size
     try:
         return int(args._main(args) or 0)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         print(f"codex-lab {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if getattr(args, "mode", None):
+            set_mode(None)  # main() may be called in-process (tests): leave no forced mode behind
 
 
 if __name__ == "__main__":

@@ -29,3 +29,35 @@ def test_generate_with_shipped_model_and_sampling():
     g = cli("generate", "import os\n", "--max-new-tokens", "6", "--temperature", "0.8", "--top-p", "0.9", "--seed", "3")
     g2 = cli("generate", "import os\n", "--max-new-tokens", "6", "--temperature", "0.8", "--top-p", "0.9", "--seed", "3")
     assert g.returncode == 0 and g.stdout == g2.stdout  # same seed, same text
+
+
+def test_mode_flag_on_experiment_commands():
+    from codex_lab.cli import build_parser
+    from codex_lab.course.benches import discover
+
+    parser = build_parser()
+    assert parser.parse_args(["report", "--mode", "full"]).mode == "full"
+    assert parser.parse_args(["--mode", "fast", "report"]).mode == "fast"  # global, before the command
+    assert parser.parse_args(["train", "--mode", "fast"]).mode == "fast"
+    assert parser.parse_args(["finetune", "--mode", "full"]).mode == "full"
+    bench = sorted(discover())[0]
+    assert parser.parse_args(["bench", bench, "--mode", "fast"]).mode == "fast"  # nested bench parsers too
+    assert parser.parse_args(["--mode", "full", "bench", bench]).mode == "full"  # not reset by a sub-parser default
+    assert not hasattr(parser.parse_args(["report"]), "mode")  # nothing given: the device decides
+
+
+def test_mode_flag_is_set_before_the_command_and_undone(monkeypatch):
+    from codex_lab import cli, runtime
+    from codex_lab.commands import report
+
+    monkeypatch.delenv("CODEX_LAB_FAST", raising=False)
+    seen = {}
+    monkeypatch.setattr(report, "main", lambda args: seen.update(info=runtime.mode_info()) or 0)
+    assert cli.main(["report", "--mode", "full"]) == 0
+    assert seen["info"].mode == "full" and seen["info"].source == "flag" and "--mode" in seen["info"].reason
+    assert runtime.mode_info().source != "flag"  # in-process callers get their mode back
+
+
+def test_report_unknown_section_is_one_clear_line(tmp_path):
+    p = cli("report", "--sections", "99", "--out", str(tmp_path / "r"), "--no-progress")
+    assert p.returncode == 2 and "no report section matches '99'" in p.stderr and "Traceback" not in p.stderr

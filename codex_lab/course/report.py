@@ -4,23 +4,40 @@ Sections are the ``report.py`` modules of the lessons (``codex_lab/lessons/lNN_t
 ``TITLE: str``, ``ORDER: int`` and ``run(ctx: ReportContext) -> str`` returning Markdown.
 A section records each seed claim it checks with ``ctx.claim(...)``; the report ends with
 a table of every claim beside the measured figure and a verdict.
+
+The runner says up front which mode runs, why, and how long it should take here (recorded
+per-section timings scaled by a matmul calibration, ``codex_lab.runtime``). ``report.md`` is
+rewritten (atomically) after every section, so an interrupted run (Ctrl-C) leaves a valid
+partial report that lists the finished, interrupted and skipped sections.
+
+Full mode on a device other than CUDA follows a *CPU plan*: sections whose full sizes would
+not fit ``CPU_FULL_BUDGET_S`` together keep their fast sizes (the heaviest first), so a
+full report on 2 CPU cores stays under 30 minutes. ``CODEX_LAB_FULL_ON_CPU=1`` turns the
+plan off (every section at full size: hours on a CPU).
 """
 
 from __future__ import annotations
 
-
+import json
+import os
+import re
 import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Sequence
 
 from codex_lab.course.plugins import lesson_modules
-from codex_lab.runtime import describe_environment, fast_mode
+from codex_lab.errors import InputError
+from codex_lab.runtime import (ModeInfo, calibrate_ms, describe_environment, expected_seconds, format_seconds,
+                               mode_info, mode_override, progress, speed_factor, timing_table)
 
 VERDICTS = ("holds", "holds with a correction", "does not hold", "not reproduced at this scale")
+# 25 min of estimated work: a margin under the 30 min promised for full mode on 2 CPU cores,
+# since the full-size CPU timings are estimates, not measurements
+CPU_FULL_BUDGET_S = 25 * 60
 
 
 @dataclass
@@ -66,53 +83,214 @@ class ReportContext:
         self.claims.append({"lesson": lesson, "claim": claim, "measured": measured, "verdict": verdict})
 
 
+class ReportInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a report; ``path`` is the valid partial ``report.md`` written before stopping."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"report interrupted; partial report written to {path}")
+        self.path = path
+
+
 def discover_sections() -> list[ModuleType]:
     """Every section module, sorted by ORDER then name."""
     mods = lesson_modules("report")
     return sorted(mods, key=lambda m: (getattr(m, "ORDER", 99), m.__name__))
 
 
-def run_report(out_dir: str | Path | None = None, *, sections: list[str] | None = None, corpus: str | None = None, progress: bool = True) -> Path:
+def section_key(mod: Any) -> str:
+    """The two-digit lesson number of a section (``...lessons.l05_multitask.report`` -> ``"05"``)."""
+    m = re.search(r"(?:^|\.)l(\d\d)_", mod.__name__)
+    return m.group(1) if m else f"{int(getattr(mod, 'ORDER', 99)):02d}"
+
+
+def select_sections(mods: Sequence[Any], wanted: Sequence[str] | None) -> list[Any]:
+    """The sections named in ``wanted``, in report order: ``"05"``, ``"l05"``, ``"5"`` or a
+    module-name fragment (``"multitask"``). An unknown name is an InputError listing the choices."""
+    if not wanted:
+        return list(mods)
+    chosen: set[int] = set()
+    for raw in wanted:
+        w = raw.strip().lower()
+        if not w:
+            continue
+        num = re.fullmatch(r"l?(\d{1,2})", w)
+        hits = [i for i, m in enumerate(mods)
+                if (num and section_key(m) == f"{int(num.group(1)):02d}") or (not num and w in m.__name__.lower())]
+        if not hits:
+            choices = ", ".join(f"{section_key(m)} ({m.__name__.split('.')[-2] if '.' in m.__name__ else m.__name__})" for m in mods)
+            raise InputError(f"no report section matches {raw!r}; choose from: {choices} (e.g. --sections 02,05)")
+        chosen.update(hits)
+    return [m for i, m in enumerate(mods) if i in chosen]
+
+
+def plan_modes(keys: Sequence[str], info: ModeInfo, budget_s: float = CPU_FULL_BUDGET_S) -> dict[str, str]:
+    """Mode of each section. Fast mode: all fast. Full mode on CUDA (or with
+    ``CODEX_LAB_FULL_ON_CPU=1``): all full. Full mode elsewhere: the sections with the largest
+    estimated full-size time keep fast sizes until the estimated total fits ``budget_s``."""
+    plan = {k: info.mode for k in keys}
+    if info.fast or info.device == "cuda" or os.environ.get("CODEX_LAB_FULL_ON_CPU", "").strip() in {"1", "true", "yes"}:
+        return plan
+    full = {k: expected_seconds("report", [k], "full", info.device).seconds for k in keys}
+    fast = {k: expected_seconds("report", [k], "fast", info.device).seconds or 0.0 for k in keys}
+    # a section with no recorded full-size time counts as too big to risk
+    cost = {k: full[k] if full[k] is not None else float("inf") for k in keys}
+    for k in sorted(keys, key=lambda k: -cost[k]):
+        if sum(cost[j] if plan[j] == "full" else fast[j] for j in keys) <= budget_s:
+            break
+        plan[k] = "fast"
+    return plan
+
+
+def plan_estimate(plan: dict[str, str], device: str) -> tuple[float | None, str]:
+    """Expected seconds of a planned run on this machine (None if any part is unrecorded) and
+    the basis of the figure (where the recorded timings come from, the calibration factor)."""
+    total, sources = 0.0, []
+    for k, mode in plan.items():
+        est = expected_seconds("report", [k], mode, device)
+        if est.seconds is None:
+            return None, est.basis
+        total += est.seconds
+        src = timing_table("report", mode, device)[1]
+        if f"{mode} mode: {src}" not in sources:
+            sources.append(f"{mode} mode: {src}")
+    scale = "as recorded on a GPU" if device == "cuda" else f"x{speed_factor():.2f} for this machine by a matmul calibration"
+    return total, "; ".join(sources) + f"; {scale}"
+
+
+def header_lines(info: ModeInfo, plan: dict[str, str]) -> list[str]:
+    """The first lines of a report: mode, why, expected time here, how to choose the other mode."""
+    keys = list(plan)
+    small = [k for k, m in plan.items() if m == "fast"]
+    what = f"{info.mode} mode"
+    if not info.fast and small:
+        what += f" sized for a CPU (sections {', '.join(small)} keep fast sizes so the run fits ~30 min; CODEX_LAB_FULL_ON_CPU=1 runs them full: hours)"
+    secs, basis = plan_estimate(plan, info.device)
+    est = f"about {format_seconds(secs)}" if secs is not None else "unknown"
+    lines = [f"Mode: {what}, because {info.reason}.",
+             f"Expected run time on this machine: {est} for {len(keys)} section(s) ({basis}; table: codex_lab/assets/timings.json).",
+             f"Sections: {', '.join(keys)}."]
+    if info.fast:
+        other = plan_modes(keys, ModeInfo("full", "", "flag", info.device))
+        o_secs, _ = plan_estimate(other, info.device)
+        o_small = [k for k, m in other.items() if m == "fast"]
+        note = f"about {format_seconds(o_secs)} here" if o_secs is not None else "time not recorded for this device"
+        if o_small:
+            note += f", sections {', '.join(o_small)} kept at fast sizes on a CPU"
+        lines.append(f"Full mode: `codex-lab report --mode full` ({note}); full mode is meant for a GPU.")
+    else:
+        lines.append("Fast mode (minutes on a laptop CPU): `codex-lab report --mode fast` or CODEX_LAB_FAST=1.")
+    return lines
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def run_report(out_dir: str | Path | None = None, *, sections: list[str] | None = None, corpus: str | None = None,
+               progress: bool = True, modules: Sequence[Any] | None = None) -> Path:
     """Run the report; return the path of ``report.md``.
 
-    ``sections`` filters by module name substring (e.g. ``["l00", "l02"]``). A section that
-    crashes is reported as such (with its traceback) and the run exits non-zero later;
-    the other sections still run.
+    ``sections`` selects lessons (``["02", "l05"]``; see ``select_sections``); ``modules``
+    replaces the discovered sections (tests inject fakes). A section that crashes is reported
+    as such (with its traceback) and the run raises RuntimeError at the end; the other sections
+    still run. Ctrl-C raises ``ReportInterrupted`` after writing the partial report.
     """
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = Path(out_dir) if out_dir else Path("reports") / stamp
-    out.mkdir(parents=True, exist_ok=True)
-    ctx = ReportContext(out_dir=out, fast=fast_mode(), corpus_path=corpus, progress=progress)
-    t_start = time.perf_counter()
-    parts = [f"# codex-lab report\n\nGenerated {stamp} UTC in {'fast' if ctx.fast else 'full'} mode.\n"]
-    failures = []
-    mods = [m for m in discover_sections() if not sections or any(s in m.__name__ for s in sections)]
+    mods = select_sections(list(modules) if modules is not None else discover_sections(), sections)
     if not mods:
-        raise ValueError(f"no report section matches {sections}")
-    timings = []
-    for mod in mods:
-        t0 = time.perf_counter()
-        title = getattr(mod, "TITLE", mod.__name__)
-        if progress:
-            print(f"[report] {title} ...", flush=True)
-        try:
-            body = mod.run(ctx)
-        except Exception:
-            failures.append(title)
-            body = f"**This section failed:**\n\n```\n{traceback.format_exc()}\n```\n"
-        dt = time.perf_counter() - t0
-        timings.append((title, dt))
-        parts.append(f"## {title}\n\n{body.strip()}\n\n_Section time: {dt:.1f} s._\n")
+        raise InputError("no report sections found")
+    out.mkdir(parents=True, exist_ok=True)
+    info = mode_info()
+    keys = [section_key(m) for m in mods]
+    plan = plan_modes(keys, info)
+    head = header_lines(info, plan)
+    for line in head:
+        print(f"[report] {line}", flush=True)
+    ctx = ReportContext(out_dir=out, fast=info.fast, corpus_path=corpus, progress=progress)
+    t_start = time.perf_counter()
+    done: list[tuple[str, str, float, str]] = []  # key, title, seconds, mode
+    bodies: list[str] = []
+    failures: list[str] = []
+    path = out / "report.md"
+    interrupted: str | None = None
+    bar = _section_bar(mods, keys, plan, info, progress)
+    try:
+        for mod, key in zip(mods, keys):
+            title = getattr(mod, "TITLE", mod.__name__)
+            bar.set_description(f"report {key}")
+            t0 = time.perf_counter()
+            try:
+                with mode_override(plan[key], f"the report's {'CPU plan' if plan[key] != info.mode else 'mode'}"):
+                    ctx.fast = plan[key] == "fast"
+                    body = mod.run(ctx)
+            except KeyboardInterrupt:
+                interrupted = title
+                raise
+            except Exception:
+                failures.append(title)
+                body = f"**This section failed:**\n\n```\n{traceback.format_exc()}\n```\n"
+            dt = time.perf_counter() - t0
+            done.append((key, title, dt, plan[key]))
+            bodies.append(f"## {title}\n\n{body.strip()}\n\n_Section time: {dt:.1f} s ({plan[key]} sizes)._\n")
+            bar.update(_weight(key, plan, info))
+            _write_atomic(path, _assemble(stamp, head, bodies, ctx, done, mods, keys, None, time.perf_counter() - t_start, info))
+    except KeyboardInterrupt:
+        bar.close()
+        _write_atomic(path, _assemble(stamp, head, bodies, ctx, done, mods, keys, interrupted or "(between sections)",
+                                      time.perf_counter() - t_start, info))
+        _write_timings(out, done, info)
+        raise ReportInterrupted(path) from None
+    bar.close()
+    _write_timings(out, done, info)
+    if failures:
+        raise RuntimeError(f"report written to {path}, but these sections failed: {failures}")
+    return path
+
+
+def _weight(key: str, plan: dict[str, str], info: ModeInfo) -> float:
+    """A section's share of the progress bar: its expected seconds (1 when unknown)."""
+    return expected_seconds("report", [key], plan[key], info.device).seconds or 1.0
+
+
+def _section_bar(mods: Sequence[Any], keys: list[str], plan: dict[str, str], info: ModeInfo, enabled: bool) -> Any:
+    """One bar over the whole report, in expected seconds, so its estimate weighs sections by cost."""
+    total = sum(_weight(k, plan, info) for k in keys)
+    return progress(total=round(total, 1), desc="report", enabled=enabled, unit="s", leave=True)
+
+
+def _assemble(stamp: str, head: list[str], bodies: list[str], ctx: ReportContext, done: list[tuple[str, str, float, str]],
+              mods: Sequence[Any], keys: list[str], interrupted: str | None, total: float, info: ModeInfo) -> str:
+    """The whole Markdown text from what has run so far."""
+    parts = [f"# codex-lab report\n\nGenerated {stamp} UTC.\n\n" + "\n".join(f"- {h}" for h in head) + "\n"]
+    finished = {k for k, *_ in done}
+    pending = [(k, getattr(m, "TITLE", m.__name__)) for m, k in zip(mods, keys) if k not in finished]
+    if pending:
+        state = f"**Interrupted** during `{interrupted}`" if interrupted else "**In progress**"
+        parts.append(f"{state}: {len(done)} of {len(keys)} sections finished "
+                     f"({', '.join(k for k, *_ in done) or 'none'}); not run: "
+                     + ", ".join(f"{k} ({t})" for k, t in pending) + ".\n")
+    parts += bodies
     if ctx.claims:
         rows = ["| lesson | seed claim | measured here | verdict |", "|---|---|---|---|"]
         rows += [f"| {c['lesson']} | {c['claim']} | {c['measured']} | {c['verdict']} |" for c in ctx.claims]
         parts.append("## Seed claims and verdicts\n\n" + "\n".join(rows) + "\n")
     env = describe_environment()
-    total = time.perf_counter() - t_start
     parts.append("## Run\n\n" + "\n".join(f"- {k}: {v}" for k, v in env.items())
-                 + "\n" + "\n".join(f"- section `{t}`: {d:.1f} s" for t, d in timings) + f"\n- total: {total:.1f} s\n")
-    path = out / "report.md"
-    path.write_text("\n".join(parts))
-    if failures:
-        raise RuntimeError(f"report written to {path}, but these sections failed: {failures}")
-    return path
+                 + "\n" + "\n".join(f"- section `{t}`: {d:.1f} s ({m} sizes)" for _, t, d, m in done)
+                 + (f"\n- skipped (not run): {', '.join(k for k, _ in pending)}" if pending else "")
+                 + f"\n- total: {total:.1f} s\n")
+    return "\n".join(parts)
+
+
+def _write_timings(out: Path, done: list[tuple[str, str, float, str]], info: ModeInfo) -> None:
+    """``timings.json`` beside the report: seconds per section, to update ``assets/timings.json``."""
+    data = {"device": info.device, "matmul_ms": round(calibrate_ms(), 4),
+            "sections": {k: {"seconds": round(d, 1), "mode": m} for k, _, d, m in done}}
+    _write_atomic(out / "timings.json", json.dumps(data, indent=2) + "\n")
+
+
+__all__ = ["ReportContext", "ReportInterrupted", "VERDICTS", "discover_sections", "plan_modes", "run_report",
+           "section_key", "select_sections", "timing_table"]

@@ -1,0 +1,133 @@
+"""The report runner: section selection, the CPU plan for full mode, the header, and a valid
+partial report when a run is interrupted (fake sections injected, nothing heavy runs)."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+
+from codex_lab import runtime
+from codex_lab.course import report as rep
+from codex_lab.errors import InputError
+
+
+def fake_section(key: str, title: str, body: str = "", raises: BaseException | None = None, calls: list | None = None):
+    mod = types.ModuleType(f"fake.lessons.l{key}_fake{key}.report")
+    mod.TITLE, mod.ORDER = title, int(key)
+
+    def run(ctx):
+        if calls is not None:
+            calls.append((key, ctx.fast, runtime.fast_mode()))
+        if raises is not None:
+            raise raises
+        return body or f"body of {key}"
+
+    mod.run = run
+    return mod
+
+
+@pytest.fixture
+def laptop(monkeypatch):
+    """A CPU machine, nothing set; the calibration pinned to the reference machine (factor 1)."""
+    runtime.set_mode(None)
+    for var in ("CODEX_LAB_FAST", "CI", "CODEX_LAB_FULL_ON_CPU"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CODEX_LAB_DEVICE", "cpu")
+    monkeypatch.setattr(runtime, "calibrate_ms", lambda: runtime.recorded_timings()["reference"]["matmul_ms"])
+    yield
+    runtime.set_mode(None)
+
+
+def test_select_sections_accepts_numbers_prefixes_and_names():
+    mods = [fake_section(k, f"title {k}") for k in ("00", "02", "05")]
+    pick = lambda *w: [rep.section_key(m) for m in rep.select_sections(mods, list(w))]  # noqa: E731
+    assert pick("02", "05") == ["02", "05"]
+    assert pick("l05", "2") == ["02", "05"]  # report order, whatever the order asked
+    assert pick("fake05") == ["05"]
+    assert pick() == ["00", "02", "05"]
+    with pytest.raises(InputError, match="choose from: 00"):
+        pick("07")
+
+
+def test_real_sections_have_distinct_keys():
+    keys = [rep.section_key(m) for m in rep.discover_sections()]
+    assert len(keys) == len(set(keys)) and keys == sorted(keys)
+
+
+def test_runs_subset_and_writes_header(laptop, tmp_path, capsys):
+    calls: list = []
+    mods = [fake_section(k, f"Lesson {k}", calls=calls) for k in ("00", "02", "05")]
+    path = rep.run_report(tmp_path, sections=["02", "5"], modules=mods, progress=False)
+    text = path.read_text()
+    assert [c[0] for c in calls] == ["02", "05"] and "body of 00" not in text
+    assert "body of 02" in text and "body of 05" in text
+    assert "fast mode" in text and "CPU" in text and "Expected run time on this machine" in text
+    assert "--mode full" in text  # how to choose the other mode
+    assert "Interrupted" not in text and "In progress" not in text
+    assert "[report] Mode: fast mode" in capsys.readouterr().out
+    t = json.loads((tmp_path / "timings.json").read_text())
+    assert set(t["sections"]) == {"02", "05"} and t["device"] == "cpu"
+
+
+def test_ctrl_c_leaves_valid_partial_report(laptop, tmp_path):
+    mods = [fake_section("00", "Lesson 00", body="finished body"),
+            fake_section("02", "Lesson 02", raises=KeyboardInterrupt()),
+            fake_section("05", "Lesson 05")]
+    with pytest.raises(rep.ReportInterrupted) as info:
+        rep.run_report(tmp_path, modules=mods, progress=False)
+    assert isinstance(info.value, KeyboardInterrupt)  # still a Ctrl-C for callers that only know that
+    text = info.value.path.read_text()
+    assert text.startswith("# codex-lab report") and "finished body" in text
+    assert "**Interrupted** during `Lesson 02`" in text
+    assert "not run: 02 (Lesson 02), 05 (Lesson 05)" in text
+    assert "skipped (not run): 02, 05" in text
+    assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave no temporary file
+    assert set(json.loads((tmp_path / "timings.json").read_text())["sections"]) == {"00"}
+
+
+def test_failing_section_is_reported_and_others_run(laptop, tmp_path):
+    mods = [fake_section("00", "Lesson 00", raises=ZeroDivisionError("boom")), fake_section("02", "Lesson 02")]
+    with pytest.raises(RuntimeError, match="Lesson 00"):
+        rep.run_report(tmp_path, modules=mods, progress=False)
+    text = (tmp_path / "report.md").read_text()
+    assert "This section failed" in text and "ZeroDivisionError" in text and "body of 02" in text
+
+
+def test_full_mode_on_cpu_fits_the_budget(laptop):
+    keys = list(runtime.recorded_timings()["report"]["full/cpu"])
+    info = runtime.ModeInfo("full", "test", "flag", "cpu")
+    plan = rep.plan_modes(keys, info)
+    secs, _ = rep.plan_estimate(plan, "cpu")
+    assert secs is not None and secs <= rep.CPU_FULL_BUDGET_S < 30 * 60
+    assert "full" in plan.values() and "fast" in plan.values()
+    # demoted sections are the heaviest: every kept-full section is estimated cheaper than each demoted one
+    full_t = runtime.recorded_timings()["report"]["full/cpu"]
+    assert max(full_t[k] for k in keys if plan[k] == "full") < min(full_t[k] for k in keys if plan[k] == "fast")
+    # a GPU, or the explicit opt-out, runs everything at full size
+    assert set(rep.plan_modes(keys, runtime.ModeInfo("full", "t", "flag", "cuda")).values()) == {"full"}
+    assert set(rep.plan_modes(keys, runtime.ModeInfo("fast", "t", "device", "cpu")).values()) == {"fast"}
+
+
+def test_cpu_plan_runs_heavy_sections_in_fast_mode(laptop, tmp_path):
+    calls: list = []
+    mods = [fake_section("01", "Lesson 01", calls=calls), fake_section("04", "Lesson 04", calls=calls)]
+    runtime.set_mode("full")
+    path = rep.run_report(tmp_path, modules=mods, progress=False)
+    # 01's full size fits a CPU, 04's (hours of MoE training) does not: ctx.fast and fast_mode() agree
+    assert calls == [("01", False, False), ("04", True, True)]
+    text = path.read_text()
+    assert "sized for a CPU (sections 04 keep fast sizes" in text
+    assert not runtime.fast_mode()  # the per-section override is undone
+
+
+def test_full_mode_on_gpu_is_announced(laptop, tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "get_device", lambda prefer=None: torch.device("cuda"))
+    monkeypatch.setattr(rep, "describe_environment", lambda: {"device": "cuda (faked)"})  # no real GPU to name
+    calls: list = []
+    path = rep.run_report(tmp_path, modules=[fake_section("04", "Lesson 04", calls=calls)], progress=False)
+    text = path.read_text()
+    assert calls == [("04", False, False)]
+    assert "full mode, because a CUDA GPU is available" in text and "--mode fast" in text
