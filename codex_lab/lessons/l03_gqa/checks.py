@@ -60,11 +60,11 @@ def check_grouped_decode_attention(fn: Callable[..., Any]) -> None:
             raise AssertionError(
                 f"H={h}, H_kv={h_kv}: query head h must read K/V head h // g (heads 0..g-1 share K/V head 0); "
                 "you paired them as h % H_kv (torch.repeat / tile instead of repeat_interleave)")
+        if torch.allclose(got, _decode(q, k, v, lengths, off_by_one=True), atol=ATOL, rtol=0):
+            raise AssertionError("one padding slot too many: the valid positions are s < lengths[b], not s <= lengths[b]")
         if bool((got.abs() > 20).any()) or torch.allclose(got, _decode(q, k, v, lengths, pad=True), atol=ATOL, rtol=0):
             raise AssertionError("the output reads the padding: row b holds only lengths[b] cached tokens "
                                  "(positions 0 .. lengths[b] - 1); mask the rest with -inf before the softmax")
-        if torch.allclose(got, _decode(q, k, v, lengths, off_by_one=True), atol=ATOL, rtol=0):
-            raise AssertionError("one padding slot too many: the valid positions are s < lengths[b], not s <= lengths[b]")
         if torch.allclose(got, _decode(q, k, v, lengths, scale=1.0), atol=ATOL, rtol=0):
             raise AssertionError("the scores are not scaled: divide q . k by sqrt(D)")
         raise AssertionError(f"H={h}, H_kv={h_kv}: max difference {float((got - want).abs().max()):.3g} from the "
