@@ -1,79 +1,116 @@
 """Lesson 07 exercises: TTFT/TBT from token timestamps, SLO attainment from a histogram,
-and the release-gate decision rule. Each check compares with codex_lab and includes a case
-that catches the usual mistake."""
+and the release-gate decision rule.
+
+Each check computes its expected values itself (the package functions that answer an
+exercise, ``histogram_attainment`` and ``gate_decision``, are what the learner rewrites, so
+they are not used as oracles here and are forbidden while the check runs where the course
+supports it) and names the bug behind each wrong answer it can recognise.
+"""
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable
 
 from codex_lab.course.checks import exercise
 
 
-@exercise("07", "ttft_tbt")
+def _exercise(lesson: str, name: str, forbid: tuple[str, ...] = ()) -> Callable[[Any], Any]:
+    """``@exercise`` with ``forbid`` when this version of the course supports it."""
+    if "forbid" in inspect.signature(exercise).parameters:
+        return exercise(lesson, name, forbid=forbid)  # type: ignore[call-arg]
+    return exercise(lesson, name)
+
+
+def _close(a: Any, b: float) -> bool:
+    return isinstance(a, (int, float)) and not isinstance(a, bool) and math.isclose(a, b, abs_tol=1e-9)
+
+
+@_exercise("07", "ttft_tbt")
 def check_ttft_tbt(fn: Callable[..., Any]) -> None:
     """fn(arrival, token_times) -> (ttft seconds or None, [gaps between tokens])."""
     out = fn(10.0, [10.08, 10.095, 10.125])
-    assert isinstance(out, tuple) and len(out) == 2, "return a tuple (ttft, tbt_list)"
+    assert isinstance(out, tuple) and len(out) == 2, (
+        f"return a pair (ttft, gaps), got {type(out).__name__}{'' if not isinstance(out, (list, tuple)) else f' of length {len(out)}'}")
     ttft, tbt = out
-    assert ttft is not None and math.isclose(ttft, 0.08, abs_tol=1e-9), (
-        f"TTFT must be first token time - arrival = 0.08 s, got {ttft}: measure from the request's arrival, "
-        "not from the first token")
-    assert isinstance(tbt, list) and len(tbt) == 2, (
-        f"3 tokens have 2 gaps between them, got {len(tbt) if isinstance(tbt, list) else tbt!r}: the first "
-        "token's wait is TTFT, not a TBT")
-    assert all(math.isclose(a, b, abs_tol=1e-9) for a, b in zip(tbt, [0.015, 0.03])), (
-        f"TBT must be consecutive differences [0.015, 0.03], got {tbt}")
+    assert not _close(ttft, 0.0), "TTFT is 0: measure from the request's arrival (token_times[0] - arrival), not from the first token"
+    assert not _close(ttft, 0.125), "TTFT 0.125 is the LAST token's time - arrival (the end-to-end latency); use the first token"
+    assert _close(ttft, 0.08), f"TTFT must be first token time - arrival = 0.08 s, got {ttft!r}"
+    if isinstance(tbt, tuple):
+        raise AssertionError("the gaps are right only if they come as a list: return list(...) (got a tuple)")
+    assert isinstance(tbt, list), f"return the gaps as a list of floats, got {type(tbt).__name__}"
+    if len(tbt) == 3 and _close(tbt[0], 0.08):
+        raise AssertionError("the first gap is the TTFT (arrival -> first token): the gaps are between consecutive "
+                             "tokens, so 3 tokens have 2")
+    assert len(tbt) == 2, f"3 tokens have 2 gaps between consecutive tokens, got {len(tbt)}: {tbt}"
+    if _close(tbt[0], 0.095) or _close(tbt[1], 0.125):
+        raise AssertionError(f"got {tbt}: those are times since arrival; TBT is the difference between consecutive token times")
+    if _close(tbt[0], -0.015):
+        raise AssertionError(f"got {tbt}: negative gaps; subtract the earlier time from the later one")
+    assert _close(tbt[0], 0.015) and _close(tbt[1], 0.03), f"TBT must be the consecutive differences [0.015, 0.03], got {tbt}"
     one = fn(0.0, [0.5])
-    assert math.isclose(one[0], 0.5) and one[1] == [], "one token: TTFT 0.5 and no gaps"
+    assert _close(one[0], 0.5) and list(one[1]) == [], f"one token: TTFT 0.5 and no gaps, got {one!r}"
     none = fn(0.0, [])
-    assert none[0] is None and none[1] == [], "no tokens: (None, [])"
+    assert none[0] is None and list(none[1]) == [], (
+        f"no tokens: return (None, []); there is no first token, so TTFT is unknown, not 0 (got {none!r})")
 
 
-@exercise("07", "slo_attainment")
+@_exercise("07", "slo_attainment", forbid=("codex_lab.serve.metrics.histogram_attainment",))
 def check_slo_attainment(fn: Callable[..., Any]) -> None:
     """fn(buckets [(le, cumulative count)], target) -> share of observations <= target."""
-    from codex_lab.serve.metrics import histogram_attainment
-
     inf = float("inf")
+    # cumulative counts: 3 observations <= 0.02, 7 <= 0.05, ..., 12 in total (+Inf)
     buckets = [(0.02, 3.0), (0.05, 7.0), (0.1, 9.0), (0.25, 10.0), (inf, 12.0)]
-    for target in (0.02, 0.1, 0.25):
-        want = histogram_attainment(buckets, target)
-        got = fn(buckets, target)
-        assert math.isclose(got, want), (
-            f"target {target}: expected {want:.4f}, got {got}: Prometheus buckets are cumulative, so the share is "
-            "bucket(le=target) / bucket(le=+Inf); do not add the buckets up")
+    for target, want in ((0.1, 9 / 12), (0.02, 3 / 12), (0.25, 10 / 12)):  # 0.1 first: its wrong values are telling
+        got = fn(list(buckets), target)
+        if target == 0.1 and _close(got, (3 + 7 + 9) / 12) or _close(got, (3 + 7 + 9) / 41):
+            raise AssertionError("you added the buckets up: Prometheus buckets are already cumulative, so the share is "
+                                 "bucket(le=target) / bucket(le=+Inf)")
+        if target == 0.1 and _close(got, 9 / 10):
+            raise AssertionError("the total is the +Inf bucket (12), not the largest finite edge's count (10)")
+        if target == 0.1 and _close(got, 7 / 12):
+            raise AssertionError("0.1 s gives 7/12: that is the bucket below the target; use the bucket whose edge IS the target")
+        assert _close(got, want), f"target {target}: expected bucket(le={target}) / bucket(le=+Inf) = {want:.4f}, got {got!r}"
     shuffled = [buckets[i] for i in (3, 0, 4, 2, 1)]
-    assert math.isclose(fn(shuffled, 0.1), 0.75), "the buckets may come in any order: find the edge, and the +Inf total"
+    got = fn(shuffled, 0.1)
+    assert _close(got, 0.75), (
+        f"buckets in another order gave {got!r} instead of 0.75: find the target's bucket and the +Inf total by their "
+        "edges, not by position (or sort first)")
     try:
-        fn(buckets, 0.03)
+        bad = fn(list(buckets), 0.03)
     except ValueError:
         pass
     else:
-        raise AssertionError("0.03 is not a bucket edge: the share there is unknown, raise ValueError")
+        raise AssertionError(f"0.03 is not a bucket edge, so the share there is unknown; raise ValueError (got {bad!r}: "
+                             "do not round to a neighbouring bucket or interpolate)")
     empty = fn([(0.1, 0.0), (inf, 0.0)], 0.1)
-    assert math.isnan(empty), "no observations: return float('nan'), not 0 or 1"
+    assert isinstance(empty, float) and math.isnan(empty), (
+        f"no observations: return float('nan'), got {empty!r}: 0 would read as 'every request missed', 1 as 'all met'")
 
 
-@exercise("07", "passes_gates")
+@_exercise("07", "passes_gates", forbid=("codex_lab.serve.gates.gate_decision",))
 def check_passes_gates(fn: Callable[..., Any]) -> None:
     """fn(candidate, baseline, tolerance) -> True iff candidate[g] >= baseline[g] - tolerance.get(g, 0) for all g."""
-    from codex_lab.serve.gates import gate_decision
-
     base = {"syntax": 0.5, "functional": 0.25, "style": 0.9, "tbt_attainment": 0.8}
     tol = {"tbt_attainment": 0.1}
-    cases = [
-        dict(base),
-        {**base, "syntax": 0.75},  # better on one gate
-        {**base, "functional": 0.125},  # worse on one gate: fail even if better elsewhere
-        {**base, "functional": 0.125, "syntax": 1.0, "style": 1.0},
-        {**base, "tbt_attainment": 0.75},  # within tolerance
-        {**base, "tbt_attainment": 0.6},  # beyond tolerance
-        {k: v for k, v in base.items() if k != "style"},  # a gate not measured fails
+    cases = [  # (candidate, expected, the bug a wrong answer here shows)
+        (dict(base), True, "a candidate equal to the baseline is no worse: use >=, not >"),
+        ({**base, "syntax": 0.75}, True, "better on one gate and equal elsewhere passes"),
+        ({**base, "functional": 0.125}, False, "worse on one gate fails"),
+        ({**base, "functional": 0.125, "syntax": 1.0, "style": 1.0}, False,
+         "a regression on one gate must not hide behind gains on others: check EVERY gate, do not average"),
+        ({**base, "tbt_attainment": 0.75}, True, "tbt_attainment 0.75 is within its tolerance 0.1 of 0.8: subtract the "
+                                                  "tolerance from the baseline"),
+        ({**base, "tbt_attainment": 0.6}, False, "tbt_attainment 0.6 is beyond its tolerance (0.8 - 0.1 = 0.7)"),
+        ({**base, "style": 0.85}, False, "style has no tolerance (tolerance.get(g, 0)): 0.85 < 0.9 fails"),
+        ({k: v for k, v in base.items() if k != "style"}, False, "a gate the candidate has no number for fails"),
+        ({**base, "functional": float("nan")}, False,
+         "a NaN score (a gate that did not run) fails: every comparison with NaN is False, so `cand < base - tol` "
+         "lets it through; test that the candidate is >= the bar instead, or check math.isnan"),
+        ({**base, "extra_gate": 0.0}, True, "only the baseline's gates count; an extra number on the candidate is ignored"),
     ]
-    for cand in cases:
-        want = gate_decision(cand, base, tolerance=tol)[0]
-        got = fn(cand, base, tol)
-        assert got is want or got == want, (
-            f"candidate {cand} vs baseline {base} (tolerance {tol}): expected {want}, got {got}. The rule: no worse "
-            "than the baseline on EVERY gate (an average can hide a regression), and a missing gate fails")
+    for cand, want, why in cases:
+        got = fn(dict(cand), dict(base), dict(tol))
+        assert isinstance(got, bool), f"return True or False, got {got!r}"
+        assert got == want, f"candidate {cand} vs baseline {base} (tolerance {tol}): expected {want}, got {got}: {why}"

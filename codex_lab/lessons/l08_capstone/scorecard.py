@@ -1,0 +1,202 @@
+"""The lesson 08 project scorecard: a learner's candidate design against the plain baseline.
+
+A *design* is a plain dict naming every choice of the capstone candidate::
+
+    {"sparse_layers": [3], "pattern": "window:128+blockstride:64:2", "n_kv_head": 2,
+     "moe_layers": [3], "n_experts": 4, "top_k": 2, "balance": "coba"}
+
+:func:`validate_design` says what is wrong with one (one message per problem, naming the
+fix); :func:`design_config` turns a valid one into a :class:`~codex_lab.nn.config.ModelConfig`
+(the oracle of the project's ``design_to_config`` exercise); :func:`measure` runs the
+capstone pipeline (convert, pre-train, fine-tune with the design's balancer, gate) for the
+design and the baseline with the same budget, and times decoding; :func:`score` applies the
+stated :data:`CRITERIA` to the measured numbers, with points per criterion.
+
+The margins depend on the mode (fast mode trains a few steps, so a converted model has had
+little chance to win back what conversion cost; the full mode is held to the tight margins).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+KEYS = ("sparse_layers", "pattern", "n_kv_head", "moe_layers", "n_experts", "top_k", "balance")
+# The stated margins, per mode.
+KV_RATIO = 0.6  # candidate KV bytes per token <= 0.6 x the baseline's
+SPEED_RATIO = 0.6  # candidate decode tokens/s >= 0.6 x the baseline's (batch 8, median of interleaved rounds)
+VAL_MARGIN = {"fast": 0.35, "full": 0.10}  # nats/token: mean fine-tuned val loss <= baseline + margin
+GATE_TOLERANCE = {"fast": 0.25, "full": 0.0}  # per quality gate (2 of the 8 suite prompts in fast mode)
+QUALITY_GATES = ("syntax", "functional", "style")
+MAX_DENSITY = 0.9  # a "sparse" pattern attending to more than 90% of pairs at the model's length is dense in disguise
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One line of the scorecard: key, points, and the rule in words."""
+
+    key: str
+    points: int
+    rule: str
+
+
+def criteria(mode: str = "fast") -> tuple[Criterion, ...]:
+    """The scorecard of ``mode`` ("fast" or "full"), in the order it is printed."""
+    return (
+        Criterion("kv_bytes", 2, f"KV-cache bytes per token <= {KV_RATIO:g} x the baseline's"),
+        Criterion("decode_speed", 2, f"greedy decode tokens/s at batch 8 >= {SPEED_RATIO:g} x the baseline's "
+                                     "(median ratio of interleaved rounds)"),
+        Criterion("val_loss", 3, f"mean fine-tuned validation loss over the tasks <= baseline + {VAL_MARGIN[mode]:g} nats/token"),
+        Criterion("gates", 3, f"syntax, functional and style gates each >= baseline - {GATE_TOLERANCE[mode]:g} "
+                              "(latency gates are reported, not scored: timing on a shared grader is noise)"),
+    )
+
+
+CRITERIA = criteria("fast")
+
+
+@dataclass
+class CriterionResult:
+    """A criterion applied to measured numbers."""
+
+    key: str
+    points: int
+    max_points: int
+    passed: bool
+    detail: str
+
+
+def validate_design(design: Any, base_cfg: Any) -> list[str]:
+    """Problems with ``design`` for a model of config ``base_cfg`` (empty list: valid)."""
+    from codex_lab.nn.patterns import parse_pattern
+    from codex_lab.training.balancing import STRATEGIES
+
+    if not isinstance(design, dict):
+        return [f"the design must be a dict with keys {KEYS}, got {type(design).__name__}"]
+    missing = [k for k in KEYS if k not in design]
+    if missing:
+        return [f"the design lacks {missing}; give every one of {KEYS}"]
+    n, out = base_cfg.n_layer, []
+    for key in ("sparse_layers", "moe_layers"):
+        layers = design[key]
+        if not isinstance(layers, (list, tuple)) or not layers or not all(isinstance(i, int) for i in layers):
+            out.append(f"{key} must be a non-empty list of layer indices (the capstone uses every optimisation), got {layers!r}")
+        elif any(not 0 <= i < n for i in layers):
+            out.append(f"{key}={list(layers)}: layers are numbered 0..{n - 1} (counting from 0)")
+    try:
+        pat = parse_pattern(str(design["pattern"]))
+        if pat.is_dense or pat.density(base_cfg.max_seq_len) > MAX_DENSITY:
+            out.append(f"pattern {design['pattern']!r} attends to {pat.density(base_cfg.max_seq_len):.0%} of the pairs at "
+                       f"{base_cfg.max_seq_len} tokens: that is dense attention in disguise; use a window smaller than the context")
+    except (ValueError, KeyError, TypeError) as exc:
+        out.append(f"pattern {design['pattern']!r} does not parse: {exc}")
+    kv, heads = design["n_kv_head"], base_cfg.n_head
+    if not isinstance(kv, int) or kv < 1 or heads % kv:
+        out.append(f"n_kv_head={kv!r} must divide n_head={heads} (each K/V head serves a whole group of query heads)")
+    elif kv >= heads:
+        out.append(f"n_kv_head={kv} is not fewer than the {heads} query heads: that is plain multi-head attention, "
+                   "with no KV-cache saving")
+    ne, k = design["n_experts"], design["top_k"]
+    if not isinstance(ne, int) or ne < 2:
+        out.append(f"n_experts={ne!r}: a mixture needs at least 2 experts")
+    elif not isinstance(k, int) or not 1 <= k <= ne:
+        out.append(f"top_k={k!r} must be between 1 and n_experts={ne} (each token picks top_k of the experts)")
+    if design["balance"] not in STRATEGIES:
+        out.append(f"balance={design['balance']!r} is not a balancer; choose one of {sorted(STRATEGIES)}")
+    return out
+
+
+def design_config(base_cfg: Any, design: dict[str, Any]) -> Any:
+    """The candidate's ModelConfig: ``base_cfg``'s shape with the design's choices per layer."""
+    from codex_lab.nn.config import ModelConfig
+    from codex_lab.nn.patterns import parse_pattern
+
+    d = base_cfg.to_dict()
+    spec = parse_pattern(design["pattern"]).spec
+    d.update(attn_patterns=[spec if i in design["sparse_layers"] else "dense" for i in range(base_cfg.n_layer)],
+             attn_impl="blocks", n_kv_head=design["n_kv_head"], moe_layers=sorted(set(design["moe_layers"])),
+             n_experts=design["n_experts"], moe_top_k=design["top_k"], moe_ffn_hidden=None)
+    return ModelConfig.from_dict(d)
+
+
+_CACHE: dict[str, dict[str, Any]] = {}
+
+
+def measure(design: dict[str, Any], *, rounds: int = 3, seed: int = 0) -> dict[str, Any]:
+    """Run the capstone pipeline for ``design`` and the plain baseline; the numbers the
+    scorecard needs. Cached per design and mode within the process (the notebook measures
+    once, the check reads the same run)."""
+    import torch
+
+    import codex_lab as cl
+
+    mode = "fast" if cl.fast_mode() else "full"
+    key = json.dumps({"design": design, "mode": mode, "rounds": rounds, "seed": seed}, sort_keys=True, default=str)
+    if key in _CACHE:
+        return _CACHE[key]
+    ckpt = cl.load_pretrained()
+    base, tok = ckpt.model.eval(), ckpt.tokenizer
+    problems = validate_design(design, base.cfg)
+    if problems:
+        raise ValueError("; ".join(problems))
+    cfg = design_config(base.cfg, design)
+    res = cl.run_capstone(base, tok, cl.load_corpus(), cfg=cfg, balance=design["balance"], seed=seed)
+    out: dict[str, Any] = {"mode": mode, "design": dict(design), "log": res.log}
+    for name, m, rep in (("baseline", res.baseline, res.gates["baseline"]), ("candidate", res.candidate, res.gates["candidate"])):
+        ft = res.finetune[name]
+        out[name] = {"kv_bytes_per_token": cl.kv_bytes_per_token(m.cfg),
+                     "val_loss": float(torch.as_tensor(ft.final).float().mean()),
+                     "gates": dict(rep.scores())}
+    # decode speed: the two models alternate, so a change in the machine's load hits both
+    ratios, tps = [], {"baseline": [], "candidate": []}
+    for _ in range(rounds):
+        for name, m in (("baseline", res.baseline), ("candidate", res.candidate)):
+            tps[name].append(cl.decode_tokens_per_s(m.eval(), batch=8, prompt_len=64, new_tokens=8, repeats=1))
+        ratios.append(tps["candidate"][-1] / tps["baseline"][-1])
+    out["baseline"]["decode_tokens_per_s"] = sorted(tps["baseline"])[rounds // 2]
+    out["candidate"]["decode_tokens_per_s"] = sorted(tps["candidate"])[rounds // 2]
+    out["speed_ratio"] = sorted(ratios)[rounds // 2]
+    _CACHE[key] = out
+    return out
+
+
+def score(m: dict[str, Any]) -> list[CriterionResult]:
+    """The scorecard applied to :func:`measure`'s numbers (``m["mode"]`` picks the margins)."""
+    mode = m["mode"]
+    b, c = m["baseline"], m["candidate"]
+    out = []
+    for cr in criteria(mode):
+        if cr.key == "kv_bytes":
+            # ratio = candidate KV bytes per token / baseline's
+            ratio = c["kv_bytes_per_token"] / b["kv_bytes_per_token"]
+            ok, detail = ratio <= KV_RATIO, f"{c['kv_bytes_per_token']:,} vs {b['kv_bytes_per_token']:,} bytes/token ({ratio:.2f}x)"
+        elif cr.key == "decode_speed":
+            ok = math.isfinite(m["speed_ratio"]) and m["speed_ratio"] >= SPEED_RATIO
+            detail = (f"{c['decode_tokens_per_s']:.0f} vs {b['decode_tokens_per_s']:.0f} tokens/s, median ratio "
+                      f"{m['speed_ratio']:.2f}x (under load)")
+        elif cr.key == "val_loss":
+            gap = c["val_loss"] - b["val_loss"]
+            ok = math.isfinite(gap) and gap <= VAL_MARGIN[mode]
+            detail = f"{c['val_loss']:.3f} vs {b['val_loss']:.3f} nats/token ({gap:+.3f}, margin {VAL_MARGIN[mode]:g})"
+        else:
+            tol = GATE_TOLERANCE[mode]
+            worse = [f"{g} {c['gates'].get(g, math.nan):.2f} < {b['gates'][g]:.2f} - {tol:g}" for g in QUALITY_GATES
+                     if not c["gates"].get(g, math.nan) >= b["gates"][g] - tol]  # nan fails too
+            ok = not worse
+            detail = "; ".join(worse) if worse else ", ".join(f"{g} {c['gates'][g]:.2f} vs {b['gates'][g]:.2f}" for g in QUALITY_GATES)
+        out.append(CriterionResult(cr.key, cr.points if ok else 0, cr.points, bool(ok), detail))
+    return out
+
+
+def format_scorecard(results: list[CriterionResult], mode: str = "fast") -> str:
+    """The scorecard as plain text: one line per criterion, then the total."""
+    rules = {cr.key: cr.rule for cr in criteria(mode)}
+    lines = [f"{'criterion':<13} {'points':>6}  result"]
+    for r in results:
+        lines.append(f"{r.key:<13} {r.points:>2}/{r.max_points:<3}  {'PASS' if r.passed else 'FAIL'}: {r.detail}")
+        lines.append(f"{'':<13} {'':>6}  rule: {rules[r.key]}")
+    got, total = sum(r.points for r in results), sum(r.max_points for r in results)
+    lines.append(f"{'total':<13} {got:>2}/{total}")
+    return "\n".join(lines)
