@@ -141,3 +141,109 @@ def test_registry_cli(tmp_path, small_tokenizer, capsys):
     (tmp_path / "reg" / "versions" / "v0002" / "model.safetensors").write_bytes(b"junk")
     assert cli_main(["registry", "promote", "v0002", "--root", root]) == 2  # refused: checksum
     assert "fails its checksum" in capsys.readouterr().err
+
+
+BAD_IDS = ["../../x", "/etc/passwd", "v0001/../v0002", "v0001/", "", "v1", "V0001", "v0001\x00", "v0001 ",
+           "..", ".", "v０００１", "v-001", "versions/v0001", "\\v0001", "v" + "9" * 20]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+def test_only_registry_version_ids_are_accepted(bad, tmp_path, small_tokenizer):
+    from codex_lab.errors import InputError
+
+    reg = Registry(tmp_path / "reg")
+    reg.promote(reg.add(model(0, small_tokenizer.vocab_size), small_tokenizer))
+    (tmp_path / "x").mkdir()  # a target that ../../x would reach
+    for call in (reg.promote, reg.verify, reg.load, reg.path, reg.manifest):
+        with pytest.raises(InputError, match="not a registry version id"):
+            call(bad)
+    assert reg.current() == "v0001" and reg.versions() == ["v0001"]
+
+
+def test_symlinked_version_folder_is_not_a_version(tmp_path, small_tokenizer):
+    reg = Registry(tmp_path / "reg")
+    v1 = reg.add(model(0, small_tokenizer.vocab_size), small_tokenizer)
+    (tmp_path / "reg" / "versions" / "v0042").symlink_to(reg.path(v1))
+    assert reg.versions() == [v1]
+    with pytest.raises(FileNotFoundError, match="no version 'v0042'"):
+        reg.promote("v0042")
+
+
+def test_corrupt_manifest_is_named_listed_and_skipped_on_rollback(tmp_path, small_tokenizer):
+    from codex_lab.serve.registry import RegistryFileError
+
+    reg = Registry(tmp_path)
+    for i in range(3):
+        reg.promote(reg.add(model(i, small_tokenizer.vocab_size), small_tokenizer))
+    mp = reg.path("v0002") / "manifest.json"
+    mp.write_bytes(mp.read_bytes()[:40])  # truncated
+    with pytest.raises(RegistryFileError, match=str(mp)):
+        reg.verify("v0002")
+    rows = {r["version"]: r for r in reg.table()}  # list still works
+    assert rows["v0002"]["sha256"] == "BROKEN" and rows["v0003"]["current"]
+    assert reg.rollback() == "v0001"  # skips the corrupt v0002
+    mp.write_text('{"version": "v0002"}')  # valid JSON, missing fields
+    with pytest.raises(RegistryFileError, match="manifest"):
+        reg.manifest("v0002")
+
+
+@pytest.mark.parametrize("damage", [b"", b'{"current": "v00', b"\x00\xff garbage", b"[]",
+                                    b'{"current": "../../x", "history": ["../../x"]}'])
+def test_corrupt_state_is_rebuilt_from_the_journal(damage, tmp_path, small_tokenizer):
+    reg = Registry(tmp_path)
+    for i in range(3):
+        reg.promote(reg.add(model(i, small_tokenizer.vocab_size), small_tokenizer))
+    reg.rollback()
+    (tmp_path / "state.json").write_bytes(damage)
+    with pytest.warns(UserWarning, match="rebuilt"):
+        assert Registry(tmp_path).current() == "v0002"
+    assert json.loads((tmp_path / "state.json").read_text())["current"] == "v0002"  # written back
+    assert Registry(tmp_path).history() == ["v0001", "v0002"]
+
+
+def test_corrupt_state_without_journal_is_refused_then_repaired(tmp_path, small_tokenizer, capsys):
+    from codex_lab.cli import main as cli_main
+
+    reg = Registry(tmp_path)
+    for i in range(2):
+        reg.promote(reg.add(model(i, small_tokenizer.vocab_size), small_tokenizer))
+    (tmp_path / "state.json").write_text('{"current": "v0002", "hist')
+    (tmp_path / "journal.log").write_bytes(b"\x00garbage\n{")
+    for argv in (["registry", "list"], ["registry", "rollback"], ["registry", "promote", "v0001"]):
+        assert cli_main([*argv, "--root", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and str(tmp_path / "state.json") in err and "registry repair" in err
+    assert cli_main(["registry", "repair", "--root", str(tmp_path)]) == 0
+    assert Registry(tmp_path).current() == "v0002"  # the newest version passing its checksum
+
+
+def test_stale_temporary_files_are_cleaned_and_live_ones_kept(tmp_path, small_tokenizer):
+    reg = Registry(tmp_path)
+    v1 = reg.add(model(0, small_tokenizer.vocab_size), small_tokenizer)
+    reg.promote(v1)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer runs
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        vdir = tmp_path / "versions"
+        debris = [tmp_path / f".state.json.tmp-{dead.pid}", vdir / f".staging-{dead.pid}-ab12",
+                  vdir / f".trash-{dead.pid}-cd34-v0000", vdir / f".v0009.staging-{dead.pid}",
+                  vdir / v1 / f".manifest.json.tmp-{dead.pid}"]
+        kept = [tmp_path / f".state.json.tmp-{live.pid}", vdir / f".staging-{live.pid}-ef56"]
+        for p in debris + kept:
+            p.mkdir() if "staging" in p.name or "trash" in p.name else p.write_text("{")
+        Registry(tmp_path)
+        assert [p.name for p in debris if p.exists()] == []
+        assert all(p.exists() for p in kept)  # another process's staging folder is never deleted
+        assert Registry(tmp_path).current() == v1
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_registry_cli_refuses_paths(tmp_path, capsys):
+    from codex_lab.cli import main as cli_main
+
+    for bad in ("../../x", "/tmp"):
+        assert cli_main(["registry", "promote", bad, "--root", str(tmp_path)]) == 2
+        assert "not a registry version id" in capsys.readouterr().err

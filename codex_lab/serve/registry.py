@@ -393,7 +393,7 @@ class Registry:
 
     def load(self, version: str | None = None, device: Any = None) -> Checkpoint:
         """Verify then load ``version`` (default: the current one)."""
-        version = version or self.current()
+        version = self.current() if version is None else check_version(version)
         if version is None:
             raise InputError(f"registry {str(self.root)!r} has no current version; promote one first")
         self.verify(version)
