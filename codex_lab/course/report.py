@@ -216,11 +216,13 @@ def run_report(out_dir: str | Path | None = None, *, sections: list[str] | None 
     failures: list[str] = []
     path = out / "report.md"
     interrupted: str | None = None
-    bar = _section_bar(mods, keys, plan, info, progress)
+    bar = _section_bar(keys, plan, info, progress)
     try:
         for mod, key in zip(mods, keys):
             title = getattr(mod, "TITLE", mod.__name__)
             bar.set_description(f"report {key}")
+            if progress:
+                bar.write(f"[report] {key}: {title}")
             t0 = time.perf_counter()
             try:
                 with mode_override(plan[key], f"the report's {'CPU plan' if plan[key] != info.mode else 'mode'}"):
@@ -235,7 +237,8 @@ def run_report(out_dir: str | Path | None = None, *, sections: list[str] | None 
             dt = time.perf_counter() - t0
             done.append((key, title, dt, plan[key]))
             bodies.append(f"## {title}\n\n{body.strip()}\n\n_Section time: {dt:.1f} s ({plan[key]} sizes)._\n")
-            bar.update(_weight(key, plan, info))
+            bar.update(1)
+            _bar_left(bar, keys[len(done):], plan, info)
             _write_atomic(path, _assemble(stamp, head, bodies, ctx, done, mods, keys, None, time.perf_counter() - t_start, info))
     except KeyboardInterrupt:
         bar.close()
@@ -250,15 +253,16 @@ def run_report(out_dir: str | Path | None = None, *, sections: list[str] | None 
     return path
 
 
-def _weight(key: str, plan: dict[str, str], info: ModeInfo) -> float:
-    """A section's share of the progress bar: its expected seconds (1 when unknown)."""
-    return expected_seconds("report", [key], plan[key], info.device).seconds or 1.0
+def _section_bar(keys: list[str], plan: dict[str, str], info: ModeInfo, enabled: bool) -> Any:
+    """One bar over the sections; its postfix carries the expected time left (recorded timings)."""
+    bar = progress(total=len(keys), desc="report", enabled=enabled, unit="section", leave=True)
+    _bar_left(bar, keys, plan, info)
+    return bar
 
 
-def _section_bar(mods: Sequence[Any], keys: list[str], plan: dict[str, str], info: ModeInfo, enabled: bool) -> Any:
-    """One bar over the whole report, in expected seconds, so its estimate weighs sections by cost."""
-    total = sum(_weight(k, plan, info) for k in keys)
-    return progress(total=round(total, 1), desc="report", enabled=enabled, unit="s", leave=True)
+def _bar_left(bar: Any, keys: list[str], plan: dict[str, str], info: ModeInfo) -> None:
+    secs, _ = plan_estimate({k: plan[k] for k in keys}, info.device)
+    bar.set_postfix_str(f"expected left: {format_seconds(secs) if secs is not None else 'unknown'}" if keys else "done")
 
 
 def _assemble(stamp: str, head: list[str], bodies: list[str], ctx: ReportContext, done: list[tuple[str, str, float, str]],
