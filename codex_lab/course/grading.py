@@ -117,6 +117,23 @@ def grade_file(path: str | Path, hidden: str | Path | None = None, timeout_s: fl
     return grade_isolated(Path(path), hidden=hidden, timeout_s=timeout_s)
 
 
+def grade_in_process(path: str | Path) -> list[Result]:
+    """Grade ``path``'s public checks in *this* process, without a sandbox: only for trusted
+    files (CI holding solutions/ and exercises/ to their checks). Use :func:`grade_file` for submissions."""
+    from codex_lab.course.checks import exercises_for
+    from codex_lab.course.exercises import load_definitions
+
+    exs = exercises_for(lesson_of(path))
+    if not exs:
+        raise ValueError(f"lesson {lesson_of(path)} has no graded exercises")
+    try:
+        module = load_definitions(path)
+    except Exception as exc:  # broken file
+        msg = f"could not load {Path(path).name}: {type(exc).__name__}: {exc}"
+        return [Result(e.lesson, e.name, ERROR, msg, 0, e.points, e.visibility) for e in exs]
+    return [run_check(e, getattr(module, e.name, None)) for e in exs]
+
+
 def grade_folder(folder: str | Path, hidden: str | Path | None = None, timeout_s: float = 30.0,
                  jobs: int | None = None) -> list[dict[str, Any]]:
     """Grade every ``NN_*.py`` / ``NN_*.ipynb`` below ``folder`` (one submission per file, any depth).
