@@ -217,6 +217,9 @@ def run_report(out_dir: str | Path | None = None, *, sections: list[str] | None 
     path = out / "report.md"
     interrupted: str | None = None
     bar = _section_bar(keys, plan, info, progress)
+    quiet_before = os.environ.get("CODEX_LAB_PROGRESS")
+    if not progress:
+        os.environ["CODEX_LAB_PROGRESS"] = "0"  # every bar in the sections (runtime.progress) stays quiet too
     try:
         for mod, key in zip(mods, keys):
             title = getattr(mod, "TITLE", mod.__name__)
@@ -246,6 +249,12 @@ def run_report(out_dir: str | Path | None = None, *, sections: list[str] | None 
                                       time.perf_counter() - t_start, info))
         _write_timings(out, done, info)
         raise ReportInterrupted(path) from None
+    finally:
+        if not progress:
+            if quiet_before is None:
+                os.environ.pop("CODEX_LAB_PROGRESS", None)
+            else:
+                os.environ["CODEX_LAB_PROGRESS"] = quiet_before
     bar.close()
     _write_timings(out, done, info)
     if failures:

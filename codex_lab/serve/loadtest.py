@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from codex_lab.runtime import progress as progress_bar
 from codex_lab.serve.gates import percentile
 
 T = TypeVar("T")
@@ -92,7 +93,8 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], rep: L
                 if ch.get("finish_reason"):
                     reason = ch["finish_reason"]
                     rep.finish_reasons[reason] = rep.finish_reasons.get(reason, 0) + 1
-                    rep.tokens += chunk.get("usage", {}).get("completion_tokens", 0)
+                if chunk.get("usage"):  # stream_options.include_usage: a last chunk with the usage
+                    rep.tokens += chunk["usage"].get("completion_tokens", 0)
                 if disconnect_after is not None and len(times) >= disconnect_after:
                     rep.disconnected += 1
                     return  # leaving the block closes the connection mid-stream
@@ -109,9 +111,11 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], rep: L
 
 async def run_load_async(url: str, *, concurrency: int = 4, requests: int = 16, duration_s: float = 30.0,
                          max_tokens: int = 32, disconnect_prob: float = 0.0, prompts: Sequence[str] = PROMPTS,
-                         model: str | None = None, seed: int = 0, timeout_s: float = 60.0) -> LoadReport:
+                         model: str | None = None, seed: int = 0, timeout_s: float = 60.0,
+                         progress: bool = True) -> LoadReport:
     """``concurrency`` clients issue streaming requests until ``requests`` were sent or
-    ``duration_s`` passed (requests in flight then finish). See :func:`run_load`."""
+    ``duration_s`` passed (requests in flight then finish). See :func:`run_load`.
+    ``progress``: a tqdm bar of finished requests (it may stop short when ``duration_s`` ends the run)."""
     url = check_url(url)
     if concurrency < 1 or requests < 1 or duration_s <= 0:
         raise ValueError("concurrency and requests must be >= 1 and duration_s > 0")
@@ -124,6 +128,8 @@ async def run_load_async(url: str, *, concurrency: int = 4, requests: int = 16, 
         t_start = time.perf_counter()
         issued = 0
         lock = asyncio.Lock()
+        bar = progress_bar(total=requests, desc=f"load test ({concurrency} clients, <= {duration_s:g} s)",
+                           enabled=progress, unit="req")
 
         async def worker() -> None:
             nonlocal issued
@@ -135,10 +141,14 @@ async def run_load_async(url: str, *, concurrency: int = 4, requests: int = 16, 
                     prompt = prompts[rng.randrange(len(prompts))]
                     cut = rng.randint(1, max(1, max_tokens - 1)) if rng.random() < disconnect_prob else None
                 body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                        "temperature": 0.0}
+                        "temperature": 0.0, "stream_options": {"include_usage": True}}
                 await _one(client, url, body, rep, cut)
+                bar.update(1)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        try:
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        finally:
+            bar.close()
         rep.duration_s = time.perf_counter() - t_start
     return rep
 
@@ -165,7 +175,7 @@ def run_sync(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
 def run_load(url: str, **kwargs: Any) -> LoadReport:
     """Blocking load test (see :func:`run_load_async` for the arguments):
     concurrency (clients), requests (most requests), duration_s (most seconds of issuing),
-    max_tokens, disconnect_prob (share of streams closed early), prompts, model, seed."""
+    max_tokens, disconnect_prob (share of streams closed early), prompts, model, seed, progress."""
     return run_sync(lambda: run_load_async(url, **kwargs))
 
 
@@ -187,10 +197,17 @@ def malformed_bodies(model: str, max_seq_len: int) -> list[tuple[str, bytes]]:
         ("temperature string", j(temperature="hot")), ("top_p zero", j(top_p=0)), ("stream string", j(stream="yes")),
         ("n 3", j(n=3)), ("stop number", j(stop=5)), ("stop too many", j(stop=["a", "b", "c", "d", "e"])),
         ("seed float", j(seed=1.5)), ("echo", j(echo=True)), ("oversize body", j(prompt="y" * 200_000)),
+        # hostile bodies that once crashed the server (500s, a dead stream)
+        ("nested 30000 deep", b'{"model": "' + model.encode() + b'", "prompt": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"),
+        ("5000-digit integer", b'{"model": "' + model.encode() + b'", "prompt": "a", "max_tokens": ' + b"7" * 5000 + b"}"),
+        ("lone surrogate", j(prompt="def f():\ud800")), ("400-digit temperature", j(temperature=10**400)),
+        ("400-digit top_p", j(top_p=10**400)), ("seed 2**70", j(seed=2**70)), ("seed 2**64", j(seed=2**64)),
+        ("seed 2**64 stream", j(seed=2**64, stream=True)), ("NaN temperature", b'{"model": "' + model.encode() +
+                                                           b'", "prompt": "a", "temperature": NaN}'),
     ]
 
 
-async def _storm(url: str, n: int) -> dict[str, Any]:
+async def _storm(url: str, n: int, progress: bool = True) -> dict[str, Any]:
     url = check_url(url)
     async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
         info = (await client.get(url + "/v1/models")).json()
@@ -198,7 +215,7 @@ async def _storm(url: str, n: int) -> dict[str, Any]:
         bodies = malformed_bodies(model, 1024)
         statuses: dict[str, int] = {}
         bad_shape: list[str] = []
-        for i in range(n):
+        for i in progress_bar(range(n), desc="malformed requests", enabled=progress, unit="req"):
             name, body = bodies[i % len(bodies)]
             r = await client.post(url + "/v1/completions", content=body, headers={"content-type": "application/json"})
             statuses[str(r.status_code)] = statuses.get(str(r.status_code), 0) + 1
@@ -216,7 +233,8 @@ async def _storm(url: str, n: int) -> dict[str, Any]:
             "healthy_after": healthy}
 
 
-def malformed_storm(url: str, n: int = 200) -> dict[str, Any]:
+def malformed_storm(url: str, n: int = 200, progress: bool = True) -> dict[str, Any]:
     """Send ``n`` malformed completions (cycling :func:`malformed_bodies`) plus a wrong method
-    and an unknown route; count statuses, check the OpenAI error shape, then /health."""
-    return run_sync(lambda: _storm(url, n))
+    and an unknown route; count statuses, check the OpenAI error shape, then /health.
+    ``progress``: a tqdm bar over the ``n`` requests."""
+    return run_sync(lambda: _storm(url, n, progress))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ from codex_lab.infer.generate import compiled_forward, generate_batch_cached, ge
 from codex_lab.infer.engine import Engine, Finished, SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.model import CodexModel
-from codex_lab.runtime import pick, seed_everything
+from codex_lab.runtime import pick, progress, seed_everything
 from codex_lab.infer.speculative import expected_tokens_per_round, speculative_generate
 from codex_lab.nn.surgery import truncated_draft
 from codex_lab.data.tokenizer import CodeTokenizer
@@ -264,20 +264,20 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     known = {"cache", "hf", "batching", "streams", "speculative", "compile"}
     if wanted - known:
         raise ValueError(f"unknown scenarios {sorted(wanted - known)}; choose from {sorted(known)}")
+    scenarios: dict[str, Callable[[], list[dict[str, Any]]]] = {
+        "cache": lambda: bench_cache(model, pick(fast=[32, 256], full=[32, 256, 768]), pick(fast=32, full=128)),
+        "hf": lambda: bench_hf(model, 64, pick(fast=32, full=128)),
+        "batching": lambda: bench_batching(model, tok, args.requests or pick(fast=16, full=32))[0],
+        "streams": lambda: [r for chunk in (None, 32)
+                            for r in bench_streams(model, tok, pick(fast=8, full=32), max_prefill_tokens=chunk)[0]],
+        "speculative": lambda: bench_speculative(model, tok, pick(fast=3, full=12), pick(fast=48, full=128)),
+        "compile": lambda: bench_compile(model),
+    }
     rows: list[dict[str, Any]] = []
-    if "cache" in wanted:
-        rows += bench_cache(model, pick(fast=[32, 256], full=[32, 256, 768]), pick(fast=32, full=128))
-    if "hf" in wanted:
-        rows += bench_hf(model, 64, pick(fast=32, full=128))
-    if "batching" in wanted:
-        rows += bench_batching(model, tok, args.requests or pick(fast=16, full=32))[0]
-    if "streams" in wanted:
-        for chunk in (None, 32):
-            rows += bench_streams(model, tok, pick(fast=8, full=32), max_prefill_tokens=chunk)[0]
-    if "speculative" in wanted:
-        rows += bench_speculative(model, tok, pick(fast=3, full=12), pick(fast=48, full=128))
-    if "compile" in wanted:
-        rows += bench_compile(model)
+    bar = progress([s for s in scenarios if s in wanted], desc="inference bench", unit="scenario")
+    for name in bar:
+        bar.set_postfix_str(name)
+        rows += scenarios[name]()
     for r in rows:
         r["threads"] = torch.get_num_threads()
     return rows

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     bg = serve_in_background(srv)
     rows: list[dict[str, Any]] = []
     try:
-        run_load(bg.url, concurrency=1, requests=2, max_tokens=8)  # warm-up
+        run_load(bg.url, concurrency=1, requests=2, max_tokens=8, progress=False)  # warm-up (each level below has a bar)
         for c in levels:
             n = args.requests or c * pick(fast=4, full=16)
             s = run_load(bg.url, concurrency=c, requests=n, max_tokens=args.max_tokens, duration_s=300).summary()
