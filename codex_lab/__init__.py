@@ -15,7 +15,10 @@ __version__ = "0.1.0"
 # module -> the public names it defines
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "lessons.l01_attention_patterns.analysis": ('attention_entropy', 'attention_maps', 'code_snippets', 'mass_by_distance', 'share_within', 'uniform_share_within'),
-    "lessons.l08_capstone.pipeline": ('CapstoneResult', 'CapstoneSizes', 'active_params', 'canary_release', 'capstone_claims', 'capstone_config', 'run_capstone'),
+    "lessons.l08_capstone.pipeline": ('CapstoneResult', 'CapstoneSizes', 'run_capstone'),
+    "lessons.l08_capstone.architecture": ('capstone_config',),
+    "lessons.l08_capstone.release": ('canary_release',),
+    "lessons.l08_capstone.claims": ('capstone_claims',),
     "training.balancing": ('Balancer', 'STRATEGIES', 'make_balancer', 'task_stats', 'token_losses'),
     "serve.canary": ('CanaryController', 'CanaryPolicy'),
     "training.checkpoint": ('Checkpoint', 'load_checkpoint', 'load_pretrained', 'pretrained_path', 'save_checkpoint'),

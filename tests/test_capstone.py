@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from codex_lab.lessons.l08_capstone import pipeline as cap
+from codex_lab.nn import accounting, surgery
 from codex_lab.nn.config import ModelConfig
 from codex_lab.serve.gates import gate_decision
+from codex_lab.training.finetune import FinetuneConfig
 from codex_lab.training.pretrain import uptrain
 from codex_lab.nn.model import CodexModel
 from codex_lab.nn.moe import MoEFeedForward, ffn_param_counts
@@ -48,15 +50,15 @@ def test_conversion_oracles():
     base = plain()
     idx = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(1))  # (B, T)
     # upcycled experts are copies of the dense FFN: the layer computes the same function
-    only_moe = cap.convert(base, small_cand_cfg(base.cfg, dense_layers=4, n_kv_head=4))
+    only_moe = surgery.convert(base, small_cand_cfg(base.cfg, dense_layers=4, n_kv_head=4))
     # fp32 logits O(1); grouped expert matmuls sum in another order (~1e-6 differences)
     assert cap.max_logit_gap(base, only_moe, idx) < 1e-5
     # nothing switched on: the same model
-    same = cap.convert(base, small_cand_cfg(base.cfg, dense_layers=4, n_kv_head=4, moe_layers=[]))
+    same = surgery.convert(base, small_cand_cfg(base.cfg, dense_layers=4, n_kv_head=4, moe_layers=[]))
     assert cap.max_logit_gap(base, same, idx) < 1e-5
     # the sparse pattern (window 16 < 40 tokens) and mean-pooled K/V heads change the function
     rng = torch.get_rng_state()
-    full = cap.convert(base, small_cand_cfg(base.cfg))
+    full = surgery.convert(base, small_cand_cfg(base.cfg))
     assert torch.equal(rng, torch.get_rng_state())  # seeded router init, caller's RNG untouched
     assert cap.max_logit_gap(base, full, idx) > 1e-3
     for i in full.cfg.moe_layers:
@@ -73,29 +75,29 @@ def test_convert_refuses_a_shape_change():
     base = plain()
     bad = ModelConfig.from_dict({**small_cand_cfg(base.cfg).to_dict(), "d_model": 128})
     with pytest.raises(ValueError, match="d_model"):
-        cap.convert(base, bad)
+        surgery.convert(base, bad)
     moe_base = CodexModel(small_cand_cfg(base.cfg))
     with pytest.raises(ValueError, match="dense-FFN"):
-        cap.convert(moe_base, small_cand_cfg(base.cfg))
+        surgery.convert(moe_base, small_cand_cfg(base.cfg))
 
 
 def test_active_params_counts_only_routed_experts():
     base = plain()
-    full = cap.convert(base, small_cand_cfg(base.cfg))
+    full = surgery.convert(base, small_cand_cfg(base.cfg))
     c = ffn_param_counts(full.cfg)
     # 2 MoE layers: each skips (E - k) experts of 3 d h weights
     skipped = 2 * (full.cfg.n_experts - full.cfg.moe_top_k) * 3 * 64 * full.cfg.ffn_hidden
-    assert cap.active_params(full) == full.num_params() - skipped
+    assert accounting.active_params(full) == full.num_params() - skipped
     assert c["total"] - c["active"] == (full.cfg.n_experts - full.cfg.moe_top_k) * c["expert"]
-    assert cap.active_params(base) == base.num_params()
+    assert accounting.active_params(base) == base.num_params()
     d = cap.describe(full, seq_len=128)
     assert d["kv_bytes_per_token"] * 2 == cap.describe(base, seq_len=128)["kv_bytes_per_token"]  # 2 of 4 K/V heads
-    assert d["attn_density@128"] < 1.0 and cap.attention_density(base.cfg, 128) == 1.0
+    assert d["attn_density@128"] < 1.0 and accounting.attention_density(base.cfg, 128) == 1.0
 
 
 def test_candidate_trains_through_sparse_gqa_and_moe_layers():
     base = plain()
-    cand = cap.convert(base, small_cand_cfg(base.cfg))
+    cand = surgery.convert(base, small_cand_cfg(base.cfg))
     tokens = torch.randint(0, 128, (2000,), generator=torch.Generator().manual_seed(0))
     before = {n: p.detach().clone() for n, p in cand.named_parameters()}
     losses = uptrain(cand, tokens, steps=3, batch_size=2, seq_len=48, lr=1e-3)
@@ -110,8 +112,9 @@ def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer,
     base = plain(vocab=small_tokenizer.vocab_size, max_seq_len=256)
     log = cap.StageLog()
     models = cap.build_models(base, small_cand_cfg(base.cfg), log=log)
-    sz = cap.CapstoneSizes(ft_steps=2, ft_batch=2, ft_max_len=160, ft_eval_every=1, val_per_task=2,
-                           tasks=("completion", "bugfix"), task_fraction=1.0, gate_tokens=4)
+    ft = FinetuneConfig(tasks=("completion", "bugfix"), steps=2, batch_size=2, max_len=160, eval_every=1, val_per_task=2,
+                        lr=1e-4, warmup=1)
+    sz = cap.CapstoneSizes(finetune=ft, task_fraction=1.0, gate_tokens=4)
     fts = cap.finetune_stage(models, small_tokenizer, small_corpus, sz, log)
     for name, r in fts.items():
         assert len(r.steps) == 2 and torch.isfinite(r.final).all(), name
@@ -138,7 +141,7 @@ def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer,
 
 def test_canary_release_refuses_a_candidate_that_failed_its_gates(tmp_path):
     base = plain()
-    cand = cap.convert(base, small_cand_cfg(base.cfg))
+    cand = surgery.convert(base, small_cand_cfg(base.cfg))
     with pytest.raises(ValueError, match="failed its release gates"):
         cap.canary_release(base, cand, None, str(tmp_path), gates={"passed": False})
     assert not any(tmp_path.iterdir())  # refused before anything was registered or served

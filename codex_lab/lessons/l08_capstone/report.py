@@ -53,7 +53,7 @@ def run(ctx: Any) -> str:
         f"attention and upcycled MoE layers (`{res.candidate.cfg.attn_patterns}`, {res.candidate.cfg.n_kv_head} K/V heads, "
         f"MoE layers {res.candidate.cfg.moe_layers}, {res.candidate.cfg.n_experts} experts top-{res.candidate.cfg.moe_top_k}), "
         "and the plain model, given the same pre-training and multi-task fine-tuning budget "
-        f"({sizes.pretrain_steps} + {sizes.ft_steps} steps, balancer `{res.finetune['candidate'].config.balance}`):",
+        f"({sizes.pretrain_steps} + {sizes.finetune.steps} steps, balancer `{res.finetune['candidate'].config.balance}`):",
         cap.summary_table(res.log, markdown=True),
         f"Gates: candidate {'passes' if res.passed else 'refused: ' + '; '.join(res.reasons)}. "
         f"Live canary ({rollout['canary']['n']:.0f} canary requests of {rollout['load']['requests_ok']}): "

@@ -1,0 +1,87 @@
+"""The seed claims one capstone run measures, each with a verdict computed from the numbers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from codex_lab.lessons.l08_capstone.results import StageLog
+from codex_lab.nn.accounting import measured_cache_bytes
+from codex_lab.nn.model import CodexModel
+from codex_lab.nn.patterns import parse_pattern
+
+VERDICTS = ("holds", "holds with a correction", "does not hold", "not reproduced at this scale")
+
+
+def capstone_claims(
+    *,
+    models: dict[str, CodexModel],
+    log: StageLog,
+    finetunes: dict[str, Any],
+    reports: dict[str, Any],
+    passed: bool,
+    reasons: Sequence[str],
+    ablation: Sequence[dict[str, Any]],
+    rollout: dict[str, Any] | None = None,
+    kv_tokens: int = 512,
+) -> list[dict[str, str]]:
+    """The seed claims one capstone run measures: ``{"claim", "measured", "verdict"}`` each,
+    the verdict computed from the numbers (one of :data:`VERDICTS`).
+
+    ``ablation`` comes from :func:`speed_ablation` (needs the "plain" and "all" variants at a
+    common batch size); ``rollout`` from :func:`canary_release` (optional).
+    """
+    cand = models["candidate"]
+    cfg = cand.cfg
+    out: list[dict[str, str]] = []
+
+    def add(claim: str, measured: str, verdict: str) -> None:
+        assert verdict in VERDICTS, verdict
+        out.append({"claim": claim, "measured": measured, "verdict": verdict})
+
+    sparse = next(cfg.pattern_for(i) for i in range(cfg.n_layer) if cfg.pattern_for(i) != "dense")
+    pat = parse_pattern(sparse)
+    # growth exponent of the attended pairs between N and 4N: log(pairs ratio) / log(4)
+    growth = math.log(pat.pairs(4096) / pat.pairs(1024)) / math.log(4)
+    add("Sparse attention: O(N^2) -> O(N sqrt N)",
+        f"{pat.spec}: attended pairs grow like N^{growth:.2f} from N=1024 to 4096 (N sqrt N: 1.50); density {pat.density(1024):.2f} at 1024",
+        "holds" if growth <= 1.5 + 0.05 else "holds with a correction")
+    kv = {n: measured_cache_bytes(m, 1, kv_tokens) for n, m in models.items()}
+    save = 1 - kv["candidate"] / kv["baseline"]
+    g = cfg.group_size
+    add("GQA cuts the KV cache by about 40%",
+        f"group size {g}: {kv['baseline']:,} -> {kv['candidate']:,} bytes at {kv_tokens} tokens = {save:.0%} (1 - 1/g = {1 - 1 / g:.0%})",
+        "holds" if abs(save - 0.4) < 0.05 else "holds with a correction")
+    speeds = {(r["variant"], r["batch"]): r["tokens_per_s"] for r in ablation}
+    b = max(bb for (v, bb) in speeds if v == "all")
+    ratio = speeds[("all", b)] / speeds[("plain", b)]
+    moe_name = next((v for (v, _) in speeds if v.startswith("MoE")), None)
+    moe_ratio = speeds[(moe_name, b)] / speeds[("plain", b)] if moe_name else math.nan
+    total, active = log.rows["candidate"]["params"], log.rows["candidate"]["active_params"]
+    add("MoE: the capacity of a big model at the compute of a small one",
+        f"{total:,} params, {active:,} active per token ({total / active:.1f}x); decode speed at batch {b}: MoE alone "
+        f"{moe_ratio:.2f}x, full candidate {ratio:.2f}x the plain model on this machine",
+        "holds" if moe_ratio >= 1.0 else "holds with a correction")
+    tasks = list(finetunes["candidate"].config.tasks)
+    small = min(tasks, key=lambda t: finetunes["candidate"].train_sizes[t])
+    gains = {n: float(r.rel_improvement[tasks.index(small)]) for n, r in finetunes.items()}
+    add("Balanced multi-task fine-tuning scores 8-15% higher on HumanEval",
+        f"{finetunes['candidate'].config.balance} balancing, {len(finetunes['candidate'].steps)} steps; val-loss gain on the smallest "
+        f"task ({small}): baseline {gains['baseline']:.1%}, candidate {gains['candidate']:.1%}; no HumanEval at this scale",
+        "not reproduced at this scale")
+    ms = {n: (r.ttft_p95_s * 1000, r.tbt_p95_s * 1000) for n, r in reports.items()}
+    add("TTFT < 100 ms and TBT < 20 ms",
+        f"{len(reports['baseline'].samples)} gate prompts at once, p95: baseline {ms['baseline'][0]:.0f} / {ms['baseline'][1]:.1f} ms, "
+        f"candidate {ms['candidate'][0]:.0f} / {ms['candidate'][1]:.1f} ms",
+        "holds" if ms["baseline"][0] < 100 and ms["baseline"][1] < 20 else "does not hold")
+    refused = "; ".join(r.split(":")[0] for r in reasons)
+    if rollout is None:
+        add("A new version must be no worse than the baseline on every gate",
+            f"gates {'passed' if passed else 'refused it on ' + refused}", "holds")
+    else:
+        agree = passed == (rollout["action"] == "promote")
+        add("A new version must be no worse than the baseline on every gate before its traffic grows",
+            f"gates {'passed' if passed else 'refused it on ' + refused}; live canary ({rollout['canary']['n']:.0f} requests): "
+            f"{rollout['action']}, {rollout['load']['errors']} client errors",
+            "holds" if agree and rollout["load"]["errors"] == 0 else "holds with a correction")
+    return out
