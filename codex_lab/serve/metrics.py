@@ -25,7 +25,10 @@ PREFIX = "codex_lab:"
 TTFT_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 E2E_BUCKETS: tuple[float, ...] = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0)
-ERROR_KINDS = ("invalid_request", "not_found", "too_large", "rate_limited", "disconnected", "internal")
+# client errors (never counted against a version: a client must not be able to fail a canary),
+# then "disconnected" and "internal" (a failure of the server or its engine, counted per version)
+ERROR_KINDS = ("invalid_request", "unauthorized", "not_found", "too_large", "timeout", "rate_limited",
+               "disconnected", "internal")
 
 
 def peak_memory_bytes() -> int:

@@ -4,29 +4,41 @@ Kept apart from the server so that every rule about bad input is in one small, t
 place. Each rejection is an :class:`ApiError` whose body has the OpenAI error shape::
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": null}}
+
+Hostile input (deep nesting, 5,000-digit integers, lone surrogates, numbers too large for a
+float, seeds outside 64 bits) is refused here with a 400, never crashes the server.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from codex_lab.data.tokenizer import CodeTokenizer
+from codex_lab.infer.sampling import SamplingParams
 
 
 class ApiError(Exception):
-    """A request the server refuses: HTTP status, OpenAI error fields, and a metrics kind."""
+    """A request the server refuses: HTTP status, OpenAI error fields, a metrics kind, and
+    extra response headers (``Retry-After`` on 429)."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type_: str = "invalid_request_error", kind: str = "invalid_request") -> None:
+                 type_: str = "invalid_request_error", kind: str = "invalid_request",
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type, self.kind = status, message, param, code, type_, kind
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         """The JSON body in the OpenAI error shape."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def render(self) -> bytes:
+        """The body as bytes; ASCII-escaped, so a lone surrogate echoed from the input cannot break it."""
+        return json.dumps(self.body(), ensure_ascii=True).encode("ascii")
 
 
 @dataclass
@@ -61,20 +73,59 @@ class CompletionRequest:
     seed: int | None = None
     stream: bool = False
     version: str | None = None  # pinned with model="name@version"
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+
+    def sampling_params(self) -> SamplingParams:
+        """The engine's :class:`~codex_lab.infer.sampling.SamplingParams` for this request."""
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p, stop=list(self.stop), seed=self.seed)
+
+
+# torch.Generator.manual_seed takes a 64-bit seed: -2**63 .. 2**64 - 1
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
+def wire_finish(reason: str) -> tuple[str, str | None]:
+    """OpenAI's ``finish_reason`` for an engine reason, and the detail kept as an extension.
+
+    OpenAI's completions only know "stop" and "length". A request cut by its deadline ends
+    with "length" (it ran out of its budget, here of time) and ``finish_detail: "deadline"``,
+    a field of this server that clients may ignore.
+    """
+    if reason in ("stop", "length"):
+        return reason, None
+    return "length", reason
 
 
 def parse_json(raw: bytes, limits: Limits) -> dict[str, Any]:
-    """Decode a body into a JSON object, or raise :class:`ApiError` (413 / 400)."""
+    """Decode a body into a JSON object, or raise :class:`ApiError` (413 / 400).
+
+    Hostile bodies are 400s too: nesting deep enough to exhaust the parser's recursion,
+    integers past Python's 4,300-digit limit, invalid UTF-8.
+    """
     if len(raw) > limits.max_body_bytes:
         raise ApiError(413, f"request body is {len(raw)} bytes; the limit is {limits.max_body_bytes}",
                        code="body_too_large", kind="too_large")
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the body is not valid JSON ({exc}); send a JSON object", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "the body is nested too deeply to parse; send a flat JSON object",
+                       code="invalid_json") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and over-long integers are ValueErrors
+        raise ApiError(400, f"the body is not valid JSON ({str(exc)[:120]}); send a JSON object",
+                       code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}", code="invalid_json")
     return body
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 2, 40, 40, 40
+
+
+def _brief(v: Any) -> str:
+    """A short, safe description of a client value for an error message (bounded depth and length)."""
+    return _REPR.repr(v)
 
 
 def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any, what: str) -> Any:
@@ -82,8 +133,30 @@ def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: An
     if v is None:
         return default
     if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
-        raise ApiError(400, f"'{name}' must be {what}, got {json.dumps(v)[:60]}", param=name, code="invalid_type")
+        raise ApiError(400, f"'{name}' must be {what}, got {_brief(v)}", param=name, code="invalid_type")
     return v
+
+
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    """A finite float field; ints of any size that do not fit a float are refused, not crashed on."""
+    v = _typed(body, name, (int, float), default, "a number")
+    try:
+        x = float(v)
+    except OverflowError:
+        raise ApiError(400, f"'{name}' is too large ({len(str(abs(v)))} digits)", param=name) from None
+    if not math.isfinite(x):
+        raise ApiError(400, f"'{name}' must be a finite number, got {x}", param=name)
+    return x
+
+
+def _text(s: str, name: str) -> str:
+    """``s`` if it can be encoded as UTF-8 (a lone surrogate such as \\ud800 cannot)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, f"'{name}' contains an invalid character at position {exc.start} (a lone UTF-16 "
+                            "surrogate); send valid Unicode", param=name) from None
+    return s
 
 
 def parse_completion(body: dict[str, Any], tokenizer: CodeTokenizer, limits: Limits,
@@ -93,10 +166,10 @@ def parse_completion(body: dict[str, Any], tokenizer: CodeTokenizer, limits: Lim
     if not isinstance(model, str):
         raise ApiError(400, f"'model' is required and must be a string; use {model_name!r}", param="model",
                        code="missing_field" if model is None else "invalid_type")
-    name, _, version = model.partition("@")
+    name, _, version = _text(model, "model").partition("@")
     if name != model_name or (version and version not in versions):
         known = [model_name] + [f"{model_name}@{v}" for v in versions]
-        raise ApiError(404, f"the model {model!r} does not exist; served: {known}", param="model",
+        raise ApiError(404, f"the model {_brief(model)} does not exist; served: {known}", param="model",
                        code="model_not_found", kind="not_found")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -104,46 +177,59 @@ def parse_completion(body: dict[str, Any], tokenizer: CodeTokenizer, limits: Lim
     if isinstance(prompt, str):
         if not prompt:
             raise ApiError(400, "'prompt' is empty; give at least one character", param="prompt")
-        ids = tokenizer.encode(prompt)
+        ids = tokenizer.encode(_text(prompt, "prompt"))
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         bad = [t for t in prompt if not 0 <= t < tokenizer.vocab_size]
         if bad:
-            raise ApiError(400, f"token ids {bad[:5]} are outside 0..{tokenizer.vocab_size - 1}", param="prompt")
+            raise ApiError(400, f"token ids {_brief(bad[:5])} are outside 0..{tokenizer.vocab_size - 1}", param="prompt")
         ids = list(prompt)
     elif prompt is None:
         raise ApiError(400, "'prompt' is required (a string, or a list of token ids)", param="prompt", code="missing_field")
     else:
         raise ApiError(400, "'prompt' must be one string or a non-empty list of token ids (batches of prompts "
                             "are not supported: send one request each)", param="prompt", code="invalid_type")
+    if not ids:
+        raise ApiError(400, "'prompt' encodes to no tokens; give some text", param="prompt")
     max_tokens = _typed(body, "max_tokens", (int,), limits.default_max_tokens, "an integer")
     if not 1 <= max_tokens <= limits.max_tokens:
-        raise ApiError(400, f"'max_tokens' must be in 1..{limits.max_tokens}, got {max_tokens}", param="max_tokens")
+        raise ApiError(400, f"'max_tokens' must be in 1..{limits.max_tokens}, got {_brief(max_tokens)}",
+                       param="max_tokens")
     if len(ids) + max_tokens > limits.max_seq_len:
         raise ApiError(400, f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: together more than "
                             f"the model's context of {limits.max_seq_len} tokens; shorten the prompt or lower max_tokens",
                        param="prompt", code="context_length_exceeded")
-    temperature = float(_typed(body, "temperature", (int, float), 0.0, "a number"))
-    if not (math.isfinite(temperature) and 0.0 <= temperature <= 2.0):
+    temperature = _number(body, "temperature", 0.0)
+    if not 0.0 <= temperature <= 2.0:
         raise ApiError(400, f"'temperature' must be in [0, 2], got {temperature}", param="temperature")
-    top_p = float(_typed(body, "top_p", (int, float), 1.0, "a number"))
-    if not (math.isfinite(top_p) and 0.0 < top_p <= 1.0):
+    top_p = _number(body, "top_p", 1.0)
+    if not 0.0 < top_p <= 1.0:
         raise ApiError(400, f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
     top_k = _typed(body, "top_k", (int,), 0, "an integer (0 = off)")
     if top_k < 0:
-        raise ApiError(400, f"'top_k' must be >= 0, got {top_k}", param="top_k")
+        raise ApiError(400, f"'top_k' must be >= 0, got {_brief(top_k)}", param="top_k")
     stop = body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > limits.max_stop:
         raise ApiError(400, f"'stop' must be a non-empty string or a list of at most {limits.max_stop}", param="stop")
+    stop = [_text(s, "stop") for s in stop]
     seed = _typed(body, "seed", (int,), None, "an integer")
+    if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
+        raise ApiError(400, f"'seed' must be in [-2**63, 2**64 - 1], got {_brief(seed)}", param="seed")
     stream = _typed(body, "stream", (bool,), False, "true or false")
+    options = _typed(body, "stream_options", (dict,), None, "an object such as {\"include_usage\": true}")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+        include_usage = _typed(options, "include_usage", (bool,), False, "true or false")
     n = _typed(body, "n", (int,), 1, "an integer")
     if n != 1:
-        raise ApiError(400, f"'n' must be 1 (one completion per request), got {n}", param="n")
+        raise ApiError(400, f"'n' must be 1 (one completion per request), got {_brief(n)}", param="n")
     if body.get("echo") or body.get("logprobs") is not None or body.get("suffix") is not None:
         raise ApiError(400, "'echo', 'logprobs' and 'suffix' are not supported by this server", code="unsupported")
     return CompletionRequest(prompt_ids=ids, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                             top_k=top_k, stop=list(stop), seed=seed, stream=stream, version=version or None)
+                             top_k=top_k, stop=stop, seed=seed, stream=stream, version=version or None,
+                             include_usage=include_usage)
 
 
 def safe_text(text: str, stop: list[str]) -> tuple[str, bool]:
