@@ -377,3 +377,41 @@ def test_exercise_files_do_not_import_the_answers(lesson):
                  "04": ["route(", "load_balancing_loss", "capacity_keep_mask", "MoEFeedForward"]}[lesson]
     imports = "\n".join(line for line in text.splitlines() if line.startswith(("import ", "from ")))
     assert not [n for n in forbidden if n.rstrip("(") in imports], imports
+
+
+def _shortcuts() -> dict[tuple[str, str], Callable[..., Any]]:
+    """One-line answers that call the package's own function: none may pass."""
+    import codex_lab as cl
+    from codex_lab.data.tokenizer import tokenizer_summary
+    from codex_lab.nn.config import ModelConfig
+
+    def kv(L, h, d, s, b, nb):
+        cfg = ModelConfig(vocab_size=8, d_model=h * d, n_layer=L, n_head=h, n_kv_head=h)
+        return cl.kv_cache_bytes(cfg, b, s, {1: torch.int8, 2: torch.bfloat16, 4: torch.float32}[nb])
+
+    return {
+        ("00", "chars_per_token"): lambda tok, texts: tokenizer_summary(tok, texts)["chars_per_token"],
+        ("01", "causal_attention_probs"): lambda q, k: cl.attention_reference(
+            q[None], k[None], torch.eye(q.shape[-2]).expand(1, q.shape[0], -1, -1), None, is_causal=True)[0],
+        ("01", "distance_profile"): lambda p: cl.mass_by_distance(p[None, None])[0, 0],
+        ("01", "window_share"): lambda p, w, mq: float(cl.share_within(p[None, None], w, mq)[0, 0]),
+        ("02", "window_strided_allowed"): lambda q, k, w, s: cl.parse_pattern(f"window:{w}+strided:{s}").allowed(q, k),
+        ("02", "pairs_and_density"): lambda n, w, s: (cl.LocalWindow(w) + cl.Strided(s)).pairs(n),
+        ("02", "touched_tiles"): lambda m, b: [tuple(t) for t in cl.parse_pattern("dense").tiles(m.shape[0], b).nonzero().tolist()],
+        ("03", "grouped_decode_attention"): lambda q, k, v, n: cl.attention_sdpa(
+            q[:, :, None], k, v, (torch.arange(k.shape[2])[None, :] < n[:, None])[:, None, None, :])[:, :, 0],
+        ("03", "kv_cache_bytes"): kv,
+        ("03", "mean_pool_kv"): lambda w, h, g: cl.mean_pool_heads(w, h, g),
+        ("04", "top_k_route"): lambda l, k: (lambda r: (r.expert_idx, r.weights))(cl.route(l, k)),
+        ("04", "balancing_loss"): lambda p, i: cl.load_balancing_loss(p, i),
+        ("04", "capacity_mask"): lambda i, e, c: cl.capacity_keep_mask(i, e, c),
+    }
+
+
+def test_package_one_liners_do_not_pass():
+    shortcuts = _shortcuts()
+    assert set(shortcuts) == {k for k in load_all() if k[0] in LESSONS}, "one shortcut per exercise of lessons 00-04"
+    for (lesson, name), fn in shortcuts.items():
+        r = _run(lesson, name, fn)
+        assert r.status != PASSED and r.points == 0, f"{name}: the package one-liner passed"
+        assert "write this one yourself" in r.message, (name, r.status, r.message)

@@ -35,7 +35,7 @@ def _probs(q: Tensor, k: Tensor, scale: float, fill: float = float("-inf"), dim:
     return torch.softmax(scores.masked_fill(~keep, fill), dim=dim)
 
 
-@exercise("01", "causal_attention_probs")
+@exercise("01", "causal_attention_probs", forbid=("codex_lab.attention_reference", "codex_lab.attention_sdpa"))
 def check_causal_attention_probs(fn: Callable[..., Any]) -> None:
     """fn(q, k) with q, k (H, T, D) (RoPE already applied) -> (H, T, T) causal probabilities."""
     gen = torch.Generator().manual_seed(1)
@@ -76,7 +76,7 @@ def _causal_map(T: int, gen: torch.Generator) -> Tensor:
     return torch.softmax(scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), -1)
 
 
-@exercise("01", "distance_profile")
+@exercise("01", "distance_profile", forbid=("codex_lab.mass_by_distance",))
 def check_distance_profile(fn: Callable[..., Any]) -> None:
     """fn(p) with p (T, T) one head's probabilities -> (T,): entry d is the mean of p[i, i - d]
     over the T - d queries i >= d."""
@@ -107,7 +107,7 @@ def check_distance_profile(fn: Callable[..., Any]) -> None:
                              "p[i, i - d] over i >= d")
 
 
-@exercise("01", "window_share")
+@exercise("01", "window_share", forbid=("codex_lab.share_within",))
 def check_window_share(fn: Callable[..., Any]) -> None:
     """fn(p, window, min_query) with p (T, T) -> float: mean over queries i >= min_query of the
     weight on keys with 0 <= i - j < window."""

@@ -16,6 +16,9 @@ from torch import Tensor
 
 from codex_lab.course.checks import exercise
 
+# the package's patterns answer these exercises: blocked for the learner's code while a check runs
+_PATTERNS = ("codex_lab.parse_pattern", "codex_lab.union", "codex_lab.LocalWindow.allowed", "codex_lab.Strided.allowed",
+             "codex_lab.Union.allowed")
 _CASES = [(16, 4, 3), (33, 8, 5), (40, 1, 7), (20, 30, 4), (12, 3, 1), (1, 4, 2)]  # (n, window, stride)
 
 
@@ -30,7 +33,7 @@ def _ws(q: Tensor, k: Tensor, window: int, stride: int, *, le: bool = False, bot
     return (dist >= 0) & hit if causal else hit
 
 
-@exercise("02", "window_strided_allowed")
+@exercise("02", "window_strided_allowed", forbid=_PATTERNS)
 def check_window_strided_allowed(fn: Callable[..., Any]) -> None:
     """fn(q_pos, k_pos, window, stride) -> bool tensor, broadcasting like ``==``."""
     for n, w, s in _CASES:
@@ -67,7 +70,7 @@ def _count(n: int, w: int, s: int, **variant: bool) -> int:
     return int(_ws(pos[:, None], pos[None, :], w, s, **variant).sum())
 
 
-@exercise("02", "pairs_and_density")
+@exercise("02", "pairs_and_density", forbid=_PATTERNS)
 def check_pairs_and_density(fn: Callable[..., Any]) -> None:
     """fn(n, window, stride) -> (attended pairs: int, density vs causal pairs: float)."""
     for n, w, s in _CASES:
@@ -127,7 +130,7 @@ def _tiles(mask: Tensor, block: int) -> list[tuple[int, int]]:
             if bool(mask[a * block : (a + 1) * block, b * block : (b + 1) * block].any())]
 
 
-@exercise("02", "touched_tiles")
+@exercise("02", "touched_tiles", forbid=_PATTERNS + ("codex_lab.AttentionPattern.tiles", "codex_lab.tiles_computed"))
 def check_touched_tiles(fn: Callable[..., Any]) -> None:
     """fn(mask (n, n) bool, block) -> sorted list of (query block, key block) tiles holding
     at least one True."""

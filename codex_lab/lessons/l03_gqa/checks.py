@@ -37,7 +37,7 @@ def _decode(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *, tile: bool = Fa
     return torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), vv)  # (B, H, D)
 
 
-@exercise("03", "grouped_decode_attention")
+@exercise("03", "grouped_decode_attention", forbid=("codex_lab.attention_reference", "codex_lab.attention_sdpa"))
 def check_grouped_decode_attention(fn: Callable[..., Any]) -> None:
     """fn(q (B, H, D), k (B, H_kv, S, D), v (B, H_kv, S, D), lengths (B,)) -> (B, H, D)."""
     gen = torch.Generator().manual_seed(3)
@@ -71,7 +71,7 @@ def check_grouped_decode_attention(fn: Callable[..., Any]) -> None:
                              "reference; check the 1/sqrt(D) scale, the length mask and the softmax axis (cached positions)")
 
 
-@exercise("03", "kv_cache_bytes")
+@exercise("03", "kv_cache_bytes", forbid=("codex_lab.kv_cache_bytes", "codex_lab.kv_bytes_per_token"))
 def check_kv_cache_bytes(fn: Callable[..., Any]) -> None:
     """fn(n_layer, n_kv_head, head_dim, seq_len, batch, bytes_per_elem) -> int bytes."""
     cases = [(6, 3, 64, 1000, 5, 4), (4, 4, 64, 1024, 3, 4), (24, 2, 64, 32768, 2, 2), (28, 4, 128, 32768, 8, 2), (1, 1, 2, 3, 5, 1)]
@@ -96,7 +96,7 @@ def check_kv_cache_bytes(fn: Callable[..., Any]) -> None:
                              f"expected {want:,}, got {got:,}")
 
 
-@exercise("03", "mean_pool_kv")
+@exercise("03", "mean_pool_kv", forbid=("codex_lab.mean_pool_heads", "codex_lab.mha_to_gqa"))
 def check_mean_pool_kv(fn: Callable[..., Any]) -> None:
     """fn(w, n_heads, n_groups) -> (n_groups*head_dim, d_in): head j = mean of heads j*g..j*g+g-1."""
     w = torch.randn(8 * 3, 5, generator=torch.Generator().manual_seed(4))  # 8 heads of width 3, d_in 5

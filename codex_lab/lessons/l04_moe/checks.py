@@ -21,7 +21,7 @@ def _scatter(idx: Tensor, w: Tensor, E: int) -> Tensor:
     return torch.zeros(idx.shape[0], E).scatter(1, idx.long(), w.float())
 
 
-@exercise("04", "top_k_route")
+@exercise("04", "top_k_route", forbid=("codex_lab.route",))
 def check_top_k_route(fn: Callable[..., Any]) -> None:
     """fn(logits (N, E), k) -> (expert_idx (N, k) int64, weights (N, k) float), weights renormalised."""
     logits = 2 * torch.randn(12, 6, generator=torch.Generator().manual_seed(0))
@@ -69,7 +69,7 @@ def _switch(probs: Tensor, idx: Tensor, *, per_token: bool = False, times_e: boo
     return (E if times_e else 1) * (f * P).sum()
 
 
-@exercise("04", "balancing_loss")
+@exercise("04", "balancing_loss", forbid=("codex_lab.load_balancing_loss",))
 def check_balancing_loss(fn: Callable[..., Any]) -> None:
     """fn(probs (N, E), expert_idx (N, k)) -> scalar E * sum_e f_e * P_e (f over N*k assignments)."""
     logits = torch.randn(20, 5, generator=torch.Generator().manual_seed(1), requires_grad=True)
@@ -118,7 +118,7 @@ def _keep(idx: Tensor, E: int, capacity: int, *, token_major: bool = False, late
     return keep
 
 
-@exercise("04", "capacity_mask")
+@exercise("04", "capacity_mask", forbid=("codex_lab.capacity_keep_mask",))
 def check_capacity_mask(fn: Callable[..., Any]) -> None:
     """fn(expert_idx (N, k), n_experts, capacity) -> bool (N, k): first choices served first."""
     g = torch.Generator().manual_seed(2)
