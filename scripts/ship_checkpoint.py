@@ -1,5 +1,6 @@
 """Copy a finished `codex-lab train --preset tiny` run into codex_lab/assets/tiny and record
-its syntax-validity rate and the command that regenerates it in meta.json.
+its syntax-validity rate and the command that regenerates it in meta.json. Absolute paths of
+the build machine (corpus root, run folder) are replaced by descriptions (``portable_meta``).
 
     codex-lab train --preset tiny --out runs/tiny                          # 600 steps
     codex-lab train --preset tiny --out runs/tiny --steps 1200 --resume    # 600 more
@@ -11,13 +12,47 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
+import sys
+import sysconfig
 import time
 from pathlib import Path
+from typing import Any
 
 from codex_lab.training.checkpoint import load_checkpoint, pretrained_path
 from codex_lab.data.corpus import load_corpus
 from codex_lab.infer.syntax import function_prompts, syntax_validity
+
+
+# what an absolute path looks like: POSIX root, home shorthand, or a Windows drive / UNC share
+ABSOLUTE = re.compile(r"^(/|~|[A-Za-z]:[\\/]|\\\\)")
+
+
+def portable_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` without the build machine's absolute paths (they mean nothing elsewhere and
+    leak its layout): the corpus root becomes a description, the run folder its last two parts
+    (``runs/tiny``), and any other absolute path its file name."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).as_posix()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+    def clean(key: str, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(k, v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(key, v) for v in value]
+        if not isinstance(value, str) or not ABSOLUTE.match(value):
+            return value
+        posix = value.replace("\\", "/").rstrip("/")
+        if key == "root":
+            if posix == stdlib:
+                return f"the Python {version} standard library of the training interpreter (sysconfig 'stdlib')"
+            return f"a folder named {Path(posix).name!r} (--corpus)"
+        if key == "out":
+            return "/".join(Path(posix).parts[-2:])
+        return Path(posix).name
+
+    return clean("", meta)
 
 
 def main() -> None:
@@ -45,7 +80,7 @@ def main() -> None:
     if dst.exists():
         shutil.rmtree(dst)
     shutil.copytree(args.checkpoint, dst)
-    (dst / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    (dst / "meta.json").write_text(json.dumps(portable_meta(meta), indent=2, sort_keys=True) + "\n")
     print(f"shipped {args.checkpoint} -> {dst}: val_loss {meta['val_loss']:.3f}, "
           f"syntax validity {rep.rate:.1%} of {rep.n}")
 
