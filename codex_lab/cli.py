@@ -52,6 +52,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if getattr(args, "mode", None):
         set_mode(args.mode, "the --mode flag")  # before the command reads any size
+    if args.command in MODE_COMMANDS and args.command != "report":  # the report prints its own header
+        from codex_lab.runtime import mode_info
+
+        info = mode_info()
+        other = "full" if info.fast else "fast"
+        print(f"[codex-lab {args.command}] {info.mode} mode: {info.reason} (--mode {other} for {other} mode)",
+              file=sys.stderr, flush=True)
     try:
         return int(args._main(args) or 0)
     except (FileNotFoundError, ValueError, KeyError) as exc:

@@ -61,3 +61,16 @@ def test_mode_flag_is_set_before_the_command_and_undone(monkeypatch):
 def test_report_unknown_section_is_one_clear_line(tmp_path):
     p = cli("report", "--sections", "99", "--out", str(tmp_path / "r"), "--no-progress")
     assert p.returncode == 2 and "no report section matches '99'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_experiment_commands_announce_their_mode(monkeypatch, capsys):
+    from codex_lab import cli
+    from codex_lab.commands import bench
+
+    monkeypatch.delenv("CODEX_LAB_FAST", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("CODEX_LAB_DEVICE", "cpu")
+    monkeypatch.setattr(bench, "main", lambda args: 0)
+    assert cli.main(["bench"]) == 0
+    err = capsys.readouterr().err
+    assert "[codex-lab bench] fast mode: the device is CPU" in err and "--mode full" in err
