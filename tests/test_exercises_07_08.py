@@ -153,3 +153,89 @@ def test_passes_gates_wrong_answers():
         "tolerance ignored": (no_tolerance, "tolerance"),
         "one tolerance for all gates": (tolerance_everywhere, "tolerance.get(g, 0)"),
     })
+
+
+# ====================================================================== lesson 08 (the project)
+REF = {"sparse_layers": [3], "pattern": "window:128+blockstride:64:2", "n_kv_head": 2, "moe_layers": [3],
+       "n_experts": 4, "top_k": 2, "balance": "coba"}
+
+
+def test_my_design_wrong_answers():
+    # invalid designs fail before anything is trained (the reference design's scorecard run is
+    # the solutions grading test's job: it trains two models)
+    def returns(d):
+        return lambda: d
+
+    no_balance = {k: v for k, v in REF.items() if k != "balance"}
+    _assert_wrong("08", "my_design", {
+        "3 K/V heads for 4 heads": (returns({**REF, "n_kv_head": 3}), "must divide n_head"),
+        "plain MHA": (returns({**REF, "n_kv_head": 4}), "no KV-cache saving"),
+        "window longer than the context": (returns({**REF, "pattern": "window:4096"}), "dense attention in disguise"),
+        "top-k above the experts": (returns({**REF, "top_k": 5}), "between 1 and n_experts"),
+        "1-based layers": (returns({**REF, "moe_layers": [4]}), "counting from 0"),
+        "unknown balancer": (returns({**REF, "balance": "cobra"}), "not a balancer"),
+        "no MoE layers": (returns({**REF, "moe_layers": []}), "non-empty"),
+        "a key missing": (returns(no_balance), "lacks"),
+    }, solution=False)
+
+
+def test_design_to_config_wrong_answers():
+    from codex_lab import ModelConfig
+
+    def build(base, design, *, shift=0, kv=True, topk=True, moe_from_sparse=False, impl="blocks"):
+        d = base.to_dict()
+        sparse = {i + shift for i in design["sparse_layers"]}
+        d.update(attn_patterns=[design["pattern"] if i in sparse else "dense" for i in range(base.n_layer)],
+                 attn_impl=impl, moe_layers=sorted(design["sparse_layers"] if moe_from_sparse else design["moe_layers"]),
+                 n_experts=design["n_experts"], moe_ffn_hidden=None)
+        if kv:
+            d["n_kv_head"] = design["n_kv_head"]
+        if topk:
+            d["moe_top_k"] = design["top_k"]
+        return ModelConfig.from_dict(d)
+
+    def package_answer(base, design):
+        return sc.design_config(base, design)
+
+    _assert_wrong("08", "design_to_config", {
+        "1-based layer loop": (lambda b, d: build(b, d, shift=-1), "0-based"),
+        "n_kv_head forgotten": (lambda b, d: build(b, d, kv=False), "n_kv_head"),
+        "top_k forgotten": (lambda b, d: build(b, d, topk=False), "moe_top_k"),
+        "MoE on the sparse layers": (lambda b, d: build(b, d, moe_from_sparse=True), "independent"),
+        "default attention kernel": (lambda b, d: build(b, d, impl="sdpa"), "blocks"),
+        "the package's own builder": (package_answer, "write this one yourself"),
+    })
+
+
+def _measured(**cand):
+    base = {"kv_bytes_per_token": 8192, "val_loss": 3.30, "decode_tokens_per_s": 100.0,
+            "gates": {"syntax": 0.5, "functional": 0.25, "style": 1.0, "ttft_attainment": 0.4, "tbt_attainment": 0.1}}
+    c = {**base, "kv_bytes_per_token": 4096, "val_loss": 3.50, "decode_tokens_per_s": 90.0,
+         "gates": {**base["gates"], "ttft_attainment": 0.0}}
+    speed = cand.pop("speed_ratio", 0.9)
+    for k, v in cand.items():
+        c[k] = {**c["gates"], **v} if k == "gates" else v
+    return {"mode": "fast", "baseline": base, "candidate": c, "speed_ratio": speed}
+
+
+def test_scorecard_points_per_criterion():
+    def points(m):
+        return {r.key: r.points for r in sc.score(m)}
+
+    full = {c.key: c.points for c in sc.criteria("fast")}
+    assert points(_measured()) == full  # a latency-gate drop alone costs nothing: those gates are not scored
+    # each wrong candidate loses exactly the points of the criterion it breaks
+    wrong = {
+        "kv_bytes": _measured(kv_bytes_per_token=8192),  # no GQA: no saving
+        "decode_speed": _measured(speed_ratio=0.5),
+        "val_loss": _measured(val_loss=3.30 + sc.VAL_MARGIN["fast"] + 0.01),
+        "gates": _measured(gates={"syntax": 0.125}),  # 3 of 8 prompts worse, beyond the tolerance of 2
+    }
+    for key, m in wrong.items():
+        assert points(m) == {**full, key: 0}, (key, points(m))
+    for bad in (_measured(val_loss=float("nan")), _measured(gates={"functional": float("nan")}),
+                _measured(speed_ratio=float("nan"))):
+        assert sum(points(bad).values()) < sum(full.values())  # NaN never earns points
+    edge = _measured(val_loss=3.30 + sc.VAL_MARGIN["fast"] - 1e-9, gates={"syntax": 0.25})
+    assert points(edge) == full  # at the stated margin and tolerance: still within
+    assert "total" in sc.format_scorecard(sc.score(_measured()))

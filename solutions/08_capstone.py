@@ -1,0 +1,242 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: kernelspec,jupytext
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 08 project: your own optimised candidate, scored against the plain baseline
+# <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/solutions/08_capstone.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
+#
+# **Run time:** fast mode on CPU (2 cores): about 40 s when the machine is quiet (the pipeline
+# trains two models); on one GPU: not yet measured.
+#
+# Lesson 08 built one candidate with every optimisation of the course and found what it
+# costs. Now you design your own. You choose:
+#
+# - which layers use **sparse attention**, and with which pattern (lesson 02);
+# - how many **K/V heads** (grouped-query attention, lesson 03);
+# - which layers become a **mixture of experts**, how many experts, and the top-k (lesson 04);
+# - the **balancer** of the multi-task fine-tuning (lesson 05).
+#
+# The pipeline then converts the shipped model into your candidate (K/V heads mean-pooled,
+# experts upcycled from the dense FFN), gives it and the plain baseline the same pre-training
+# and fine-tuning budget, runs the release gates of lesson 07, times decoding, and scores
+# your candidate on the **scorecard** printed below (points per criterion). Every choice
+# trades something: fewer K/V heads save cache bytes but cost quality that a short training
+# has to win back; more experts add capacity but cost decode time on a CPU.
+#
+# **Grading.** `my_design` and `design_to_config` are autograded (10 + 3 points). The
+# written conclusion at the end is graded by a person with the rubric printed there (5
+# points). From a terminal: `codex-lab grade exercises/08_capstone.py --timeout 300` (the
+# scorecard trains two models, which takes longer than the default 30 s per exercise).
+# Inside this notebook, `check(...)` reuses the run you already made.
+
+# %%
+import sys
+
+if "google.colab" in sys.modules:  # Colab only: install the course (torch/numpy untouched)
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "git+https://github.com/codex-lab/codex-lab@main"], check=True)
+
+# %%
+import torch
+
+import codex_lab as cl
+from codex_lab import ModelConfig, check
+from codex_lab.lessons.l08_capstone import pipeline as cap
+from codex_lab.lessons.l08_capstone import scorecard as sc
+
+cl.seed_everything(0)
+torch.set_num_threads(1)  # the same one-thread setting the scorecard's timings were calibrated with
+MODE = "fast" if cl.fast_mode() else "full"
+base_cfg = cl.load_pretrained().model.cfg
+print("mode:", MODE)
+print(f"the plain baseline: {base_cfg.n_layer} layers, {base_cfg.n_head} heads ({base_cfg.n_kv_head} K/V heads), "
+      f"d_model {base_cfg.d_model}, FFN {base_cfg.ffn_hidden}, context {base_cfg.max_seq_len} tokens")
+print("\nTHE SCORECARD (candidate against the baseline, same training budget):")
+for c in sc.criteria(MODE):
+    print(f"  {c.key:<13} {c.points} points: {c.rule}")
+
+
+def attempt(fn, *args):
+    """fn(*args), or None while the exercise still says 'not yet done'."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        return None
+
+
+# %% [markdown]
+# ## Part 1: your design (10 points, on the scorecard)
+# Return a dict with exactly these keys:
+#
+# | key | what | constraints |
+# |---|---|---|
+# | `sparse_layers` | layers (0-based) whose attention becomes sparse | non-empty, each in 0..n_layer-1 |
+# | `pattern` | the sparse pattern, e.g. `"window:64+blockstride:64:4"` (lesson 02) | must attend to under 90% of the pairs at the model's context length |
+# | `n_kv_head` | K/V heads | divides n_head, fewer than n_head |
+# | `moe_layers` | layers whose FFN becomes a mixture of experts | non-empty, each in 0..n_layer-1 |
+# | `n_experts`, `top_k` | experts per MoE layer, experts per token | n_experts >= 2, 1 <= top_k <= n_experts |
+# | `balance` | fine-tuning balancer | one of `cl.STRATEGIES` (lesson 05) |
+#
+# Things worth knowing before you choose (all measured in lessons 02-05): the short fast-mode
+# training cannot fully repair a big conversion; a window at least as long as the training
+# sequences leaves those sequences' attention unchanged; an upcycled MoE layer computes
+# exactly its old FFN at the start whatever k is, but every extra expert evaluated per token
+# costs decode time; K/V heads are the only knob that moves the KV-cache bytes here.
+
+# %%
+def my_design():
+    """Your candidate: a dict with the keys of the table above."""
+    ### BEGIN SOLUTION
+    # One sparse layer (the last), with a window as long as the fine-tuning sequences plus
+    # a block stride, so it changes only long-range attention; group size 2 (the only GQA
+    # choice with 4 heads that keeps more than one K/V head); one upcycled MoE layer with 4
+    # experts and top-2 (half the expert compute of 8 experts); CoBa, the article's balancer.
+    return {"sparse_layers": [3], "pattern": "window:128+blockstride:64:2", "n_kv_head": 2,
+            "moe_layers": [3], "n_experts": 4, "top_k": 2, "balance": "coba"}
+    ### END SOLUTION
+
+
+# %%
+design = attempt(my_design)
+if design is None:
+    print("my_design: not yet done; the cells that need your design skip until it returns one")
+else:
+    problems = sc.validate_design(design, base_cfg)
+    print("your design:", design)
+    print("valid" if not problems else "NOT VALID (fix before training):\n- " + "\n- ".join(problems))
+
+# %% [markdown]
+# ## Part 2: from design to config (3 points)
+# Write the candidate's `ModelConfig`: the base config's shape (start from `base_cfg.to_dict()`),
+# with `attn_patterns` (one spec per layer: the design's pattern for the sparse layers,
+# `"dense"` for the others), `attn_impl="blocks"` (the sparse kernel with a CPU backward),
+# `n_kv_head`, `moe_layers` (sorted), `n_experts`, `moe_top_k`, and `moe_ffn_hidden=None`
+# (experts are copies of the dense FFN). Build it with `ModelConfig.from_dict(d)`.
+# The package's own config builders are unavailable while the check runs.
+
+# %%
+def design_to_config(base_cfg, design):
+    """The candidate's ModelConfig for ``design`` (a dict as in Part 1)."""
+    ### BEGIN SOLUTION
+    d = base_cfg.to_dict()
+    d.update(
+        attn_patterns=[design["pattern"] if i in design["sparse_layers"] else "dense" for i in range(base_cfg.n_layer)],
+        attn_impl="blocks",
+        n_kv_head=design["n_kv_head"],
+        moe_layers=sorted(set(design["moe_layers"])),
+        n_experts=design["n_experts"],
+        moe_top_k=design["top_k"],
+        moe_ffn_hidden=None,
+    )
+    return ModelConfig.from_dict(d)
+    ### END SOLUTION
+
+
+# %%
+if check(design_to_config).status == "passed" and design is not None and not sc.validate_design(design, base_cfg):
+    cfg = design_to_config(base_cfg, design)
+    for i in range(cfg.n_layer):
+        print(f"layer {i}: attention {cfg.pattern_for(i):<28} FFN {'MoE ' + str(cfg.n_experts) + ' experts, top-' + str(cfg.moe_top_k) if i in cfg.moe_layers else 'dense'}")
+    print(f"KV-cache bytes per token (fp32): {cl.kv_bytes_per_token(cfg):,} vs the baseline's {cl.kv_bytes_per_token(base_cfg):,}")
+else:
+    print("skipped: the layer table needs design_to_config and a valid design")
+
+# %% [markdown]
+# ## Part 3: run the pipeline and read the scorecard
+# Convert, pre-train both models on the same batches, fine-tune both with your balancer,
+# gate both, time decoding at batch 8 (the two models alternate so a change in the
+# machine's load hits both). The numbers are cached: `check(my_design)` below reads this run.
+
+# %%
+measured = None
+if design is not None and not sc.validate_design(design, base_cfg):
+    measured = sc.measure(design)
+    print(cap.summary_table(measured["log"]))
+    print()
+    for name in ("baseline", "candidate"):
+        r = measured[name]
+        print(f"{name:>9}: val loss {r['val_loss']:.3f} nats/token (mean over the tasks after fine-tuning), "
+              f"KV {r['kv_bytes_per_token']:,} B/token, decode {r['decode_tokens_per_s']:.0f} tokens/s (under load), "
+              "gates " + ", ".join(f"{k} {v:.2f}" for k, v in r["gates"].items()))
+    print()
+    print(sc.format_scorecard(sc.score(measured), measured["mode"]))
+else:
+    print("skipped: the pipeline needs a valid design from my_design")
+
+# %%
+check(my_design)
+
+# %% [markdown]
+# ## Part 4: your conclusion (written, 5 points)
+# Write, in this cell or one below, 150-300 words that answer:
+#
+# 1. What did your candidate win and what did it cost, *in this run's numbers* (KV bytes per
+#    token, decode tokens/s, validation loss gap, each gate)?
+# 2. Which single choice of your design do you think caused the largest cost, and what in
+#    the numbers (or a second run with that choice changed) supports it?
+# 3. Would you ship it? Say what the scorecard does not measure that you would want to know
+#    first (longer contexts, a GPU, a longer training budget, real benchmarks).
+#
+# **Rubric** (the grader's, also in docs/INSTRUCTORS.md):
+#
+# | points | criterion |
+# |---|---|
+# | 2 | Cites this run's numbers for at least three criteria, with units, correctly (the scorecard's numbers, not the lesson's or the article's). |
+# | 1 | Names one choice as the main cost and supports it with a measurement (a second run changing only that choice, or a number that isolates it); a plausible guess without evidence earns 0. |
+# | 1 | Separates what holds at this scale from what would need checking at scale (fast-mode margins, CPU timings, 4-layer model), without claiming HumanEval-level results. |
+# | 1 | A ship / don't-ship decision that follows from the numbers and names at least one thing the scorecard does not measure. |
+#
+# *Your conclusion:* ...
+
+# %% [markdown]
+# ## What we measured
+
+# %%
+if measured is not None:
+    res = sc.score(measured)
+    b, c = measured["baseline"], measured["candidate"]
+    print(f"- Design: sparse layers {design['sparse_layers']} ({design['pattern']}), {design['n_kv_head']} K/V heads, "
+          f"MoE layers {design['moe_layers']} ({design['n_experts']} experts, top-{design['top_k']}), balancer {design['balance']}.")
+    print(f"- KV cache: {c['kv_bytes_per_token']:,} vs {b['kv_bytes_per_token']:,} bytes per token "
+          f"({1 - c['kv_bytes_per_token'] / b['kv_bytes_per_token']:.0%} saved).")
+    print(f"- Decode at batch 8 (under load): {measured['speed_ratio']:.2f}x the baseline's tokens/s.")
+    print(f"- Validation loss after the same budget: {c['val_loss'] - b['val_loss']:+.3f} nats/token against the baseline "
+          f"(the {MODE}-mode margin is {sc.VAL_MARGIN[MODE]:g}).")
+    print(f"- Scorecard: {sum(r.points for r in res)}/{sum(r.max_points for r in res)}; failed: "
+          f"{[r.key for r in res if not r.passed] or 'none'}.")
+else:
+    print("nothing measured yet: write my_design")
+
+# %% [markdown]
+# ## Questions to think about
+# 1. The fast-mode margin on validation loss is 0.35 nats/token, the full-mode one 0.10.
+#    Why must a short training budget be judged with a wider margin, and what would a margin
+#    that is too wide let through?
+# 2. With 4 query heads, the only grouped-query choices are 2 or 1 K/V heads. How would the
+#    trade-off change on a model with 32 heads?
+# 3. Your sparse layers change nothing for sequences shorter than their window. What does
+#    the scorecard then measure about them, and how would you test them properly?
+# 4. Decode speed was measured on a CPU at batch 8. Which of your choices would look
+#    different on a GPU, and why (lesson 04's grouped dispatch, lesson 06's memory-bound decoding)?
+#
+# ## Further reading
+# - Ainslie et al. 2023, *GQA: training generalized multi-query transformer models from multi-head checkpoints* (mean-pooling, uptraining).
+# - Komatsuzaki et al. 2022, *Sparse upcycling: training mixture-of-experts from dense checkpoints*.
+# - Child et al. 2019, *Generating long sequences with sparse transformers*; Beltagy et al. 2020, *Longformer*.
+# - Liu et al. 2023, *MFTCoder* (multi-task fine-tuning, CoBa convergence balancing).
+# - Fedus et al. 2022, *Switch transformers*; Jiang et al. 2024, *Mixtral of experts*.
