@@ -53,7 +53,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "nn.accounting": ('active_params', 'kv_bytes_per_token', 'kv_cache_bytes', 'kv_saving', 'measured_cache_bytes'),
     "training.loop": ('LoopConfig', 'run_loop'),
     "infer.syntax": ('cut_function', 'function_prompts', 'parses', 'syntax_validity'),
-    "data.tasks": ('TASKS', 'TaskExample', 'TaskSet', 'build_tasks', 'collate', 'task_files'),
+    "data.tasks": ('TASKS', 'TaskSet', 'build_tasks', 'task_files'),
+    "data.functions": ('TaskExample',),
+    "data.task_batches": ('collate',),
     "data.tokenizer": ('CodeTokenizer', 'SPECIAL_TOKENS', 'TASK_TAGS', 'train_tokenizer'),
     "training.pretrain": ('PRESETS', 'TrainConfig', 'lr_at', 'preset_config', 'train', 'uptrain'),
 }

@@ -14,7 +14,9 @@ import re
 from collections import Counter
 from typing import Sequence
 
-from codex_lab.data.tasks import TaskExample, encode_example, run_doctests
+from codex_lab.data.doctests import run_doctests
+from codex_lab.data.functions import TaskExample
+from codex_lab.data.task_batches import encode_example
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.model import CodexModel

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from codex_lab.training.balancing import task_stats, token_losses
 from codex_lab.nn.model import CodexModel
-from codex_lab.data.tasks import Encoded, collate
+from codex_lab.data.task_batches import Encoded, collate
 
 
 @torch.no_grad()

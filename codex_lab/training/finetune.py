@@ -24,7 +24,8 @@ from codex_lab.nn.model import CodexModel
 from codex_lab.training.evaluate import task_losses
 from codex_lab.training.loop import LoopConfig, adamw, run_loop
 from codex_lab.runtime import seed_everything
-from codex_lab.data.tasks import Encoded, TaskSet, collate, encode_tasks
+from codex_lab.data.task_batches import Encoded, collate, encode_tasks
+from codex_lab.data.tasks import TaskSet
 from codex_lab.data.tokenizer import CodeTokenizer
 
 
