@@ -30,136 +30,24 @@ Layout under ``root``::
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import re
 import secrets
 import shutil
-import threading
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
-
-try:  # POSIX; on Windows writers are not serialised across processes (documented limitation)
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+from typing import Any
 
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.errors import InputError, MissingFileError
 from codex_lab.nn.model import CodexModel
+from codex_lab.serve.registry_files import (  # noqa: F401 - re-exported: the registry's public names
+    HASHED, JOURNAL, LOCK, MANIFEST, STATE, VERSION_RE, ChecksumError, Manifest, RegistryFileError, WriterLock,
+    atomic_write_text, check_version, clean_debris, combined_sha256, file_sha256, journal_append, journal_last,
+    os_error, read_json, read_manifest, valid_state, vnum,
+)
 from codex_lab.training.checkpoint import Checkpoint, load_checkpoint, write_checkpoint_files
-
-MANIFEST, STATE, JOURNAL, LOCK = "manifest.json", "state.json", "journal.log", ".lock"
-HASHED = ("model.safetensors", "config.json", "tokenizer.json")
-VERSION_RE = re.compile(r"v[0-9]{4,9}")
-_DEBRIS_RE = re.compile(r"^\.(?:staging|trash)-(\d+)-|^\.[^/]*\.tmp-(\d+)$|\.staging-(\d+)$")
-STALE_AFTER_S = 24 * 3600  # debris of a live-looking pid older than this is cleaned too (pid reuse)
-MAX_JSON_BYTES = 1 << 20
-JOURNAL_COMPACT_BYTES = 1 << 16
-
-
-class ChecksumError(InputError):
-    """A version's files do not match the SHA-256 sums in its manifest."""
-
-
-class RegistryFileError(InputError):
-    """A registry file (state, journal, manifest) is truncated or garbage; the message names it."""
-
-
-def check_version(version: Any) -> str:
-    """``version`` if it is one of this registry's ids (``v0001``...); InputError otherwise."""
-    if not isinstance(version, str) or not VERSION_RE.fullmatch(version):
-        raise InputError(
-            f"{str(version)[:80]!r} is not a registry version id (v0001, v0002, ...: 'v' and 4-9 digits, "
-            "no paths); see `codex-lab registry list`"
-        )
-    return version
-
-
-def _vnum(version: str) -> int:
-    return int(version[1:])
-
-
-@dataclass
-class Manifest:
-    """What the registry records about one version."""
-
-    version: str
-    parent: str | None
-    created: float  # seconds since the epoch (UTC)
-    files: dict[str, str]  # file name -> sha256 hex
-    sha256: str  # over the per-file sums, in HASHED order
-    gates: dict[str, Any] = field(default_factory=dict)
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON)."""
-        return dict(self.__dict__)
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    """SHA-256 of a file's bytes (hex), read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
-
-
-def combined_sha256(files: dict[str, str]) -> str:
-    """One checksum over the per-file sums: sha256("name=sum\\n" for each hashed file)."""
-    return hashlib.sha256("".join(f"{n}={files[n]}\n" for n in HASHED).encode()).hexdigest()
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old or the new file, never half."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> Any:
-    """JSON of a small file; ValueError (short reason) when unreadable, too large or not JSON."""
-    try:
-        if not path.is_file():
-            raise ValueError("not a regular file")
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise ValueError(f"{path.stat().st_size:,} bytes, over the 1 MiB limit")
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeError, RecursionError, ValueError) as exc:
-        raise ValueError(" ".join(str(exc).split())[:160] or type(exc).__name__) from None
-
-
-def _valid_state(obj: Any) -> dict[str, Any]:
-    """``obj`` as a state dict, or ValueError saying what is wrong with it."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("history"), list):
-        raise ValueError("expected {\"current\": ..., \"history\": [...]}")
-    hist, cur = obj["history"], obj.get("current")
-    for v in [*hist, *([cur] if cur is not None else [])]:
-        if not isinstance(v, str) or not VERSION_RE.fullmatch(v):
-            raise ValueError(f"{str(v)[:40]!r} is not a version id")
-    if len(set(hist)) != len(hist) or (cur is not None and cur not in hist) or (cur is None and hist):
-        raise ValueError("current and history disagree")
-    return {"current": cur, "history": list(hist)}
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 class Registry:
@@ -177,89 +65,35 @@ class Registry:
         self.keep_previous = keep_previous
         if self.root.exists() and not self.root.is_dir():
             raise InputError(f"registry root {str(self.root)!r} is not a folder; pass --root with a folder")
-        (self.root / "versions").mkdir(parents=True, exist_ok=True)
-        self._tlock = threading.RLock()
-        self._depth, self._fd = 0, -1
+        try:
+            (self.root / "versions").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error(exc, "pass --root with a writable registry folder") from None
+        self._locked = WriterLock(self.root / LOCK)
         with self._locked():
             self.clean_debris()
 
     # ---- locking and debris -------------------------------------------------------------
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Exclusive writer lock: a thread lock in this process, ``flock`` across processes (re-entrant)."""
-        with self._tlock:
-            if self._depth == 0:
-                fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-                if fcntl is not None:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                self._fd = fd
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-                if self._depth == 0:
-                    os.close(self._fd)  # closing the descriptor releases the flock
-                    self._fd = -1
-
     def clean_debris(self) -> list[str]:
         """Delete staging/trash folders and temporary files left by dead processes; return their names."""
-        removed = []
-        places = [self.root, self.root / "versions"]
-        places += [self.root / "versions" / v for v in self._version_dirs()]
-        now = time.time()
-        for place in places:
-            try:
-                entries = list(os.scandir(place))
-            except OSError:
-                continue
-            for e in entries:
-                m = _DEBRIS_RE.search(e.name)
-                if not e.name.startswith(".") or m is None:
-                    continue
-                pid = int(next(g for g in m.groups() if g))
-                try:
-                    old = now - e.stat(follow_symlinks=False).st_mtime > STALE_AFTER_S
-                except OSError:
-                    continue
-                if _pid_alive(pid) and not old:
-                    continue  # another process is writing it right now
-                if e.is_dir(follow_symlinks=False):
-                    shutil.rmtree(e.path, ignore_errors=True)
-                else:
-                    with contextlib.suppress(OSError):
-                        os.unlink(e.path)
-                removed.append(e.name)
-        return removed
+        vroot = self.root / "versions"
+        return clean_debris([self.root, vroot, *(vroot / v for v in self._version_dirs())])
 
     # ---- state -------------------------------------------------------------------------
     def _from_journal(self) -> dict[str, Any] | None:
         """The last valid state recorded in the journal (versions missing on disk dropped), or None."""
-        p = self.root / JOURNAL
-        try:
-            lines = p.read_bytes().decode("utf-8", "replace").splitlines()
-        except OSError:
-            return None
-        on_disk = set(self.versions())
-        for line in reversed(lines):
-            try:
-                st = _valid_state(json.loads(line))
-            except (ValueError, RecursionError):
-                continue  # a torn or garbage line
-            hist = [v for v in st["history"] if v in on_disk]
-            return {"current": hist[-1] if hist else None, "history": hist}
-        return None
+        return journal_last(self.root / JOURNAL, set(self.versions()))
 
     def _state(self) -> dict[str, Any]:
         p = self.root / STATE
         if not p.exists() and not p.is_symlink():
             return self._from_journal() or {"current": None, "history": []}
         try:
-            return _valid_state(_read_json(p))
+            return valid_state(read_json(p))
         except ValueError as why:
             with self._locked():
                 try:  # another process may have repaired it while we waited for the lock
-                    return _valid_state(_read_json(p))
+                    return valid_state(read_json(p))
                 except ValueError:
                     pass
                 st = self._from_journal()
@@ -276,19 +110,13 @@ class Registry:
 
     def _write_state(self, state: dict[str, Any]) -> None:
         """Append the state to the journal (fsync), then replace state.json atomically."""
-        line = json.dumps(state, separators=(",", ":"))
-        jp = self.root / JOURNAL
         with self._locked():
-            # a leading newline: a line torn by a crash never swallows the next record
-            fd = os.open(jp, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, f"\n{line}\n".encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            atomic_write_text(self.root / STATE, json.dumps(state, indent=2) + "\n")
-            if jp.stat().st_size > JOURNAL_COMPACT_BYTES:
-                atomic_write_text(jp, line + "\n")
+                journal_append(self.root / JOURNAL, state)
+                atomic_write_text(self.root / STATE, json.dumps(state, indent=2) + "\n")
+            except OSError as exc:
+                raise os_error(exc, "make the registry folder writable, free disk space, or remove what is "
+                                    "in the way of state.json/journal.log") from None
 
     # ---- reading -----------------------------------------------------------------------
     def _version_dirs(self) -> list[str]:
@@ -298,7 +126,7 @@ class Registry:
         except OSError:
             return []
         names = [e.name for e in entries if VERSION_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
-        return sorted(names, key=_vnum)
+        return sorted(names, key=vnum)
 
     def path(self, version: str) -> Path:
         """Folder of ``version``; MissingFileError naming the known versions if absent."""
@@ -321,24 +149,7 @@ class Registry:
 
     def manifest(self, version: str) -> Manifest:
         """The manifest of ``version``; :class:`RegistryFileError` naming the file if it is corrupt."""
-        mp = self.path(version) / MANIFEST
-        try:
-            d = _read_json(mp)
-            if not isinstance(d, dict):
-                raise ValueError("not a JSON object")
-            man = Manifest(**d)
-            ok = (man.version == version and (man.parent is None or isinstance(man.parent, str))
-                  and isinstance(man.created, (int, float)) and isinstance(man.files, dict)
-                  and all(isinstance(man.files.get(n), str) for n in HASHED) and isinstance(man.sha256, str)
-                  and isinstance(man.gates, dict) and isinstance(man.note, str))
-            if not ok:
-                raise ValueError("fields missing or of the wrong type")
-        except (ValueError, TypeError) as exc:
-            raise RegistryFileError(
-                f"{mp}: corrupt manifest ({' '.join(str(exc).split())[:160]}); fix: delete {mp.parent} "
-                "and `codex-lab registry add` the checkpoint again"
-            ) from None
-        return man
+        return read_manifest(self.path(version) / MANIFEST, version)
 
     # ---- writing -----------------------------------------------------------------------
     def add(self, model: CodexModel, tokenizer: CodeTokenizer, *, parent: str | None = None,
@@ -357,7 +168,7 @@ class Registry:
             write_checkpoint_files(staging, model, tokenizer, meta)
             files = {name: file_sha256(staging / name) for name in HASHED}
             with self._locked():
-                taken = [_vnum(v) for v in [*self._version_dirs(), *self._state()["history"]]]
+                taken = [vnum(v) for v in [*self._version_dirs(), *self._state()["history"]]]
                 version = f"v{max(taken, default=0) + 1:04d}"
                 man = Manifest(version=version, parent=parent or self.current(), created=time.time(), files=files,
                                sha256=combined_sha256(files), gates=gates or {}, note=note)
@@ -446,8 +257,8 @@ class Registry:
             keep = set(st["history"][-(self.keep_previous + 1):])
             if cur:
                 keep.add(cur)
-            newest_kept = max((_vnum(v) for v in keep), default=0)
-            removed = [v for v in self._version_dirs() if v not in keep and _vnum(v) < newest_kept]
+            newest_kept = max((vnum(v) for v in keep), default=0)
+            removed = [v for v in self._version_dirs() if v not in keep and vnum(v) < newest_kept]
             if st["history"] != [v for v in st["history"] if v in keep]:
                 st["history"] = [v for v in st["history"] if v in keep]
                 self._write_state(st)  # the pointer first: a crash below leaves only unused folders
@@ -462,7 +273,7 @@ class Registry:
         newest version that passes its checksum becomes current (history = that version). Returns the state."""
         with self._locked():
             with contextlib.suppress(ValueError):
-                return _valid_state(_read_json(self.root / STATE))  # nothing to repair
+                return valid_state(read_json(self.root / STATE))  # nothing to repair
             st = self._from_journal()
             if st is None or st["current"] is None:
                 good = [v for v in self.versions() if self._passes(v)]
