@@ -131,3 +131,25 @@ def test_full_mode_on_gpu_is_announced(laptop, tmp_path, monkeypatch):
     text = path.read_text()
     assert calls == [("04", False, False)]
     assert "full mode, because a CUDA GPU is available" in text and "--mode fast" in text
+
+
+def test_recording_a_report_updates_the_table(laptop, tmp_path, monkeypatch):
+    import shutil
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        import time_notebooks
+    finally:
+        sys.path.remove(str(scripts))
+    table = tmp_path / "timings.json"
+    shutil.copy(runtime.TIMINGS_PATH, table)
+    monkeypatch.setattr(time_notebooks, "TIMINGS", table)
+    ref = json.loads(table.read_text())["reference"]["matmul_ms"]
+    # a machine twice as slow as the reference measured 20 s: stored as 10 reference seconds
+    time_notebooks.record("report", "full", "cpu", {"04": 20.0}, "test", matmul_ms=2 * ref)
+    saved = json.loads(table.read_text())
+    assert saved["report"]["full/cpu"]["04"] == 10.0 and saved["provenance"]["report full/cpu"] == "test"
+    assert saved["report"]["full/cpu"]["00"] == runtime.recorded_timings()["report"]["full/cpu"]["00"]  # others kept
