@@ -13,6 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--balance", default="coba", help="sample, token, task_token, focal, dwa, uncertainty or coba")
     p.add_argument("--checkpoint", default=None, help="checkpoint folder to start from (default: the shipped tiny model)")
     p.add_argument("--corpus", default=None, help="folder of code (default: the Python standard library)")
+    p.add_argument("--max-file-bytes", type=int, default=1_000_000,
+                   help="skip (and count) corpus files larger than this many bytes (default 1000000)")
     p.add_argument("--files-fraction", type=float, default=None, help="stable share of corpus files to build tasks from")
     p.add_argument("--val-fraction", type=float, default=0.15, help="share of functions held out for validation")
     p.add_argument("--steps", type=int, default=None)
@@ -48,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown --balance {args.balance!r}; choose one of {', '.join(sorted(STRATEGIES))}")
     device = get_device(args.device)
     ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
-    corpus = load_corpus(args.corpus)
+    corpus = load_corpus(args.corpus, max_file_bytes=args.max_file_bytes)
     fraction = args.files_fraction if args.files_fraction is not None else pick(fast=0.05, full=1.0)
     taskset = build_tasks(task_files(corpus, fraction), tasks, val_fraction=args.val_fraction, max_chars=pick(fast=600, full=1200))
     print("examples per task:", json.dumps(taskset.sizes()))

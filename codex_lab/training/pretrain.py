@@ -64,6 +64,7 @@ class TrainConfig:
     seed: int = 0
     corpus: str | None = None
     max_files: int | None = None
+    max_file_bytes: int = 1_000_000  # corpus files larger than this are skipped and counted
     out: str = "runs/tiny"
     device: str | None = None
 
@@ -173,7 +174,7 @@ def train(tc: TrainConfig, *, resume: bool = False, progress: bool = True) -> Tr
     ckpt_dir, state_file = out / "checkpoint", out / "train_state.pt"
     seed_everything(tc.seed)
 
-    corpus = load_corpus(tc.corpus, max_files=tc.max_files)
+    corpus = load_corpus(tc.corpus, max_files=tc.max_files, max_file_bytes=tc.max_file_bytes)
     if resume:
         if not state_file.is_file():
             raise FileNotFoundError(f"nothing to resume: {state_file} is missing; train without --resume first")
