@@ -27,11 +27,14 @@
 # (same tokens), and measures it:
 #
 # 1. prefill vs decode: why generation is a different workload from training;
-# 2. the KV cache: no cache -> concatenating cache -> preallocated static cache (+ rolling
-#    window buffers), and its bytes per token;
+# 2. **build** a static KV cache (write a slot, attend up to the length), prefill then
+#    decode, held equal to uncached generation; its bytes per token;
 # 3. sampling knobs and per-request seeds;
-# 4. continuous batching with paged KV memory: who runs in which step, throughput, TTFT/TBT;
-# 5. speculative decoding: a cheap draft guesses, the target checks, the output is unchanged.
+# 4. **build** a continuous-batching scheduler (admit, prefill, decode, retire) in about 60
+#    lines, held equal to the package's engine; then the engine at scale: throughput,
+#    the batching timeline, TTFT/TBT;
+# 5. **build** the speculative accept/reject rule: greedy (held equal to the target's
+#    output) and the sampling rule that keeps the target distribution, with a chi-square test.
 
 # %%
 import sys
@@ -65,6 +68,10 @@ ckpt = cl.load_pretrained("cpu")
 model, tok, cfg = ckpt.model, ckpt.tokenizer, ckpt.config
 print(cfg)
 print(f"{model.num_params():,} parameters; fast mode: {FAST}")
+
+
+# %%
+from collections import deque  # the scheduler's waiting queue
 
 # %% [markdown]
 # ## 0. One knob before anything else: CPU threads
@@ -124,43 +131,98 @@ assert rows[-1][2] < rows[-1][3], "per token, prefill should be cheaper than a d
 print(f"at {rows[-1][0]} tokens, a decode step costs {rows[-1][3] / rows[-1][2]:.0f}x a prefill token")
 
 # %% [markdown]
-# ## 2. The KV cache
+# ## 2. Build: a static KV cache
 # Without a cache, every new token re-runs the whole context: O(T) work per token. With a
-# cache, each step computes keys/values for the new token only and reads the stored ones.
+# cache, each step computes keys/values for the new tokens only and reads the stored ones.
+#
+# The model talks to a cache through one method: `update(k, v, positions)` stores this
+# step's keys/values (B, H_kv, T, D) at their absolute positions and returns every key/value
+# the step may attend to, with the position of each (-1 = an empty slot, which the
+# attention mask hides; the causal mask hides the future). A **static** cache allocates its
+# buffers once (gpt-fast style): slot `p` holds position `p`, so a write is one indexed
+# assignment and "attend up to the length" is a slice of the first `length` slots.
+# `rows` says which rows of the buffer this call's batch occupies (the scheduler of
+# section 4 uses it; here it is every row).
+
+# %%
+class SlotCache:
+    """One layer's preallocated keys/values: buffer row r, slot p = position p of that row."""
+
+    def __init__(self, rows: int, n_kv_head: int, head_dim: int, max_len: int) -> None:
+        self.k = torch.zeros(rows, n_kv_head, max_len, head_dim)  # (R, H_kv, L, D)
+        self.v = torch.zeros(rows, n_kv_head, max_len, head_dim)  # (R, H_kv, L, D)
+        self.pos = torch.full((rows, max_len), -1)  # (R, L) position held by each slot, -1 = empty
+        self.rows = torch.arange(rows)  # (B,) buffer rows of the batch the next call brings
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
+        r = self.rows[:, None]  # (B, 1)
+        # write: slot = absolute position (advanced indices first: the value is (B, T, H_kv, D))
+        self.k[r, :, positions] = k.transpose(1, 2)
+        self.v[r, :, positions] = v.transpose(1, 2)
+        self.pos[r, positions] = positions  # (B, T)
+        length = int(self.pos[self.rows].max()) + 1  # slots 0 .. length-1 may be attended
+        return self.k[self.rows, :, :length], self.v[self.rows, :, :length], self.pos[self.rows, :length]  # (B, H_kv, S, D) x2, (B, S)
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+def new_caches(rows: int, max_len: int) -> list[SlotCache]:
+    return [SlotCache(rows, cfg.n_kv_head, cfg.head_dim, max_len) for _ in range(cfg.n_layer)]
+
+# %% [markdown]
+# **Prefill, then decode.** The prompt goes through in one forward (all its keys/values
+# are written at once, the logits of its last position give the first new token); every
+# later step feeds one token at the next position.
+
+# %%
+def greedy_cached(prompt_ids: list[int], n_new: int) -> list[int]:
+    caches = new_caches(1, len(prompt_ids) + n_new)
+    x = torch.tensor([prompt_ids])  # (1, T)
+    logits = model(x, positions=torch.arange(len(prompt_ids))[None], caches=caches, last_only=True).logits[:, -1]  # (1, V) prefill
+    out: list[int] = []
+    for i in range(n_new):
+        nxt = int(logits.argmax(-1))
+        out.append(nxt)
+        pos = len(prompt_ids) + i  # the new token's absolute position
+        logits = model(torch.tensor([[nxt]]), positions=torch.tensor([[pos]]), caches=caches, last_only=True).logits[:, -1]  # (1, V) decode
+    return out
+
+# %% [markdown]
+# **The oracle:** cached greedy generation must give exactly the tokens of the plain
+# generator, which re-runs the whole context every step. Several prompt lengths, so a
+# one-token and a multi-token prefill are both tried.
+
+# %%
+n_check = cl.pick(fast=16, full=48)
+for T in (1, 7, 96):
+    p_ids = bench.code_prompts(tok, [T], seed=T)[0]
+    plain, _ = cl.generate_ids(model, p_ids, max_new_tokens=n_check)  # no cache
+    ours = greedy_cached(p_ids, n_check)
+    assert ours == plain, (T, ours, plain)
+    assert cl.generate_ids_cached(model, p_ids, max_new_tokens=n_check)[0] == plain  # the package's cache too
+print(f"cached == uncached for prompts of 1, 7 and 96 tokens ({n_check} new tokens each):", repr(tok.decode(plain)[:60]))
+
+# %% [markdown]
 # The cache holds 2 (K and V) x layers x KV heads x head width numbers per token, so it grows
 # linearly with length (the article's claim, exactly) and shrinks with fewer KV heads (GQA,
 # lesson 03).
 
 # %%
-per_tok = kv_bytes_per_token(cfg)
+per_tok = cl.kv_bytes_per_token(cfg)
 print(f"KV bytes per token: 2 x {cfg.n_layer} layers x {cfg.n_kv_head} KV heads x {cfg.head_dim} x 4 B = {per_tok:,} B")
 for n in (256, 512, 1024):
-    caches = make_static_caches(cfg, 1, n)
-    print(f"  {n:5d} tokens: {sum(c.nbytes() for c in caches) / 2**20:.2f} MiB")
-    assert sum(c.nbytes() for c in caches) == n * per_tok  # linear in length
-gqa = cl.ModelConfig(**{**cfg.to_dict(), "n_kv_head": 1})
-print(f"same model with 1 KV head (MQA): {kv_bytes_per_token(gqa):,} B/token, "
-      f"{1 - kv_bytes_per_token(gqa) / per_tok:.0%} smaller (1 - 1/group size)")
-win = cl.ModelConfig(**{**cfg.to_dict(), "attn_patterns": ["dense", "window:64", "window:64", "window:64"]})
-wc = make_static_caches(win, 1, 1024)
-print(f"with 3 of 4 layers on a 64-token window (rolling buffers): {sum(c.nbytes() for c in wc) / 2**20:.2f} MiB at 1024 tokens")
-
-# %% [markdown]
-# **The oracle first:** cached greedy generation must give exactly the tokens of the plain
-# generator (which re-runs everything). Tests check this for dense, sliding-window, GQA and
-# MQA models, several prompt lengths and batch sizes; here on the shipped model.
-
-# %%
-plain, _ = cl.generate_ids(model, prompt, max_new_tokens=24)
-for kind in ("dynamic", "static"):
-    cached, _ = generate_ids_cached(model, prompt, max_new_tokens=24, cache=kind)
-    assert cached == plain, kind
-print("cached == uncached:", tok.decode(prompt) + tok.decode(plain))
+    ours_b = sum(c.nbytes() for c in new_caches(1, n))
+    assert ours_b == n * per_tok == sum(c.nbytes() for c in cl.make_static_caches(cfg, 1, n))  # linear in length
+    print(f"  {n:5d} tokens: {ours_b / 2**20:.2f} MiB")
+mqa = cl.ModelConfig(**{**cfg.to_dict(), "n_kv_head": 1})
+print(f"same model with 1 KV head (MQA): {cl.kv_bytes_per_token(mqa):,} B/token, "
+      f"{1 - cl.kv_bytes_per_token(mqa) / per_tok:.0%} smaller (1 - 1/group size)")
 
 # %% [markdown]
 # ### The cache ladder
 # Tokens per second of decoding after a short and a long prompt: no cache, the
-# concatenating cache (re-allocates every step), and the preallocated static cache.
+# concatenating cache (re-allocates every step), and the package's preallocated static cache.
 
 # %%
 ladder = bench.bench_cache(model, cl.pick(fast=[32, 256], full=[32, 256, 768]), cl.pick(fast=16, full=64))
@@ -168,17 +230,9 @@ for r in ladder:
     print(f"prompt {r['prompt_len']:4d}  {r['impl']:14s} {r['tokens_per_s']:8.1f} tokens/s")
 by = {(r["prompt_len"], r["impl"]): r["tokens_per_s"] for r in ladder}
 long = max(r["prompt_len"] for r in ladder)
-speedup = by[(long, "static_cache")] / by[(long, "no_cache")]
-print(f"static cache vs no cache at {long} tokens: {speedup:.1f}x")
-assert speedup > 1.5
-
-fig, ax = plt.subplots(figsize=(6, 3))
-impls = ["no_cache", "dynamic_cache", "static_cache"]
-lens = sorted({r["prompt_len"] for r in ladder})
-for i, n in enumerate(lens):
-    ax.bar(np.arange(3) + i * 0.4, [by[(n, m)] for m in impls], width=0.4, label=f"prompt {n}")
-ax.set_xticks(np.arange(3) + 0.2, impls); ax.set_ylabel("tokens/s"); ax.legend(); ax.set_title("the cache ladder")
-plt.show()
+cache_speedup = by[(long, "static_cache")] / by[(long, "no_cache")]
+print(f"static cache vs no cache at {long} tokens: {cache_speedup:.1f}x (under load)")
+assert cache_speedup > 1.5
 
 # %% [markdown]
 # ## 3. Sampling
@@ -187,27 +241,97 @@ plt.show()
 # seed makes a sampled request reproducible however the engine batches it.
 
 # %%
-eng = Engine(model, tok)
-p_a = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=1, stop=["\n\n"])
+eng = cl.Engine(model, tok)
+p_a = cl.SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=1, stop=["\n\n"])
 ra, rb = eng.submit(prompt, p_a), eng.submit(prompt, p_a)
-rc = eng.submit(prompt, SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=2))
+rc = eng.submit(prompt, cl.SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=2))
 out = {f.rid: f for f in eng.run_until_done()}
 assert out[ra].output_ids == out[rb].output_ids
 print("seed 1, twice:", repr(out[ra].text), out[ra].finish_reason)
 print("seed 2       :", repr(out[rc].text), out[rc].finish_reason)
 
 # %% [markdown]
-# ## 4. Continuous batching and paged KV memory
+# ## 4. Build: a continuous-batching scheduler
 # A decode step for one request barely uses the machine; a batch of B requests costs little
-# more than one. **Static batching** starts B requests together and waits for the longest
-# before starting the next group; **continuous (iteration-level) batching** (Orca) lets a
-# request join or leave at every step. KV memory comes in fixed blocks with a block table
-# per request (PagedAttention): a request is admitted when its blocks can be reserved, and
-# frees them the moment it ends. Same tokens in every mode (asserted).
+# more than one. **Continuous (iteration-level) batching** (Orca) lets a request join or
+# leave at every step. The whole loop, greedy, in one function: every step it
+#
+# 1. **admits** waiting requests, first come first served, while a cache row is free;
+# 2. **prefills** each newly admitted prompt (its first token);
+# 3. **decodes** one token for every request that was already running, all in ONE forward
+#    (rows of different lengths side by side: empty slots are masked);
+# 4. **retires** requests that produced end-of-text or their last token, freeing the row.
+
+# %%
+def serve(requests: list[tuple[list[int], int]], max_batch: int, max_len: int) -> tuple[dict[int, list[int]], int]:
+    """Greedy outputs of ``requests`` [(prompt ids, max new tokens)] by request index, and the steps taken."""
+    caches = new_caches(max_batch, max_len)
+    waiting = deque(range(len(requests)))  # request ids in arrival order
+    free_rows = list(range(max_batch))  # cache rows nobody owns
+    running: dict[int, int] = {}  # request id -> its cache row
+    out: dict[int, list[int]] = {i: [] for i in range(len(requests))}
+    length: dict[int, int] = {}  # request id -> tokens stored in its row
+
+    def forward(rids: list[int], tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        for c in caches:
+            c.rows = torch.tensor([running[r] for r in rids])  # (B,) which buffer rows this batch uses
+        return model(tokens, positions=positions, caches=caches, last_only=True).logits[:, -1]  # (B, V)
+
+    steps = 0
+    while waiting or running:
+        decoding = list(running)  # running before this step: they decode
+        admitted = []
+        while waiting and free_rows:  # 1. admit
+            rid, row = waiting.popleft(), free_rows.pop(0)
+            for c in caches:
+                c.pos[row] = -1  # forget the previous owner's keys
+            running[rid] = row
+            admitted.append(rid)
+        for rid in admitted:  # 2. prefill: the whole prompt in one forward, its first token
+            p = requests[rid][0]
+            logits = forward([rid], torch.tensor([p]), torch.arange(len(p))[None])  # (1, V)
+            out[rid].append(int(logits.argmax(-1)))
+            length[rid] = len(p)
+        if decoding:  # 3. one decode step for all of them together
+            toks = torch.tensor([[out[r][-1]] for r in decoding])  # (B, 1) each one's newest token
+            pos = torch.tensor([[length[r]] for r in decoding])  # (B, 1) at its next position
+            for r, nxt in zip(decoding, forward(decoding, toks, pos).argmax(-1).tolist()):
+                out[r].append(nxt)
+                length[r] += 1
+        for rid in list(running):  # 4. retire
+            if out[rid][-1] == tok.eot_id or len(out[rid]) == requests[rid][1]:
+                free_rows.append(running.pop(rid))
+                if out[rid][-1] == tok.eot_id:
+                    out[rid].pop()  # end-of-text ends the request; it is not part of the output
+        steps += 1
+    return out, steps
+
+# %% [markdown]
+# **The oracle:** the package's engine (paged KV blocks, streaming, cancellation,
+# deadlines: everything ours leaves out) on the same requests, greedy, must produce the same
+# tokens for every request.
 
 # %%
 n_req = cl.pick(fast=12, full=32)
 reqs = bench.mixed_requests(tok, n_req, max_prompt=cl.pick(fast=120, full=200), max_new=cl.pick(fast=40, full=64))
+t = time.perf_counter()
+mine, my_steps = serve(reqs, max_batch=4, max_len=cfg.max_seq_len)
+my_wall = time.perf_counter() - t
+eng = cl.Engine(model, tok, max_batch_size=4)
+rids = [eng.submit(p, cl.SamplingParams(max_tokens=m)) for p, m in reqs]
+theirs = {f.rid: f.output_ids for f in eng.run_until_done()}
+assert all(mine[i] == theirs[rid] for i, rid in enumerate(rids)), "our scheduler and the engine disagree"
+print(f"our scheduler == package engine on {n_req} requests: {sum(map(len, mine.values()))} tokens, "
+      f"{my_steps} steps (engine: {eng.steps}), ours took {my_wall:.2f} s (under load)")
+
+# %% [markdown]
+# ### At scale: the package engine, one at a time vs static vs continuous batching
+# KV memory in the engine comes in fixed blocks with a block table per request
+# (PagedAttention): a request is admitted when its blocks can be reserved, and frees them
+# the moment it ends. **Static batching** starts B requests together and waits for the
+# longest before starting the next group. Same tokens in every mode (asserted).
+
+# %%
 runs, walls, engines = {}, {}, {}
 for impl, kw in (("one_at_a_time", dict(max_batch_size=1)), ("static_batching", dict(max_batch_size=4, static=True)),
                  ("continuous_batching", dict(max_batch_size=4))):
@@ -215,13 +339,13 @@ for impl, kw in (("one_at_a_time", dict(max_batch_size=1)), ("static_batching", 
     n_tok = sum(len(f.output_ids) for f in runs[impl])
     lat = bench.latency_fields(runs[impl])
     print(f"{impl:20s} {n_tok / walls[impl]:7.1f} tokens/s  {engines[impl].steps:4d} steps  "
-          f"TTFT p50 {lat['ttft_p50_ms']:7.1f} ms  TBT p95 {lat['tbt_p95_ms']:6.1f} ms")
-same = {tuple(f.output_ids) for f in runs["one_at_a_time"]} == {tuple(f.output_ids) for f in runs["continuous_batching"]}
-assert same
-ratio = walls["one_at_a_time"] / walls["continuous_batching"]
-print(f"continuous batching: {ratio:.1f}x the throughput of one at a time "
-      f"(goal: >= 3x with 8 slots on 2 idle cores; fewer slots or a busy machine shrink it)")
-assert ratio > 1.2
+          f"TTFT p50 {lat['ttft_p50_ms']:7.1f} ms  TBT p95 {lat['tbt_p95_ms']:6.1f} ms  (under load)")
+assert {tuple(f.output_ids) for f in runs["one_at_a_time"]} == {tuple(f.output_ids) for f in runs["continuous_batching"]}
+batch_ratio = walls["one_at_a_time"] / walls["continuous_batching"]
+step_ratio = engines["static_batching"].steps / engines["continuous_batching"].steps
+print(f"continuous batching: {batch_ratio:.1f}x the throughput of one at a time; static batching needs "
+      f"{step_ratio:.2f}x its steps (goal: >= 3x with 8 slots on 2 idle cores; fewer slots or a busy machine shrink it)")
+assert batch_ratio > 1.2
 
 # %% [markdown]
 # ### The batching timeline
@@ -244,25 +368,6 @@ axes[0].set_ylabel("request")
 plt.show()
 
 # %% [markdown]
-# ### KV memory in use
-# The engine reports what it stores and what its blocks hold, step by step.
-
-# %%
-eng = Engine(model, tok, max_batch_size=4, block_size=16)
-for p, m in reqs[:6]:
-    eng.submit(p, SamplingParams(max_tokens=m, ignore_eos=True))
-used, alloc = [], []
-while eng.has_work():
-    eng.step()
-    s = eng.stats()
-    used.append(s["kv_used_bytes"] / 2**20); alloc.append(s["kv_allocated_bytes"] / 2**20)
-print(f"peak KV in use {max(used):.2f} MiB, in blocks {max(alloc):.2f} MiB, pool {s['kv_capacity_bytes'] / 2**20:.1f} MiB")
-assert all(a >= u for a, u in zip(alloc, used)) and used[-1] == 0
-fig, ax = plt.subplots(figsize=(6, 2.5))
-ax.plot(used, label="stored K/V"); ax.plot(alloc, label="allocated blocks"); ax.set_xlabel("step"); ax.set_ylabel("MiB"); ax.legend()
-plt.show()
-
-# %% [markdown]
 # ### TTFT and TBT at 4 concurrent streams
 # Four clients each send a request (a 128-token code prompt, 64 new tokens in full mode) and
 # the next one as soon as theirs ends. TTFT is measured from arrival (queueing included),
@@ -275,7 +380,7 @@ ttft = [f.ttft * 1000 for f in done]
 tbt = [x * 1000 for f in done for x in f.tbt]
 print(f"TTFT p50 {row['ttft_p50_ms']:.1f} ms, p95 {row['ttft_p95_ms']:.1f} ms (target < 100 ms); "
       f"TBT p50 {row['tbt_p50_ms']:.1f} ms, p95 {row['tbt_p95_ms']:.1f} ms (target < 20 ms); "
-      f"{row['tokens_per_s']:.0f} tokens/s")
+      f"{row['tokens_per_s']:.0f} tokens/s (under load)")
 fig, axes = plt.subplots(1, 2, figsize=(10, 3))
 axes[0].hist(ttft, bins=20); axes[0].axvline(100, color="r"); axes[0].set_xlabel("TTFT (ms)")
 axes[1].hist(tbt, bins=40); axes[1].axvline(20, color="r"); axes[1].set_xlabel("TBT (ms)")
@@ -284,59 +389,185 @@ assert len(tbt) == sum(len(f.output_ids) - 1 for f in done)
 
 # %% [markdown]
 # The tail of TBT is the steps where a new request's prefill runs before the decode of
-# the others (it stalls them for a whole prompt). Chunked prefill (vLLM, SGLang) splits long
-# prompts over several steps to cap that stall.
+# the others (it stalls them for a whole prompt). Chunked prefill (vLLM, SGLang; the
+# engine's `max_prefill_tokens`) splits long prompts over several steps to cap that stall.
 #
-# ## 5. Speculative decoding
-# A draft model guesses `gamma` tokens; the target verifies all of them in ONE forward and
-# keeps the longest agreeing prefix plus its own next token. The output is the target's
-# greedy output, always (asserted). If each guess is accepted with probability `a`, a round
-# yields `(1 - a^(gamma+1)) / (1 - a)` tokens. Our draft costs nothing to make: the target's
-# first layer(s) + its own head (early exit, no training).
+# ## 5. Build: speculative decoding, the accept/reject rule
+# A cheap draft model guesses `gamma` tokens; the target scores all of them in ONE forward
+# (its logits after the context and after each guess, `gamma + 1` rows). Which guesses
+# survive?
+#
+# **Greedy rule.** Keep the longest prefix of guesses that equal the target's argmax, then
+# add the target's own token at the first disagreement (or after the last guess). Every
+# emitted token is the target's argmax given the tokens before it, so the output *is* the
+# target's greedy output, whatever the draft guesses.
+
+# %%
+def accept_greedy(guesses: list[int], target_logits: torch.Tensor) -> list[int]:
+    """guesses: gamma draft tokens; target_logits (gamma + 1, V) after the context and after each guess."""
+    best = target_logits.argmax(-1).tolist()  # (gamma + 1,) the target's own choices
+    n = 0
+    while n < len(guesses) and guesses[n] == best[n]:  # accepted prefix
+        n += 1
+    return guesses[:n] + [best[n]]  # + the target's token where they first disagree
+
+
+def speculative_plain(target, draft, prompt_ids: list[int], n_new: int, gamma: int) -> tuple[list[int], int]:
+    """Greedy speculative decoding without caches (plain on purpose); new ids and target forwards."""
+    ids, calls = list(prompt_ids), 0
+    while len(ids) - len(prompt_ids) < n_new:
+        guesses: list[int] = []
+        for _ in range(gamma):  # the draft guesses one token at a time
+            guesses.append(int(draft(torch.tensor([ids + guesses])).logits[0, -1].argmax()))
+        logits = target(torch.tensor([ids + guesses])).logits[0, -gamma - 1 :]  # (gamma + 1, V) one target forward
+        calls += 1
+        ids += accept_greedy(guesses, logits)
+    return ids[len(prompt_ids) :][:n_new], calls
+
+# %% [markdown]
+# Our draft costs nothing to make: the target's first layers plus its own head (early exit,
+# no training). **The oracle:** the speculative output equals the target's plain greedy
+# output and the package's cached speculative decoder.
 
 # %%
 draft_layers = 2
-draft = truncated_draft(model, draft_layers)
+draft = cl.truncated_draft(model, draft_layers)
 prompts = bench.code_prompts(tok, [96] * cl.pick(fast=2, full=8), seed=5)
-n_new = cl.pick(fast=32, full=128)
-plain = [generate_ids_cached(model, p, max_new_tokens=n_new)[0] for p in prompts]
+n_new = cl.pick(fast=24, full=96)
+for p_ids in prompts:
+    plain, _ = cl.generate_ids(model, p_ids, max_new_tokens=n_new)
+    spec, calls = speculative_plain(model, draft, p_ids, n_new, gamma=4)
+    assert spec == plain == cl.speculative_generate(model, draft, p_ids, max_new_tokens=n_new, gamma=4)[0]
+    print(f"speculative == greedy target: {n_new} tokens in {calls} target forwards instead of {n_new}")
+
+# %% [markdown]
+# **Sampling rule** (Leviathan et al. 2023; Chen et al. 2023). With sampling, the target's
+# output is a *distribution* $p$, and the draft drew its guess $x$ from its own $q$. Accept
+# $x$ with probability $\min(1, p(x)/q(x))$; on rejection, draw from the residual
+# $\mathrm{norm}(\max(0, p - q))$ and stop; if all `gamma` guesses survive, draw one bonus
+# token from the target's next distribution. Then every emitted token is distributed
+# exactly as $p$: $P(x) = q(x)\min(1, p/q) + (1 - \sum_y \min(p_y, q_y))\,\frac{\max(0, p - q)(x)}{\sum_y \max(0, p_y - q_y)} = \min(p, q) + \max(0, p - q) = p(x)$.
+
+# %%
+def accept_sample(p: torch.Tensor, q: torch.Tensor, guesses: list[int], gen: torch.Generator) -> list[int]:
+    """p (gamma + 1, V) target probabilities, q (gamma, V) the draft's, guesses drawn from q."""
+    out = []
+    for i, x in enumerate(guesses):
+        if float(torch.rand((), generator=gen)) < min(1.0, float(p[i, x] / q[i, x])):  # accept w.p. min(1, p/q)
+            out.append(x)
+            continue
+        residual = (p[i] - q[i]).clamp(min=0)  # (V,) max(0, p - q)
+        out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=gen)))  # norm(max(0, p - q))
+        return out
+    out.append(int(torch.multinomial(p[len(guesses)], 1, generator=gen)))  # all accepted: a bonus token from p
+    return out
+
+# %% [markdown]
+# **A statistical test that the rule preserves the target distribution.** A vocabulary of 6
+# tokens, a target $p$ and a deliberately different draft $q$, `gamma = 3`; many rounds,
+# each drawing the guesses from $q$ and applying the rule. The first token emitted must
+# follow $p$, and so must the second (when the first was accepted): Pearson's chi-square
+# test of the counts against $N p$. The p-value comes from the chi-square survival function,
+# $P(\chi^2_{V-1} > s) = Q\big(\tfrac{V-1}{2}, \tfrac{s}{2}\big)$, the regularised upper
+# incomplete gamma function. Two wrong rules go through the same test: emitting the
+# draft's guesses unchecked, and resampling from $p$ (not the residual) after a rejection.
+
+# %%
+V, GAMMA = 6, 3
+p_true = torch.tensor([0.30, 0.25, 0.20, 0.12, 0.08, 0.05])
+q_draft = torch.tensor([0.05, 0.10, 0.15, 0.20, 0.20, 0.30])
+P, Q = p_true.expand(GAMMA + 1, V), q_draft.expand(GAMMA, V)
+N = cl.pick(fast=4000, full=40000)
+
+
+def chi_square_pvalue(tokens: list[int], probs: torch.Tensor) -> tuple[float, float]:
+    counts = torch.bincount(torch.tensor(tokens), minlength=len(probs)).double()
+    expected = len(tokens) * probs.double()  # expected counts here are >= 100, far above the usual minimum of 5
+    stat = float(((counts - expected) ** 2 / expected).sum())  # Pearson's s = sum (O - E)^2 / E
+    return stat, float(torch.special.gammaincc(torch.tensor((len(probs) - 1) / 2), torch.tensor(stat / 2)))  # P(chi2_{V-1} > s)
+
+
+def draft_only(p, q, guesses, gen):  # wrong: never checks the guesses
+    return list(guesses)
+
+
+def resample_from_p(p, q, guesses, gen):  # wrong: after a rejection draws from p, not the residual
+    for i, x in enumerate(guesses):
+        if float(torch.rand((), generator=gen)) >= min(1.0, float(p[i, x] / q[i, x])):
+            return guesses[:i] + [int(torch.multinomial(p[i], 1, generator=gen))]
+    return list(guesses) + [int(torch.multinomial(p[-1], 1, generator=gen))]
+
+
+gen = torch.Generator().manual_seed(0)
+guess_draws = torch.multinomial(q_draft, N * GAMMA, replacement=True, generator=gen).view(N, GAMMA).tolist()  # (N, gamma) from q
+verdicts = {}
+for name, rule in (("Leviathan/Chen rule", accept_sample), ("draft tokens unchecked", draft_only), ("resample from p", resample_from_p)):
+    g = torch.Generator().manual_seed(1)
+    emitted = [rule(P, Q, gs, g) for gs in guess_draws]
+    first = [e[0] for e in emitted]
+    second = [e[1] for e in emitted if len(e) > 1]
+    s1, pv1 = chi_square_pvalue(first, p_true)
+    s2, pv2 = chi_square_pvalue(second, p_true)
+    verdicts[name] = (pv1, pv2, sum(map(len, emitted)) / N)
+    print(f"{name:<24} first token: chi2 {s1:7.1f}, p-value {pv1:.3g};  second token: chi2 {s2:7.1f}, p-value {pv2:.3g};  "
+          f"{sum(map(len, emitted)) / N:.2f} tokens per round")
+# the right rule must pass at the 0.1% level; the test must have the power to reject both wrong ones
+assert min(verdicts["Leviathan/Chen rule"][:2]) > 1e-3
+assert max(verdicts["draft tokens unchecked"][:2]) < 1e-6 and min(verdicts["resample from p"][:2]) < 1e-6
+accept_rate = float(torch.minimum(p_true, q_draft).sum())  # E[accept] = sum_x min(p(x), q(x))
+print(f"acceptance rate sum_x min(p, q) = {accept_rate:.2f}; expected tokens per round "
+      f"(1 - a^(gamma+1)) / (1 - a) = {cl.expected_tokens_per_round(accept_rate, GAMMA):.2f}")
+
+# %% [markdown]
+# ### At scale: what speculation buys on this model
+# If each guess is accepted with probability `a`, a round yields `(1 - a^(gamma+1)) / (1 - a)`
+# tokens (the line printed above, and the package's `expected_tokens_per_round`). Fewer
+# target forwards buy time only when the draft is cheap: the expected speedup is
+# E[tokens] / (gamma c + v), c the cost of a draft forward and v of verifying gamma + 1
+# tokens, both in target decode steps.
+
+# %%
+plain_ids = [cl.generate_ids_cached(model, p_ids, max_new_tokens=n_new)[0] for p_ids in prompts]
 spec_rows = []
 for gamma in (1, 2, 4):
-    res = [speculative_generate(model, draft, p, max_new_tokens=n_new, gamma=gamma) for p in prompts]
-    assert [r[0] for r in res] == plain, "speculative output must equal the target's greedy output"
+    res = [cl.speculative_generate(model, draft, p_ids, max_new_tokens=n_new, gamma=gamma) for p_ids in prompts]
+    assert [r[0] for r in res] == plain_ids, "speculative output must equal the target's greedy output"
     acc = sum(r[2].accepted for r in res) / max(1, sum(r[2].accepted + r[2].rejections for r in res))
     per_round = sum(r[2].emitted for r in res) / max(1, sum(r[2].rounds for r in res))
-    spec_rows.append((gamma, acc, per_round, expected_tokens_per_round(acc, gamma)))
+    spec_rows.append((gamma, acc, per_round))
     print(f"gamma {gamma}: acceptance a = {acc:.2f}; tokens per target forward {per_round:.2f} "
-          f"(formula {expected_tokens_per_round(acc, gamma):.2f}); target forwards {sum(r[2].target_calls for r in res)} "
-          f"for {sum(map(len, plain))} tokens")
+          f"(formula {cl.expected_tokens_per_round(acc, gamma):.2f})")
 
-# what does it buy in time? Cost of one draft forward (c) and of verifying gamma + 1 tokens
-# (v), both in target decode steps
 ctx_ids = torch.tensor([prompts[0]])
 T0 = ctx_ids.shape[1]
+
+
 def step_time(m, n=1):
-    caches = make_static_caches(m.cfg, 1, T0 + n, rolling=False)
+    caches = cl.make_static_caches(m.cfg, 1, T0 + n, rolling=False)
     m(ctx_ids, positions=torch.arange(T0)[None], caches=caches)
+
     def one():
         for c_ in caches:
             c_.truncate(T0)
         m(ctx_ids[:, :n], positions=torch.arange(T0, T0 + n)[None], caches=caches, last_only=True)
     return timed(one, repeats=cl.pick(fast=15, full=50))
+
+
 t_target = step_time(model)
-c = step_time(draft) / t_target
-t_plain = timed(lambda: [generate_ids_cached(model, p, max_new_tokens=n_new) for p in prompts], repeats=1)
-print(f"draft forward: c = {c:.2f} target steps (it shares the embedding and the {cfg.vocab_size}-way head)")
-for gamma, acc, per_round, _ in spec_rows:
+c_draft = step_time(draft) / t_target
+t_plain = timed(lambda: [cl.generate_ids_cached(model, p_ids, max_new_tokens=n_new) for p_ids in prompts], repeats=1)
+print(f"draft forward: c = {c_draft:.2f} target steps (it shares the embedding and the {cfg.vocab_size}-way head)")
+speedups = {}
+for gamma, acc, per_round in spec_rows:
     v = step_time(model, gamma + 1) / t_target
-    t_spec = timed(lambda: [speculative_generate(model, draft, p, max_new_tokens=n_new, gamma=gamma) for p in prompts], repeats=1)
-    print(f"gamma {gamma}: verify v = {v:.2f} steps; predicted speedup E/(gamma c + v) = "
-          f"{cl_spec.expected_speedup(acc, gamma, c, v):.2f}x, measured {t_plain / t_spec:.2f}x")
+    t_spec = timed(lambda: [cl.speculative_generate(model, draft, p_ids, max_new_tokens=n_new, gamma=gamma) for p_ids in prompts], repeats=1)
+    speedups[gamma] = (cl.expected_speedup(acc, gamma, c_draft, v), t_plain / t_spec)
+    print(f"gamma {gamma}: verify v = {v:.2f} steps; predicted speedup {speedups[gamma][0]:.2f}x, measured {speedups[gamma][1]:.2f}x (under load)")
 
 a_grid = np.linspace(0, 0.99, 50)
 fig, ax = plt.subplots(figsize=(5, 3))
-for gamma, acc, per_round, _ in spec_rows:
-    line, = ax.plot(a_grid, [expected_tokens_per_round(a, gamma) for a in a_grid], label=f"gamma={gamma}")
+for gamma, acc, per_round in spec_rows:
+    line, = ax.plot(a_grid, [cl.expected_tokens_per_round(a, gamma) for a in a_grid], label=f"gamma={gamma}")
     ax.plot([acc], [per_round], "o", color=line.get_color())
 ax.set_xlabel("acceptance rate a"); ax.set_ylabel("tokens per target forward"); ax.legend(); ax.set_title("measured (dots) vs formula")
 plt.show()
@@ -344,20 +575,58 @@ plt.show()
 # %% [markdown]
 # The formula assumes guesses are accepted independently; real acceptances come in runs
 # (easy stretches of code, then a hard token), so the measured tokens per round can sit
-# above or below the curve. Fewer target forwards buy time only when the draft is cheap:
-# the expected speedup is E[tokens] / (gamma * c + v). Here the draft shares the embedding
-# and the 4096-way head, a large part of this tiny model's cost, so c is large and
-# speculation barely pays or loses (the measured figure is lower still: each round also pays
-# Python bookkeeping and cache rollback); with a 7B target and a 100M draft (c ~ 0.02) the same
-# acceptance rates give ~2-3x. `codex-lab bench inference --scenarios speculative` times it too.
+# above or below the curve. Here the draft shares the embedding and the 4096-way head, a
+# large part of this tiny model's cost, so c is large and speculation barely pays or loses;
+# with a 7B target and a 100M draft (c ~ 0.02) the same acceptance rates give ~2-3x.
 #
 # ## Where the real systems take over
 # vLLM and SGLang do all of this at scale: paged attention kernels that read the block table
 # directly (no gather), chunked prefill, prefix caching, CUDA graphs for decode, and
-# speculative decoding with trained draft heads. The ideas are the ones above.
+# speculative decoding with trained draft heads (Medusa, EAGLE). The ideas are the ones
+# above. `codex-lab bench inference --threads 1` times them all (HF `generate` on the same
+# weights included); the opt-in `torch.compile` rung is `--scenarios compile`.
 #
-# Run the full benchmark (HF `generate` on the same weights included) with
-# `codex-lab bench inference --threads 1`. The opt-in `torch.compile` rung of the ladder
-# (`--scenarios compile`, off by default: compiling takes minutes on a small CPU) is
-# `codex_lab.infer.generate.compiled_forward(model)`, passed as `forward=` to
-# `generate_batch_cached`.
+# ## What we measured
+# Every line below is computed from this run (CPU timings are under load and vary).
+
+# %%
+g_best = max(spec_rows, key=lambda r: r[2])
+lines = [
+    f"1. Our static cache (write a slot, attend up to the length) gives the plain generator's tokens for prompts of 1, 7 and 96 tokens; "
+    f"it holds {per_tok:,} B per token, linear in length; decoding with the package's cache is {cache_speedup:.1f}x faster than without at {long} tokens.",
+    f"2. Per token, a 256-token prefill costs {rows[-1][2]:.3f} ms and a decode step {rows[-1][3]:.2f} ms: decode is {rows[-1][3] / rows[-1][2]:.0f}x dearer per token.",
+    f"3. Our {n_req}-request scheduler (admit, prefill, decode, retire) produced the engine's tokens for every request in {my_steps} steps "
+    f"(engine: {eng.steps}); the engine with continuous batching ran {batch_ratio:.1f}x the throughput of one request at a time, "
+    f"and static batching needed {step_ratio:.2f}x the steps.",
+    f"4. At 4 streams: TTFT p50 {row['ttft_p50_ms']:.0f} ms ({'meets' if row['ttft_p50_ms'] < 100 else 'misses'} the 100 ms target), "
+    f"TBT p95 {row['tbt_p95_ms']:.0f} ms ({'meets' if row['tbt_p95_ms'] < 20 else 'misses'} the 20 ms target).",
+    f"5. The speculative sampling rule kept the target distribution: chi-square p-values {verdicts['Leviathan/Chen rule'][0]:.2f} (first token) and "
+    f"{verdicts['Leviathan/Chen rule'][1]:.2f} (second) over {N} rounds, while the two wrong rules were rejected (p-values "
+    f"{max(verdicts['draft tokens unchecked'][:2]):.1e} and {min(verdicts['resample from p'][:2]):.1e}).",
+    f"6. Greedy speculation equals the target's output; the early-exit draft is accepted at a = {g_best[1]:.2f} (gamma {g_best[0]}: "
+    f"{g_best[2]:.2f} tokens per target forward), but costs c = {c_draft:.2f} target steps, so the measured speedup is "
+    + ", ".join(f"{s[1]:.2f}x at gamma {g}" for g, s in speedups.items())
+    + (": speculation does not pay on this model." if max(s[1] for s in speedups.values()) < 1.0 else "."),
+]
+print("\n".join(lines))
+
+# %% [markdown]
+# ## Questions to think about
+# 1. Our cache returns slots up to the longest row's length, and rows of different lengths
+#    share one forward. What would break if empty slots carried position 0 instead of -1?
+# 2. The scheduler admits strictly first come, first served. Construct a queue where letting
+#    a short request overtake a long one lowers mean TTFT, and say what it costs the long one.
+# 3. In the sampling rule, why must a rejection draw from $\max(0, p - q)$ and not from $p$?
+#    Check your answer against the chi-square line of the "resample from p" rule.
+# 4. From `expected_speedup`, what acceptance rate would this draft need to break even at
+#    gamma = 4, given the measured c and v? Is that plausible for an early-exit draft?
+# 5. Prefill is compute-bound and decode memory-bound. Which of the two does GQA (lesson 03)
+#    speed up, and which does continuous batching?
+#
+# ## Further reading
+# - Pope et al. 2022, *Efficiently Scaling Transformer Inference*: prefill vs decode, KV-cache memory.
+# - Yu et al. 2022, *Orca: A Distributed Serving System for Transformer-Based Generative Models* (OSDI): iteration-level (continuous) batching.
+# - Kwon et al. 2023, *Efficient Memory Management for Large Language Model Serving with PagedAttention* (SOSP, vLLM).
+# - Leviathan, Kalman, Matias 2023, *Fast Inference from Transformers via Speculative Decoding* (ICML), and Chen et al. 2023, *Accelerating Large Language Model Decoding with Speculative Sampling*: the accept/reject rule and its proof.
+# - Holtzman et al. 2020, *The Curious Case of Neural Text Degeneration*: top-p (nucleus) sampling.
+# - Agrawal et al. 2024, *Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve*: chunked prefill.
