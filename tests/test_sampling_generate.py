@@ -44,3 +44,17 @@ def test_syntax_helpers():
     assert cut_function("\n    return 1\n\nx = 2\n") == "\n    return 1\n\n"
     assert cut_function(" + 1\n    return y\ndef g(): pass\n") == " + 1\n    return y\n"
     assert parses("def f():\n    return 1\n") and not parses("def f(:\n")
+
+
+def test_sampling_params_and_keywords_describe_the_same_generation(tiny_model):
+    from codex_lab.infer.generate import generate_batch_cached, generate_ids, generate_ids_cached
+    from codex_lab.infer.sampling import SamplingParams
+
+    sp = SamplingParams(max_tokens=6, temperature=0.9, top_k=20, top_p=0.9, seed=3)
+    by_params = generate_ids(tiny_model, [1, 2, 3], sp)
+    assert by_params == generate_ids(tiny_model, [1, 2, 3], max_new_tokens=6, temperature=0.9, top_k=20, top_p=0.9, seed=3)
+    # the one loop over a static cache gives the same tokens as the uncached reference
+    assert generate_ids_cached(tiny_model, [1, 2, 3], sp) == by_params
+    greedy = SamplingParams(max_tokens=5)
+    batch = generate_batch_cached(tiny_model, torch.tensor([[1, 2, 3], [4, 5, 6]]), greedy, cache=None)
+    assert batch[0].tolist() == generate_ids(tiny_model, [1, 2, 3], greedy)[0]

@@ -20,14 +20,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
+    from codex_lab.errors import InputError
     from codex_lab.infer.generate import generate
+    from codex_lab.infer.sampling import SamplingParams
     from codex_lab.runtime import get_device
+    from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
 
+    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed)
+    try:
+        params.validate()
+    except ValueError as exc:  # the field names map to the flags: max_tokens is --max-new-tokens
+        raise InputError(f"{exc} (flags --max-new-tokens, --temperature, --top-k, --top-p)") from exc
     device = get_device(args.device)
     ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
-    g = generate(ck.model, ck.tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
-                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    g = generate(ck.model, ck.tokenizer, args.prompt, params)
     print(args.prompt + g.text)
     print(f"\n[{len(g.ids)} tokens, finish_reason={g.finish_reason}]")
     return 0
