@@ -14,9 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import codex_lab as cl
+from codex_lab.training import balancing
+
 from codex_lab.course.checks import load_all
 from codex_lab.course.exercises import load_definitions
-from codex_lab.course.grading import FAILED, PASSED, ERROR, run_check
+from codex_lab.course.grading import ERROR, FAILED, PARTIAL, PASSED, run_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SOL = {les: load_definitions(next((ROOT / "solutions").glob(f"{les}_*.py"))) for les in ("05", "06")}
@@ -28,11 +31,14 @@ def _grade(lesson: str, name: str, fn):
 
 def _assert_wrong(lesson: str, name: str, wrongs: dict[str, tuple]) -> None:
     ok = _grade(lesson, name, getattr(SOL[lesson], name))
-    assert ok.status == PASSED, ok.message
+    assert ok.status == PASSED and ok.points == ok.max_points, ok.message
     for label, (fn, keyword) in wrongs.items():
         r = _grade(lesson, name, fn)
-        assert r.status in (FAILED, ERROR), f"wrong answer {label!r} passed"
+        assert r.status in (FAILED, ERROR, PARTIAL) and r.points < r.max_points, f"wrong answer {label!r} passed"
         assert keyword.lower() in r.message.lower(), f"{label}: feedback {r.message!r} does not name the bug ({keyword!r})"
+
+
+SHORTCUT = "write this one yourself"  # the grader's words when a package answer is called
 
 
 # ====================================================================== lesson 05
@@ -75,6 +81,8 @@ def test_masked_token_loss_wrong_answers():
         "shifts again": (shifted, "do not shift"),
         "detached": (detached, "detached"),
         "python float": (as_float, "return a torch tensor"),
+        "package token_losses": (lambda lg, y: cl.token_losses(lg, y).sum() / (y != -100).sum(), SHORTCUT),
+        "package balancer": (lambda lg, y: cl.make_balancer("token", 1)(cl.token_losses(lg, y), y, torch.zeros(len(y), dtype=torch.long))[0], SHORTCUT),
     })
 
 
@@ -106,6 +114,7 @@ def test_task_token_mean_loss_wrong_answers():
         "absent task counted": (divide_by_k, "tasks present only"),
         "masked positions counted": (no_mask, "masked positions"),
         "divides by rows": (per_row_count, "number of rows"),
+        "package case 3": (lambda tl, y, task, K: cl.make_balancer("task_token", K)(tl, y, task)[0], SHORTCUT),
     })
 
 
@@ -151,6 +160,7 @@ def test_convergence_weights_wrong_answers():
         "softmax reversed": (reversed_softmax, "wrong way round"),
         "endpoint slope": (endpoints, "least-squares"),
         "no K factor": (no_k, "factor K"),
+        "package coba_weights": (lambda h, floor: balancing.coba_weights(balancing.slopes(h / h[0]), floor=floor), SHORTCUT),
     })
 
 
@@ -185,6 +195,13 @@ def test_cached_attention_wrong_answers():
         kb[:, :, n : n + 1], vb[:, :, n : n + 1] = k, v
         return _attn(q, kb[:, :, : n + 1], vb[:, :, : n + 1], scale=False)
 
+    def static_cache(kb, vb, n, q, k, v):
+        c = cl.StaticKVCache(kb.shape[0], kb.shape[1], kb.shape[3], kb.shape[2])
+        c.k, c.v, c.length = kb, vb, n
+        c.pos[:, :n] = torch.arange(n)
+        kk, vv, _ = c.update(k, v, torch.full((kb.shape[0], 1), n))
+        return _attn(q, kk, vv)
+
     def wrong_axis(kb, vb, n, q, k, v):
         kb[:, :, n : n + 1], vb[:, :, n : n + 1] = k, v
         return _attn(q, kb[:, :, : n + 1], vb[:, :, : n + 1], dim=-2)
@@ -196,6 +213,7 @@ def test_cached_attention_wrong_answers():
         "writes slot length + 1": (off_by_one, "next free one"),
         "no 1/sqrt(D)": (unscaled, "sqrt(D)"),
         "softmax over queries": (wrong_axis, "wrong axis"),
+        "package StaticKVCache": (static_cache, SHORTCUT),
     })
 
 
@@ -217,6 +235,8 @@ def test_nucleus_filter_wrong_answers():
         "never scatters back": (lambda lg, p: _nucleus(lg, p, scatter=False), "sorted order"),
         "whole batch as one row": (lambda lg, p: _nucleus(lg, p, per_row=False), "per row"),
         "fills with 0": (lambda lg, p: _nucleus(lg, p, fill=0.0), "-inf"),
+        "package top_p_filter": (lambda lg, p: cl.top_p_filter(lg, p), SHORTCUT),
+        "package function itself": (cl.top_p_filter, SHORTCUT),
     })
 
 
@@ -237,6 +257,16 @@ def _schedule(waiting, n_running, free, max_batch, bs, *, decrement=True, floor=
 
 
 def test_schedule_step_wrong_answers():
+    from collections import deque
+
+    from codex_lab.infer import scheduler
+
+    def package_admit(waiting, n_running, free, max_batch, bs):
+        pool = cl.PagedKVPool(1, 1, 1, free, bs)
+        reqs = deque(scheduler.Request(rid, [1] * tokens, cl.SamplingParams(max_tokens=1), None, None, 0.0, -(-tokens // bs), None)
+                     for rid, tokens in waiting)
+        return [r.rid for r in scheduler.admit(reqs, dict.fromkeys(range(n_running)), max_batch, pool)]
+
     def variant(**kw):
         return lambda *a: _schedule(*a, **kw)
 
@@ -246,4 +276,5 @@ def test_schedule_step_wrong_answers():
         "overtaking": (variant(skip=True), "no overtaking"),
         "running requests ignored": (variant(ignore_running=True), "count the running"),
         "exact fit refused": (variant(strict=True), "exactly the free blocks"),
+        "package admit": (package_admit, SHORTCUT),
     })

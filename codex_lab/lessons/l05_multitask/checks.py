@@ -14,7 +14,9 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from codex_lab.course.checks import exercise
+from codex_lab.course.checks import case, exercise
+
+_BAL = "codex_lab.training.balancing."
 
 # float32 sums of at most a few hundred terms of size ~10: rounding stays below 1e-5
 TOL = 1e-5
@@ -48,7 +50,8 @@ def _nll(logits: Tensor, targets: Tensor) -> Tensor:
     return -logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (B, T)
 
 
-@exercise("05", "masked_token_loss")
+@exercise("05", "masked_token_loss", points=3, forbid=tuple(_BAL + n for n in (
+    "token_losses", "task_stats", "Balancer.forward", "SampleMean.forward")))
 def check_masked_token_loss(fn: Callable[..., Any]) -> None:
     """fn(logits (B, T, V), targets (B, T)) -> mean cross-entropy over targets != -100."""
     g = torch.Generator().manual_seed(5)
@@ -79,17 +82,19 @@ def check_masked_token_loss(fn: Callable[..., Any]) -> None:
         sh = _nll(logits.detach()[:, :-1], targets[:, 1:])
         vs = valid[:, 1:]
         mistakes["targets are already the next tokens (y = x shifted by one): do not shift logits and targets again"] = (sh * vs).sum() / vs.sum()
-    got = _scalar(fn(logits, targets), "masked_token_loss")
-    assert got.requires_grad, "masked_token_loss: the loss is detached from the logits (no .item(), .detach() or numpy), so training could not backpropagate through it"
-    _diagnose(got.detach(), want, mistakes, "masked_token_loss")
-    # all-valid rows: plain cross-entropy
     full = torch.randint(0, V, (B, T), generator=g)
-    want2 = _nll(logits.detach(), full).mean()
-    _diagnose(_scalar(fn(logits, full), "masked_token_loss").detach(), want2, {}, "masked_token_loss with no masked token (plain cross-entropy)")
+    with case(2, "prompt and padding masked"):
+        got = _scalar(fn(logits, targets), "masked_token_loss")
+        assert got.requires_grad, "masked_token_loss: the loss is detached from the logits (no .item(), .detach() or numpy), so training could not backpropagate through it"
+        _diagnose(got.detach(), want, mistakes, "masked_token_loss")
+    with case(1, "no masked position"):  # all-valid rows: plain cross-entropy
+        want2 = _nll(logits.detach(), full).mean()
+        _diagnose(_scalar(fn(logits, full), "masked_token_loss").detach(), want2, {}, "masked_token_loss with no masked token (plain cross-entropy)")
 
 
 # ------------------------------------------------------------------ exercise 2
-@exercise("05", "task_token_mean_loss")
+@exercise("05", "task_token_mean_loss", points=3, forbid=tuple(_BAL + n for n in (
+    "task_stats", "Balancer.forward", "SampleMean.forward", "TaskTokenMean.weights")))
 def check_task_token_mean_loss(fn: Callable[..., Any]) -> None:
     """fn(token_loss (B, T), targets (B, T), task (B,), n_tasks) -> mean over present tasks of each task's valid-token mean."""
     # 9.0 sits at masked positions: an answer that forgets the mask picks it up
@@ -110,8 +115,9 @@ def check_task_token_mean_loss(fn: Callable[..., Any]) -> None:
         "that is a sum over tasks of their means; take the mean over the tasks present":
             torch.tensor(6.0),
     }
-    got = _scalar(fn(loss, targets, task, 3), "task_token_mean_loss")
-    _diagnose(got, torch.tensor(3.0), mistakes, "task_token_mean_loss (task 0: (1+2+3+2+2)/5 = 2, task 1: 4, so (2 + 4) / 2 = 3)")
+    with case(2, "hand-checked batch, one task absent"):
+        got = _scalar(fn(loss, targets, task, 3), "task_token_mean_loss")
+        _diagnose(got, torch.tensor(3.0), mistakes, "task_token_mean_loss (task 0: (1+2+3+2+2)/5 = 2, task 1: 4, so (2 + 4) / 2 = 3)")
 
     g = torch.Generator().manual_seed(1)
     tl = torch.rand(6, 7, generator=g) * 5
@@ -122,9 +128,10 @@ def check_task_token_mean_loss(fn: Callable[..., Any]) -> None:
     valid = (tg != -100).float()
     means = [(tl * valid)[tk == k].sum() / valid[tk == k].sum() for k in (0, 2, 3)]
     want = torch.stack(means).mean()
-    _diagnose(_scalar(fn(tl, tg, tk, 4), "task_token_mean_loss"), want, {}, "task_token_mean_loss on a random batch of 3 of 4 tasks")
-    tl.requires_grad_(True)
-    assert fn(tl, tg, tk, 4).requires_grad, "task_token_mean_loss: the result is detached from token_loss; keep it a tensor computation so it can be backpropagated"
+    with case(1, "random batch of 3 of 4 tasks"):
+        _diagnose(_scalar(fn(tl, tg, tk, 4), "task_token_mean_loss"), want, {}, "task_token_mean_loss on a random batch of 3 of 4 tasks")
+        tl.requires_grad_(True)
+        assert fn(tl, tg, tk, 4).requires_grad, "task_token_mean_loss: the result is detached from token_loss; keep it a tensor computation so it can be backpropagated"
 
 
 # ------------------------------------------------------------------ exercise 3
@@ -145,7 +152,8 @@ def _weights(alpha: Tensor, floor: float, *, cut: bool = True, sign: float = 1.0
     return floor + (1 - K * floor) * rcs
 
 
-@exercise("05", "convergence_weights")
+@exercise("05", "convergence_weights", points=3, forbid=tuple(_BAL + n for n in (
+    "coba_weights", "slopes", "ConvergenceBalancer.observe_val")))
 def check_convergence_weights(fn: Callable[..., Any]) -> None:
     """fn(history (W, K), floor) -> CoBa-style weights (K,) from normalised validation-loss slopes."""
     cases = [
@@ -154,26 +162,32 @@ def check_convergence_weights(fn: Callable[..., Any]) -> None:
         # four tasks, a curved history (least squares != last - first), floor 0.1
         (torch.tensor([[5.0, 3.0, 2.0, 1.0], [3.0, 2.9, 1.5, 0.99], [2.8, 2.8, 1.2, 0.98], [2.7, 2.5, 1.0, 0.97]]), 0.1),
     ]
-    for h, floor in cases:
-        W, K = h.shape
-        n = h / h[0]
-        a = _slopes(n)
-        want = _weights(a, floor)
-        ends = (n[-1] - n[0]) / (W - 1)
-        mistakes = {
-            "normalise each task's history by its first loss (h / h[0]) before fitting the slopes: tasks start at different losses":
-                _weights(_slopes(h), floor),
-            "a task whose validation loss rises (slope > 0) must get RCS 0 (only the floor) before renormalising":
-                _weights(a, floor, cut=False),
-            "every weight must be at least the floor: return floor + (1 - K * floor) * RCS, not RCS alone":
-                _weights(a, 0.0),
-            "the softmax is the wrong way round: slow tasks (slope near 0) must get MORE weight than fast ones (very negative slope); use +K*alpha/sum|alpha|":
-                _weights(a, floor, sign=-1.0),
-            "the softmax input is K * alpha / sum_j |alpha_j|; you left out the factor K":
-                _weights(a, floor, scale_k=False),
-            "the slope is a least-squares fit over the whole window, not (last - first) / (W - 1)":
-                _weights(ends, floor),
-        }
-        got = fn(h.clone(), floor)
-        assert isinstance(got, Tensor) and got.shape == (K,), f"convergence_weights: return a (K,) = ({K},) tensor, got {getattr(got, 'shape', type(got).__name__)}"
-        _diagnose(got, want, mistakes, f"convergence_weights on a {W}x{K} history, floor {floor}")
+    for (h, floor), pts, label in zip(cases, (2, 1), ("three tasks, one diverging", "four tasks, a curved history")):
+        with case(pts, label):
+            _check_weights(fn, h, floor)
+
+
+def _check_weights(fn: Callable[..., Any], h: Tensor, floor: float) -> None:
+    """One history: the weights, or the name of the mistake that gives the learner's numbers."""
+    W, K = h.shape
+    n = h / h[0]
+    a = _slopes(n)
+    want = _weights(a, floor)
+    ends = (n[-1] - n[0]) / (W - 1)
+    mistakes = {
+        "normalise each task's history by its first loss (h / h[0]) before fitting the slopes: tasks start at different losses":
+            _weights(_slopes(h), floor),
+        "a task whose validation loss rises (slope > 0) must get RCS 0 (only the floor) before renormalising":
+            _weights(a, floor, cut=False),
+        "every weight must be at least the floor: return floor + (1 - K * floor) * RCS, not RCS alone":
+            _weights(a, 0.0),
+        "the softmax is the wrong way round: slow tasks (slope near 0) must get MORE weight than fast ones (very negative slope); use +K*alpha/sum|alpha|":
+            _weights(a, floor, sign=-1.0),
+        "the softmax input is K * alpha / sum_j |alpha_j|; you left out the factor K":
+            _weights(a, floor, scale_k=False),
+        "the slope is a least-squares fit over the whole window, not (last - first) / (W - 1)":
+            _weights(ends, floor),
+    }
+    got = fn(h.clone(), floor)
+    assert isinstance(got, Tensor) and got.shape == (K,), f"convergence_weights: return a (K,) = ({K},) tensor, got {getattr(got, 'shape', type(got).__name__)}"
+    _diagnose(got, want, mistakes, f"convergence_weights on a {W}x{K} history, floor {floor}")

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from codex_lab.course.checks import exercise
+from codex_lab.course.checks import case, exercise
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, scale: bool = True) -> Tensor:
@@ -28,9 +28,19 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, scale: bool = True) -> Tensor:
 
 
 # ------------------------------------------------------------------ exercise 1
-@exercise("06", "cached_attention")
+@exercise("06", "cached_attention", points=2, forbid=(
+    "codex_lab.nn.kv_cache.StaticKVCache.update", "codex_lab.nn.kv_cache.DynamicKVCache.update",
+    "codex_lab.nn.attention.attention_reference", "codex_lab.nn.attention.attention_sdpa"))
 def check_cached_attention(fn: Callable[..., Any]) -> None:
     """fn(k_buf, v_buf, length, q, k_new, v_new) writes slot ``length`` and attends to 0..length."""
+    with case(1, "writes slot `length` in place"):
+        _decode_six(fn, check_output=False)
+    with case(1, "attends to slots 0..length"):
+        _decode_six(fn, check_output=True)
+
+
+def _decode_six(fn: Callable[..., Any], check_output: bool) -> None:
+    """Six decode steps on fresh buffers: the writes, or (check_output) the attention outputs."""
     g = torch.Generator().manual_seed(0)
     B, H, L, D = 2, 3, 10, 8
     k_buf, v_buf = torch.zeros(B, H, L, D), torch.zeros(B, H, L, D)
@@ -41,13 +51,15 @@ def check_cached_attention(fn: Callable[..., Any]) -> None:
         assert isinstance(out, Tensor) and out.shape == (B, H, 1, D), (
             f"cached_attention: return the attention output of shape (B, H, 1, D) = {(B, H, 1, D)}, got "
             f"{getattr(out, 'shape', type(out).__name__)}")
-        if not (torch.equal(k_buf[:, :, t], keys[:, :, t]) and torch.equal(v_buf[:, :, t], values[:, :, t])):
-            if t + 1 < L and torch.equal(k_buf[:, :, t + 1], keys[:, :, t]):
-                raise AssertionError(f"cached_attention: step {t} wrote slot {t + 1}; slot `length` = {t} is the next free one (positions start at 0)")
-            raise AssertionError(f"cached_attention: step {t} did not write the new key/value into slot {t} of k_buf/v_buf in place "
-                                 "(assign into the buffer, e.g. k_buf[:, :, length] = ...; a new tensor is lost after the call)")
-        assert not k_buf[:, :, t + 1 :].any() and not v_buf[:, :, t + 1 :].any(), (
-            "cached_attention: write only slot `length`; later slots must stay empty")
+        if not check_output:
+            if not (torch.equal(k_buf[:, :, t], keys[:, :, t]) and torch.equal(v_buf[:, :, t], values[:, :, t])):
+                if t + 1 < L and torch.equal(k_buf[:, :, t + 1], keys[:, :, t]):
+                    raise AssertionError(f"cached_attention: step {t} wrote slot {t + 1}; slot `length` = {t} is the next free one (positions start at 0)")
+                raise AssertionError(f"cached_attention: step {t} did not write the new key/value into slot {t} of k_buf/v_buf in place "
+                                     "(assign into the buffer, e.g. k_buf[:, :, length] = ...; a new tensor is lost after the call)")
+            assert not k_buf[:, :, t + 1 :].any() and not v_buf[:, :, t + 1 :].any(), (
+                "cached_attention: write only slot `length`; later slots must stay empty")
+            continue
         # fp32, outputs O(1): another summation order differs by ~1e-7
         want = _attention(q, keys[:, :, : t + 1], values[:, :, : t + 1])
         if torch.allclose(out, want, atol=1e-5):
@@ -80,12 +92,19 @@ def _top_p_keep(logits: Tensor, p: float, *, cross: bool = True, keep_top: bool 
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
-@exercise("06", "nucleus_filter")
+@exercise("06", "nucleus_filter", points=2, forbid=("codex_lab.infer.sampling.top_p_filter", "codex_lab.infer.sampling.sample_next"))
 def check_nucleus_filter(fn: Callable[..., Any]) -> None:
     """fn(logits (B, V), p) keeps the smallest set of most likely tokens with mass >= p."""
     g = torch.Generator().manual_seed(1)
-    cases = [(torch.tensor([[3.0, 1.0, 2.0, 0.0]]), p) for p in (0.7, 0.5, 0.9, 1.0)]  # probs ~ .64 .09 .24 .03
-    cases += [(torch.randn(5, 50, generator=g) * 3, p) for p in (0.3, 0.8, 0.95)]
+    rand = torch.randn(5, 50, generator=g) * 3
+    with case(1, "one hand-checked row"):  # probs ~ .64 .09 .24 .03
+        _check_nucleus(fn, [(torch.tensor([[3.0, 1.0, 2.0, 0.0]]), p) for p in (0.7, 0.5, 0.9, 1.0)])
+    with case(1, "five random rows"):
+        _check_nucleus(fn, [(rand, p) for p in (0.3, 0.8, 0.95)])
+
+
+def _check_nucleus(fn: Callable[..., Any], cases: list[tuple[Tensor, float]]) -> None:
+    """Kept sets for each (logits, p); on a mismatch, the mistake consistent with every case."""
     kept = []
     for logits, p in cases:
         out = fn(logits.clone(), p)
@@ -149,7 +168,7 @@ def _admit(waiting: list, n_running: int, free_blocks: int, max_batch: int, bloc
     return admitted
 
 
-@exercise("06", "schedule_step")
+@exercise("06", "schedule_step", points=2, forbid=("codex_lab.infer.scheduler.admit", "codex_lab.nn.kv_cache.PagedKVPool.blocks_for"))
 def check_schedule_step(fn: Callable[..., Any]) -> None:
     """fn(waiting, n_running, free_blocks, max_batch, block_size) -> rids admitted this step."""
     # waiting: (rid, prompt tokens + max new tokens) in arrival order
