@@ -35,7 +35,9 @@
 # 4. the same multi-task fine-tuning with balanced losses (lesson 05);
 # 5. the release gates of lesson 07 (syntax, function, style, latency): no worse than the baseline;
 # 6. a registry and a live canary with automatic promotion or rollback;
-# 7. a closing table: each seed claim beside what this notebook measured.
+# 7. a closing table: each seed claim beside what this notebook measured;
+# 8. the scorecard of the lesson's project, applied to this candidate: in the project
+#    (`exercises/08_capstone.ipynb`) you design your own candidate and are scored on it.
 
 # %%
 import sys
@@ -265,11 +267,61 @@ for c in claims:
 assert len(claims) == 6 and all(c["verdict"] in cap.VERDICTS for c in claims)
 
 # %% [markdown]
-# ## Summary
-# The two models side by side, every number measured above:
+# ## 8. The project's scorecard, applied to this candidate
+# The project (`exercises/08_capstone.ipynb`) asks you to design your own candidate and
+# scores it against the plain baseline on a stated scorecard, with points per criterion.
+# Here is the same scorecard applied to the candidate above (its decode speed comes from the
+# ablation, timed once per variant rather than in interleaved rounds). A candidate with every
+# optimisation switched on at once is a starting point, not the answer: look at which
+# criteria it loses before you design yours.
+
+# %%
+from codex_lab.lessons.l08_capstone import scorecard as sc
+
+MODE = "fast" if FAST else "full"
+speed8 = {r["variant"]: r["tokens_per_s"] for r in abl if r["batch"] == 8}
+card_input = {"mode": MODE, "speed_ratio": speed8["all"] / speed8["plain"]}
+for name, bench_name in (("baseline", "plain"), ("candidate", "all")):
+    card_input[name] = {"kv_bytes_per_token": log.rows[name]["kv_bytes_per_token"],
+                        "val_loss": float(torch.as_tensor(fts[name].final).float().mean()),  # mean over the tasks
+                        "decode_tokens_per_s": speed8[bench_name], "gates": dict(reports[name].scores())}
+card = sc.score(card_input)
+print(sc.format_scorecard(card, MODE))
+assert sum(r.max_points for r in card) == sum(c.points for c in sc.criteria(MODE))
+
+# %% [markdown]
+# ## What we measured
+# The two models side by side, every number measured above, then the verdicts in words.
 
 # %%
 print(cap.summary_table(log))
-print({k: round(v, 1) for k, v in log.times.items()}, f"| notebook {time.perf_counter() - T_START:.0f} s")
+print({k: round(v, 1) for k, v in log.times.items()}, f"| notebook {time.perf_counter() - T_START:.0f} s (under load)")
+b, c = log.rows["baseline"], log.rows["candidate"]
+print(f"- Conversion: upcycled MoE alone changed the logits by {gaps['upcycled MoE only']:.1e} (exact), all three conversions "
+      f"by {gaps['all three']:.2f} (at 60 tokens only the K/V mean-pooling changes the function); validation loss {c['val_loss_start'] - b['val_loss_start']:+.3f} nats/token "
+      f"against the baseline after conversion, {c['val_loss_pretrained'] - b['val_loss_pretrained']:+.3f} after the same pre-training.")
+print(f"- KV cache: {c['kv_bytes_per_token']:,} vs {b['kv_bytes_per_token']:,} bytes per token; "
+      f"decode at batch 8 (under load): {card_input['speed_ratio']:.2f}x the plain model.")
+print(f"- Gates: the candidate {'passed' if passed else 'was refused on ' + '; '.join(r.split(':')[0] for r in reasons)}; "
+      f"the live canary {'promoted it' if rollout['action'] == 'promote' else 'rolled it back'} with {load['errors']} client errors.")
+print(f"- Project scorecard for this candidate: {sum(r.points for r in card)}/{sum(r.max_points for r in card)} "
+      f"(lost: {[r.key for r in card if not r.passed] or 'nothing'}).")
 print(f"VERDICT: the optimised candidate {'passed' if passed else 'did not pass'} the gates against the plain baseline "
       f"and the live canary {'promoted it' if rollout['action'] == 'promote' else 'rolled it back'}.")
+
+# %% [markdown]
+# ## Questions to think about
+# 1. Which of the three conversions cost the most validation loss, and how would you show it
+#    with one more run rather than by argument?
+# 2. The offline gates and the live canary can disagree. Which should win when they do, and why?
+# 3. The MoE candidate has more parameters but fewer active ones per token. Why is its CPU
+#    decode still slower than the plain model's, and what would change on a GPU at batch 64?
+# 4. Fast mode gives both models a few training steps. Which verdicts above would you expect to
+#    flip with the full budget, and which are fixed by the architecture alone?
+#
+# ## Further reading
+# - Ainslie et al. 2023, *GQA* (uptraining a multi-head checkpoint to grouped-query attention).
+# - Komatsuzaki et al. 2022, *Sparse upcycling: training mixture-of-experts from dense checkpoints*.
+# - Child et al. 2019, *Sparse transformers*; Zaheer et al. 2020, *Big Bird* (block-sparse patterns).
+# - Liu et al. 2023, *MFTCoder* (multi-task fine-tuning and convergence balancing).
+# - Google SRE Workbook (2018), chapter *Canarying releases*.
