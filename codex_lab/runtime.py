@@ -38,6 +38,7 @@ _FALSE = {"0", "false", "no", "off"}
 MODES = ("fast", "full")
 TIMINGS_PATH = Path(__file__).parent / "assets" / "timings.json"
 _override: tuple[str, str] | None = None  # (mode, reason) set by set_mode / the CLI flag
+_saved_env: dict[str, str | None] = {}  # CODEX_LAB_FAST as it was before set_mode changed it
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,6 @@ def set_mode(mode: str | None, reason: str = "the --mode flag") -> None:
         _saved_env["CODEX_LAB_FAST"] = os.environ.get("CODEX_LAB_FAST")
     _override = (mode, f"{reason} asked for {mode} mode")
     os.environ["CODEX_LAB_FAST"] = "1" if mode == "fast" else "0"
-
-
-_saved_env: dict[str, str | None] = {}
 
 
 @contextmanager
@@ -311,6 +309,10 @@ def lesson_header(lesson: str) -> bool:
     est = expected_seconds("lesson", [key], info.mode, info.device)
     print(f"lesson {key} | {info.mode} mode: {info.reason}")
     print(f"expected time of this notebook on this machine: {est.text()}")
+    if est.seconds is None and not info.fast and info.device != "cuda":
+        fast = expected_seconds("lesson", [key], "fast", info.device)
+        print(f"full sizes are meant for a GPU: on this {info.device.upper()} expect many times the fast-mode "
+              f"time ({fast.text()})")
     other = "full" if info.fast else "fast"
     print(f"for {other} mode: set CODEX_LAB_FAST={0 if info.fast else 1} before starting Jupyter "
           f"(or run `%env CODEX_LAB_FAST={0 if info.fast else 1}` and restart the kernel)")
