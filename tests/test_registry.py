@@ -247,3 +247,20 @@ def test_registry_cli_refuses_paths(tmp_path, capsys):
     for bad in ("../../x", "/tmp"):
         assert cli_main(["registry", "promote", bad, "--root", str(tmp_path)]) == 2
         assert "not a registry version id" in capsys.readouterr().err
+
+
+def test_serve_registry_with_broken_current_version_exits_2(tmp_path, small_tokenizer, capsys):
+    from codex_lab.cli import main as cli_main
+
+    reg = Registry(tmp_path)
+    reg.promote(reg.add(model(0, small_tokenizer.vocab_size), small_tokenizer))
+    w = reg.path("v0001") / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:100])  # truncated after registration
+    assert cli_main(["serve", "--registry", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and str(w) in err and "checksum" in err
+    (tmp_path / "state.json").write_text("{")
+    (tmp_path / "journal.log").unlink()
+    assert cli_main(["serve", "--registry", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and str(tmp_path / "state.json") in err
