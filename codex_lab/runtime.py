@@ -315,7 +315,7 @@ def lesson_header(lesson: str) -> bool:
               f"time ({fast.text()})")
     other = "full" if info.fast else "fast"
     print(f"for {other} mode: set CODEX_LAB_FAST={0 if info.fast else 1} before starting Jupyter "
-          f"(or run `%env CODEX_LAB_FAST={0 if info.fast else 1}` and restart the kernel)")
+          f"(or run `%env CODEX_LAB_FAST={0 if info.fast else 1}` in a cell, then run the notebook again from the top)")
     return info.fast
 
 
