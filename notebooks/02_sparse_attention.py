@@ -267,10 +267,40 @@ print(f"VERDICT 'dense early, sparse deep is the better schedule': {verdict} (sp
       "than all-dense, timed on a shared CPU)")
 
 # %% [markdown]
-# ## Summary
-# - The cost of window + stride is N(w + N/s): quadratic, ~s times cheaper, not N sqrt N.
-# - A kernel only saves what it can skip as whole tiles; block-granular strides can be
-#   skipped, token strides of 16-32 cannot.
-# - The block-sparse kernel equals the dense reference, trains on CPU, and gains more the
-#   longer the sequence; `codex-lab bench attention` records the table, `codex-lab report`
-#   the verdicts.
+# ## What we measured
+
+# %%
+print(f"- Cost: window {w} + stride {s} attends N(w + N/s) pairs: local growth exponent {local[-1]:.2f} at N=2^20 "
+      f"(quadratic, about s = {s} times cheaper than dense); N^1.5 only when w and s grow like sqrt(N) "
+      f"(exponent {slope_sqrt:.2f}). Verdict on 'O(N^2) -> O(N sqrt N)': holds with a correction.")
+print(f"- Tiles: the token stride keeps density {rows[2][1]:.3f} of the pairs but touches {token_stride_tiles:.0%} of "
+      f"the 128x128 tiles; a block stride touches {rows[4][2]:.0%}. A kernel saves tiles, not pairs.")
+print(f"- Kernel: the block-sparse kernel equals the dense reference (from scratch {(mine - ref[0, 0]).abs().max():.1e}, "
+      f"package {(blk - ref).abs().max():.1e}); at N={big} it ran {blk_big['speedup']:.2f}x dense SDPA at density "
+      f"{blk_big['density']:.3f} (limit {1 / blk_big['density']:.1f}x), timed on a shared CPU.")
+print(f"- Schedules: sparse-early minus dense-early validation loss {gap:+.3f} nats against a seed-to-seed spread of "
+      f"{noise:.3f} after {steps} steps: '{verdict}'.")
+
+# %% [markdown]
+# ## Questions to think about
+# 1. With a fixed window and stride the cost stays quadratic. For which sequence lengths
+#    does the window term `N w` dominate, and when does the stride term `N^2 / s` take over?
+# 2. A token stride of 32 keeps about 1/32 of the far pairs but no fewer tiles. What would a
+#    kernel have to do differently to profit from a token stride, and what would it cost?
+# 3. The block kernel's speed-up stays below `1 / density`. Name two kinds of work it does
+#    that dense SDPA does not.
+# 4. The schedule experiment could not separate the schedules from noise at this scale. How
+#    many seeds, steps or tokens would you need before trusting a gap of 0.01 nats?
+# 5. A KV cache holds keys at arbitrary positions. Why does writing patterns as a rule on
+#    positions, not as an N x N mask, matter for decoding?
+#
+# ## Further reading
+# - Child, Gray, Radford, Sutskever (2019), *Generating Long Sequences with Sparse
+#   Transformers*: strided and fixed patterns, block-sparse kernels.
+# - Beltagy, Peters, Cohan (2020), *Longformer*; Zaheer et al. (2020), *Big Bird*: window +
+#   global + random patterns, and why a few global tokens keep the model expressive.
+# - Dao et al. (2022), *FlashAttention*: the tile view of attention on a GPU.
+# - He, Guessous, Liang, Dong (2024), *FlexAttention* (PyTorch blog): block masks, as the `flex` kernel here uses them.
+#
+# Exercises: `exercises/02_sparse_attention.ipynb` (the window + strided rule, pair counts
+# and density, the tiles a kernel computes).
