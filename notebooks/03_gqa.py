@@ -137,9 +137,9 @@ for g, n_kv, a, b, kb, cb in rows:
 #
 # `bytes = 2 * layers * H_kv * head_dim * seq_len * batch * bytes_per_element`
 #
-# `gqa.kv_cache_bytes` computes it; `gqa.measured_cache_bytes` runs a real cached forward
+# `cl.kv_cache_bytes` computes it; `cl.measured_cache_bytes` runs a real cached forward
 # and adds up the bytes of the `DynamicKVCache` tensors. We convert the shipped checkpoint
-# (4 layers, 4 heads of width 64, MHA) to GQA with `gqa.mha_to_gqa`, and, because it has only
+# (4 layers, 4 heads of width 64, MHA) to GQA with `cl.mha_to_gqa`, and, because it has only
 # 4 heads, also use an 8-head model of the same width to reach g = 8.
 
 # %%
@@ -151,14 +151,14 @@ eight = CodexModel(ModelConfig(**{**ckpt.config.to_dict(), "n_head": 8, "n_kv_he
 
 table = []
 for base in (mha, eight):
-    mha_bytes = gqa.measured_cache_bytes(base, BATCH, SEQ)
+    mha_bytes = cl.measured_cache_bytes(base, BATCH, SEQ)
     for g in [g for g in (1, 2, 4, 8) if base.cfg.n_head % g == 0]:
-        m = gqa.mha_to_gqa(base, base.cfg.n_head // g)
-        formula = gqa.kv_cache_bytes(m.cfg, BATCH, SEQ, torch.float32)
-        measured = gqa.measured_cache_bytes(m, BATCH, SEQ)
+        m = cl.mha_to_gqa(base, base.cfg.n_head // g)
+        formula = cl.kv_cache_bytes(m.cfg, BATCH, SEQ, torch.float32)
+        measured = cl.measured_cache_bytes(m, BATCH, SEQ)
         assert measured == formula, (g, measured, formula)
         saving = 1 - measured / mha_bytes
-        assert saving == gqa.kv_saving(g)  # exactly 1 - 1/g, no rounding at all
+        assert saving == cl.kv_saving(g)  # exactly 1 - 1/g, no rounding at all
         table.append((base.cfg.n_head, g, m.cfg.n_kv_head, formula, measured, saving))
 print(f"batch {BATCH}, {SEQ} tokens, float32")
 print(f"{'heads':>5} {'g':>2} {'K/V heads':>9} {'formula bytes':>14} {'measured bytes':>15} {'saving':>7} {'1-1/g':>6} {'seed':>5}")
@@ -207,9 +207,9 @@ real_rows = {}
 for name, cfg in real.items():
     with torch.device("meta"):  # shapes only: no memory, no initialisation
         n_params = CodexModel(cfg).num_params()
-    per_tok = gqa.kv_bytes_per_token(cfg, torch.bfloat16)
-    ours_b = gqa.kv_cache_bytes(cfg, 1, CTX, torch.bfloat16)
-    mha_b = gqa.kv_cache_bytes(ModelConfig(**{**cfg.to_dict(), "n_kv_head": cfg.n_head}), 1, CTX, torch.bfloat16)
+    per_tok = cl.kv_bytes_per_token(cfg, torch.bfloat16)
+    ours_b = cl.kv_cache_bytes(cfg, 1, CTX, torch.bfloat16)
+    mha_b = cl.kv_cache_bytes(ModelConfig(**{**cfg.to_dict(), "n_kv_head": cfg.n_head}), 1, CTX, torch.bfloat16)
     real_rows[name] = (ours_b, mha_b, 2 * n_params)
     print(f"{name:<20} {f'{cfg.n_head}/{cfg.n_kv_head}':>10} {per_tok / 1024:>9.0f} {ours_b / GiB:>6.3f} GiB {mha_b / GiB:>6.2f} GiB "
           f"{mha_b / ours_b:>7.1f} {2 * n_params / GiB:>10.2f} GiB")
@@ -238,7 +238,7 @@ val_batches = fixed_batches(val_tokens, 8, cl.pick(fast=128, full=256), cl.pick(
 print(f"train tokens {train_tokens.numel():,}, validation tokens {val_tokens.numel():,}")
 shipped_rows = []
 for g in (1, 2, 4):
-    loss = gqa.val_loss(gqa.mha_to_gqa(mha, 4 // g), val_batches)
+    loss = cl.val_loss(cl.mha_to_gqa(mha, 4 // g), val_batches)
     shipped_rows.append((g, loss))
     print(f"shipped model, g = {g} ({4 // g} K/V heads): validation loss right after mean-pooling {loss:.3f} nats/token")
 assert all(loss > shipped_rows[0][1] for _, loss in shipped_rows[1:]), "pooling a trained model's heads should cost something"
@@ -246,12 +246,12 @@ assert all(loss > shipped_rows[0][1] for _, loss in shipped_rows[1:]), "pooling 
 # %% [markdown]
 # Why the mean? Ainslie et al. compared it with keeping the first head of each group and
 # with a fresh random K/V projection. The same comparison on the shipped model, with the
-# mean built from scratch here and checked against `gqa.mha_to_gqa`:
+# mean built from scratch here and checked against `cl.mha_to_gqa`:
 
 # %%
 def convert(base: CodexModel, n_kv: int, how: str) -> CodexModel:
     """Copy of ``base`` with ``n_kv`` K/V heads built by ``how``: mean, first or random."""
-    new = gqa.mha_to_gqa(base, n_kv)  # codex_lab's mean-pool; the K/V weights are replaced below
+    new = cl.mha_to_gqa(base, n_kv)  # codex_lab's mean-pool; the K/V weights are replaced below
     H, hd = base.cfg.n_head, base.cfg.head_dim
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -269,7 +269,7 @@ def convert(base: CodexModel, n_kv: int, how: str) -> CodexModel:
     return new
 
 
-init_loss = {how: gqa.val_loss(convert(mha, 1, how), val_batches) for how in ("mean", "first", "random")}
+init_loss = {how: cl.val_loss(convert(mha, 1, how), val_batches) for how in ("mean", "first", "random")}
 for how, loss in init_loss.items():
     print(f"shipped model -> MQA (g = 4), K/V heads by {how:<6}: val loss {loss:.3f} (MHA: {shipped_rows[0][1]:.3f})")
 assert init_loss["mean"] < init_loss["random"], "mean-pooling should keep more than a random K/V projection"
@@ -289,11 +289,11 @@ PRETRAIN, UPTRAIN = cl.pick(fast=80, full=2000), cl.pick(fast=8, full=100)  # up
 torch.manual_seed(0)
 base = CodexModel(base_cfg).to(device)
 t0 = time.perf_counter()
-pre = gqa.uptrain(base, train_tokens, steps=PRETRAIN, batch_size=BS, seq_len=SEQ_LEN, lr=3e-3, warmup=PRETRAIN // 10)
+pre = cl.uptrain(base, train_tokens, steps=PRETRAIN, batch_size=BS, seq_len=SEQ_LEN, lr=3e-3, warmup=PRETRAIN // 10)
 print(f"pre-trained {PRETRAIN} steps in {time.perf_counter() - t0:.1f} s: train loss {pre[0]:.2f} -> {pre[-1]:.2f}; "
-      f"val loss {gqa.val_loss(base, val_batches):.3f}")
+      f"val loss {cl.val_loss(base, val_batches):.3f}")
 
-exp = gqa.group_size_experiment(
+exp = cl.group_size_experiment(
     base, train_tokens, val_batches, group_sizes=(1, 2, 4, 8), steps=UPTRAIN, batch_size=BS, seq_len=SEQ_LEN, lr=1e-3,
     decode_batch=cl.pick(fast=4, full=32), decode_prompt=cl.pick(fast=64, full=512), decode_tokens=cl.pick(fast=8, full=64),
 )
@@ -365,10 +365,9 @@ print(f"MQA / MHA attention time at {S_LONG} cached tokens: {attn_ms[8] / attn_m
 # elsewhere) are refused with an error, never converted approximately.
 
 # %%
-from codex_lab.infer.generate import generate_ids
-from codex_lab.hf.llama import from_hf, to_hf
+from_hf, generate_ids, to_hf = cl.from_hf, cl.generate_ids, cl.to_hf
 
-small = gqa.mha_to_gqa(mha, 2).cpu().eval()  # the shipped model as GQA, g = 2
+small = cl.mha_to_gqa(mha, 2).cpu().eval()  # the shipped model as GQA, g = 2
 hf = to_hf(small, eos_token_id=tok.eot_id, pad_token_id=tok.pad_id)
 prompt = tok.encode("def fibonacci(n):\n    ")
 x = torch.tensor([prompt])
@@ -409,35 +408,58 @@ else:
 # import torch
 # import codex_lab as cl
 # from transformers import AutoModelForCausalLM, AutoTokenizer
-# from codex_lab.hf.llama import from_hf
-# from codex_lab.infer.generate import generate_ids
-# from codex_lab import gqa
 #
 # name = "Qwen/Qwen2.5-Coder-0.5B"
 # hf = AutoModelForCausalLM.from_pretrained(name)            # bfloat16 or float32 weights
 # tok = AutoTokenizer.from_pretrained(name)
-# model = from_hf(hf, max_seq_len=4096, dtype=torch.float32)  # a CodexModel, n_head=14, n_kv_head=2
+# model = cl.from_hf(hf, max_seq_len=4096, dtype=torch.float32)  # a CodexModel, n_head=14, n_kv_head=2
 # model = model.to(cl.get_device())
-# print(model.cfg.n_head, model.cfg.n_kv_head, gqa.kv_bytes_per_token(model.cfg, torch.bfloat16))
+# print(model.cfg.n_head, model.cfg.n_kv_head, cl.kv_bytes_per_token(model.cfg, torch.bfloat16))
 # ids = tok("def quicksort(xs):\n", return_tensors="pt").input_ids[0].tolist()
-# new, _ = generate_ids(model, ids, max_new_tokens=64, eos_id=tok.eos_token_id)
+# new, _ = cl.generate_ids(model, ids, max_new_tokens=64, eos_id=tok.eos_token_id)
 # print(tok.decode(new))
-# # measure the cache of a real model: gqa.measured_cache_bytes(model, 1, 2048)
+# # measure the cache of a real model: cl.measured_cache_bytes(model, 1, 2048)
 # ```
 #
 # ## What we measured
-# - GQA with group size g cuts the KV cache by exactly `1 - 1/g` (measured on real cache
-#   tensors, equal to the formula to the byte): 75% at g = 4, 87.5% at g = 8. The seed's
-#   "about 40%" is corrected.
-# - Mean-pooling converts MHA to GQA at a measurable loss that grows with g (and smaller
-#   than keeping one head per group or starting K/V afresh, as printed), and a short
-#   uptraining closes part of the gap to MHA (the printed shares, at this small scale).
-# - Qwen2.5-Coder's head counts put one 32k-token context at 0.375 GiB (0.5B) and 1.75 GiB
-#   (7B) in bfloat16, g = 7 times less than MHA would need.
-#
-# Exercises: `exercises/03_gqa.ipynb` (grouped attention forward, KV bytes, mean-pool
-# conversion).
 
 # %%
 elapsed = time.perf_counter() - T_START
-print(f"notebook run time: {elapsed:.0f} s ({'fast' if FAST else 'full'} mode, {device})")
+print(f"- KV cache: measured bytes equal the formula for every group size; g = 4 saves {measured_saving[4]:.1%} and "
+      f"g = 8 saves {measured_saving[8]:.1%} (exactly 1 - 1/g). The seed's 'about 40%' is wrong for g = 4-8.")
+print(f"- Real models at 32k tokens, bf16: Qwen2.5-Coder-0.5B {real_rows['Qwen2.5-Coder-0.5B'][0] / GiB:.3f} GiB with GQA "
+      f"vs {real_rows['Qwen2.5-Coder-0.5B'][1] / GiB:.2f} GiB as MHA (its weights: {real_rows['Qwen2.5-Coder-0.5B'][2] / GiB:.2f} GiB); "
+      f"7B {real_rows['Qwen2.5-Coder-7B'][0] / GiB:.2f} GiB.")
+print(f"- Conversion of the shipped model to MQA: val loss {init_loss['mean']:.3f} by mean-pooling, "
+      f"{init_loss['first']:.3f} keeping the first head, {init_loss['random']:.3f} with fresh K/V "
+      f"(MHA {shipped_rows[0][1]:.3f}): the mean keeps the most, as Ainslie et al. found.")
+for r in exp[1:]:
+    before = r["val_loss_converted"] - exp[0]["val_loss_converted"]
+    after = r["val_loss_uptrained"] - exp[0]["val_loss_uptrained"]
+    print(f"- g = {r['g']}: gap to MHA {before:+.3f} nats right after pooling, {after:+.3f} after {UPTRAIN} uptraining steps.")
+print(f"- One decode step's attention over {S_LONG} cached tokens: MQA took {attn_ms[8] / attn_ms[1]:.2f}x the time of "
+      f"MHA (shared CPU, noisy). Hugging Face gives the same logits ({diff:.1e}) and the same greedy tokens.")
+print(f"(notebook run time {elapsed:.0f} s in {'fast' if FAST else 'full'} mode on {device}, under load)")
+
+# %% [markdown]
+# ## Questions to think about
+# 1. The cache saving is `1 - 1/g` but the whole process saves less. At which context length
+#    does the KV cache of Qwen2.5-Coder-0.5B (MHA shapes) outgrow its weights?
+# 2. Why is the mean of a group's K/V heads a better start than its first head? What does
+#    the mean preserve about the attention scores of the heads it replaces?
+# 3. The reference path repeats K/V `g` times before attention. Where in a decode step would
+#    that copy give back the memory GQA saved, and how does the reshape of `q` avoid it?
+# 4. On a GPU, long-context decoding is bound by memory bandwidth. What attention time ratio
+#    between MQA and MHA would you predict from the bytes read, and why did this CPU
+#    measurement differ?
+#
+# ## Further reading
+# - Shazeer (2019), *Fast Transformer Decoding: One Write-Head is All You Need* (MQA).
+# - Ainslie et al. (2023), *GQA: Training Generalized Multi-Query Transformer Models from
+#   Multi-Head Checkpoints* (mean-pooling and uptraining).
+# - Pope et al. (2022), *Efficiently Scaling Transformer Inference*: why the KV cache and
+#   memory bandwidth dominate decoding.
+# - Qwen Team (2024), *Qwen2.5-Coder Technical Report*: the GQA head counts used above.
+#
+# Exercises: `exercises/03_gqa.ipynb` (a grouped-query decode step over a padded cache, KV
+# bytes, mean-pool conversion).
