@@ -21,10 +21,14 @@
 # # Lesson 05 exercises: balanced multi-task losses
 #
 # Write each function between the markers, then run the `check(...)` cell below it.
-# `check` runs the *public* checks and prints `passed`, `not yet done` or the failure.
-# Grade the whole file from a terminal with `codex-lab grade exercises/05_multitask.py`.
+# `check` runs the *public* checks and prints `passed`, `not yet done` or the failure
+# (naming the mistake it recognises). Cells that use your function run only once its check
+# passes; until then they say so. Grade the whole file from a terminal with
+# `codex-lab grade exercises/05_multitask.py`. While a check runs, the package functions
+# that compute the same thing (`codex_lab.token_losses`, the balancers, the CoBa helpers)
+# are blocked: write these yourself; plain PyTorch is fine.
 #
-# **Run time:** fast mode on CPU: ~5 s; on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: ~5 s (estimate, loaded shared machine); on one GPU: not yet measured.
 
 # %%
 import sys
@@ -38,7 +42,7 @@ if "google.colab" in sys.modules:  # Colab only: install the course (torch/numpy
 import torch
 import torch.nn.functional as F
 
-from codex_lab import check, seed_everything
+from codex_lab import check, load_pretrained, seed_everything
 
 seed_everything(0)
 
@@ -56,7 +60,28 @@ def masked_token_loss(logits, targets):
 
 
 # %%
-check(masked_token_loss)
+done_1 = check(masked_token_loss).status == "passed"
+
+# %% [markdown]
+# Use it on the shipped model: a code prompt whose answer is the function body. Only the
+# answer's tokens count; with every position counted, the loss also scores how well the
+# model "predicts" the prompt, which fine-tuning does not train.
+
+# %%
+if done_1:
+    ckpt = load_pretrained("cpu")
+    tok = ckpt.tokenizer
+    prompt_ids = tok.encode("def mean(xs):\n    ")
+    answer_ids = tok.encode("return sum(xs) / len(xs)\n")
+    ids = torch.tensor([prompt_ids + answer_ids])  # (1, n)
+    x, y = ids[:, :-1], ids[:, 1:].clone()  # (1, n-1): y is x shifted by one
+    y[:, : len(prompt_ids) - 1] = -100  # the prompt's targets carry no loss
+    with torch.no_grad():
+        logits = ckpt.model(x).logits  # (1, n-1, V)
+    print(f"answer tokens only: {float(masked_token_loss(logits, y)):.3f} nats/token; "
+          f"every position: {float(F.cross_entropy(logits[0], ids[0, 1:])):.3f}")
+else:
+    print("exercise 1 not yet done: this demo runs once check(masked_token_loss) passes")
 
 # %% [markdown]
 # ## Exercise 2: each task averaged over its own tokens (MFTCoder "case3")
@@ -72,7 +97,16 @@ def task_token_mean_loss(token_loss, targets, task, n_tasks):
 
 
 # %%
-check(task_token_mean_loss)
+if check(task_token_mean_loss).status == "passed":
+    # a big task (0) with long answers and a small task (1) with short, badly predicted ones
+    tl = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.2, 1.0, 0.8, 1.0], [5.0, 0.0, 0.0, 0.0]])  # (B, T)
+    tg = torch.tensor([[7, 7, 7, 7], [7, 7, 7, 7], [7, -100, -100, -100]])
+    tk = torch.tensor([0, 0, 1])
+    pooled = (tl * (tg != -100)).sum() / (tg != -100).sum()
+    print(f"pooled over tokens: {float(pooled):.2f} (the small task is 1 token of 9); "
+          f"case 3: {float(task_token_mean_loss(tl, tg, tk, 2)):.2f} (each task counts half)")
+else:
+    print("exercise 2 not yet done: the comparison runs once check(task_token_mean_loss) passes")
 
 # %% [markdown]
 # ## Exercise 3: convergence weights from validation curves
@@ -95,3 +129,5 @@ def convergence_weights(history, floor):
 if check(convergence_weights).status == "passed":
     w = convergence_weights(torch.tensor([[4.0, 2.0], [3.0, 1.95], [2.2, 1.9]]), 0.05)
     print("fast task vs slow task weights:", [round(x, 3) for x in w.tolist()])
+else:
+    print("exercise 3 not yet done: the example runs once check(convergence_weights) passes")
