@@ -261,3 +261,89 @@ def test_engine_crash_is_a_500_then_503_not_a_hang(small_tokenizer):
         assert internal == 2  # each failure counted once
     finally:
         bg.stop()
+
+
+class _FailSeed666(Engine):
+    """Sampling fails for requests with seed 666, at their third token (a bad kernel or NaN
+    logits that only one request of the batch meets)."""
+
+    def _emit(self, req, logits, greedy=None):
+        if req.params.seed == 666 and len(req.output) == 2:
+            raise RuntimeError("simulated failure in one request")
+        return super()._emit(req, logits, greedy)
+
+
+def _stream(url: str, body: dict, out: dict, key: str) -> None:
+    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+        out[key] = (r.status_code, [ln for ln in r.iter_lines() if ln])
+
+
+def test_failure_in_one_request_of_a_running_batch_fails_it_alone(small_tokenizer):
+    import threading
+    import warnings
+
+    tok, model = small_tokenizer, make_model(small_tokenizer.vocab_size)
+    srv = ModelServer(tok, ServerConfig(model_name=NAME, max_batch_size=4), engine_factory=_FailSeed666)
+    srv.add_version("v0001", model, step_delay_s=0.02)  # 20 tokens take >= 0.4 s: the four overlap
+    bg = serve_in_background(srv)
+    prompts = ["def f():\n", "x = 1\n", "import os\n"]
+    try:
+        out: dict = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the engine warns about the failed request
+            threads = [threading.Thread(target=_stream, args=(bg.url, {"model": NAME, "prompt": p, "max_tokens": 20},
+                                                              out, p)) for p in prompts]
+            threads.append(threading.Thread(target=_stream, args=(bg.url, {"model": NAME, "prompt": "a", "max_tokens": 20,
+                                                                         "temperature": 1.0, "seed": 666}, out, "bad")))
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            status, lines = out["bad"]
+            assert status == 200 and lines[-1] == "data: [DONE]"
+            err = json.loads(lines[-2][6:])["error"]  # an error event, then [DONE]
+            assert "simulated failure" in err["message"] and err["type"] == "server_error"
+            for p in prompts:  # the others finished, with the reference text
+                status, lines = out[p]
+                assert status == 200 and lines[-1] == "data: [DONE]"
+                chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+                ref = generate_ids(model, tok.encode(p), max_new_tokens=20, eos_id=tok.eot_id)[0]
+                assert "".join(c["choices"][0]["text"] for c in chunks) == tok.decode(ref), p
+                assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+            # a plain request that fails: 500 in OpenAI's shape; the next one is served
+            r = httpx.post(bg.url + "/v1/completions", json={"model": NAME, "prompt": "a", "max_tokens": 5,
+                                                             "temperature": 1.0, "seed": 666}, timeout=30)
+            assert r.status_code == 500 and "simulated failure" in r.json()["error"]["message"]
+        ok = httpx.post(bg.url + "/v1/completions", json={"model": NAME, "prompt": "a", "max_tokens": 3}, timeout=30)
+        assert ok.status_code == 200
+        assert srv.health()["status"] == "ok" and srv.health()["dead_engines"] == []
+        assert srv.metrics.version_counts("v0001")["failures"] == 2  # the two failed requests, nothing else
+        wait_idle(srv)
+    finally:
+        bg.stop()
+
+
+class _OneBadStep(Engine):
+    """One whole engine step raises (the third), then the engine works again."""
+
+    def step(self):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 3:
+            raise RuntimeError("transient step failure")
+        return super().step()
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(small_tokenizer):
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name=NAME), engine_factory=_OneBadStep)
+    srv.add_version("v0001", make_model(small_tokenizer.vocab_size))
+    bg = serve_in_background(srv)
+    try:
+        body = {"model": NAME, "prompt": "a", "max_tokens": 8}
+        r1 = httpx.post(bg.url + "/v1/completions", json=body, timeout=30)
+        assert r1.status_code == 500 and "transient step failure" in r1.json()["error"]["message"]
+        r2 = httpx.post(bg.url + "/v1/completions", json=body, timeout=30)
+        assert r2.status_code == 200 and r2.json()["usage"]["completion_tokens"] >= 1
+        assert srv.health()["status"] == "ok"
+        wait_idle(srv)
+    finally:
+        bg.stop()

@@ -1,0 +1,306 @@
+"""The server against hostile clients: hundreds of malformed bodies (0 answers in 5xx), tiny
+temperatures, Host / Content-Type / API-key checks, 429 with Retry-After, slow and
+half-sent requests, the connection cap, and the serve command's flag checks.
+
+The malformed-body test prints its figures (bodies tried, statuses, 5xx count) for the README.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections import Counter
+
+import httpx
+import openai
+import pytest
+import torch
+
+from codex_lab.infer.generate import generate_ids
+from codex_lab.nn.config import ModelConfig
+from codex_lab.nn.model import CodexModel
+from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+from codex_lab.serve.loadtest import malformed_bodies
+
+NAME = "tiny"
+KEY = "s3cret-key"
+
+
+def make_model(vocab: int) -> CodexModel:
+    torch.manual_seed(0)
+    return CodexModel(ModelConfig(vocab_size=vocab, d_model=64, n_layer=2, n_head=4, max_seq_len=256)).eval()
+
+
+@pytest.fixture(scope="module")
+def model(small_tokenizer):
+    return make_model(small_tokenizer.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def served(small_tokenizer, model):
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name=NAME, max_batch_size=4, max_waiting=8,
+                                                    header_timeout_s=1.0, body_timeout_s=1.0))
+    srv.add_version("v0001", model)
+    bg = serve_in_background(srv)
+    yield bg, srv
+    bg.stop()
+
+
+def _raw(base: dict, field: str, raw: str) -> bytes:
+    """``base`` as JSON with ``field`` set to the literal JSON text ``raw`` (NaN, 10**400, ...)."""
+    return json.dumps({**base, field: "__RAW__"}).replace('"__RAW__"', raw).encode()
+
+
+BIG = "9" * 400  # an integer too large for a float
+# per field, values that are all invalid for it (as literal JSON text)
+BAD_VALUES: dict[str, list[str]] = {
+    "model": ["7", "null", '""', '"gpt-4"', f'"{NAME}@v9"', '"\\ud800"', "[]", "{}", "true", BIG],
+    "prompt": ['""', "3", "[]", '["a", "b"]', "[1, -4]", "[1000000000000000000000000000000]", "[true]", '{"a": 1}',
+              '"\\ud800"', '"def f():\\udfff"', "null", "1.5", "[[1]]", "[1.0]"],
+    "max_tokens": ["0", "-5", "1000000000", '"8"', "true", "2.5", "[]", "{}", "NaN", "Infinity", BIG, "-" + BIG,
+                   "1e400"],
+    "temperature": ["-1", '"hot"', "true", "2.5", "NaN", "Infinity", "-Infinity", BIG, "-" + BIG, "1e400", "[]",
+                    "{}", '"0.5"'],
+    "top_p": ["0", "-0.5", "1.5", "NaN", "Infinity", BIG, '"1"', "true", "[]", "1e-400"],
+    "top_k": ["-1", "1.5", '"3"', "true", "[]", "-" + BIG],
+    "stop": ["5", '["a", 3]', '[""]', '""', '["a", "b", "c", "d", "e"]', '{"a": 1}', '["\\ud800"]', "[[]]", "true"],
+    "seed": ["1.5", '"7"', "true", str(2**70), str(2**64), str(-(2**63) - 1), BIG, "[]", "NaN"],
+    "stream": ['"yes"', "1", "0", "[]", "{}", '"true"', "NaN"],
+    "n": ["3", "0", "-1", '"1"', "1.5", BIG],
+    "echo": ["true"],
+    "logprobs": ["5", "0"],
+    "suffix": ['"x"'],
+}
+
+
+def hostile_bodies() -> list[tuple[str, bytes]]:
+    """At least 200 named bodies, each one a client error."""
+    out = [(n, b) for n, b in malformed_bodies(NAME, 256)]
+    for stream in (False, True):
+        base = {"model": NAME, "prompt": "def f():", "max_tokens": 4, "stream": stream}
+        for field, values in BAD_VALUES.items():
+            if field == "stream" and stream:
+                continue
+            out += [(f"{field}={v[:20]} stream={stream}", _raw(base, field, v)) for v in values]
+        out += [(f"stream_options={v} stream={stream}", _raw(base, "stream_options", v))
+                for v in ('"x"', '{"include_usage": "yes"}', "[]", "5") + (() if stream else ('{"include_usage": true}',))]
+    depth = 30_000
+    out += [
+        ("nested object 30000 deep", b'{"a": ' * depth + b"1" + b"}" * depth),
+        ("nested list as stop", b'{"model": "tiny", "prompt": "a", "stop": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"),
+        ("truncated", b'{"model": "tiny", "prompt": "a'), ("trailing garbage", b'{"model": "tiny"} xyz'),
+        ("json null", b"null"), ("json string", b'"hello"'), ("json number", b"42"), ("json true", b"true"),
+        ("NUL byte", b'{"model": "tiny",\x00 "prompt": "a"}'), ("utf-16 body", '{"model": "tiny"}'.encode("utf-16")),
+        ("overlong utf-8", b'{"model": "tiny", "prompt": "\xc0\xaf"}'), ("BOM then garbage", b"\xef\xbb\xbf{"),
+        ("huge exponent", b'{"model": "tiny", "prompt": "a", "temperature": 1e999999}'),
+        ("only whitespace", b"   \n\t "), ("5000-digit seed", b'{"model": "tiny", "prompt": "a", "seed": ' + b"1" * 5000 + b"}"),
+    ]
+    return out
+
+
+def test_hostile_bodies_all_get_openai_4xx(served):
+    bg, srv = served
+    bodies = hostile_bodies()
+    assert len(bodies) >= 200
+    statuses: Counter = Counter()
+    wrong = []
+    with httpx.Client(timeout=30) as client:
+        for name, body in bodies:
+            r = client.post(bg.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+            statuses[r.status_code] += 1
+            try:
+                err = r.json()["error"]
+                shaped = set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str)
+            except Exception:  # noqa: BLE001 (not JSON or not an error: the shape is wrong)
+                shaped = False
+            if not (400 <= r.status_code < 500 and shaped):
+                wrong.append((name, r.status_code, r.text[:120]))
+    five = sum(n for s, n in statuses.items() if s >= 500)
+    print(f"\nhostile bodies: {len(bodies)} tried, statuses {dict(sorted(statuses.items()))}, 5xx: {five}")
+    assert wrong == [] and five == 0, wrong[:10]
+    # the server is fine afterwards and no client error was counted against the model version
+    ok = httpx.post(bg.url + "/v1/completions", json={"model": NAME, "prompt": "a", "max_tokens": 2})
+    assert ok.status_code == 200
+    assert srv.metrics.version_counts("v0001")["failures"] == 0
+    assert srv.health()["status"] == "ok" and srv.health()["in_flight"] == 0
+
+
+@pytest.mark.parametrize("t", [1e-38, 1e-300, 5e-324])
+def test_tiny_temperatures_are_greedy_and_keep_the_engine_alive(served, small_tokenizer, model, t):
+    bg, srv = served
+    ref = small_tokenizer.decode(generate_ids(model, small_tokenizer.encode("def f():"), max_new_tokens=8,
+                                              eos_id=small_tokenizer.eot_id)[0])
+    body = {"model": NAME, "prompt": "def f():", "max_tokens": 8, "temperature": t, "seed": 3}
+    r = httpx.post(bg.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == ref
+    with httpx.stream("POST", bg.url + "/v1/completions", json={**body, "stream": True}, timeout=30) as s:
+        lines = [ln for ln in s.iter_lines() if ln]
+    assert lines[-1] == "data: [DONE]"
+    assert "".join(json.loads(ln[6:])["choices"][0]["text"] for ln in lines[:-1]) == ref
+    assert srv.health()["dead_engines"] == []
+
+
+def test_host_header_allow_list(served, small_tokenizer, model):
+    bg, _ = served
+    port = bg.port
+    body = {"model": NAME, "prompt": "a", "max_tokens": 1}
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "localhost.evil", "0.0.0.0"):
+        r = httpx.post(bg.url + "/v1/completions", json=body, headers={"host": host})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", host
+        assert httpx.get(bg.url + "/v1/models", headers={"host": host}).status_code == 403
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", "LOCALHOST"):
+        assert httpx.post(bg.url + "/v1/completions", json=body, headers={"host": host}).status_code == 200, host
+    # a configured allow-list replaces the default
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name=NAME, allowed_hosts=("codex.test",)))
+    srv.add_version("v0001", model)
+    bg2 = serve_in_background(srv)
+    try:
+        assert httpx.get(bg2.url + "/v1/models", headers={"host": "codex.test:80"}).status_code == 200
+        assert httpx.get(bg2.url + "/v1/models").status_code == 403
+    finally:
+        bg2.stop()
+
+
+def test_only_json_bodies(served):
+    bg, _ = served
+    ok = json.dumps({"model": NAME, "prompt": "a", "max_tokens": 1})
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+                  "application/jsonx", "", "text/json"):
+        r = httpx.post(bg.url + "/v1/completions", content=ok, headers={"content-type": ctype})
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", ctype
+    r = httpx.post(bg.url + "/v1/completions", content=ok, headers={"content-type": "Application/JSON; charset=utf-8"})
+    assert r.status_code == 200
+
+
+def test_api_key(small_tokenizer, model):
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name=NAME, api_key=KEY))
+    srv.add_version("v0001", model)
+    bg = serve_in_background(srv)
+    try:
+        body = {"model": NAME, "prompt": "a", "max_tokens": 2}
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": KEY}, {"authorization": "Basic " + KEY},
+                        {"authorization": f"Bearer {KEY}x"}):
+            r = httpx.post(bg.url + "/v1/completions", json=body, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", headers
+        assert httpx.get(bg.url + "/metrics").status_code == 401
+        assert httpx.get(bg.url + "/v1/models").status_code == 401
+        assert httpx.get(bg.url + "/health").status_code == 200  # liveness probes need no key
+        r = httpx.post(bg.url + "/v1/completions", json=body, headers={"authorization": f"Bearer {KEY}"})
+        assert r.status_code == 200
+        good = openai.OpenAI(base_url=bg.url + "/v1", api_key=KEY, max_retries=0)
+        assert good.completions.create(model=NAME, prompt="a", max_tokens=2).usage.completion_tokens >= 1
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=bg.url + "/v1", api_key="nope", max_retries=0).models.list()
+    finally:
+        bg.stop()
+
+
+def long_prompt(model, tok, n: int) -> str:
+    """A prompt whose greedy continuation does not reach end-of-text within n tokens."""
+    for p in ("def f():\n", "x = 1\n", "import os\n", "class A:\n", "a", "for i in range(3):\n"):
+        if len(generate_ids(model, tok.encode(p), max_new_tokens=n, eos_id=tok.eot_id)[0]) == n:
+            return p
+    raise AssertionError("every candidate prompt reaches end-of-text; change the model seed")
+
+
+def test_full_server_says_429_with_retry_after(small_tokenizer, model):
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name=NAME, max_batch_size=1, max_waiting=0))
+    srv.add_version("v0001", model, step_delay_s=0.05)  # 100 tokens: about 5 s
+    bg = serve_in_background(srv)
+    prompt = long_prompt(model, small_tokenizer, 100)
+    try:
+        with httpx.stream("POST", bg.url + "/v1/completions", timeout=30,
+                          json={"model": NAME, "prompt": prompt, "max_tokens": 100, "stream": True}) as s:
+            lines = s.iter_lines()  # kept: a dropped iterator closes the stream
+            next(lines)  # the one slot is taken
+            r = httpx.post(bg.url + "/v1/completions", json={"model": NAME, "prompt": "a", "max_tokens": 1})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        bg.stop()
+
+
+def _open(bg, data: bytes = b"") -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", bg.port), timeout=10)
+    if data:
+        s.sendall(data)
+    return s
+
+
+def _closed_within(s: socket.socket, seconds: float) -> bool:
+    """True if the server closes ``s`` (recv returns b"" or a full response, then EOF) in time."""
+    s.settimeout(seconds)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except (socket.timeout, TimeoutError):
+        return False
+    except ConnectionResetError:
+        return True
+    finally:
+        s.close()
+
+
+def test_slow_and_half_sent_requests_are_cut(served):
+    bg, _ = served  # header and body timeouts: 1 s
+    partial = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    socks = [_open(bg, partial) for _ in range(40)] + [_open(bg) for _ in range(10)]  # half-sent and silent
+    t0 = time.time()
+    assert all(_closed_within(s, 5.0) for s in socks)
+    assert time.time() - t0 < 6.0
+    # a body that never finishes: 408 after the body timeout
+    s = _open(bg, partial + b"Content-Length: 100\r\n\r\n{\"model\": ")
+    s.settimeout(5.0)
+    head = s.recv(4096)
+    s.close()
+    assert head.startswith(b"HTTP/1.1 408"), head[:60]
+    assert httpx.post(bg.url + "/v1/completions", json={"model": NAME, "prompt": "a", "max_tokens": 1}).status_code == 200
+
+
+def test_connection_cap(small_tokenizer, model):
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name=NAME, max_connections=8, header_timeout_s=5.0))
+    srv.add_version("v0001", model)
+    bg = serve_in_background(srv)
+    try:
+        held = [_open(bg) for _ in range(8)]
+        time.sleep(0.2)
+        extra = _open(bg)
+        extra.settimeout(5)
+        answer = extra.recv(4096)
+        extra.close()
+        assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower()
+        for s in held:
+            s.close()
+        time.sleep(0.2)
+        assert httpx.get(bg.url + "/v1/models").status_code == 200
+    finally:
+        bg.stop()
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["--deadline-s", "-5"], "--deadline-s"), (["--deadline-s", "nan"], "--deadline-s"),
+    (["--deadline-s", "1e9"], "--deadline-s"), (["--max-waiting", "-100"], "--max-waiting"),
+    (["--max-batch-size", "0"], "--max-batch-size"), (["--max-tokens", "-1"], "--max-tokens"),
+    (["--body-timeout-s", "inf"], "--body-timeout-s"), (["--max-connections", "0"], "--max-connections"),
+    (["--port", "99999"], "--port"), (["--allowed-hosts", ","], "--allowed-hosts"),
+])
+def test_serve_flags_are_validated(capsys, flags, fragment):
+    from codex_lab.cli import main
+
+    assert main(["serve", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err, err
+
+
+def test_api_key_from_environment(monkeypatch):
+    from codex_lab.cli import build_parser
+    from codex_lab.commands.serve import API_KEY_ENV, build_config
+
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    assert build_config(build_parser().parse_args(["serve"])).api_key == "from-env"
+    assert build_config(build_parser().parse_args(["serve", "--api-key", "flag"])).api_key == "flag"
+    monkeypatch.delenv(API_KEY_ENV)
+    assert build_config(build_parser().parse_args(["serve"])).api_key is None
