@@ -15,8 +15,8 @@ Register a check::
 
 * ``points`` (default 1) is the exercise's maximum. Each ``case(points, label)`` block is
   worth its points: a failing assertion (or a crash of the learner's code) inside it costs
-  only that case, and the check goes on. Points not given to cases are earned when the
-  whole check finishes without an assertion error (so a check without cases is
+  only that case, and the check goes on. Points not given to cases are earned only when
+  the whole check finishes with every case passed (so a check without cases is
   all-or-nothing, as before). Case points may not add up to more than ``points``.
 * ``forbid``: dotted names of package functions that answer the exercise. While the check
   runs, a call of one of them *from the learner's code* (directly or through other package
