@@ -5,7 +5,8 @@ over the same window (counts at the canary's start are subtracted from the prima
 decides, once the canary has served ``min_requests``:
 
 - roll back when the canary breaches the error budget (share of requests past the deadline
-  or failed) or its SLO attainment (share of first tokens within 100 ms, of token gaps
+  or failed inside the server; a client's bad request is a 4xx counted for no version, so
+  no client can force a rollback) or its SLO attainment (share of first tokens within 100 ms, of token gaps
   within 20 ms) is more than ``max_attainment_drop`` below the primary's;
 - promote when it has served ``promote_after`` requests without a breach;
 - otherwise wait.
