@@ -21,8 +21,8 @@
 # # Lesson 08 project: your own optimised candidate, scored against the plain baseline
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/solutions/08_capstone.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU (2 cores): about 40 s when the machine is quiet (the pipeline
-# trains two models); on one GPU: not yet measured.
+# **Run time:** fast mode on CPU (2 cores): about 45 s of CPU time (estimated from a run on a
+# loaded machine: the scorecard, then the whole pipeline); on one GPU: not yet measured.
 #
 # Lesson 08 built one candidate with every optimisation of the course and found what it
 # costs. Now you design your own. You choose:
@@ -32,18 +32,19 @@
 # - which layers become a **mixture of experts**, how many experts, and the top-k (lesson 04);
 # - the **balancer** of the multi-task fine-tuning (lesson 05).
 #
-# The pipeline then converts the shipped model into your candidate (K/V heads mean-pooled,
-# experts upcycled from the dense FFN), gives it and the plain baseline the same pre-training
-# and fine-tuning budget, runs the release gates of lesson 07, times decoding, and scores
-# your candidate on the **scorecard** printed below (points per criterion). Every choice
+# The shipped model is converted into your candidate (K/V heads mean-pooled, experts
+# upcycled from the dense FFN) and given the same brief pre-training as the plain baseline;
+# the **scorecard** printed below scores it against the baseline, points per criterion. Then
+# the whole capstone pipeline runs for your design (fine-tuning with your balancer, every
+# release gate of lesson 07) and gives you the numbers for your written conclusion. Every choice
 # trades something: fewer K/V heads save cache bytes but cost quality that a short training
 # has to win back; more experts add capacity but cost decode time on a CPU.
 #
 # **Grading.** `my_design` and `design_to_config` are autograded (10 + 3 points). The
 # written conclusion at the end is graded by a person with the rubric printed there (5
-# points). From a terminal: `codex-lab grade exercises/08_capstone.py --timeout 300` (the
-# scorecard trains two models, which takes longer than the default 30 s per exercise).
-# Inside this notebook, `check(...)` reuses the run you already made.
+# points). From a terminal: `codex-lab grade exercises/08_capstone.py` (the scorecard trains
+# two models briefly, about 15 s of CPU; on a loaded machine add `--timeout 120`).
+# Inside this notebook, `check(...)` reuses the measurement you already made.
 
 # %%
 import sys
@@ -140,29 +141,47 @@ else:
     print("skipped: the layer table needs design_to_config and a valid design")
 
 # %% [markdown]
-# ## Part 3: run the pipeline and read the scorecard
-# Convert, pre-train both models on the same batches, fine-tune both with your balancer,
-# gate both, time decoding at batch 8 (the two models alternate so a change in the
-# machine's load hits both). The numbers are cached: `check(my_design)` below reads this run.
+# ## Part 3: the scorecard, then the whole pipeline
+# **Scored.** Your candidate is converted from the shipped model and given the same brief
+# pre-training as the plain baseline (same batches); then validation loss, the syntax and
+# style gates of lesson 07, and decode speed at batch 8 (the two models alternate, so a
+# change in the machine's load hits both). This is what `check(my_design)` scores; it reads
+# this measurement instead of repeating it. (The functional gate runs generated code in a
+# subprocess sandbox, which the grader's own sandbox does not allow: it is reported below,
+# not scored.)
 
 # %%
 measured = None
 if design is not None and not sc.validate_design(design, base_cfg):
     measured = sc.measure(design)
-    print(cap.summary_table(measured["log"]))
-    print()
     for name in ("baseline", "candidate"):
         r = measured[name]
-        print(f"{name:>9}: val loss {r['val_loss']:.3f} nats/token (mean over the tasks after fine-tuning), "
-              f"KV {r['kv_bytes_per_token']:,} B/token, decode {r['decode_tokens_per_s']:.0f} tokens/s (under load), "
-              "gates " + ", ".join(f"{k} {v:.2f}" for k, v in r["gates"].items()))
+        print(f"{name:>9}: val loss {r['val_loss']:.3f} nats/token, KV {r['kv_bytes_per_token']:,} B/token, "
+              f"decode {r['decode_tokens_per_s']:.0f} tokens/s (under load), "
+              + ", ".join(f"{k} {v:.2f}" for k, v in r["gates"].items()))
     print()
     print(sc.format_scorecard(sc.score(measured), measured["mode"]))
 else:
-    print("skipped: the pipeline needs a valid design from my_design")
+    print("skipped: the scorecard needs a valid design from my_design")
 
 # %%
 check(my_design)
+
+# %% [markdown]
+# **Reported, for your conclusion.** The whole capstone pipeline for your design: the same
+# pre-training, then multi-task fine-tuning of both models with *your* balancer, and every
+# release gate (functional tests in the sandbox, latency through the engine).
+
+# %%
+full = None
+if measured is not None:
+    ckpt = cl.load_pretrained()
+    full = cl.run_capstone(ckpt.model.eval(), ckpt.tokenizer, cl.load_corpus(), cfg=sc.design_config(base_cfg, design),
+                           balance=design["balance"])
+    print(cap.summary_table(full.log))
+    print("candidate passes every release gate against the baseline:", full.passed, full.reasons)
+else:
+    print("skipped: the pipeline needs a valid design from my_design")
 
 # %% [markdown]
 # ## Part 4: your conclusion (written, 5 points)
@@ -202,12 +221,18 @@ if measured is not None:
           f"(the {MODE}-mode margin is {sc.VAL_MARGIN[MODE]:g}).")
     print(f"- Scorecard: {sum(r.points for r in res)}/{sum(r.max_points for r in res)}; failed: "
           f"{[r.key for r in res if not r.passed] or 'none'}.")
+if full is not None:
+    fb, fc = full.log.rows["baseline"], full.log.rows["candidate"]
+    tasks = [k for k in fc if k.startswith("ft_val_")]
+    print(f"- Whole pipeline with the {design['balance']} balancer: fine-tuned validation loss per task, candidate minus "
+          "baseline: " + ", ".join(f"{k[7:]} {fc[k] - fb[k]:+.3f}" for k in tasks) + " nats/token.")
+    print(f"- Release gates (all, including functional and latency): {'passed' if full.passed else 'refused: ' + '; '.join(full.reasons)}.")
 else:
     print("nothing measured yet: write my_design")
 
 # %% [markdown]
 # ## Questions to think about
-# 1. The fast-mode margin on validation loss is 0.35 nats/token, the full-mode one 0.10.
+# 1. The fast-mode margin on validation loss is 0.5 nats/token, the full-mode one 0.10.
 #    Why must a short training budget be judged with a wider margin, and what would a margin
 #    that is too wide let through?
 # 2. With 4 query heads, the only grouped-query choices are 2 or 1 K/V heads. How would the

@@ -223,7 +223,8 @@ def test_scorecard_points_per_criterion():
         return {r.key: r.points for r in sc.score(m)}
 
     full = {c.key: c.points for c in sc.criteria("fast")}
-    assert points(_measured()) == full  # a latency-gate drop alone costs nothing: those gates are not scored
+    # a latency-gate or functional-gate drop alone costs nothing: those gates are reported, not scored
+    assert points(_measured(gates={"functional": 0.0})) == full
     # each wrong candidate loses exactly the points of the criterion it breaks
     wrong = {
         "kv_bytes": _measured(kv_bytes_per_token=8192),  # no GQA: no saving
@@ -233,7 +234,7 @@ def test_scorecard_points_per_criterion():
     }
     for key, m in wrong.items():
         assert points(m) == {**full, key: 0}, (key, points(m))
-    for bad in (_measured(val_loss=float("nan")), _measured(gates={"functional": float("nan")}),
+    for bad in (_measured(val_loss=float("nan")), _measured(gates={"style": float("nan")}),
                 _measured(speed_ratio=float("nan"))):
         assert sum(points(bad).values()) < sum(full.values())  # NaN never earns points
     edge = _measured(val_loss=3.30 + sc.VAL_MARGIN["fast"] - 1e-9, gates={"syntax": 0.25})

@@ -2,10 +2,10 @@
 
 ``my_design`` is scored on the stated scorecard (:mod:`codex_lab.lessons.l08_capstone.scorecard`):
 an invalid design fails with one message per problem (nothing is trained); a valid one is
-run through the capstone pipeline against the plain baseline (the notebook's run is reused
-when the check runs in the same kernel) and earns the points of each criterion it meets.
-The pipeline takes about 30 s in fast mode on 2 quiet CPU cores: grade lesson 08 with
-``codex-lab grade ... --timeout 300``.
+converted, given the same brief pre-training as the plain baseline and measured (the
+notebook's measurement is reused when the check runs in the same kernel), and earns the
+points of each criterion it meets. That takes about 15 s of CPU in fast mode: within the
+grader's default 30 s per exercise on a quiet machine; on a loaded one pass ``--timeout 120``.
 
 ``design_to_config`` is compared with :func:`~codex_lab.lessons.l08_capstone.scorecard.design_config`
 on designs the check makes up (its own oracle, forbidden to the learner's code).

@@ -7,10 +7,15 @@ A *design* is a plain dict naming every choice of the capstone candidate::
 
 :func:`validate_design` says what is wrong with one (one message per problem, naming the
 fix); :func:`design_config` turns a valid one into a :class:`~codex_lab.nn.config.ModelConfig`
-(the oracle of the project's ``design_to_config`` exercise); :func:`measure` runs the
-capstone pipeline (convert, pre-train, fine-tune with the design's balancer, gate) for the
-design and the baseline with the same budget, and times decoding; :func:`score` applies the
-stated :data:`CRITERIA` to the measured numbers, with points per criterion.
+(the oracle of the project's ``design_to_config`` exercise); :func:`measure` converts the
+shipped model into the design and gives it and the plain baseline the same brief
+pre-training, then measures validation loss, the syntax and style gates and decode speed;
+:func:`score` applies the stated :data:`CRITERIA` to those numbers, with points per criterion.
+
+The scorecard is built to run inside the grader (no subprocess, about 10 s in fast mode on 2
+quiet CPU cores). The project notebook also runs the whole capstone pipeline for the design
+(fine-tuning with the design's balancer, every gate including the functional one) for the
+learner's written conclusion; that run is reported, not scored.
 
 The margins depend on the mode (fast mode trains a few steps, so a converted model has had
 little chance to win back what conversion cost; the full mode is held to the tight margins).
@@ -27,9 +32,9 @@ KEYS = ("sparse_layers", "pattern", "n_kv_head", "moe_layers", "n_experts", "top
 # The stated margins, per mode.
 KV_RATIO = 0.6  # candidate KV bytes per token <= 0.6 x the baseline's
 SPEED_RATIO = 0.6  # candidate decode tokens/s >= 0.6 x the baseline's (batch 8, median of interleaved rounds)
-VAL_MARGIN = {"fast": 0.35, "full": 0.10}  # nats/token: mean fine-tuned val loss <= baseline + margin
+VAL_MARGIN = {"fast": 0.5, "full": 0.10}  # nats/token: val loss after the same brief pre-training <= baseline + margin
 GATE_TOLERANCE = {"fast": 0.25, "full": 0.0}  # per quality gate (2 of the 8 suite prompts in fast mode)
-QUALITY_GATES = ("syntax", "functional", "style")
+QUALITY_GATES = ("syntax", "style")  # the functional gate needs a subprocess sandbox: reported, not scored
 MAX_DENSITY = 0.9  # a "sparse" pattern attending to more than 90% of pairs at the model's length is dense in disguise
 
 
@@ -48,9 +53,9 @@ def criteria(mode: str = "fast") -> tuple[Criterion, ...]:
         Criterion("kv_bytes", 2, f"KV-cache bytes per token <= {KV_RATIO:g} x the baseline's"),
         Criterion("decode_speed", 2, f"greedy decode tokens/s at batch 8 >= {SPEED_RATIO:g} x the baseline's "
                                      "(median ratio of interleaved rounds)"),
-        Criterion("val_loss", 3, f"mean fine-tuned validation loss over the tasks <= baseline + {VAL_MARGIN[mode]:g} nats/token"),
-        Criterion("gates", 3, f"syntax, functional and style gates each >= baseline - {GATE_TOLERANCE[mode]:g} "
-                              "(latency gates are reported, not scored: timing on a shared grader is noise)"),
+        Criterion("val_loss", 3, f"validation loss after conversion and the same brief pre-training <= baseline + "
+                                 f"{VAL_MARGIN[mode]:g} nats/token"),
+        Criterion("gates", 3, f"syntax and style gates (lesson 07 suite, greedy) each >= baseline - {GATE_TOLERANCE[mode]:g}"),
     )
 
 
@@ -124,13 +129,37 @@ def design_config(base_cfg: Any, design: dict[str, Any]) -> Any:
 _CACHE: dict[str, dict[str, Any]] = {}
 
 
-def measure(design: dict[str, Any], *, rounds: int = 3, seed: int = 0) -> dict[str, Any]:
-    """Run the capstone pipeline for ``design`` and the plain baseline; the numbers the
-    scorecard needs. Cached per design and mode within the process (the notebook measures
-    once, the check reads the same run)."""
-    import torch
+def _quality_gates(model: Any, tokenizer: Any, max_tokens: int) -> dict[str, float]:
+    """Syntax and style gates (lesson 07) of greedy answers to the gate suite.
 
+    The functional gate is left out here: it runs the generated code in a subprocess
+    sandbox, which the grader's own sandbox does not allow (the notebook's full run reports it).
+    """
+    from codex_lab.infer.syntax import cut_function, parses
+    from codex_lab.serve.gates import SUITE, engine_completer, style_consistency
+
+    samples = engine_completer(model.eval(), tokenizer)([p.prompt for p in SUITE], max_tokens)
+    syntax, style = [], []
+    for prob, smp in zip(SUITE, samples):
+        body = cut_function(smp.body)
+        syntax.append(bool(body.strip()) and parses(prob.prompt + body))
+        style.append(style_consistency(prob.prompt, body))
+    # share of answers that parse; mean style consistency
+    return {"syntax": sum(syntax) / len(syntax), "style": sum(style) / len(style)}
+
+
+def measure(design: dict[str, Any], *, rounds: int = 3, seed: int = 0) -> dict[str, Any]:
+    """The scorecard's numbers for ``design`` against the plain baseline.
+
+    Both models get the same brief pre-training (the capstone's pre-training stage at the
+    mode's sizes: convert, then the same batches); then validation loss, the syntax and
+    style gates, and decode speed (the two models alternate, so a change in the machine's
+    load hits both). No subprocess, about 10 s in fast mode on 2 quiet cores, so the grader
+    can run it. Cached per design and mode within the process (the notebook measures once,
+    the check reads the same numbers).
+    """
     import codex_lab as cl
+    from codex_lab.lessons.l08_capstone import pipeline as cap
 
     mode = "fast" if cl.fast_mode() else "full"
     key = json.dumps({"design": design, "mode": mode, "rounds": rounds, "seed": seed}, sort_keys=True, default=str)
@@ -141,22 +170,22 @@ def measure(design: dict[str, Any], *, rounds: int = 3, seed: int = 0) -> dict[s
     problems = validate_design(design, base.cfg)
     if problems:
         raise ValueError("; ".join(problems))
-    cfg = design_config(base.cfg, design)
-    res = cl.run_capstone(base, tok, cl.load_corpus(), cfg=cfg, balance=design["balance"], seed=seed)
-    out: dict[str, Any] = {"mode": mode, "design": dict(design), "log": res.log}
-    for name, m, rep in (("baseline", res.baseline, res.gates["baseline"]), ("candidate", res.candidate, res.gates["candidate"])):
-        ft = res.finetune[name]
-        out[name] = {"kv_bytes_per_token": cl.kv_bytes_per_token(m.cfg),
-                     "val_loss": float(torch.as_tensor(ft.final).float().mean()),
-                     "gates": dict(rep.scores())}
-    # decode speed: the two models alternate, so a change in the machine's load hits both
+    sizes = cap.default_sizes()
+    log = cap.StageLog()
+    models = cap.build_models(base, design_config(base.cfg, design), seed=seed, log=log)
+    cap.pretrain_stage(models, tok, cl.load_corpus(), sizes, log, seed=seed)
+    out: dict[str, Any] = {"mode": mode, "design": dict(design), "log": log}
+    for name, m in models.items():
+        out[name] = {"kv_bytes_per_token": cl.kv_bytes_per_token(m.cfg), "val_loss": float(log.rows[name]["val_loss_pretrained"]),
+                     "gates": _quality_gates(m, tok, sizes.gate_tokens)}
     ratios, tps = [], {"baseline": [], "candidate": []}
     for _ in range(rounds):
-        for name, m in (("baseline", res.baseline), ("candidate", res.candidate)):
+        for name, m in models.items():
             tps[name].append(cl.decode_tokens_per_s(m.eval(), batch=8, prompt_len=64, new_tokens=8, repeats=1))
+        # ratio = candidate tokens/s / baseline tokens/s, in the same round
         ratios.append(tps["candidate"][-1] / tps["baseline"][-1])
-    out["baseline"]["decode_tokens_per_s"] = sorted(tps["baseline"])[rounds // 2]
-    out["candidate"]["decode_tokens_per_s"] = sorted(tps["candidate"])[rounds // 2]
+    for name in models:
+        out[name]["decode_tokens_per_s"] = sorted(tps[name])[rounds // 2]
     out["speed_ratio"] = sorted(ratios)[rounds // 2]
     _CACHE[key] = out
     return out
