@@ -250,7 +250,7 @@ pkg = finetune(pkg_model, tok, taskset, cl.FinetuneConfig(
     **LOOP), progress=False)
 pkg_history = torch.tensor([[e[f"val_{t}"] for t in TASK3] for e in pkg.evals])
 # same float32 ops in the same order: equal up to summation-order noise (1e-5 over 12 AdamW steps)
-diff = max(float((p - q).abs().max()) for p, q in zip(model.parameters(), pkg_model.parameters()))
+diff = max(float((p - q).abs().max()) for p, q in zip(model.state_dict().values(), pkg_model.state_dict().values()))
 assert diff < 1e-4 and torch.allclose(history, pkg_history, atol=1e-4), (diff, history, pkg_history)
 print(f"our loop == package finetune: largest weight difference {diff:.1e}; validation curves equal")
 
