@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from codex_lab.course.checks import exercise
+from codex_lab.course.checks import case, exercise
 
 # fp32 probabilities in [0, 1]; learner code may sum in another order: 1e-5 (CONTRIBUTING.md)
 ATOL = 1e-5
@@ -35,39 +35,47 @@ def _probs(q: Tensor, k: Tensor, scale: float, fill: float = float("-inf"), dim:
     return torch.softmax(scores.masked_fill(~keep, fill), dim=dim)
 
 
-@exercise("01", "causal_attention_probs", forbid=("codex_lab.attention_reference", "codex_lab.attention_sdpa"))
+@exercise("01", "causal_attention_probs", points=2, forbid=("codex_lab.attention_reference", "codex_lab.attention_sdpa"))
 def check_causal_attention_probs(fn: Callable[..., Any]) -> None:
     """fn(q, k) with q, k (H, T, D) (RoPE already applied) -> (H, T, T) causal probabilities."""
     gen = torch.Generator().manual_seed(1)
+    runs = []
     for H, T, D in [(2, 6, 16), (3, 9, 4), (1, 1, 8)]:
         q = 2 * torch.randn(H, T, D, generator=gen)  # scores of a few units: a missing scale shows
         k = 2 * torch.randn(H, T, D, generator=gen)
-        # p = softmax over keys j <= i of q_i . k_j / sqrt(D)
-        want = _probs(q, k, 1 / math.sqrt(D))  # (H, T, T)
-        got = fn(q.clone(), k.clone())
-        assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"
-        assert got.shape == want.shape, f"H={H}, T={T}, D={D}: expected shape {tuple(want.shape)}, got {tuple(got.shape)}"
-        if _close(got, want):
-            continue
-        future = torch.ones(T, T, dtype=torch.bool).triu(1)
-        if _close(got, _probs(q, k, 1 / math.sqrt(D), upper=True)):
-            raise AssertionError("the mask is reversed: a query may read keys at or *before* it (tril), not after it (triu)")
-        if bool((got.float()[:, future].abs() > ATOL).any()):
-            if _close(got, _probs(q, k, 1 / math.sqrt(D), fill=0.0)):
-                raise AssertionError("future keys still get weight: fill masked scores with -inf (exp(-inf) = 0); "
-                                     "a 0 score still gets exp(0) = 1 in the softmax")
-            raise AssertionError("a query puts weight on a key after it: mask keys j > i before the softmax")
-        if _close(got, _probs(q, k, 1 / math.sqrt(D), dim=-2)):
-            raise AssertionError("softmax over the queries (dim=-2); normalise over the keys (dim=-1): each row sums to 1")
-        if not torch.allclose(got.float().sum(-1), torch.ones(H, T), atol=1e-4):
-            raise AssertionError("rows must sum to 1: mask the scores first, then take the softmax over the keys "
-                                 "(zeroing probabilities after the softmax leaves rows that sum to less than 1)")
-        if _close(got, _probs(q, k, 1.0)):
-            raise AssertionError("the scores are not scaled: divide q k^T by sqrt(D) (Vaswani et al. 2017)")
-        if _close(got, _probs(q, k, 1 / D)):
-            raise AssertionError(f"the scores are divided by D = {D}; the scale is 1 / sqrt(D)")
-        raise AssertionError(f"H={H}, T={T}, D={D}: max difference {float((got.float() - want).abs().max()):.3g} "
-                             "from softmax(q k^T / sqrt(D)) with keys after the query masked")
+        runs.append((q, k, fn(q.clone(), k.clone())))
+    with case(1, "causal rows that sum to 1"):
+        for q, k, got in runs:
+            (H, T, D) = q.shape
+            assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"
+            assert got.shape == (H, T, T), f"H={H}, T={T}, D={D}: expected shape {(H, T, T)}, got {tuple(got.shape)}"
+            future = torch.ones(T, T, dtype=torch.bool).triu(1)
+            if _close(got, _probs(q, k, 1 / math.sqrt(D), upper=True)) and T > 1:
+                raise AssertionError("the mask is reversed: a query may read keys at or *before* it (tril), not after it (triu)")
+            if bool((got.float()[:, future].abs() > ATOL).any()):
+                if _close(got, _probs(q, k, 1 / math.sqrt(D), fill=0.0)):
+                    raise AssertionError("future keys still get weight: fill masked scores with -inf (exp(-inf) = 0); "
+                                         "a 0 score still gets exp(0) = 1 in the softmax")
+                raise AssertionError("a query puts weight on a key after it: mask keys j > i before the softmax")
+            if _close(got, _probs(q, k, 1 / math.sqrt(D), dim=-2)) and T > 1:
+                raise AssertionError("softmax over the queries (dim=-2); normalise over the keys (dim=-1): each row sums to 1")
+            if not torch.allclose(got.float().sum(-1), torch.ones(H, T), atol=1e-4):
+                raise AssertionError("rows must sum to 1: mask the scores first, then take the softmax over the keys "
+                                     "(zeroing probabilities after the softmax leaves rows that sum to less than 1)")
+    with case(1, "the values softmax(q k^T / sqrt(D))"):
+        for q, k, got in runs:
+            (H, T, D) = q.shape
+            # p = softmax over keys j <= i of q_i . k_j / sqrt(D)
+            want = _probs(q, k, 1 / math.sqrt(D))  # (H, T, T)
+            if _close(got, want):
+                continue
+            if _close(got, _probs(q, k, 1.0)):
+                raise AssertionError("the scores are not scaled: divide q k^T by sqrt(D) (Vaswani et al. 2017)")
+            if _close(got, _probs(q, k, 1 / D)):
+                raise AssertionError(f"the scores are divided by D = {D}; the scale is 1 / sqrt(D)")
+            diff = float((got.float() - want).abs().max()) if isinstance(got, Tensor) and got.shape == want.shape else float("nan")
+            raise AssertionError(f"H={H}, T={T}, D={D}: max difference {diff:.3g} from softmax(q k^T / sqrt(D)) with keys "
+                                 "after the query masked")
 
 
 def _causal_map(T: int, gen: torch.Generator) -> Tensor:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from codex_lab.course.checks import exercise
+from codex_lab.course.checks import case, exercise
 
 # the package's patterns answer these exercises: blocked for the learner's code while a check runs
 _PATTERNS = ("codex_lab.parse_pattern", "codex_lab.union", "codex_lab.LocalWindow.allowed", "codex_lab.Strided.allowed",
@@ -33,36 +33,38 @@ def _ws(q: Tensor, k: Tensor, window: int, stride: int, *, le: bool = False, bot
     return (dist >= 0) & hit if causal else hit
 
 
-@exercise("02", "window_strided_allowed", forbid=_PATTERNS)
+@exercise("02", "window_strided_allowed", points=2, forbid=_PATTERNS)
 def check_window_strided_allowed(fn: Callable[..., Any]) -> None:
     """fn(q_pos, k_pos, window, stride) -> bool tensor, broadcasting like ``==``."""
-    for n, w, s in _CASES:
-        pos = torch.arange(n)
-        q, k = pos[:, None], pos[None, :]
-        want = _ws(q, k, w, s)  # (n, n)
-        got = fn(q.clone(), k.clone(), w, s)
-        assert isinstance(got, Tensor) and got.dtype == torch.bool, "return a bool tensor (comparisons combined with & and |)"
-        assert got.shape == want.shape, f"broadcast q_pos (n, 1) against k_pos (1, n): got shape {tuple(got.shape)}"
-        if torch.equal(got, want):
-            continue
-        if bool(got[~torch.ones(n, n, dtype=torch.bool).tril()].any()):
-            raise AssertionError("a query attends to a future key: the pattern must be causal (k_pos <= q_pos, i.e. i - j >= 0)")
-        if torch.equal(got, _ws(q, k, w, s, le=True)):
-            raise AssertionError(f"window={w} keeps {w + 1} keys; the window is the query and the {w - 1} keys "
-                                 "before it: i - j < window, not <=")
-        if torch.equal(got, _ws(q, k, w, s, both=True)):
-            raise AssertionError("a key is kept when it is in the window OR on the stride (|), not only when both (&)")
-        if torch.equal(got, _ws(q, k, w, s, key_stride=True)):
-            raise AssertionError("the stride counts back from the query: (i - j) % stride == 0, not j % stride == 0")
-        i, j = (got != want).nonzero()[0].tolist()
-        raise AssertionError(
-            f"window={w}, stride={s}: query {i}, key {j} should be {bool(want[i, j])}; the window keeps "
-            "0 <= i - j < window (the query itself and window - 1 keys before it), the stride keeps "
-            "(i - j) % stride == 0")
-    # positions need not start at 0 (a KV cache holds keys at any positions)
-    q, k = torch.tensor([[100]]), torch.tensor([[0, 90, 96, 97, 100, 101]])
-    assert torch.equal(fn(q, k, 4, 10), _ws(q, k, 4, 10)), (
-        "query at position 100, keys at 0, 90, 96, 97, 100, 101: work from the positions' differences, not from indices")
+    with case(1, "the (n, n) rule for positions 0..n-1"):
+        for n, w, s in _CASES:
+            pos = torch.arange(n)
+            q, k = pos[:, None], pos[None, :]
+            want = _ws(q, k, w, s)  # (n, n)
+            got = fn(q.clone(), k.clone(), w, s)
+            assert isinstance(got, Tensor) and got.dtype == torch.bool, "return a bool tensor (comparisons combined with & and |)"
+            assert got.shape == want.shape, f"broadcast q_pos (n, 1) against k_pos (1, n): got shape {tuple(got.shape)}"
+            if torch.equal(got, want):
+                continue
+            if bool(got[~torch.ones(n, n, dtype=torch.bool).tril()].any()):
+                raise AssertionError("a query attends to a future key: the pattern must be causal (k_pos <= q_pos, i.e. i - j >= 0)")
+            if torch.equal(got, _ws(q, k, w, s, le=True)):
+                raise AssertionError(f"window={w} keeps {w + 1} keys; the window is the query and the {w - 1} keys "
+                                     "before it: i - j < window, not <=")
+            if torch.equal(got, _ws(q, k, w, s, both=True)):
+                raise AssertionError("a key is kept when it is in the window OR on the stride (|), not only when both (&)")
+            if torch.equal(got, _ws(q, k, w, s, key_stride=True)):
+                raise AssertionError("the stride counts back from the query: (i - j) % stride == 0, not j % stride == 0")
+            i, j = (got != want).nonzero()[0].tolist()
+            raise AssertionError(
+                f"window={w}, stride={s}: query {i}, key {j} should be {bool(want[i, j])}; the window keeps "
+                "0 <= i - j < window (the query itself and window - 1 keys before it), the stride keeps "
+                "(i - j) % stride == 0")
+    with case(1, "positions that do not start at 0 (a KV cache)"):
+        q, k = torch.tensor([[100]]), torch.tensor([[0, 90, 96, 97, 100, 101]])
+        got = fn(q, k, 4, 10)
+        assert isinstance(got, Tensor) and torch.equal(got, _ws(q, k, 4, 10)), (
+            "query at position 100, keys at 0, 90, 96, 97, 100, 101: work from the positions' differences, not from indices")
 
 
 def _count(n: int, w: int, s: int, **variant: bool) -> int:
@@ -70,17 +72,18 @@ def _count(n: int, w: int, s: int, **variant: bool) -> int:
     return int(_ws(pos[:, None], pos[None, :], w, s, **variant).sum())
 
 
-@exercise("02", "pairs_and_density", forbid=_PATTERNS)
+@exercise("02", "pairs_and_density", points=2, forbid=_PATTERNS)
 def check_pairs_and_density(fn: Callable[..., Any]) -> None:
     """fn(n, window, stride) -> (attended pairs: int, density vs causal pairs: float)."""
-    for n, w, s in _CASES:
-        want = _count(n, w, s)
-        causal = n * (n + 1) // 2  # sum_{i<n} (i + 1) causal pairs
-        got = fn(n, w, s)
+    outs = [(n, w, s, fn(n, w, s)) for n, w, s in _CASES]
+    for n, w, s, got in outs:
         assert isinstance(got, tuple) and len(got) == 2, "return a tuple (pairs, density)"
-        pairs, density = got
-        pairs = int(pairs)
-        if pairs != want:
+    with case(1, "the number of allowed pairs"):
+        for n, w, s, (pairs, _) in outs:
+            want = _count(n, w, s)
+            pairs = int(pairs)
+            if pairs == want:
+                continue
             pos = torch.arange(n)
             dist = pos[:, None] - pos[None, :]
             window_only = int(((dist >= 0) & (dist < w)).sum())
@@ -94,16 +97,21 @@ def check_pairs_and_density(fn: Callable[..., Any]) -> None:
                 raise AssertionError(f"n={n}, window={w}: the window holds {w} keys (i - j < window), you counted {w + 1}")
             raise AssertionError(f"n={n}, window={w}, stride={s}: {pairs} pairs, expected {want}; count each allowed "
                                  "(query, key) once, even when the window and the stride both allow it")
-        # density = pairs / (n (n + 1) / 2)
-        dens = want / causal
-        if abs(float(density) - dens) < 1e-9:
-            continue
-        if abs(float(density) - want / (n * n)) < 1e-9:
-            raise AssertionError(f"density {float(density):.4f}: divide by the n(n+1)/2 causal pairs, not n*n")
-        if n > 1 and abs(float(density) - want / (n * (n - 1) / 2)) < 1e-9:
-            raise AssertionError(f"density {float(density):.4f}: the n(n+1)/2 causal pairs include each query with "
-                                 "itself; n(n-1)/2 leaves the diagonal out")
-        raise AssertionError(f"n={n}: density {float(density):.4f}, expected {dens:.4f} = pairs / (n(n+1)/2)")
+    with case(1, "the density: pairs / causal pairs"):
+        for n, w, s, (_, density) in outs:
+            want = _count(n, w, s)
+            causal = n * (n + 1) // 2  # sum_{i<n} (i + 1) causal pairs
+            # density = pairs / (n (n + 1) / 2)
+            dens = want / causal
+            if abs(float(density) - dens) < 1e-9:
+                continue
+            if abs(float(density) - want / (n * n)) < 1e-9:
+                raise AssertionError(f"density {float(density):.4f}: divide by the n(n+1)/2 causal pairs, not n*n")
+            if n > 1 and abs(float(density) - want / (n * (n - 1) / 2)) < 1e-9:
+                raise AssertionError(f"density {float(density):.4f}: the n(n+1)/2 causal pairs include each query with "
+                                     "itself; n(n-1)/2 leaves the diagonal out")
+            raise AssertionError(f"n={n}, window={w}, stride={s}: density {float(density):.4f}, expected {dens:.4f} = "
+                                 "pairs / (n(n+1)/2)")
 
 
 def _mask(kind: str, n: int, a: int, b: int = 0) -> Tensor:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from codex_lab.course.checks import exercise
+from codex_lab.course.checks import case, exercise
 
 # fp32 attention outputs of O(1); learner code may sum in another order: 1e-5 (CONTRIBUTING.md)
 ATOL = 1e-5
@@ -37,10 +37,11 @@ def _decode(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *, tile: bool = Fa
     return torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), vv)  # (B, H, D)
 
 
-@exercise("03", "grouped_decode_attention", forbid=("codex_lab.attention_reference", "codex_lab.attention_sdpa"))
+@exercise("03", "grouped_decode_attention", points=3, forbid=("codex_lab.attention_reference", "codex_lab.attention_sdpa"))
 def check_grouped_decode_attention(fn: Callable[..., Any]) -> None:
     """fn(q (B, H, D), k (B, H_kv, S, D), v (B, H_kv, S, D), lengths (B,)) -> (B, H, D)."""
     gen = torch.Generator().manual_seed(3)
+    runs = []
     for h, h_kv in [(4, 4), (4, 2), (6, 3), (8, 1)]:
         B, S, D = 3, 7, 8
         q = torch.randn(B, h, D, generator=gen)
@@ -50,25 +51,29 @@ def check_grouped_decode_attention(fn: Callable[..., Any]) -> None:
         for b, n in enumerate(lengths.tolist()):  # padding slots hold junk, as a reused cache would
             k[b, :, n:] = 5.0
             v[b, :, n:] = 100.0
-        want = _decode(q, k, v, lengths)
-        got = fn(q.clone(), k.clone(), v.clone(), lengths.clone())
-        assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"
-        assert got.shape == want.shape, f"H={h}, H_kv={h_kv}: expected shape {tuple(want.shape)}, got {tuple(got.shape)}"
-        if torch.allclose(got, want, atol=ATOL, rtol=0):
-            continue
-        if h != h_kv and torch.allclose(got, _decode(q, k, v, lengths, tile=True), atol=ATOL, rtol=0):
-            raise AssertionError(
-                f"H={h}, H_kv={h_kv}: query head h must read K/V head h // g (heads 0..g-1 share K/V head 0); "
-                "you paired them as h % H_kv (torch.repeat / tile instead of repeat_interleave)")
-        if torch.allclose(got, _decode(q, k, v, lengths, off_by_one=True), atol=ATOL, rtol=0):
-            raise AssertionError("one padding slot too many: the valid positions are s < lengths[b], not s <= lengths[b]")
-        if bool((got.abs() > 20).any()) or torch.allclose(got, _decode(q, k, v, lengths, pad=True), atol=ATOL, rtol=0):
-            raise AssertionError("the output reads the padding: row b holds only lengths[b] cached tokens "
-                                 "(positions 0 .. lengths[b] - 1); mask the rest with -inf before the softmax")
-        if torch.allclose(got, _decode(q, k, v, lengths, scale=1.0), atol=ATOL, rtol=0):
-            raise AssertionError("the scores are not scaled: divide q . k by sqrt(D)")
-        raise AssertionError(f"H={h}, H_kv={h_kv}: max difference {float((got - want).abs().max()):.3g} from the "
-                             "reference; check the 1/sqrt(D) scale, the length mask and the softmax axis (cached positions)")
+        runs.append((h, h_kv, q, k, v, lengths, fn(q.clone(), k.clone(), v.clone(), lengths.clone())))
+    with case(1, "a (B, H, D) tensor"):
+        for h, h_kv, q, k, v, lengths, got in runs:
+            assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"
+            assert got.shape == q.shape, f"H={h}, H_kv={h_kv}: expected shape {tuple(q.shape)}, got {tuple(got.shape)}"
+    with case(2, "attention over each row's valid cache, head h reading K/V head h // g"):
+        for h, h_kv, q, k, v, lengths, got in runs:
+            want = _decode(q, k, v, lengths)
+            if torch.allclose(got, want, atol=ATOL, rtol=0):
+                continue
+            if h != h_kv and torch.allclose(got, _decode(q, k, v, lengths, tile=True), atol=ATOL, rtol=0):
+                raise AssertionError(
+                    f"H={h}, H_kv={h_kv}: query head h must read K/V head h // g (heads 0..g-1 share K/V head 0); "
+                    "you paired them as h % H_kv (torch.repeat / tile instead of repeat_interleave)")
+            if torch.allclose(got, _decode(q, k, v, lengths, off_by_one=True), atol=ATOL, rtol=0):
+                raise AssertionError("one padding slot too many: the valid positions are s < lengths[b], not s <= lengths[b]")
+            if bool((got.abs() > 20).any()) or torch.allclose(got, _decode(q, k, v, lengths, pad=True), atol=ATOL, rtol=0):
+                raise AssertionError("the output reads the padding: row b holds only lengths[b] cached tokens "
+                                     "(positions 0 .. lengths[b] - 1); mask the rest with -inf before the softmax")
+            if torch.allclose(got, _decode(q, k, v, lengths, scale=1.0), atol=ATOL, rtol=0):
+                raise AssertionError("the scores are not scaled: divide q . k by sqrt(D)")
+            raise AssertionError(f"H={h}, H_kv={h_kv}: max difference {float((got - want).abs().max()):.3g} from the "
+                                 "reference; check the 1/sqrt(D) scale, the length mask and the softmax axis (cached positions)")
 
 
 @exercise("03", "kv_cache_bytes", forbid=("codex_lab.kv_cache_bytes", "codex_lab.kv_bytes_per_token"))
@@ -96,32 +101,36 @@ def check_kv_cache_bytes(fn: Callable[..., Any]) -> None:
                              f"expected {want:,}, got {got:,}")
 
 
-@exercise("03", "mean_pool_kv", forbid=("codex_lab.mean_pool_heads", "codex_lab.mha_to_gqa"))
+@exercise("03", "mean_pool_kv", points=2, forbid=("codex_lab.mean_pool_heads", "codex_lab.mha_to_gqa"))
 def check_mean_pool_kv(fn: Callable[..., Any]) -> None:
     """fn(w, n_heads, n_groups) -> (n_groups*head_dim, d_in): head j = mean of heads j*g..j*g+g-1."""
     w = torch.randn(8 * 3, 5, generator=torch.Generator().manual_seed(4))  # 8 heads of width 3, d_in 5
     heads = w.reshape(8, 3, 5)  # (heads, head_dim, d_in)
-    for n_groups in (8, 4, 2, 1):
-        g = 8 // n_groups
-        # W'_j = (1/g) sum_{i < g} W_{j*g + i}
-        want = heads.reshape(n_groups, g, 3, 5).mean(1).reshape(n_groups * 3, 5)
-        got = fn(w.clone(), 8, n_groups)
-        assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"
-        assert got.shape == want.shape, (
-            f"n_groups={n_groups}: expected shape {tuple(want.shape)} (n_groups * head_dim rows, d_in columns), "
-            f"got {tuple(got.shape)}")
-        if torch.allclose(got, want, atol=1e-6):
-            continue
-        strided = heads.reshape(g, n_groups, 3, 5).mean(0).reshape(n_groups * 3, 5)
-        if torch.allclose(got, strided, atol=1e-6):
-            raise AssertionError(
-                f"n_groups={n_groups}: you averaged heads j, j+{n_groups}, ...; a group is g={g} *consecutive* "
-                "heads (query head h reads K/V head h // g)")
-        if torch.allclose(got, heads.reshape(n_groups, g, 3, 5).sum(1).reshape(n_groups * 3, 5), atol=1e-6):
-            raise AssertionError(f"n_groups={n_groups}: that is the sum of the group's heads; divide by g={g}")
-        if torch.allclose(got, heads.reshape(n_groups, g, 3, 5)[:, 0].reshape(n_groups * 3, 5), atol=1e-6):
-            raise AssertionError(f"n_groups={n_groups}: that keeps the first head of each group; take the mean")
-        if torch.allclose(got, w.reshape(n_groups, g * 3, 5).reshape(n_groups, 3, g, 5).mean(2).reshape(n_groups * 3, 5), atol=1e-6):
-            raise AssertionError(f"n_groups={n_groups}: you averaged rows inside the group in the wrong layout; "
-                                 "view w as (n_groups, g, head_dim, d_in): head first, then its rows")
-        raise AssertionError(f"n_groups={n_groups}: max difference {float((got - want).abs().max()):.3g} from the mean-pooled rows")
+    outs = {n_groups: fn(w.clone(), 8, n_groups) for n_groups in (8, 4, 2, 1)}
+    with case(1, "shape (n_groups * head_dim, d_in)"):
+        for n_groups, got in outs.items():
+            assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"
+            assert tuple(got.shape) == (n_groups * 3, 5), (
+                f"n_groups={n_groups}: expected shape {(n_groups * 3, 5)} (n_groups * head_dim rows, d_in columns), "
+                f"got {tuple(got.shape)}")
+    with case(1, "each new head is the mean of g consecutive heads"):
+        for n_groups, got in outs.items():
+            g = 8 // n_groups
+            # W'_j = (1/g) sum_{i < g} W_{j*g + i}
+            want = heads.reshape(n_groups, g, 3, 5).mean(1).reshape(n_groups * 3, 5)
+            if got.shape == want.shape and torch.allclose(got, want, atol=1e-6):
+                continue
+            assert got.shape == want.shape, f"n_groups={n_groups}: wrong shape {tuple(got.shape)}, so the values cannot match"
+            strided = heads.reshape(g, n_groups, 3, 5).mean(0).reshape(n_groups * 3, 5)
+            if torch.allclose(got, strided, atol=1e-6):
+                raise AssertionError(
+                    f"n_groups={n_groups}: you averaged heads j, j+{n_groups}, ...; a group is g={g} *consecutive* "
+                    "heads (query head h reads K/V head h // g)")
+            if torch.allclose(got, heads.reshape(n_groups, g, 3, 5).sum(1).reshape(n_groups * 3, 5), atol=1e-6):
+                raise AssertionError(f"n_groups={n_groups}: that is the sum of the group's heads; divide by g={g}")
+            if torch.allclose(got, heads.reshape(n_groups, g, 3, 5)[:, 0].reshape(n_groups * 3, 5), atol=1e-6):
+                raise AssertionError(f"n_groups={n_groups}: that keeps the first head of each group; take the mean")
+            if torch.allclose(got, w.reshape(n_groups, 3, g, 5).mean(2).reshape(n_groups * 3, 5), atol=1e-6):
+                raise AssertionError(f"n_groups={n_groups}: you averaged rows inside the group in the wrong layout; "
+                                     "view w as (n_groups, g, head_dim, d_in): head first, then its rows")
+            raise AssertionError(f"n_groups={n_groups}: max difference {float((got - want).abs().max()):.3g} from the mean-pooled rows")

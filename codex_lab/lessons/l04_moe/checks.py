@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from codex_lab.course.checks import exercise
+from codex_lab.course.checks import case, exercise
 
 
 def _scatter(idx: Tensor, w: Tensor, E: int) -> Tensor:
@@ -21,40 +21,46 @@ def _scatter(idx: Tensor, w: Tensor, E: int) -> Tensor:
     return torch.zeros(idx.shape[0], E).scatter(1, idx.long(), w.float())
 
 
-@exercise("04", "top_k_route", forbid=("codex_lab.route",))
+@exercise("04", "top_k_route", points=3, forbid=("codex_lab.route",))
 def check_top_k_route(fn: Callable[..., Any]) -> None:
     """fn(logits (N, E), k) -> (expert_idx (N, k) int64, weights (N, k) float), weights renormalised."""
     logits = 2 * torch.randn(12, 6, generator=torch.Generator().manual_seed(0))
     probs = torch.softmax(logits, dim=-1)  # (N, E)
-    for k in (1, 2, 4):
-        out = fn(logits.clone(), k)
-        assert isinstance(out, tuple) and len(out) == 2, "return a tuple (expert_idx, weights)"
-        idx, w = out
-        assert isinstance(idx, Tensor) and isinstance(w, Tensor), "return two tensors (expert_idx, weights)"
-        assert tuple(idx.shape) == (12, k) and tuple(w.shape) == (12, k), (
-            f"expert_idx and weights must be (N, k) = (12, {k}), got {tuple(idx.shape)} and {tuple(w.shape)}")
-        assert idx.dtype == torch.long, (
-            f"expert_idx has dtype {idx.dtype}; return int64 (torch.long) indices: gather, scatter, index_add_ "
-            "and bincount in the dispatch need them (torch.topk's .indices already are)")
-        top = probs.topk(k, dim=-1)  # values, indices (N, k)
-        if not torch.equal(idx.sort(-1).values, top.indices.sort(-1).values):
-            if torch.equal(idx.sort(-1).values, probs.topk(k, dim=-1, largest=False).indices.sort(-1).values):
-                raise AssertionError(f"k={k}: you chose the k *least* probable experts; take the largest (torch.topk default)")
-            raise AssertionError(f"k={k}: wrong experts chosen; take the k largest softmax probabilities per token (torch.topk)")
-        # w_nj = p_{n,e_nj} / sum_j' p_{n,e_nj'}
-        want = top.values / top.values.sum(-1, keepdim=True)  # (N, k)
-        if torch.allclose(_scatter(idx, w, 6), _scatter(top.indices, want, 6), atol=1e-5):
-            continue
-        if torch.allclose(_scatter(idx, w, 6), _scatter(top.indices, top.values, 6), atol=1e-5) and k < 6:
-            raise AssertionError(f"k={k}: the weights are the raw probabilities; divide the k chosen probabilities "
-                                 "by their sum so each token's weights add up to 1")
-        if not torch.allclose(w.float().sum(-1), torch.ones(12), atol=1e-5):
-            raise AssertionError(f"k={k}: each token's k weights must sum to 1 (they sum to "
-                                 f"{float(w.float().sum(-1)[0]):.3f} for token 0)")
-        if torch.allclose(w.float().sort(-1).values, want.sort(-1).values, atol=1e-5):
-            raise AssertionError(f"k={k}: the right weights in the wrong columns: weights[n, j] must belong to "
-                                 "expert_idx[n, j] (keep topk's values and indices together)")
-        raise AssertionError(f"k={k}: weights differ from the renormalised softmax probabilities p_e / sum_(chosen) p")
+    outs = {k: fn(logits.clone(), k) for k in (1, 2, 4)}
+    with case(1, "int64 (N, k) indices and (N, k) weights"):
+        for k, out in outs.items():
+            assert isinstance(out, tuple) and len(out) == 2, "return a tuple (expert_idx, weights)"
+            idx, w = out
+            assert isinstance(idx, Tensor) and isinstance(w, Tensor), "return two tensors (expert_idx, weights)"
+            assert tuple(idx.shape) == (12, k) and tuple(w.shape) == (12, k), (
+                f"expert_idx and weights must be (N, k) = (12, {k}), got {tuple(idx.shape)} and {tuple(w.shape)}")
+            assert idx.dtype == torch.long, (
+                f"expert_idx has dtype {idx.dtype}; return int64 (torch.long) indices: gather, scatter, index_add_ "
+                "and bincount in the dispatch need them (torch.topk's .indices already are)")
+    with case(1, "the k most probable experts"):
+        for k, (idx, _) in outs.items():
+            got = idx.long().sort(-1).values
+            if not torch.equal(got, probs.topk(k, dim=-1).indices.sort(-1).values):
+                if torch.equal(got, probs.topk(k, dim=-1, largest=False).indices.sort(-1).values):
+                    raise AssertionError(f"k={k}: you chose the k *least* probable experts; take the largest (torch.topk default)")
+                raise AssertionError(f"k={k}: wrong experts chosen; take the k largest softmax probabilities per token (torch.topk)")
+    with case(1, "renormalised weights, aligned with their experts"):
+        for k, (idx, w) in outs.items():
+            top = probs.topk(k, dim=-1)  # values, indices (N, k)
+            # w_nj = p_{n,e_nj} / sum_j' p_{n,e_nj'}
+            want = top.values / top.values.sum(-1, keepdim=True)  # (N, k)
+            if torch.allclose(_scatter(idx, w, 6), _scatter(top.indices, want, 6), atol=1e-5):
+                continue
+            if torch.allclose(_scatter(idx, w, 6), _scatter(top.indices, top.values, 6), atol=1e-5) and k < 6:
+                raise AssertionError(f"k={k}: the weights are the raw probabilities; divide the k chosen probabilities "
+                                     "by their sum so each token's weights add up to 1")
+            if not torch.allclose(w.float().sum(-1), torch.ones(12), atol=1e-5):
+                raise AssertionError(f"k={k}: each token's k weights must sum to 1 (they sum to "
+                                     f"{float(w.float().sum(-1)[0]):.3f} for token 0)")
+            if torch.allclose(w.float().sort(-1).values, want.sort(-1).values, atol=1e-5):
+                raise AssertionError(f"k={k}: the right weights in the wrong columns: weights[n, j] must belong to "
+                                     "expert_idx[n, j] (keep topk's values and indices together)")
+            raise AssertionError(f"k={k}: weights differ from the renormalised softmax probabilities p_e / sum_(chosen) p")
 
 
 def _switch(probs: Tensor, idx: Tensor, *, per_token: bool = False, times_e: bool = True, f_from_probs: bool = False) -> Tensor:
@@ -69,38 +75,46 @@ def _switch(probs: Tensor, idx: Tensor, *, per_token: bool = False, times_e: boo
     return (E if times_e else 1) * (f * P).sum()
 
 
-@exercise("04", "balancing_loss", forbid=("codex_lab.load_balancing_loss",))
+@exercise("04", "balancing_loss", points=3, forbid=("codex_lab.load_balancing_loss",))
 def check_balancing_loss(fn: Callable[..., Any]) -> None:
     """fn(probs (N, E), expert_idx (N, k)) -> scalar E * sum_e f_e * P_e (f over N*k assignments)."""
     logits = torch.randn(20, 5, generator=torch.Generator().manual_seed(1), requires_grad=True)
     probs = torch.softmax(logits, -1)  # (N, E)
     idx = probs.topk(2, -1).indices  # (N, 2)
     loss = fn(probs, idx.clone())
-    assert isinstance(loss, Tensor) and loss.numel() == 1, "return a scalar tensor"
-    want = _switch(probs.detach(), idx)
-    got = float(loss.detach())
-    if abs(got - float(want)) > 1e-5:
-        pd = probs.detach()
-        if abs(got - float(_switch(pd, idx, per_token=True))) < 1e-5:
-            raise AssertionError(f"got {got:.4f} = k times the answer: f_e is the share of all N*k assignments "
-                                 "(divide the counts by expert_idx.numel(), not by N)")
-        if abs(got - float(_switch(pd, idx, times_e=False))) < 1e-5:
-            raise AssertionError(f"got {got:.4f}: multiply by E = {pd.shape[1]} so that perfect balance gives 1.0")
-        if abs(got - float(_switch(pd, idx, f_from_probs=True))) < 1e-5:
-            raise AssertionError("f_e must count the assignments in expert_idx (bincount), not the mean probability: "
-                                 "E * sum P_e^2 ignores which experts were chosen")
-        if abs(got - float(_switch(pd, idx)) * pd.shape[0]) < 1e-4:
-            raise AssertionError("P_e is the *mean* router probability over the N tokens, not the sum")
-        raise AssertionError(f"got {got:.5f}, expected {float(want):.5f} = E * sum_e f_e * P_e")
-    assert loss.requires_grad, "return a tensor that keeps the graph through P (the mean probabilities), so the router learns"
-    E = 4
-    uniform = torch.full((8, E), 1 / E)
-    got = float(fn(uniform, torch.arange(16).view(8, 2) % E))
-    assert abs(got - 1.0) < 1e-5, f"perfect balance must give 1.0, got {got:.4f}"
-    collapsed = torch.zeros(8, E)
-    collapsed[:, 0] = 1.0
-    got = float(fn(collapsed, torch.zeros(8, 1, dtype=torch.long)))
-    assert abs(got - E) < 1e-5, f"everything on one expert must give E = {E}, got {got:.4f}"
+    with case(2, "the value E * sum_e f_e P_e"):
+        assert isinstance(loss, Tensor) and loss.numel() == 1, "return a scalar tensor"
+        want = _switch(probs.detach(), idx)
+        got = float(loss.detach())
+        if abs(got - float(want)) > 1e-5:
+            pd = probs.detach()
+            if abs(got - float(_switch(pd, idx, per_token=True))) < 1e-5:
+                raise AssertionError(f"got {got:.4f} = k times the answer: f_e is the share of all N*k assignments "
+                                     "(divide the counts by expert_idx.numel(), not by N)")
+            if abs(got - float(_switch(pd, idx, times_e=False))) < 1e-5:
+                raise AssertionError(f"got {got:.4f}: multiply by E = {pd.shape[1]} so that perfect balance gives 1.0")
+            if abs(got - float(_switch(pd, idx, f_from_probs=True))) < 1e-5:
+                raise AssertionError("f_e must count the assignments in expert_idx (bincount), not the mean probability: "
+                                     "E * sum P_e^2 ignores which experts were chosen")
+            if abs(got - float(_switch(pd, idx)) * pd.shape[0]) < 1e-4:
+                raise AssertionError("P_e is the *mean* router probability over the N tokens, not the sum")
+            raise AssertionError(f"got {got:.5f}, expected {float(want):.5f} = E * sum_e f_e * P_e")
+        E = 4
+        uniform = torch.full((8, E), 1 / E)
+        got = float(fn(uniform, torch.arange(16).view(8, 2) % E))
+        assert abs(got - 1.0) < 1e-5, f"perfect balance must give 1.0, got {got:.4f}"
+        collapsed = torch.zeros(8, E)
+        collapsed[:, 0] = 1.0
+        got = float(fn(collapsed, torch.zeros(8, 1, dtype=torch.long)))
+        assert abs(got - E) < 1e-5, f"everything on one expert must give E = {E}, got {got:.4f}"
+    with case(1, "the gradient reaches the router"):
+        assert isinstance(loss, Tensor) and loss.requires_grad, (
+            "return a tensor that keeps the graph through P (the mean probabilities), so the router learns")
+        (grad,) = torch.autograd.grad(loss.sum(), logits, retain_graph=True)  # the reference below reuses the softmax
+        # dL/dP_e = E * f_e (f has no gradient): compare through the softmax
+        want_grad = torch.autograd.grad(_switch(probs, idx), logits)[0]
+        assert torch.allclose(grad, want_grad, atol=1e-5), (
+            "the gradient differs from E * f_e through P_e: keep f a count (no gradient) and P the mean of probs")
 
 
 def _keep(idx: Tensor, E: int, capacity: int, *, token_major: bool = False, latest_first: bool = False) -> Tensor:
@@ -118,33 +132,39 @@ def _keep(idx: Tensor, E: int, capacity: int, *, token_major: bool = False, late
     return keep
 
 
-@exercise("04", "capacity_mask", forbid=("codex_lab.capacity_keep_mask",))
+@exercise("04", "capacity_mask", points=3, forbid=("codex_lab.capacity_keep_mask",))
 def check_capacity_mask(fn: Callable[..., Any]) -> None:
     """fn(expert_idx (N, k), n_experts, capacity) -> bool (N, k): first choices served first."""
     g = torch.Generator().manual_seed(2)
     cases = [(torch.tensor([[0, 1], [1, 0], [0, 1]]), 2, 1)]
     cases += [(torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(15)]), 6, cap) for cap in (1, 3, 5)]
-    for idx, E, cap in cases:
-        got = fn(idx.clone(), E, cap)
-        assert isinstance(got, Tensor) and got.dtype == torch.bool and got.shape == idx.shape, (
-            f"return a bool tensor of shape (N, k) = {tuple(idx.shape)}")
-        want = _keep(idx, E, cap)
-        if torch.equal(got, want):
-            continue
-        counts = torch.bincount(idx[got], minlength=E)  # kept assignments per expert
-        demand = torch.bincount(idx.reshape(-1), minlength=E)
-        if int(counts.max()) > cap:
-            e = int(counts.argmax())
-            hint = " (off by one: keep while used < capacity, not <=)" if int(counts.max()) == cap + 1 else ""
-            raise AssertionError(f"capacity {cap}: expert {e} kept {int(counts.max())} assignments{hint}")
-        short = (counts < torch.clamp(demand, max=cap)).nonzero().flatten().tolist()
-        if short:
-            raise AssertionError(f"capacity {cap}: expert {short[0]} had a free slot but dropped an assignment; count "
-                                 "the slots used per expert (a separate counter for each expert)")
-        if torch.equal(got, _keep(idx, E, cap, token_major=True)):
-            raise AssertionError(f"capacity {cap}: you served token by token (token 0's choices, then token 1's); serve "
-                                 "every token's first choice before any second choice (slot by slot)")
-        if torch.equal(got, _keep(idx, E, cap, latest_first=True)):
-            raise AssertionError(f"capacity {cap}: within a slot, earlier tokens are served first")
-        raise AssertionError(f"capacity {cap}: {int((got != want).sum())} assignments differ from the expected mask "
-                             "(slot by slot, tokens in order within a slot)")
+    outs = [fn(idx.clone(), E, cap) for idx, E, cap in cases]
+    with case(1, "a bool (N, k) mask"):
+        for (idx, _, _), got in zip(cases, outs):
+            assert isinstance(got, Tensor) and got.dtype == torch.bool and got.shape == idx.shape, (
+                f"return a bool tensor of shape (N, k) = {tuple(idx.shape)}")
+    with case(1, "each expert fills exactly min(demand, capacity) slots"):
+        for (idx, E, cap), got in zip(cases, outs):
+            counts = torch.bincount(idx[got.bool()], minlength=E)  # kept assignments per expert
+            demand = torch.bincount(idx.reshape(-1), minlength=E)
+            if int(counts.max()) > cap:
+                e = int(counts.argmax())
+                hint = " (off by one: keep while used < capacity, not <=)" if int(counts.max()) == cap + 1 else ""
+                raise AssertionError(f"capacity {cap}: expert {e} kept {int(counts.max())} assignments{hint}")
+            short = (counts < torch.clamp(demand, max=cap)).nonzero().flatten().tolist()
+            if short:
+                raise AssertionError(f"capacity {cap}: expert {short[0]} had a free slot but dropped an assignment; "
+                                     "count the slots used per expert (a separate counter for each expert)")
+    with case(1, "first choices before second choices, earlier tokens first"):
+        for (idx, E, cap), got in zip(cases, outs):
+            want = _keep(idx, E, cap)
+            got = got.bool()
+            if torch.equal(got, want):
+                continue
+            if torch.equal(got, _keep(idx, E, cap, token_major=True)):
+                raise AssertionError(f"capacity {cap}: you served token by token (token 0's choices, then token 1's); "
+                                     "serve every token's first choice before any second choice (slot by slot)")
+            if torch.equal(got, _keep(idx, E, cap, latest_first=True)):
+                raise AssertionError(f"capacity {cap}: within a slot, earlier tokens are served first")
+            raise AssertionError(f"capacity {cap}: {int((got != want).sum())} assignments differ from the expected mask "
+                                 "(slot by slot, tokens in order within a slot)")
