@@ -260,3 +260,13 @@ def test_tiny_temperatures_are_greedy(tok, t):
     assert sample_next(logits, temperature=t, generator=torch.Generator().manual_seed(0)).tolist() == [1, 0]
     # just above the threshold it samples (a finite softmax, no error)
     assert sample_next(logits, temperature=GREEDY_BELOW * 2).shape == (2,)
+
+
+@pytest.mark.parametrize("p", [5e-324, 1e-300, 1e-45])
+def test_tiny_top_p_keeps_the_most_likely_token(p):
+    """top_p below float32's smallest number rounds to 0; the nucleus still keeps the top token."""
+    from codex_lab.infer.sampling import sample_next
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 3
+    out = sample_next(logits, temperature=1.0, top_p=p, generator=torch.Generator().manual_seed(0))
+    assert out.tolist() == logits.argmax(dim=-1).tolist()

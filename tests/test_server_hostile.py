@@ -127,6 +127,28 @@ def test_hostile_bodies_all_get_openai_4xx(served):
     assert srv.health()["status"] == "ok" and srv.health()["in_flight"] == 0
 
 
+EXTREME_BUT_VALID = [
+    {"temperature": 1.0, "top_p": 5e-324}, {"temperature": 1.0, "top_p": 1e-300}, {"temperature": 2e-6, "top_p": 1e-300},
+    {"temperature": 1.0, "top_k": 10**30}, {"temperature": 2.0, "top_k": 1}, {"temperature": 1e-6},
+    {"seed": -1, "temperature": 1.0}, {"seed": 2**64 - 1, "temperature": 0.7}, {"prompt": "\x00\x00"},
+    {"prompt": "\uffff\U0001F600"}, {"stop": ["\x00"]}, {"model": NAME + "@"}, {"prompt": [0]},
+    {"user": "x", "best_of": 1, "logit_bias": {"1": 100}, "echo": False, "logprobs": None},
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_extreme_but_valid_requests_are_served(served, stream):
+    bg, srv = served
+    for extra in EXTREME_BUT_VALID:
+        body = {"model": NAME, "prompt": "def f():", "max_tokens": 4, "stream": stream, **extra}
+        r = httpx.post(bg.url + "/v1/completions", content=json.dumps(body), timeout=30,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 200, (extra, r.text[:200])
+        assert r.text.rstrip().endswith("data: [DONE]") if stream else r.json()["choices"][0]["finish_reason"] in (
+            "stop", "length")
+    assert srv.metrics.version_counts("v0001")["failures"] == 0
+
+
 @pytest.mark.parametrize("t", [1e-38, 1e-300, 5e-324])
 def test_tiny_temperatures_are_greedy_and_keep_the_engine_alive(served, small_tokenizer, model, t):
     bg, srv = served

@@ -37,6 +37,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     probs = torch.softmax(sorted_logits.float(), dim=-1)
     # drop token i when the mass strictly before it already reaches p: cumsum_i - p_i >= p
     drop = probs.cumsum(dim=-1) - probs >= p  # (B, V)
+    drop[..., 0] = False  # the most likely token stays even when p rounds to 0 in float32 (p = 5e-324)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
