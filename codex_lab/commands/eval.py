@@ -1,0 +1,110 @@
+"""codex-lab eval humaneval: pass@k on HumanEval with the course's engine and sandbox."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+NAME = "eval"
+HELP = "score a checkpoint on a benchmark (humaneval: pass@k, executed in the sandbox)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="benchmark", metavar="BENCHMARK")
+    h = sub.add_parser("humaneval", help="HumanEval (164 problems, Chen et al. 2021): pass@k",
+                       description="Complete each HumanEval prompt with the engine, run its tests in the "
+                                   "sandbox and print the unbiased pass@k.")
+    src = h.add_mutually_exclusive_group()
+    src.add_argument("--checkpoint", default=None, help="course checkpoint folder (default: the shipped tiny model)")
+    src.add_argument("--hf", default=None, metavar="DIR",
+                     help="Hugging Face save_pretrained folder (Llama, Qwen2, Mixtral), converted offline")
+    src.add_argument("--canonical", action="store_true",
+                     help="oracle: score the reference solutions through the same execution path (must be 1.0)")
+    h.add_argument("--n-samples", type=int, default=1, help="completions per problem (pass@k needs n >= k)")
+    h.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (use > 0 with --n-samples > 1)")
+    h.add_argument("--top-p", type=float, default=0.95)
+    h.add_argument("--max-new-tokens", type=int, default=384)
+    h.add_argument("--batch-size", type=int, default=16, help="requests the engine runs at once")
+    h.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N problems")
+    h.add_argument("--workers", type=int, default=None, help="sandbox runs at once (default: CPU count, at most 8)")
+    h.add_argument("--timeout", type=float, default=10.0, help="seconds per program")
+    h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--device", default=None)
+    h.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="with --hf")
+    h.add_argument("--json", action="store_true", help="print a JSON list of flat records")
+    h.add_argument("--out", default=None, help="also write the per-sample results (JSON lines) here")
+    h.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+
+
+def _progress(total: int, desc: str, off: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=off, file=sys.stderr, leave=False)
+
+
+def main(args: argparse.Namespace) -> int:
+    if getattr(args, "benchmark", None) != "humaneval":
+        print("choose a benchmark: humaneval", file=sys.stderr)
+        return 2
+    import torch
+
+    from codex_lab.errors import InputError
+    from codex_lab.evals import humaneval as he
+
+    if args.limit is not None and args.limit < 1:
+        raise InputError(f"--limit must be >= 1, got {args.limit}")
+    if args.n_samples < 1:
+        raise InputError(f"--n-samples must be >= 1, got {args.n_samples}")
+    if args.temperature < 0:
+        raise InputError(f"--temperature must be >= 0, got {args.temperature}")
+    try:
+        problems = he.load_problems(args.limit)
+    except ModuleNotFoundError as exc:
+        raise InputError(str(exc)) from None
+    t0 = time.perf_counter()
+    cut = 0
+    if args.canonical:
+        completions, source, temp = he.canonical_completions(problems), "canonical", None
+    else:
+        from codex_lab.runtime import get_device
+
+        device = get_device(args.device)
+        if args.hf:
+            from codex_lab.hf.folder import load_hf_folder
+
+            ck = load_hf_folder(args.hf, device, dtype=getattr(torch, args.dtype))
+            source = f"hf:{args.hf}"
+        else:
+            from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
+
+            ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
+            source = args.checkpoint or "shipped"
+        temp = args.temperature
+        with _progress(len(problems) * args.n_samples, "generate", args.no_progress) as bar:
+            completions, cut = he.complete(ck.model, ck.tokenizer, problems, n_samples=args.n_samples,
+                                           temperature=args.temperature, top_p=args.top_p,
+                                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                           seed=args.seed, progress=bar.update)
+    with _progress(sum(len(c) for c in completions), "execute", args.no_progress) as bar:
+        rows, results = he.evaluate(problems, completions, source=source, temperature=temp, workers=args.workers,
+                                    timeout_s=args.timeout, started=t0, prompts_cut=cut,
+                                    progress=lambda: bar.update())
+    if args.out:
+        from pathlib import Path
+
+        out = Path(args.out)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text("".join(json.dumps({"task_id": r.task_id, "completion": r.completion, "passed": r.passed,
+                                           "detail": r.detail}) + "\n" for rs in results for r in rs))
+        tmp.replace(out)  # atomic: never a half-written file
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            print(f"humaneval {r['source']}: pass@{r['k']} = {r['pass_at_k']:.4f} over {r['problems']} problems "
+                  f"({r['samples']} samples each, {r['time_s']:.1f} s)")
+        if cut:
+            print(f"note: {cut} prompts were longer than the model's context and kept their last tokens")
+    return 0
