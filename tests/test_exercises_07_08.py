@@ -13,7 +13,7 @@ from pathlib import Path
 
 from codex_lab.course.checks import load_all
 from codex_lab.course.exercises import load_definitions
-from codex_lab.course.grading import ERROR, FAILED, PASSED, run_check
+from codex_lab.course.grading import ERROR, FAILED, PARTIAL, PASSED, run_check
 from codex_lab.lessons.l08_capstone import scorecard as sc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,10 +30,10 @@ def _grade(lesson: str, name: str, fn):
 def _assert_wrong(lesson: str, name: str, wrongs: dict[str, tuple], *, solution: bool = True) -> None:
     if solution:
         ok = _grade(lesson, name, getattr(_solution(lesson), name))
-        assert ok.status == PASSED, ok.message
+        assert ok.status == PASSED and ok.points == ok.max_points, ok.message
     for label, (fn, keyword) in wrongs.items():
         r = _grade(lesson, name, fn)
-        assert r.status in (FAILED, ERROR), f"wrong answer {label!r} passed"
+        assert r.status in (FAILED, ERROR, PARTIAL) and r.points < r.max_points, f"wrong answer {label!r} passed"
         assert keyword.lower() in r.message.lower(), f"{label}: feedback {r.message!r} does not name the bug ({keyword!r})"
 
 
@@ -76,6 +76,8 @@ def test_ttft_tbt_wrong_answers():
         "TTFT 0 with no tokens": (zero_when_empty, "unknown, not 0"),
         "last token": (last_token, "last token"),
     })
+    partial = _grade("07", "ttft_tbt", zero_when_empty)  # right but for the empty case: that part's point only
+    assert (partial.status, partial.points, partial.max_points) == (PARTIAL, 2, 3), partial
 
 
 def test_slo_attainment_wrong_answers():

@@ -2,41 +2,49 @@
 and the release-gate decision rule.
 
 Each check computes its expected values itself (the package functions that answer an
-exercise, ``histogram_attainment`` and ``gate_decision``, are what the learner rewrites, so
-they are not used as oracles here and are forbidden while the check runs where the course
-supports it) and names the bug behind each wrong answer it can recognise.
+exercise, ``histogram_attainment`` and ``gate_decision``, are what the learner rewrites: they
+are forbidden to the learner's code while the check runs), names the bug behind each wrong
+answer it can recognise, and gives points per part (``case``).
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, Callable
 
-from codex_lab.course.checks import exercise
-
-
-def _exercise(lesson: str, name: str, forbid: tuple[str, ...] = ()) -> Callable[[Any], Any]:
-    """``@exercise`` with ``forbid`` when this version of the course supports it."""
-    if "forbid" in inspect.signature(exercise).parameters:
-        return exercise(lesson, name, forbid=forbid)  # type: ignore[call-arg]
-    return exercise(lesson, name)
+from codex_lab.course.checks import case, exercise
 
 
 def _close(a: Any, b: float) -> bool:
     return isinstance(a, (int, float)) and not isinstance(a, bool) and math.isclose(a, b, abs_tol=1e-9)
 
 
-@_exercise("07", "ttft_tbt")
+@exercise("07", "ttft_tbt", points=3)
 def check_ttft_tbt(fn: Callable[..., Any]) -> None:
     """fn(arrival, token_times) -> (ttft seconds or None, [gaps between tokens])."""
     out = fn(10.0, [10.08, 10.095, 10.125])
     assert isinstance(out, tuple) and len(out) == 2, (
         f"return a pair (ttft, gaps), got {type(out).__name__}{'' if not isinstance(out, (list, tuple)) else f' of length {len(out)}'}")
     ttft, tbt = out
+    with case(1, "TTFT from the arrival"):
+        _check_ttft(ttft)
+    with case(1, "gaps between consecutive tokens"):
+        _check_gaps(tbt)
+    with case(1, "one token, no tokens"):
+        one = fn(0.0, [0.5])
+        assert _close(one[0], 0.5) and list(one[1]) == [], f"one token: TTFT 0.5 and no gaps, got {one!r}"
+        none = fn(0.0, [])
+        assert none[0] is None and list(none[1]) == [], (
+            f"no tokens: return (None, []); there is no first token, so TTFT is unknown, not 0 (got {none!r})")
+
+
+def _check_ttft(ttft: Any) -> None:
     assert not _close(ttft, 0.0), "TTFT is 0: measure from the request's arrival (token_times[0] - arrival), not from the first token"
     assert not _close(ttft, 0.125), "TTFT 0.125 is the LAST token's time - arrival (the end-to-end latency); use the first token"
     assert _close(ttft, 0.08), f"TTFT must be first token time - arrival = 0.08 s, got {ttft!r}"
+
+
+def _check_gaps(tbt: Any) -> None:
     if isinstance(tbt, tuple):
         raise AssertionError("the gaps are right only if they come as a list: return list(...) (got a tuple)")
     assert isinstance(tbt, list), f"return the gaps as a list of floats, got {type(tbt).__name__}"
@@ -49,19 +57,36 @@ def check_ttft_tbt(fn: Callable[..., Any]) -> None:
     if _close(tbt[0], -0.015):
         raise AssertionError(f"got {tbt}: negative gaps; subtract the earlier time from the later one")
     assert _close(tbt[0], 0.015) and _close(tbt[1], 0.03), f"TBT must be the consecutive differences [0.015, 0.03], got {tbt}"
-    one = fn(0.0, [0.5])
-    assert _close(one[0], 0.5) and list(one[1]) == [], f"one token: TTFT 0.5 and no gaps, got {one!r}"
-    none = fn(0.0, [])
-    assert none[0] is None and list(none[1]) == [], (
-        f"no tokens: return (None, []); there is no first token, so TTFT is unknown, not 0 (got {none!r})")
 
 
-@_exercise("07", "slo_attainment", forbid=("codex_lab.serve.metrics.histogram_attainment",))
+@exercise("07", "slo_attainment", points=3, forbid=("codex_lab.serve.metrics.histogram_attainment",))
 def check_slo_attainment(fn: Callable[..., Any]) -> None:
     """fn(buckets [(le, cumulative count)], target) -> share of observations <= target."""
     inf = float("inf")
     # cumulative counts: 3 observations <= 0.02, 7 <= 0.05, ..., 12 in total (+Inf)
     buckets = [(0.02, 3.0), (0.05, 7.0), (0.1, 9.0), (0.25, 10.0), (inf, 12.0)]
+    with case(1, "cumulative buckets"):
+        _check_shares(fn, buckets)
+    with case(1, "buckets in any order"):
+        shuffled = [buckets[i] for i in (3, 0, 4, 2, 1)]
+        got = fn(shuffled, 0.1)
+        assert _close(got, 0.75), (
+            f"buckets in another order gave {got!r} instead of 0.75: find the target's bucket and the +Inf total by their "
+            "edges, not by position (or sort first)")
+    with case(1, "not an edge; no observations"):
+        try:
+            bad = fn(list(buckets), 0.03)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"0.03 is not a bucket edge, so the share there is unknown; raise ValueError (got {bad!r}: "
+                                 "do not round to a neighbouring bucket or interpolate)")
+        empty = fn([(0.1, 0.0), (inf, 0.0)], 0.1)
+        assert isinstance(empty, float) and math.isnan(empty), (
+            f"no observations: return float('nan'), got {empty!r}: 0 would read as 'every request missed', 1 as 'all met'")
+
+
+def _check_shares(fn: Callable[..., Any], buckets: list[tuple[float, float]]) -> None:
     for target, want in ((0.1, 9 / 12), (0.02, 3 / 12), (0.25, 10 / 12)):  # 0.1 first: its wrong values are telling
         got = fn(list(buckets), target)
         if target == 0.1 and _close(got, (3 + 7 + 9) / 12) or _close(got, (3 + 7 + 9) / 41):
@@ -72,24 +97,9 @@ def check_slo_attainment(fn: Callable[..., Any]) -> None:
         if target == 0.1 and _close(got, 7 / 12):
             raise AssertionError("0.1 s gives 7/12: that is the bucket below the target; use the bucket whose edge IS the target")
         assert _close(got, want), f"target {target}: expected bucket(le={target}) / bucket(le=+Inf) = {want:.4f}, got {got!r}"
-    shuffled = [buckets[i] for i in (3, 0, 4, 2, 1)]
-    got = fn(shuffled, 0.1)
-    assert _close(got, 0.75), (
-        f"buckets in another order gave {got!r} instead of 0.75: find the target's bucket and the +Inf total by their "
-        "edges, not by position (or sort first)")
-    try:
-        bad = fn(list(buckets), 0.03)
-    except ValueError:
-        pass
-    else:
-        raise AssertionError(f"0.03 is not a bucket edge, so the share there is unknown; raise ValueError (got {bad!r}: "
-                             "do not round to a neighbouring bucket or interpolate)")
-    empty = fn([(0.1, 0.0), (inf, 0.0)], 0.1)
-    assert isinstance(empty, float) and math.isnan(empty), (
-        f"no observations: return float('nan'), got {empty!r}: 0 would read as 'every request missed', 1 as 'all met'")
 
 
-@_exercise("07", "passes_gates", forbid=("codex_lab.serve.gates.gate_decision",))
+@exercise("07", "passes_gates", points=3, forbid=("codex_lab.serve.gates.gate_decision",))
 def check_passes_gates(fn: Callable[..., Any]) -> None:
     """fn(candidate, baseline, tolerance) -> True iff candidate[g] >= baseline[g] - tolerance.get(g, 0) for all g."""
     base = {"syntax": 0.5, "functional": 0.25, "style": 0.9, "tbt_attainment": 0.8}
@@ -110,7 +120,10 @@ def check_passes_gates(fn: Callable[..., Any]) -> None:
          "lets it through; test that the candidate is >= the bar instead, or check math.isnan"),
         ({**base, "extra_gate": 0.0}, True, "only the baseline's gates count; an extra number on the candidate is ignored"),
     ]
-    for cand, want, why in cases:
-        got = fn(dict(cand), dict(base), dict(tol))
-        assert isinstance(got, bool), f"return True or False, got {got!r}"
-        assert got == want, f"candidate {cand} vs baseline {base} (tolerance {tol}): expected {want}, got {got}: {why}"
+    parts = ((2, "every gate, each with its tolerance", cases[:7]), (1, "missing, NaN and extra gates", cases[7:]))
+    for points, label, group in parts:
+        with case(points, label):
+            for cand, want, why in group:
+                got = fn(dict(cand), dict(base), dict(tol))
+                assert isinstance(got, bool), f"return True or False, got {got!r}"
+                assert got == want, f"candidate {cand} vs baseline {base} (tolerance {tol}): expected {want}, got {got}: {why}"
