@@ -62,3 +62,17 @@ def test_gauges_from_engine_stats_and_versions():
     assert fams["codex_lab:kv_cache_usage_perc"][0][1] == 0.25
     roles = {lab["role"]: lab["version"] for lab, _ in fams["codex_lab:model_version_info"]}
     assert roles == {"primary": "v1", "canary": "v2"}
+
+
+def test_client_errors_never_count_against_a_version():
+    """The canary reads a version's failures; a client's bad requests must not move them."""
+    m = ServerMetrics("tiny")
+    m.observe_request("v1", arrival=0.0, token_times=[0.01], prompt_tokens=1, finish_reason="stop")
+    for kind in ("invalid_request", "unauthorized", "not_found", "too_large", "timeout", "rate_limited"):
+        m.error(kind)  # refused before routing: version "-"
+    assert m.version_counts("v1")["failures"] == 0
+    m.error("internal", "v1")
+    assert m.version_counts("v1")["failures"] == 1
+    fams = parse_metrics(m.render().decode())
+    kinds = {lab["kind"] for lab, _ in fams["codex_lab:request_errors_total"]}
+    assert {"unauthorized", "timeout", "internal"} <= kinds
