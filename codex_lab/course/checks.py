@@ -139,6 +139,18 @@ def load_all() -> dict[tuple[str, str], Exercise]:
     return REGISTRY
 
 
+def load_lesson(lesson: str) -> dict[tuple[str, str], Exercise]:
+    """Import only lesson ``lesson``'s check module (faster than :func:`load_all`); return the registry."""
+    import importlib
+
+    from codex_lab.course.plugins import lesson_packages
+
+    for pkg in lesson_packages():
+        if pkg.rsplit(".", 1)[-1].startswith(f"l{lesson}_") and importlib.util.find_spec(f"{pkg}.checks") is not None:
+            importlib.import_module(f"{pkg}.checks")
+    return REGISTRY
+
+
 def exercises_for(lesson: str) -> list[Exercise]:
     """The public exercises of one lesson, in registration order."""
     return [e for (les, _), e in load_all().items() if les == lesson]

@@ -209,11 +209,11 @@ def child_main() -> None:
 
     import torch  # noqa: F401  (warm: the checks and most submissions need it)
 
-    from codex_lab.course.checks import load_all
+    from codex_lab.course.checks import load_lesson
     from codex_lab.course.exercises import load_definitions
     from codex_lab.course.grading import run_check
 
-    registry = {(les, n, e.visibility): e for (les, n), e in load_all().items()}
+    registry = {(les, n, e.visibility): e for (les, n), e in load_lesson(task["lesson"]).items()}
     if task["hidden"]:
         registry.update({(les, n, HIDDEN): e for (les, n), e in load_hidden("hidden").items()})
         shutil.rmtree("hidden")
