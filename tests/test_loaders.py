@@ -227,3 +227,15 @@ def test_streaming_tokenization_bounds_python_memory(small_tokenizer, small_corp
     # all-at-once figure: the corpus here is > 20x one chunk, so streaming sits far below it.
     assert n_chars > 20 * 20_000
     assert peak < 0.25 * 36 * tokens.numel(), (peak, tokens.numel())
+
+
+def test_tokenizer_training_sees_bounded_runs():
+    """A 1 MB run without whitespace (minified line, base64 blob) is cut for the BPE trainer only."""
+    from codex_lab.data.tokenizer import MAX_TRAIN_RUN, _bounded_runs
+
+    code = "def f(x):\n    return x + 1  # " + "y" * MAX_TRAIN_RUN + "\n"
+    assert _bounded_runs(code) is code  # real code is passed through untouched
+    blob = "a = '" + "Zm9v" * 50_000 + "'\n"
+    cut = _bounded_runs(blob)
+    assert max(map(len, cut.split())) <= MAX_TRAIN_RUN
+    assert cut.replace("\n", "") == blob.replace("\n", "")  # only line breaks were added

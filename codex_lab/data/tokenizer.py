@@ -7,6 +7,7 @@ reserved up front so every checkpoint shares the same ids for them.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -139,8 +140,25 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator((_bounded_runs(t) for t in texts), trainer=trainer)
     return CodeTokenizer(tok)
+
+
+MAX_TRAIN_RUN = 256  # characters: the longest run without whitespace the BPE trainer sees
+_LONG_RUN = re.compile(r"\S{%d,}" % (MAX_TRAIN_RUN + 1))
+
+
+def _bounded_runs(text: str) -> str:
+    """``text`` with runs of over 256 non-space characters cut into 256-character lines.
+
+    The BPE trainer re-scans a whole "word" at every merge it applies there, so one
+    1 MB run (a minified line, a base64 blob) costs ~merges x 1 MB and takes minutes.
+    Real code almost never has such runs (3 in the whole standard library); cutting them
+    only changes which pieces are counted, never the text that is later encoded.
+    """
+    if len(text) <= MAX_TRAIN_RUN or not _LONG_RUN.search(text):
+        return text
+    return _LONG_RUN.sub(lambda m: "\n".join(m[0][i : i + MAX_TRAIN_RUN] for i in range(0, len(m[0]), MAX_TRAIN_RUN)), text)
 
 
 def tokenizer_summary(tok: CodeTokenizer, texts: Sequence[str]) -> dict[str, float]:
