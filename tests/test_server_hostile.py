@@ -326,3 +326,16 @@ def test_api_key_from_environment(monkeypatch):
     assert build_config(build_parser().parse_args(["serve", "--api-key", "flag"])).api_key == "flag"
     monkeypatch.delenv(API_KEY_ENV)
     assert build_config(build_parser().parse_args(["serve"])).api_key is None
+
+
+def test_guard_helpers():
+    from codex_lab.serve.security import bearer_ok, host_allowed, host_name, is_json
+
+    assert host_name("[::1]:8000") == "::1" and host_name("LocalHost:80") == "localhost" and host_name("::1") == "::1"
+    assert host_allowed("127.0.0.1:9", ("127.0.0.1",)) and not host_allowed("127.0.0.1.nip.io", ("127.0.0.1",))
+    assert not host_allowed(None, ("localhost",)) and not host_allowed("", ("localhost",))
+    assert host_allowed("anything.example", ("*",))
+    assert bearer_ok("Bearer k1", "k1") and bearer_ok("bearer  k1 ", "k1")
+    assert not bearer_ok("Bearer k", "k1") and not bearer_ok("k1", "k1") and not bearer_ok(None, "k1")
+    assert is_json("application/json") and is_json("application/json; charset=utf-8")
+    assert not is_json("application/json-seq") and not is_json(None) and not is_json("text/plain")
