@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pytest
 import torch
 import torch.nn.functional as F
 
