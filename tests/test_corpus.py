@@ -96,3 +96,21 @@ def test_corpus_cli_cap_flag(tmp_path: Path, capsys):
     assert "skipped_too_large: 1" in out
     assert main(["corpus", "--corpus", str(tmp_path), "--max-file-bytes", "-1"]) == 2
     assert "max_file_bytes" in capsys.readouterr().err
+
+
+def test_very_deep_folders_do_not_recurse(tmp_path: Path):
+    import os
+
+    deep, levels = tmp_path, []
+    for _ in range(1200):  # os.walk in Python 3.11 recurses: RecursionError at ~1000 levels
+        deep = deep / "d"
+        os.mkdir(deep)  # (os.makedirs and shutil.rmtree recurse too)
+        levels.append(deep)
+    (deep / "x.py").write_text("x = 1\n")
+    try:
+        c = load_corpus(tmp_path)
+        assert [f.path for f in c.files] == ["d/" * 1200 + "x.py"]
+    finally:
+        (deep / "x.py").unlink()
+        for d in reversed(levels):
+            d.rmdir()

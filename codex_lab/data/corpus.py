@@ -94,6 +94,35 @@ def split_of(rel_path: str, val_fraction: float) -> str:
     return "val" if bucket < round(val_fraction * 10_000) else "train"
 
 
+def _candidates(root: Path, extensions: tuple[str, ...], include_tests: bool, unreadable: list[str]) -> list[str]:
+    """Relative paths of files named ``*{extensions}`` under ``root``, found with an explicit stack.
+
+    ``os.walk`` recurses in Python 3.11 (a folder 1,000 deep raises RecursionError); this
+    loop does not. Symlinked folders are not followed (no loops); unreadable folders are
+    recorded in ``unreadable`` with a trailing slash.
+    """
+    out: list[str] = []
+    stack = [Path(".")]
+    while stack:
+        rel_dir = stack.pop()
+        try:
+            entries = list(os.scandir(root / rel_dir))
+        except OSError:
+            unreadable.append(rel_dir.as_posix() + "/")
+            continue
+        for e in entries:
+            try:
+                is_dir = e.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if e.name not in SKIP_DIRS and (include_tests or e.name not in ("test", "tests")):
+                    stack.append(rel_dir / e.name)
+            elif e.name.endswith(extensions):
+                out.append((rel_dir / e.name).as_posix())
+    return out
+
+
 def read_source_bytes(path: Path, max_bytes: int) -> tuple[str, bytes | None]:
     """Read one candidate file safely: ``(kind, data)`` where kind is ``"ok"``, ``"special"``,
     ``"link"`` (loop or dangling), ``"large"`` or ``"unreadable"`` and data is set only for ``"ok"``.
@@ -169,20 +198,8 @@ def load_corpus(
     if not root.is_dir():
         raise MissingFileError(f"corpus path {str(root)!r} is a file, not a folder of code.")
 
-    rel_paths: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):  # followlinks=False: no folder loops
-        rel_dir = Path(dirpath).relative_to(root)
-        dirnames[:] = sorted(
-            d
-            for d in dirnames
-            if d not in SKIP_DIRS and (include_tests or d not in ("test", "tests"))
-        )
-        for name in filenames:
-            if name.endswith(extensions):
-                rel_paths.append((rel_dir / name).as_posix())
-    rel_paths.sort()
-
     corpus = Corpus(root=str(root), files=[])
+    rel_paths = sorted(_candidates(root, extensions, include_tests, corpus.skipped_unreadable))
     skipped = {"special": corpus.skipped_special, "link": corpus.skipped_links,
                "large": corpus.skipped_too_large, "unreadable": corpus.skipped_unreadable}
     seen: set[str] = set()
