@@ -416,3 +416,26 @@ def test_package_one_liners_do_not_pass():
         r = _run(lesson, name, fn)
         assert r.status != PASSED and r.points == 0, f"{name}: the package one-liner passed"
         assert "write this one yourself" in r.message, (name, r.status, r.message)
+
+
+def test_less_obvious_package_shortcuts_are_blocked():
+    """Package code that reaches the answer sideways (a block stride of 1 is a token stride;
+    a model's pooled K/V; MoE layers call route) is blocked too."""
+    import codex_lab as cl
+    from codex_lab.nn.config import ModelConfig
+
+    def ws(q, k, w, s):
+        d = q - k
+        return cl.BlockStrided(1, s).allowed(q, k) | ((d >= 0) & (d < w))
+
+    def pool(w, h, g):
+        cfg = ModelConfig(vocab_size=8, d_model=4 * h, n_layer=1, n_head=h, max_seq_len=8)  # even head_dim for RoPE
+        model = cl.CodexModel(cfg)
+        model.layers[0].attn.k_proj = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)  # the weight under test
+        with torch.no_grad():
+            model.layers[0].attn.k_proj.weight.copy_(w)
+        return cl.mha_to_gqa(model, g).layers[0].attn.k_proj.weight.detach()
+
+    for (lesson, name), fn in {("02", "window_strided_allowed"): ws, ("03", "mean_pool_kv"): pool}.items():
+        r = _run(lesson, name, fn)
+        assert r.points == 0 and "write this one yourself" in r.message, (name, r.status, r.message)

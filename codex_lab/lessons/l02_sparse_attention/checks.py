@@ -18,7 +18,7 @@ from codex_lab.course.checks import case, exercise
 
 # the package's patterns answer these exercises: blocked for the learner's code while a check runs
 _PATTERNS = ("codex_lab.parse_pattern", "codex_lab.union", "codex_lab.LocalWindow.allowed", "codex_lab.Strided.allowed",
-             "codex_lab.Union.allowed")
+             "codex_lab.Union.allowed", "codex_lab.BlockStrided.allowed")  # block 1 = a token stride
 _CASES = [(16, 4, 3), (33, 8, 5), (40, 1, 7), (20, 30, 4), (12, 3, 1), (1, 4, 2)]  # (n, window, stride)
 
 

@@ -76,7 +76,8 @@ def check_grouped_decode_attention(fn: Callable[..., Any]) -> None:
                                  "reference; check the 1/sqrt(D) scale, the length mask and the softmax axis (cached positions)")
 
 
-@exercise("03", "kv_cache_bytes", forbid=("codex_lab.kv_cache_bytes", "codex_lab.kv_bytes_per_token"))
+@exercise("03", "kv_cache_bytes",
+          forbid=("codex_lab.kv_cache_bytes", "codex_lab.kv_bytes_per_token", "codex_lab.measured_cache_bytes"))
 def check_kv_cache_bytes(fn: Callable[..., Any]) -> None:
     """fn(n_layer, n_kv_head, head_dim, seq_len, batch, bytes_per_elem) -> int bytes."""
     cases = [(6, 3, 64, 1000, 5, 4), (4, 4, 64, 1024, 3, 4), (24, 2, 64, 32768, 2, 2), (28, 4, 128, 32768, 8, 2), (1, 1, 2, 3, 5, 1)]
