@@ -107,7 +107,7 @@ def test_hostile_folder_run(tmp_path):
     assert score["untouched"] == {"public": 0, "hidden": 0}
     assert score["lessonnb"] == {"public": 0, "hidden": 0}  # a lesson notebook earns nothing
     by_sub = {r["submission"].split("/")[0] + "/" + r["visibility"]: r for r in rows}
-    assert "timed out" in by_sub["loop/public"]["message"]
+    assert "timed out" in by_sub["loop/public"]["message"] and "timed out" in by_sub["loop/hidden"]["message"]
     assert "sys.exit" in by_sub["exit/public"]["message"]
     assert "ended" in by_sub["osexit/public"]["message"]
     assert "output cap" in by_sub["bigprint/public"]["message"]

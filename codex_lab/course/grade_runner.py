@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from codex_lab.course.checks import HIDDEN, Exercise, exercises_for, load_hidden
-from codex_lab.course.grading import ERROR, SUBMISSION_SUFFIXES, Result, lesson_of
+from codex_lab.course.outcome import ERROR, SUBMISSION_SUFFIXES, Result, lesson_of
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (editable install)
 STARTUP_S = 120.0  # importing torch and the checks, on a loaded machine
@@ -167,14 +167,17 @@ def grade_isolated(path: Path, hidden: str | Path | None = None, timeout_s: floa
         if not todo:
             break
         reason = _reason(res, timeout_s)
-        if current is not None and current in todo:
-            results[current] = err(current, reason)
-            todo.remove(current)
+        if current is not None:  # it died in (or right after) that exercise: charge it, grade the rest afresh
+            if current in todo:
+                results[current] = err(current, reason)
+                todo.remove(current)
             continue
         where = "while loading the file" if loading else "before grading started"
         for k in todo:
             results[k] = err(k, f"{where}: {reason}")
         break
+    for k in keys:  # the retries ran out (a child that keeps dying between exercises)
+        results.setdefault(k, err(k, "the grading process kept ending between exercises; not graded"))
     return [results[k] for k in keys]
 
 
@@ -211,7 +214,7 @@ def child_main() -> None:
 
     from codex_lab.course.checks import load_lesson
     from codex_lab.course.exercises import load_definitions
-    from codex_lab.course.grading import run_check
+    from codex_lab.course.outcome import run_check
 
     registry = {(les, n, e.visibility): e for (les, n), e in load_lesson(task["lesson"]).items()}
     if task["hidden"]:
