@@ -34,6 +34,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "lessons.l03_gqa.bench": ('decode_tokens_per_s',),
     "course.grading": ('check', 'grade_file', 'grade_folder'),
     "hf.llama": ('from_hf', 'hf_config_to_codex', 'to_hf'),
+    "hf.folder": ('HFCheckpoint', 'HFTokenizer', 'load_hf_folder'),
+    "evals.humaneval": ('load_problems', 'pass_at_k'),
     "hf.mixtral": ('codex_config_from_mixtral', 'from_hf_mixtral', 'mixtral_config', 'moe_from_hf_block', 'moe_to_hf_block', 'to_hf_mixtral'),
     "nn.kv_cache": ('DynamicKVCache', 'PagedKVPool', 'RollingWindowCache', 'StaticKVCache', 'make_dynamic_caches', 'make_static_caches'),
     "serve.loadtest": ('LoadReport', 'malformed_storm', 'run_load'),

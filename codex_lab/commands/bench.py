@@ -19,6 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         bp.add_argument("--json", action="store_true", help="print a JSON list of flat records")
         bp.add_argument("--out", default=None, help="also write the JSON records to this file")
         mod.add_arguments(bp)
+        if hasattr(mod, "load_model_and_tokenizer"):  # benches that load one model can take a HF folder
+            bp.add_argument("--hf", default=None, metavar="DIR", help="run on a Hugging Face save_pretrained folder")
         bp.set_defaults(_bench=mod)
 
 
@@ -41,6 +43,11 @@ def main(args: argparse.Namespace) -> int:
 
         print("choose a benchmark: " + ", ".join(sorted(discover())), file=sys.stderr)
         return 2
+    if getattr(args, "hf", None):
+        from codex_lab.hf.folder import load_hf_folder
+
+        ck = load_hf_folder(args.hf)
+        mod.load_model_and_tokenizer = lambda *a, **k: (ck.model, ck.tokenizer)  # the bench's one loader
     rows = mod.run(args)
     text = json.dumps(rows, indent=2)
     if args.out:

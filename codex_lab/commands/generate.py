@@ -11,6 +11,8 @@ HELP = "continue a prompt (greedy, temperature, top-k, top-p) with the shipped o
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help='code to continue, e.g. "def fibonacci(n):"')
     p.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the shipped tiny model)")
+    p.add_argument("--hf", default=None, metavar="DIR",
+                   help="Hugging Face save_pretrained folder (Llama, Qwen2, Mixtral), converted offline")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
@@ -33,7 +35,14 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:  # the field names map to the flags: max_tokens is --max-new-tokens
         raise InputError(f"{exc} (flags --max-new-tokens, --temperature, --top-k, --top-p)") from exc
     device = get_device(args.device)
-    ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
+    if args.hf and args.checkpoint:
+        raise InputError("give --checkpoint or --hf, not both")
+    if args.hf:
+        from codex_lab.hf.folder import load_hf_folder
+
+        ck = load_hf_folder(args.hf, device)
+    else:
+        ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
     g = generate(ck.model, ck.tokenizer, args.prompt, params)
     print(args.prompt + g.text)
     print(f"\n[{len(g.ids)} tokens, finish_reason={g.finish_reason}]")

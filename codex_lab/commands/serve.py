@@ -17,6 +17,8 @@ API_KEY_ENV = "CODEX_LAB_API_KEY"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the shipped tiny model)")
+    src.add_argument("--hf", default=None, metavar="DIR",
+                     help="Hugging Face save_pretrained folder (Llama, Qwen2, Mixtral), converted offline")
     src.add_argument("--registry", default=None, help="registry folder: serve its current version")
     p.add_argument("--host", default="127.0.0.1", help="loopback only (127.0.0.1, localhost, ::1)")
     p.add_argument("--port", type=int, default=8000)
@@ -77,6 +79,11 @@ def main(args: argparse.Namespace) -> int:
         reg = Registry(args.registry)
         ck = reg.load(device=device)
         version = reg.current() or "v0001"
+    elif getattr(args, "hf", None):
+        from codex_lab.hf.folder import load_hf_folder
+
+        ck = load_hf_folder(args.hf, device)
+        version = "v0001"
     else:
         ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
         version = "v0001"

@@ -1,0 +1,171 @@
+"""Load a Hugging Face checkpoint folder (``save_pretrained`` output) as a codex_lab model.
+
+A folder with ``config.json``, safetensors weights (one file or shards) and
+``tokenizer.json`` - what ``model.save_pretrained(d); tokenizer.save_pretrained(d)`` writes,
+and what a model downloaded once from the Hub looks like on disk (e.g.
+``~/.cache/huggingface/hub/models--Qwen--Qwen2.5-Coder-0.5B/snapshots/<hash>``). Llama and
+Qwen2 go through :func:`codex_lab.hf.llama.from_hf`, Mixtral through
+:func:`codex_lab.hf.mixtral.from_hf_mixtral`; nothing is downloaded (``local_files_only``).
+
+The result, :class:`HFCheckpoint`, has the fields the commands use from a course
+checkpoint (``model``, ``tokenizer``, ``config``, ``meta``, ``path``); its tokenizer is an
+:class:`HFTokenizer`, which offers the :class:`~codex_lab.data.tokenizer.CodeTokenizer`
+methods the engine and ``generate`` call (``encode``, ``encode_batch``, ``decode``,
+``eot_id``, ``pad_id``, ``vocab_size``) over the folder's own ``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+from tokenizers import Tokenizer
+
+from codex_lab.errors import InputError, MissingFileError
+from codex_lab.nn.config import ModelConfig
+from codex_lab.nn.model import CodexModel
+
+ARCHS = ("llama", "qwen2", "mixtral")
+DEFAULT_MAX_SEQ_LEN = 4096  # RoPE tables; real models declare 32k+, which costs memory for nothing here
+
+
+class HFTokenizer:
+    """A ``tokenizer.json`` from a Hugging Face folder, with the CodeTokenizer methods.
+
+    ``encode`` applies the tokenizer's post-processor as ``AutoTokenizer`` does by default
+    (e.g. Llama's BOS), so ids equal ``AutoTokenizer.from_pretrained(dir)(text).input_ids``.
+    """
+
+    def __init__(self, tok: Tokenizer, eos_id: int, pad_id: int | None = None) -> None:
+        self.tok = tok
+        self._eos = int(eos_id)
+        self._pad = int(pad_id) if pad_id is not None else int(eos_id)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included."""
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eot_id(self) -> int:
+        """The end-of-sequence id (``generation_config.json`` or ``config.json``)."""
+        return self._eos
+
+    @property
+    def pad_id(self) -> int:
+        """The padding id (the eos id when the folder names none)."""
+        return self._pad
+
+    def token_id(self, token: str) -> int:
+        """Id of a token; KeyError naming it if unknown."""
+        idx = self.tok.token_to_id(token)
+        if idx is None:
+            raise KeyError(f"token {token!r} is not in the vocabulary")
+        return idx
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``."""
+        return self.tok.encode(text).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of many texts."""
+        return [e.ids for e in self.tok.encode_batch(list(texts))]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``."""
+        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+@dataclass
+class HFCheckpoint:
+    """A converted Hugging Face folder: the codex_lab model (eval mode), tokenizer, config."""
+
+    model: CodexModel
+    tokenizer: HFTokenizer
+    config: ModelConfig
+    meta: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def _first_id(v: Any) -> int | None:
+    if isinstance(v, list):
+        return int(v[0]) if v else None
+    return None if v is None else int(v)
+
+
+def _read_json(p: Path) -> dict:
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{p}: not readable JSON ({exc}); re-save the folder with save_pretrained") from None
+
+
+def load_tokenizer(path: str | Path) -> HFTokenizer:
+    """The folder's ``tokenizer.json`` with its eos/pad ids (see :class:`HFTokenizer`)."""
+    path = Path(path)
+    tj = path / "tokenizer.json"
+    if not tj.is_file():
+        raise MissingFileError(f"{path}: no tokenizer.json; save the tokenizer with tokenizer.save_pretrained({str(path)!r})")
+    try:
+        tok = Tokenizer.from_file(str(tj))
+    except Exception as exc:  # the Rust library raises plain Exception
+        raise InputError(f"{tj}: not a readable tokenizer.json ({' '.join(str(exc).split())[:200]})") from None
+    cfg = _read_json(path / "config.json") if (path / "config.json").is_file() else {}
+    gen = _read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
+    eos = _first_id(gen.get("eos_token_id")) if gen.get("eos_token_id") is not None else _first_id(cfg.get("eos_token_id"))
+    if eos is None and (path / "tokenizer_config.json").is_file():
+        name = _read_json(path / "tokenizer_config.json").get("eos_token")
+        name = name.get("content") if isinstance(name, dict) else name
+        eos = tok.token_to_id(name) if name else None
+    if eos is None:
+        raise InputError(f"{path}: no eos_token_id in config.json / generation_config.json and no eos_token in "
+                         "tokenizer_config.json; set one so generation can stop")
+    return HFTokenizer(tok, eos, _first_id(cfg.get("pad_token_id")))
+
+
+def load_hf_folder(path: str | Path, device: torch.device | str | None = None, *, dtype: torch.dtype = torch.float32,
+                   max_seq_len: int | None = None) -> HFCheckpoint:
+    """Convert a Llama / Qwen2 / Mixtral ``save_pretrained`` folder into an :class:`HFCheckpoint`.
+
+    Args:
+        path: the folder (config.json, *.safetensors, tokenizer.json).
+        device: where the model goes (default CPU).
+        dtype: parameter dtype (default float32; bfloat16 halves memory on a GPU).
+        max_seq_len: RoPE table length in tokens (default min(max_position_embeddings, 4096)).
+
+    Raises:
+        MissingFileError: the folder or one of its files is missing (names which).
+        InputError: an unsupported architecture or setting (named), or unreadable files.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM  # the "hf" extra
+
+    from codex_lab.hf.llama import from_hf
+    from codex_lab.hf.mixtral import from_hf_mixtral
+
+    path = Path(path)
+    if not path.is_dir():
+        raise MissingFileError(f"no Hugging Face folder at {str(path)!r}; point --hf at a save_pretrained folder")
+    if not (path / "config.json").is_file():
+        raise MissingFileError(f"{path}: no config.json; this is not a save_pretrained folder")
+    if not any(path.glob("*.safetensors")):
+        raise MissingFileError(f"{path}: no *.safetensors weights; save with model.save_pretrained(dir) "
+                               "(safe_serialization is the default)")
+    tokenizer = load_tokenizer(path)
+    hf_cfg = AutoConfig.from_pretrained(path, local_files_only=True)
+    arch = getattr(hf_cfg, "model_type", None)
+    if arch not in ARCHS:
+        raise InputError(f"{path}: model_type={arch!r} is not supported; --hf converts {ARCHS}")
+    seq = max_seq_len or min(int(hf_cfg.max_position_embeddings), DEFAULT_MAX_SEQ_LEN)
+    hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
+    try:
+        model = from_hf_mixtral(hf, max_seq_len=seq) if arch == "mixtral" else from_hf(hf, max_seq_len=seq, dtype=dtype)
+    except ValueError as exc:
+        raise InputError(f"{path}: {exc}") from None
+    del hf
+    if tokenizer.vocab_size > model.cfg.vocab_size:
+        raise InputError(f"{path}: tokenizer has {tokenizer.vocab_size} ids but the model only {model.cfg.vocab_size}")
+    model = model.to(device or "cpu").eval()
+    return HFCheckpoint(model, tokenizer, model.cfg, {"source": "hf", "model_type": arch}, path)
