@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections import Counter
 
