@@ -354,6 +354,30 @@ print(storm)
 assert storm["server_errors"] == 0 and storm["non_4xx"] == 0 and storm["bad_error_shape"] == [] and storm["healthy_after"]
 
 # %% [markdown]
+# The door is guarded as well: a `Host` that is not a loopback name (DNS rebinding), a body
+# that is not `application/json` (a cross-site form post), a lone surrogate, a seed past 64
+# bits all get a 4xx; a temperature of 1e-300 decodes greedily (dividing logits by it would
+# overflow to inf and NaN). `codex-lab serve` adds `--api-key` (or `CODEX_LAB_API_KEY`), header
+# and body timeouts and a connection cap. A deadline ends a request with OpenAI's
+# `finish_reason: "length"` plus this server's extension field `finish_detail: "deadline"`.
+
+# %%
+def post(body: dict, **headers) -> int:
+    """POST a completion (JSON escaped to ASCII, so even a lone surrogate can be sent); the status."""
+    headers = {"content-type": "application/json", **headers}
+    return httpx.post(bg.url + "/v1/completions", content=json.dumps(body), headers=headers, timeout=30).status_code
+
+
+ok_body = {"model": "codex-lab-tiny", "prompt": "def f():", "max_tokens": 4}
+door = {"Host: evil.example": post(ok_body, host="evil.example"),
+        "text/plain body": post(ok_body, **{"content-type": "text/plain"}),
+        "lone surrogate": post({**ok_body, "prompt": "def f():\ud800"}),
+        "seed 2**64, streaming": post({**ok_body, "seed": 2**64, "stream": True}),
+        "temperature 1e-300": post({**ok_body, "temperature": 1e-300})}
+print(door)
+assert list(door.values()) == [403, 415, 400, 400, 200]
+
+# %% [markdown]
 # ## 4. Release gates: a damaged candidate is refused
 # The suite: 8 fixed function prompts with tests. Gates: syntax (the body parses and is not
 # empty), functional (the tests pass in the sandbox: subprocess, time and memory limits, no
