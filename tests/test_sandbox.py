@@ -280,3 +280,23 @@ def test_fallback_mode_keeps_guard_timeout_and_cap(monkeypatch):
     assert r.mode == "plain" and "BLOCKED" in r.stdout, r
     assert run_python("while True:\n    pass\n", timeout_s=1).timed_out
     assert run_python("print('x' * 5_000_000)", max_output_bytes=1000).truncated
+
+
+def test_a_nested_sandbox_still_starts_after_the_guard():
+    """Grader checks (trusted) may run generated code in a sandbox of their own, although
+    the guard has disabled subprocess for the submission in the same child."""
+    code = """
+from codex_lab.sandbox import run_python
+from codex_lab.sandbox.guard import install
+install()
+import subprocess
+try:
+    subprocess.run(['true'])
+    print('SUBPROCESS RAN')
+except PermissionError:
+    print('SUBPROCESS BLOCKED')
+r = run_python('print(6 * 7)')
+print('NESTED', r.ok, r.stdout.strip())
+"""
+    r = run_python(code, guard=False, timeout_s=120, memory_mb=2048)
+    assert "SUBPROCESS BLOCKED" in r.stdout and "NESTED True 42" in r.stdout, r
