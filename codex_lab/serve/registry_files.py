@@ -7,11 +7,13 @@ writes, the writer lock, the state journal and the cleaning of dead processes' d
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -206,11 +208,20 @@ def clean_debris(places: list[Path]) -> list[str]:
     return removed
 
 
+def _open_regular(path: Path, flags: int) -> int:
+    """``os.open`` that never blocks on a FIFO and refuses anything but a regular file (OSError)."""
+    fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(errno.EINVAL, "not a regular file", str(path))
+    return fd
+
+
 def journal_append(path: Path, state: dict[str, Any]) -> None:
     """Append one state record to the journal and fsync it (compacting a journal over 64 KiB)."""
     line = json.dumps(state, separators=(",", ":"))
     # a leading newline: a line torn by a crash never swallows the next record
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = _open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, f"\n{line}\n".encode())
         os.fsync(fd)
@@ -223,7 +234,9 @@ def journal_append(path: Path, state: dict[str, Any]) -> None:
 def journal_last(path: Path, on_disk: set[str]) -> dict[str, Any] | None:
     """The last valid state in the journal with versions missing on disk dropped, or None."""
     try:
-        lines = path.read_bytes().decode("utf-8", "replace").splitlines()
+        with open(_open_regular(path, os.O_RDONLY), "rb") as f:  # the tail only: compacted at 64 KiB
+            f.seek(max(0, os.fstat(f.fileno()).st_size - MAX_JSON_BYTES))
+            lines = f.read(MAX_JSON_BYTES).decode("utf-8", "replace").splitlines()
     except OSError:
         return None
     for line in reversed(lines):

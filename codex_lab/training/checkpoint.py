@@ -174,6 +174,8 @@ def load_config(path: str | Path) -> ModelConfig:
     path = Path(path)
     fix = "re-save the checkpoint (codex-lab train, or save_checkpoint) or repair the file by hand"
     try:
+        if path.exists() and not path.is_file():  # a FIFO would block the read
+            raise InputError(f"{path}: not a regular file; {fix}")
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise InputError(f"{path}: {path.stat().st_size:,} bytes is not a model config (limit 1 MiB); {fix}")
         d = json.loads(path.read_text(encoding="utf-8"))
