@@ -48,6 +48,7 @@ def test_chars_per_token_wrong_answers():
         "floor division": (lambda tok, texts: sum(map(len, texts)) // sum(enc(tok, t) for t in texts), "floor division"),
         "first text only": (lambda tok, texts: len(texts[0]) / enc(tok, texts[0]), "first text"),
         "words": (lambda tok, texts: sum(map(len, texts)) / sum(len(t.split()) for t in texts), "words"),
+        "bytes": (lambda tok, texts: sum(len(t.encode()) for t in texts) / sum(enc(tok, t) for t in texts), "bytes"),
     })
     right = lambda tok, texts: sum(map(len, texts)) / sum(enc(tok, t) for t in texts)  # noqa: E731
     assert _run("00", "chars_per_token", right).status == PASSED
@@ -56,10 +57,10 @@ def test_chars_per_token_wrong_answers():
 # ---------------------------------------------------------------- lesson 01
 
 
-def _probs(q, k, *, scale=None, fill=float("-inf"), dim=-1, mask="tril", zero_after=False):
+def _probs(q, k, *, scale=None, fill=float("-inf"), dim=-1, mask="tril", zero_after=False, diag=0):
     T, D = q.shape[-2], q.shape[-1]
     s = q @ k.transpose(-2, -1) * (1 / math.sqrt(D) if scale is None else scale)
-    keep = torch.ones(T, T, dtype=torch.bool).tril()
+    keep = torch.ones(T, T, dtype=torch.bool).tril(diag)
     if mask == "triu":
         keep = keep.T
     if zero_after:
@@ -75,6 +76,7 @@ def test_causal_attention_probs_wrong_answers():
         "fill 0": (lambda q, k: _probs(q, k, fill=0.0), "-inf"),
         "softmax over queries": (lambda q, k: _probs(q, k, dim=-2), "over the queries"),
         "mask after softmax": (lambda q, k: _probs(q, k, zero_after=True), "sum to 1"),
+        "no self": (lambda q, k: _probs(q, k, diag=-1), "itself"),
     })
 
 
@@ -106,6 +108,7 @@ def test_window_share_wrong_answers():
     _assert_fails("01", "window_share", {
         "off by one": (lambda p, w, mq: _share(p, w, mq, le=True), "window - 1|counts .* keys"),
         "all queries": (lambda p, w, mq: _share(p, w, mq, start=0), "min_query"),
+        "one query late": (lambda p, w, mq: _share(p, w, mq, start=mq + 1), "itself"),
         "key index": (lambda p, w, mq: _share(p, w, mq, by_index=True), "measured back from each query"),
         "sum over queries": (lambda p, w, mq: float(_share(p, w, mq) * (p.shape[0] - mq)), "mean over queries"),
         "tensor": (lambda p, w, mq: torch.tensor(_share(p, w, mq)), "float"),
@@ -249,6 +252,7 @@ def test_top_k_route_wrong_answers():
         "int32 indices": (lambda l, k: _route(l, k, dtype=torch.int32), "int64"),
         "no renormalisation": (lambda l, k: _route(l, k, renorm=False), "raw probabilities"),
         "smallest": (lambda l, k: _route(l, k, largest=False), "least"),
+        "softmax over tokens": (lambda l, k: (lambda p: (p.topk(k, -1).indices, p.topk(k, -1).values / p.topk(k, -1).values.sum(-1, keepdim=True)))(l.softmax(0)), "dim=0"),
         "misaligned weights": (lambda l, k: _route(l, k, misalign=True), "wrong columns"),
         "transposed": (lambda l, k: tuple(t.T for t in _route(l, k)), r"\(N, k\)"),
     })
@@ -272,6 +276,7 @@ def test_balancing_loss_wrong_answers():
         "f from probs": (lambda p, i: _lb(p, i, f_probs=True), "bincount"),
         "no gradient": (lambda p, i: _lb(p, i, detach=True), "graph"),
         "P summed": (lambda p, i: _lb(p, i, p_sum=True), r"\*mean\*"),
+        "first choices only": (lambda p, i: _lb(p, i[:, :1]), "first choices"),
     })
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from codex_lab.course.checks import exercise
 
 _SAMPLES = ["def f(x):\n    return x + 1\n", "import os\nprint(os.getcwd())\n", "    # indented comment\n",
-            "class Point:\n    x: int = 0\n    y: int = 0\n"]
+            "class Point:\n    x: int = 0\n    y: int = 0\n", "# café: π ≈ 3.14159\nname = 'Zoë'\n"]
 
 
 def _tokenizer() -> Any:
@@ -47,6 +47,10 @@ def check_chars_per_token(fn: Callable[..., Any]) -> None:
             f"texts divided by all tokens of all texts ({expected:.4f})")
     if abs(got - chars[0] / tokens[0]) < 1e-9:
         raise AssertionError(f"got {got:.4f}: that is the first text only; count every text in `texts`")
+    n_bytes = sum(len(s.encode("utf-8")) for s in _SAMPLES)
+    if abs(got - n_bytes / sum(tokens)) < 1e-9:
+        raise AssertionError("that counts UTF-8 bytes (len(text.encode())); characters are len(text): 'é' is one "
+                             "character but two bytes")
     words = sum(len(s.split()) for s in _SAMPLES)
     if abs(got - sum(chars) / words) < 1e-9:
         raise AssertionError("that divides by words (str.split); count tokens with tokenizer.encode(text)")

@@ -57,6 +57,9 @@ def check_causal_attention_probs(fn: Callable[..., Any]) -> None:
                     raise AssertionError("future keys still get weight: fill masked scores with -inf (exp(-inf) = 0); "
                                          "a 0 score still gets exp(0) = 1 in the softmax")
                 raise AssertionError("a query puts weight on a key after it: mask keys j > i before the softmax")
+            if T > 1 and bool((got.float().nan_to_num(0.0).diagonal(dim1=-2, dim2=-1).abs() < 1e-12).all()):
+                raise AssertionError("no query attends to itself: keys j <= i are allowed, the diagonal j = i included "
+                                     "(mask with triu(diagonal=1), not diagonal=0)")
             if _close(got, _probs(q, k, 1 / math.sqrt(D), dim=-2)) and T > 1:
                 raise AssertionError("softmax over the queries (dim=-2); normalise over the keys (dim=-1): each row sums to 1")
             if not torch.allclose(got.float().sum(-1), torch.ones(H, T), atol=1e-4):
@@ -144,6 +147,8 @@ def check_window_share(fn: Callable[..., Any]) -> None:
         if abs(got - share((dist >= 0) & (dist < w), 0)) < ATOL:
             raise AssertionError(f"average only the queries i >= min_query = {mq}: earlier queries have (almost) "
                                  "all their keys inside the window, so their share is 1 by construction")
+        if abs(got - share((dist >= 0) & (dist < w), mq + 1)) < ATOL:
+            raise AssertionError(f"queries i >= min_query include i = min_query = {mq} itself; you started one later")
         if abs(got - share((dist >= 0) & (i[None, :] < w), mq)) < ATOL:
             raise AssertionError("that keeps the first `window` key positions (j < window); the window is "
                                  "measured back from each query: i - j < window")

@@ -41,6 +41,9 @@ def check_top_k_route(fn: Callable[..., Any]) -> None:
         for k, (idx, _) in outs.items():
             got = idx.long().sort(-1).values
             if not torch.equal(got, probs.topk(k, dim=-1).indices.sort(-1).values):
+                if torch.equal(got, torch.softmax(logits, dim=0).topk(k, dim=-1).indices.sort(-1).values):
+                    raise AssertionError(f"k={k}: the softmax ran over the tokens (dim=0); each token's logits are "
+                                         "normalised over the experts (dim=-1)")
                 if torch.equal(got, probs.topk(k, dim=-1, largest=False).indices.sort(-1).values):
                     raise AssertionError(f"k={k}: you chose the k *least* probable experts; take the largest (torch.topk default)")
                 raise AssertionError(f"k={k}: wrong experts chosen; take the k largest softmax probabilities per token (torch.topk)")
@@ -91,6 +94,9 @@ def check_balancing_loss(fn: Callable[..., Any]) -> None:
             if abs(got - float(_switch(pd, idx, per_token=True))) < 1e-5:
                 raise AssertionError(f"got {got:.4f} = k times the answer: f_e is the share of all N*k assignments "
                                      "(divide the counts by expert_idx.numel(), not by N)")
+            if abs(got - float(_switch(pd, idx[:, :1]))) < 1e-5:
+                raise AssertionError(f"got {got:.4f}: f_e counted only the first choices; count all k choices of every "
+                                     "token (expert_idx.reshape(-1))")
             if abs(got - float(_switch(pd, idx, times_e=False))) < 1e-5:
                 raise AssertionError(f"got {got:.4f}: multiply by E = {pd.shape[1]} so that perfect balance gives 1.0")
             if abs(got - float(_switch(pd, idx, f_from_probs=True))) < 1e-5:
