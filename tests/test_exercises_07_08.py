@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import codex_lab as cl
 from codex_lab.course.checks import load_all
 from codex_lab.course.exercises import load_definitions
 from codex_lab.course.grading import ERROR, FAILED, PARTIAL, PASSED, run_check
@@ -123,6 +124,7 @@ def test_slo_attainment_wrong_answers():
         "0 when empty": (zero_when_empty, "nan"),
         "largest finite bucket as total": (largest_finite, "+Inf"),
         "bucket below the target": (bucket_below, "edge IS the target"),
+        "the package's answer": (lambda b, t: cl.histogram_attainment(b, t), "write this one yourself"),
     })
 
 
@@ -154,6 +156,7 @@ def test_passes_gates_wrong_answers():
         "strict >": (strict, ">="),
         "tolerance ignored": (no_tolerance, "tolerance"),
         "one tolerance for all gates": (tolerance_everywhere, "tolerance.get(g, 0)"),
+        "the package's answer": (lambda c, b, t: cl.gate_decision(c, b, tolerance=t)[0], "write this one yourself"),
     })
 
 
