@@ -202,8 +202,8 @@ def load_config(path: str | Path) -> ModelConfig:
         lim = CONFIG_LIMITS.get(k)
         if lim is not None and v is not None and not 1 <= v <= lim and not (k == "n_shared_experts" and v == 0):
             raise InputError(f"{path}: {k}={v} is outside 1..{lim}; {fix}")
-    for k in ("rope_theta", "norm_eps"):
-        if k in d and not d[k] > 0:
+    for k in ("rope_theta", "norm_eps", "moe_capacity_factor"):
+        if d.get(k) is not None and not d[k] > 0:
             raise InputError(f"{path}: {k}={d[k]} must be > 0; {fix}")
     try:
         cfg = ModelConfig.from_dict(d)
@@ -232,8 +232,11 @@ def check_weights_header(path: str | Path, cfg: ModelConfig) -> None:
         raise MissingFileError(f"{path}: no such file; point at a checkpoint folder with model.safetensors") from None
     except Exception as exc:  # SafetensorError (Rust) for truncated or garbage files
         raise InputError(f"{path}: not a readable safetensors file ({_one_line(exc)}); {_REDO}") from None
-    with torch.device("meta"):
-        shape_model = CodexModel(cfg)
+    try:
+        with torch.device("meta"):
+            shape_model = CodexModel(cfg)
+    except (ValueError, TypeError, KeyError, RuntimeError) as exc:  # e.g. a bad attention pattern spec
+        raise InputError(f"{path.parent / CONFIG}: {_one_line(exc)}; re-save the checkpoint or repair the file by hand") from None
     groups: dict[int, list[str]] = {}  # tied parameters share one tensor and are stored once
     for name, p in shape_model.named_parameters(remove_duplicate=False):
         groups.setdefault(id(p), []).append(name)
