@@ -19,6 +19,7 @@ import json
 import os
 import random
 import signal
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -69,6 +70,13 @@ def _child_loop(root: Path, log_path: Path, seed: int, tokenizer) -> None:
         _log(fd, "D", {"current": reg.current(), "history": reg.history()})
 
 
+ERR_DIR = Path(os.environ.get("TMPDIR", "/tmp"))  # set per test: where a failing child leaves its traceback
+
+
+def _err(pid: int) -> Path:
+    return ERR_DIR / f"registry-crash-child-{pid}.err"
+
+
 def _fork(fn, *args) -> int:
     pid = os.fork()
     if pid == 0:  # child
@@ -77,7 +85,7 @@ def _fork(fn, *args) -> int:
             fn(*args)
         except BaseException:
             code = 1
-            with open(f"/tmp/registry-crash-child-{os.getpid()}.err", "w") as f:
+            with open(_err(os.getpid()), "w") as f:
                 f.write(traceback.format_exc())
         finally:
             os._exit(code)
@@ -96,7 +104,8 @@ def _last_records(log_path: Path) -> tuple[dict | None, dict | None]:
     return done, begun
 
 
-def test_kill_9_at_random_points_loses_no_promoted_version(tmp_path, small_tokenizer):
+def test_kill_9_at_random_points_loses_no_promoted_version(tmp_path, small_tokenizer, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ERR_DIR", tmp_path)
     root = tmp_path / "reg"
     reg = Registry(root)
     reg.promote(reg.add(model(0, small_tokenizer.vocab_size), small_tokenizer))
@@ -111,8 +120,7 @@ def test_kill_9_at_random_points_loses_no_promoted_version(tmp_path, small_token
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (
-            f"child {i} ended before the kill: " + Path(f"/tmp/registry-crash-child-{pid}.err").read_text()
-            if Path(f"/tmp/registry-crash-child-{pid}.err").exists() else f"status {status}")
+            f"child {i} ended before the kill: " + (_err(pid).read_text() if _err(pid).exists() else f"status {status}"))
         done, begun = _last_records(log_path)
         ops_done += sum(line.startswith("D ") for line in log_path.read_text().splitlines())
         last = done or before
@@ -161,7 +169,8 @@ def _adder(root: Path, n: int, out: Path, tokenizer, start: Path) -> None:
     out.write_text(json.dumps(names))
 
 
-def test_concurrent_adds_from_several_processes_all_succeed(tmp_path, small_tokenizer):
+def test_concurrent_adds_from_several_processes_all_succeed(tmp_path, small_tokenizer, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ERR_DIR", tmp_path)
     root, start = tmp_path / "reg", tmp_path / "start"
     Registry(root)
     n_proc, per_proc = 5, 12
@@ -169,7 +178,7 @@ def test_concurrent_adds_from_several_processes_all_succeed(tmp_path, small_toke
     start.touch()
     for pid in pids:
         _, status = os.waitpid(pid, 0)
-        err = Path(f"/tmp/registry-crash-child-{pid}.err")
+        err = _err(pid)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, err.read_text() if err.exists() else status
     names = [v for k in range(n_proc) for v in json.loads((tmp_path / f"out{k}").read_text())]
     total = n_proc * per_proc
