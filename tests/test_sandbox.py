@@ -56,6 +56,8 @@ def test_result_shape_and_ok():
     assert isinstance(r, SandboxResult) and r.ok and r.stdout.strip() == "42" and not r.timed_out
     bad = run_python("raise SystemExit(3)")
     assert not bad.ok and bad.returncode == 3
+    fut = run_python("from __future__ import annotations\nimport sys\nprint(__name__)\nraise ValueError('line 4')")
+    assert fut.stdout.strip() == "__main__" and 'main.py", line 4' in fut.stderr, fut  # the code's own file and lines
 
 
 @needs_root

@@ -114,14 +114,14 @@ def _kill_group(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
         pass
 
 
-def _limits(spec: dict[str, int]) -> None:  # plain mode: runs in the child before exec
-    import resource
-
-    for name, value in spec.items():
-        try:
-            resource.setrlimit(getattr(resource, name), (value, value))
-        except (ValueError, OSError):  # macOS refuses some (RLIMIT_AS); keep the others
-            pass
+def _limits_prelude(spec: dict[str, int]) -> str:
+    """Plain mode: the child sets its own rlimits first thing (no preexec_fn, which is unsafe
+    with the grader's threads); macOS refuses some (RLIMIT_AS) and keeps the others."""
+    return ("import resource as _r\n"
+            f"for _n, _v in {spec!r}.items():\n"
+            "    try:\n        _r.setrlimit(getattr(_r, _n), (_v, _v))\n"
+            "    except (ValueError, OSError, AttributeError):\n        pass\n"
+            "del _r, _n, _v\n")
 
 
 def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, nproc: int = 64,
@@ -156,8 +156,6 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, nproc
 def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, extra_env, cpu_s) -> SandboxResult:
     prelude = _GUARD + f"\ninstall({tmp!r})\ndel install\n" if guard else ""
     main = os.path.join(tmp, "main.py")
-    with open(main, "w") as f:
-        f.write(prelude + "\n" + code)
     for name, data in files.items():
         p = os.path.join(tmp, name)
         os.makedirs(os.path.dirname(p), exist_ok=True)
@@ -168,9 +166,17 @@ def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, 
               "RLIMIT_NOFILE": 256, "RLIMIT_NPROC": nproc, "RLIMIT_CORE": 0}
     env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", **extra_env}
-    argv = [sys.executable, "-I", main]
+    boot = os.path.join(tmp, "_boot.py")
+    argv = [sys.executable, "-I", boot]
+    if mode == "plain" and sys.platform != "win32":
+        prelude = _limits_prelude(limits) + prelude
+    with open(main, "w") as f:  # the code keeps its own file: `from __future__` lines, tracebacks naming main.py
+        f.write(code)
+    with open(boot, "w") as f:
+        f.write(prelude + f"\n__file__ = {main!r}\nimport sys as _s\n_s.argv[0] = __file__\ndel _s\n"
+                f"exec(compile(open(__file__, encoding='utf-8').read(), __file__, 'exec'))\n")
     if mode == "plain":
-        cmd, preexec = argv, (None if sys.platform == "win32" else (lambda: _limits(limits)))
+        cmd = argv
     else:
         uid = gid = None
         if mode == "root":  # an unprivileged uid of its own, no account: per-run process limit and signals
@@ -186,10 +192,9 @@ def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, 
         flags = [] if mode == "root" else ["--user", "--map-root-user"]
         cmd = [shutil.which("unshare") or "unshare", *flags, "--net", "--pid", "--fork", "--kill-child", "--mount",
                "--mount-proc", sys.executable, "-I", "-S", str(_HERE / "_launch.py"), json.dumps(cfg)]
-        preexec = None
     proc = _POPEN(cmd, cwd=tmp, env=env if mode == "plain" else {"PATH": "/usr/bin:/bin"},
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=preexec, start_new_session=sys.platform != "win32")
+                            start_new_session=sys.platform != "win32")
     bufs = (bytearray(), bytearray())
     over = threading.Event()
     kill = (lambda: _kill_group(proc)) if sys.platform != "win32" else proc.kill

@@ -11,9 +11,6 @@ Self-contained (imports nothing from codex_lab): :func:`codex_lab.sandbox.run_py
 this file's source in front of the child's code.
 """
 
-from __future__ import annotations
-
-
 def install(allowed_root: str | None = None) -> None:
     """Disable process, signal, network and out-of-folder file calls in this interpreter."""
     import builtins
