@@ -12,6 +12,9 @@ Three implementations that tests hold equal:
 - ``"flex"``: torch FlexAttention with a BlockMask, compiled (it skips empty blocks).
   Inference only on CPU (torch has no CPU backward for it): with gradients required it
   falls back to ``"blocks"`` with a warning that says so.
+- ``"fast"``: the same tiles, split into unmasked and masked ones and merged through
+  log-sum-exp, forward and backward on the fused CPU flash kernel
+  (:mod:`codex_lab.nn.sparse_fast`); ``"blocks"`` on other devices.
 
 A fully masked query row returns zeros, never NaN, in every implementation.
 """
@@ -31,7 +34,7 @@ from torch import Tensor
 from codex_lab.nn.attention import attention_reference, register_attention_impl
 from codex_lab.nn.patterns import AttentionPattern, parse_pattern
 
-IMPLS = ("reference", "blocks", "flex")
+IMPLS = ("reference", "blocks", "flex", "fast")
 DEFAULT_BLOCK = 128
 
 
@@ -258,7 +261,7 @@ def sparse_attention(
         q: queries (B, H, N, D).
         k, v: keys and values (B, H_kv, N, D); H_kv must divide H (grouped heads).
         pattern: an :class:`AttentionPattern` or a spec string (``"window:128+strided:32"``).
-        impl: ``"reference"``, ``"blocks"`` or ``"flex"`` (see the module docstring).
+        impl: ``"reference"``, ``"blocks"``, ``"flex"`` or ``"fast"`` (see the module docstring).
         block: tile size in tokens for ``"blocks"`` and ``"flex"``.
 
     Returns:
@@ -274,6 +277,10 @@ def sparse_attention(
         return _reference(q, k, v, pat)
     if impl == "blocks":
         return _blocks(q, k, v, pat, block)
+    if impl == "fast":
+        from codex_lab.nn.sparse_fast import fast_available, sparse_fast
+
+        return sparse_fast(q, k, v, pat, block) if fast_available(q) else _blocks(q, k, v, pat, block)
     return _flex(q, k, v, pat, block)
 
 
@@ -313,5 +320,7 @@ def _model_kernel(impl: str) -> Callable[..., Tensor]:
 
 attention_blocks = _model_kernel("blocks")
 attention_flex = _model_kernel("flex")
+attention_fast = _model_kernel("fast")
 register_attention_impl("blocks", attention_blocks)
 register_attention_impl("flex", attention_flex)
+register_attention_impl("fast", attention_fast)

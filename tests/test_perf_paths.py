@@ -1,0 +1,74 @@
+"""Fast paths held equal to their plain references (equality only; speed lives in the benches)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from codex_lab.nn.patterns import AttentionPattern
+from codex_lab.nn.sparse import sparse_attention
+
+# fp32 attention: outputs and gradients are O(1); the fast kernel sums the tiles in a
+# different order (two softmax parts merged through log-sum-exp), so float rounding differs
+ATOL = 2e-5
+
+SPECS = ["dense", "window:5", "window:1", "strided:3", "fixed:8:2", "global:3", "blockstride:8:2",
+         "window:7+strided:4", "window:8+blockstride:8:3", "window:128+blockstride:128:12"]
+
+
+def _qkv(B: int, H: int, Hkv: int, N: int, D: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, h, N, D, generator=g).requires_grad_() for h in (H, Hkv, Hkv)]
+
+
+def _fwd_bwd(impl: str, spec, q, k, v, block: int, seed: int = 1):
+    out = sparse_attention(q, k, v, spec, impl=impl, block=block)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))  # random upstream gradient
+    (out * g).sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    return [out.detach(), *grads]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("n,block,h,hkv", [(37, 8, 2, 1), (64, 16, 4, 2), (300, 128, 2, 2)])
+def test_sparse_fast_equals_reference_forward_and_backward(spec: str, n: int, block: int, h: int, hkv: int) -> None:
+    q, k, v = _qkv(2, h, hkv, n, 8)
+    want = _fwd_bwd("reference", spec, q, k, v, block)
+    got = _fwd_bwd("fast", spec, q, k, v, block)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=f"{spec} {name}")
+
+
+@dataclass(frozen=True)
+class SkipRows(AttentionPattern):
+    """Test-only pattern: queries 5..12 see no key at all (one whole block of 4 among them)."""
+
+    @property
+    def is_dense(self) -> bool:
+        return False
+
+    def allowed(self, q_pos, k_pos):
+        return (k_pos <= q_pos) & ((q_pos < 5) | (q_pos > 12))
+
+
+def test_sparse_fast_rows_without_keys_are_zero_and_grads_finite() -> None:
+    q, k, v = _qkv(1, 2, 1, 20, 4)
+    got = _fwd_bwd("fast", SkipRows(), q, k, v, 4)
+    want = _fwd_bwd("reference", SkipRows(), q, k, v, 4)
+    assert (got[0][:, :, 5:13] == 0).all()
+    for a, b in zip(got, want):
+        assert not a.isnan().any()
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+
+
+def test_sparse_fast_is_a_registered_model_kernel() -> None:
+    from codex_lab.nn.attention import get_attention_impl
+
+    q, k, v = _qkv(1, 2, 2, 50, 8)
+    pat = AttentionPattern()
+    torch.testing.assert_close(get_attention_impl("fast")(q, k, v, pattern=pat),
+                               sparse_attention(q, k, v, pat, impl="reference"), atol=ATOL, rtol=0)
