@@ -2,7 +2,10 @@
 
 One flat record per (impl, pattern, N): median forward time, peak memory, the pattern's
 density (fraction of causal pairs), the speed-up over dense causal SDPA measured in the
-same run, and the physical limit 1/density beside it.
+same run, the goal 0.6/density and the physical limit 1/density beside it, and the
+fraction of causal tiles the block kernels compute. With ``--backward`` (default in full
+mode) also forward + backward (a training step of the attention) against SDPA's forward
++ backward, with its goal 0.5/density; impls without a CPU backward (flex) skip it.
 
 Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` above the inputs; on CPU, the
 process's resident-set high-water mark above its level just before the call, sampled
@@ -30,7 +33,7 @@ from codex_lab.runtime import median_ms
 NAME = "attention"
 HELP = "time and peak memory of dense SDPA vs sparse attention (reference, blocks, flex) against N"
 DEFAULT_PATTERN = "window:128+blockstride:128:12"  # ~10% of causal pairs at N=8192
-IMPLS = ("sdpa", "reference", "blocks", "flex")
+IMPLS = ("sdpa", "reference", "blocks", "flex", "fast")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-reference-n", type=int, default=4096,
                    help="skip 'reference' above this N (it materialises N x N scores)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: best available)")
+    p.add_argument("--backward", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time forward+backward (default: on in full mode, off in fast mode)")
 
 
 def _rss_bytes() -> int:
@@ -95,8 +100,9 @@ def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
 
 
 def measure(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, head_dim: int = 64,
-            repeats: int = 3, device: torch.device | None = None) -> dict[str, Any]:
-    """One record: forward time and peak memory of ``impl`` on random q, k, v (B, H, N, D).
+            repeats: int = 3, device: torch.device | None = None, backward: bool = False) -> dict[str, Any]:
+    """One record: forward time and peak memory of ``impl`` on random q, k, v (B, H, N, D);
+    with ``backward`` also ``fwd_bwd_ms``, the median of forward + ``out.sum().backward()``.
 
     ``impl="sdpa"`` is dense causal ``scaled_dot_product_attention`` (pattern ignored).
     """
@@ -115,8 +121,24 @@ def measure(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, 
         ms = median_ms(fn, repeats=repeats, warmup=0, sync=sync)
         mem = peak_mib(fn, dev)
     pat = parse_pattern("dense" if impl == "sdpa" else pattern)
-    return {"impl": impl, "pattern": pat.spec, "N": n, "median_ms": ms, "peak_mib": mem,
-            "first_call_s": setup_s, "tiles": tiles_computed(pat, n)}
+    nb = -(-n // 128)
+    rec: dict[str, Any] = {"impl": impl, "pattern": pat.spec, "N": n, "median_ms": ms, "peak_mib": mem,
+                           "first_call_s": setup_s, "tiles": tiles_computed(pat, n),
+                           # fraction of the causal tiles nb (nb + 1) / 2 that a block kernel computes
+                           "tile_fraction": tiles_computed(pat, n) / (nb * (nb + 1) / 2)}
+    if backward and not (impl == "flex" and dev.type == "cpu"):  # flex has no CPU backward
+        qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        if impl == "sdpa":
+            fwd = lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)  # noqa: E731
+        else:
+            fwd = lambda: sparse_attention(qg, kg, vg, pattern, impl=impl)  # noqa: E731
+
+        def step() -> None:
+            fwd().sum().backward()
+            qg.grad = kg.grad = vg.grad = None
+
+        rec["fwd_bwd_ms"] = median_ms(step, repeats=repeats, warmup=1, sync=sync)
+    return rec
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -125,21 +147,24 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     sizes = args.sizes or pick(fast=[1024, 2048, 4096], full=[1024, 2048, 4096, 8192])
     repeats = args.repeats or pick(fast=3, full=5)
     impls = list(dict.fromkeys(["sdpa", *args.impls]))  # the baseline is always measured
+    backward = pick(fast=False, full=True) if args.backward is None else args.backward
     pattern = parse_pattern(args.pattern)
     rows: list[dict[str, Any]] = []
     for n in sizes:
         density = pattern.density(n)
-        base_ms = None
+        base_ms = base_fb = None
         for impl in impls:
             if impl == "reference" and n > args.max_reference_n:
                 continue
             r = measure(impl, pattern.spec, n, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                        repeats=repeats, device=dev)
+                        repeats=repeats, device=dev, backward=backward)
             if impl == "sdpa":
-                base_ms = r["median_ms"]
+                base_ms, base_fb = r["median_ms"], r.get("fwd_bwd_ms")
             d = 1.0 if impl == "sdpa" else density
             assert base_ms is not None
             r.update({"density": d, "speedup_vs_sdpa": base_ms / r["median_ms"],
                       "limit_1_over_d": 1.0 / d, "goal_0_6_over_d": 0.6 / d, "device": str(dev)})
+            if "fwd_bwd_ms" in r and base_fb is not None:
+                r.update({"fwd_bwd_speedup_vs_sdpa": base_fb / r["fwd_bwd_ms"], "goal_fwd_bwd_0_5_over_d": 0.5 / d})
             rows.append(r)
     return rows
