@@ -72,3 +72,51 @@ def test_sparse_fast_is_a_registered_model_kernel() -> None:
     pat = AttentionPattern()
     torch.testing.assert_close(get_attention_impl("fast")(q, k, v, pattern=pat),
                                sparse_attention(q, k, v, pat, impl="reference"), atol=ATOL, rtol=0)
+
+
+# --- prompt-lookup decoding -------------------------------------------------------------
+
+
+def test_lookup_draft_copies_what_followed_the_latest_match() -> None:
+    from codex_lab.infer.prompt_lookup import lookup_draft
+
+    toks = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert lookup_draft(toks, max_ngram=3, num_draft=2) == [7, 8]  # latest "1 2 3" wins
+    assert lookup_draft(toks, max_ngram=3, num_draft=10) == [7, 8, 5, 1, 2, 3]  # stops at the context's end
+    assert lookup_draft([4, 5, 6], max_ngram=2) == []  # nothing repeats
+    assert lookup_draft([4, 5, 6, 5], max_ngram=2) == [6, 5]  # falls back to a 1-gram
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_head": 2, "attn_patterns": ["window:6", "dense"]}])
+def test_prompt_lookup_equals_plain_greedy(kw) -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import tiny_config
+
+    from codex_lab.infer.generate import generate_ids
+    from codex_lab.infer.prompt_lookup import prompt_lookup_generate
+    from codex_lab.nn.model import CodexModel
+
+    torch.manual_seed(0)
+    target = CodexModel(tiny_config(**kw)).eval()
+    g = torch.Generator().manual_seed(0)
+    base = torch.randint(0, 512, (9,), generator=g).tolist()
+    ref0, _ = generate_ids(target, base, max_new_tokens=12)
+    drafted = accepted = 0
+    # a random prompt, a periodic one and one that already contains its own greedy continuation
+    for prompt in (base, [5, 6, 7] * 5, base + ref0 + base):
+        ref, _ = generate_ids(target, prompt, max_new_tokens=15)
+        for nd in (1, 4):
+            ids, reason, st = prompt_lookup_generate(target, prompt, max_new_tokens=15, num_draft=nd)
+            assert ids == ref and reason == "length", (prompt, nd)
+            assert st.target_calls <= 15
+            drafted += st.drafted
+            accepted += st.accepted
+    assert drafted > 0 and accepted > 0  # the drafting and the acceptance paths both ran
+    prompt = base + ref0 + base
+    ref, _ = generate_ids(target, prompt, max_new_tokens=12)
+    eos = ref[5]  # pretend the 6th greedy token is end-of-text: both stop there
+    want = generate_ids(target, prompt, max_new_tokens=12, eos_id=eos)
+    assert want[1] == "stop" and prompt_lookup_generate(target, prompt, max_new_tokens=12, eos_id=eos)[:2] == want

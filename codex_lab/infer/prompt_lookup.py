@@ -1,0 +1,111 @@
+"""Prompt-lookup decoding (greedy): draft tokens copied from the context, no draft model.
+
+Code edits repeat their prompt: asked to change one line of a function, the model writes
+most of the function again. So the cheapest possible "draft model" is a search: take the
+last ``n`` tokens generated, find where they occurred earlier in the prompt (or in what
+was generated), and propose the ``num_draft`` tokens that followed there (Saxena, 2023,
+"prompt lookup decoding"; the n-gram drafting of Fu et al., 2024). The target checks all
+proposals in ONE forward with the greedy rule of :mod:`codex_lab.infer.speculative`:
+accept up to the first disagreement, then append the target's own token. Every emitted
+token is the target's greedy token, so the output equals plain greedy decoding; when
+nothing matches, the round is an ordinary one-token decode step.
+
+It pays when the continuation copies the context (edits, refactors, reformatting, quoting)
+and costs a little when it does not (a longer verify forward for guesses that fail).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from codex_lab.infer.generate import cached_logits, make_caches
+from codex_lab.infer.speculative import SpecStats
+from codex_lab.nn.model import CodexModel
+
+
+def lookup_draft(tokens: Sequence[int], *, max_ngram: int = 3, min_ngram: int = 1, num_draft: int = 8) -> list[int]:
+    """The tokens that followed the latest earlier occurrence of the context's last n-gram.
+
+    Tries n = max_ngram down to min_ngram; the most recent match wins (it is the likeliest
+    copy). Returns up to ``num_draft`` tokens, or [] when no n-gram matches.
+    """
+    if not 1 <= min_ngram <= max_ngram:
+        raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+    L = len(tokens)
+    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
+        tail = list(tokens[L - n :])
+        # latest start s < L - n with tokens[s : s + n] == tail
+        for s in range(L - n - 1, -1, -1):
+            if tokens[s] == tail[0] and list(tokens[s : s + n]) == tail:
+                return list(tokens[s + n : s + n + num_draft])
+    return []
+
+
+@torch.no_grad()
+def prompt_lookup_generate(
+    target: CodexModel,
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int = 64,
+    num_draft: int = 8,
+    max_ngram: int = 3,
+    eos_id: int | None = None,
+) -> tuple[list[int], str, SpecStats]:
+    """Greedy generation of ``target`` with drafts copied from the context.
+
+    Returns (new ids, finish reason, stats) where the ids equal
+    ``generate_ids(target, prompt_ids, max_new_tokens=..., eos_id=...)``. ``stats.rounds``
+    counts verify forwards that carried at least one guess; ``acceptance_rate`` is over them.
+    """
+    if num_draft < 1:
+        raise ValueError(f"num_draft must be >= 1, got {num_draft}")
+    if not prompt_ids:
+        raise ValueError("the prompt is empty; give at least one token")
+    T = len(prompt_ids)
+    total = T + max_new_tokens
+    if total > target.cfg.max_seq_len:
+        raise ValueError(f"prompt {T} + {max_new_tokens} new tokens is past max_seq_len {target.cfg.max_seq_len}")
+    stats = SpecStats(gamma=num_draft)
+    if max_new_tokens == 0:
+        return [], "length", stats
+    dev = next(target.parameters()).device
+    caches = make_caches(target, 1, total, "static", rolling=False)  # rolled back after a rejection
+
+    def run(ids: list[int], start: int, last_only: bool) -> torch.Tensor:
+        x = torch.tensor([ids], device=dev)  # (1, n)
+        pos = torch.arange(start, start + len(ids), device=dev)[None]  # (1, n)
+        return cached_logits(target, x, pos, caches, last_only=last_only)[0]  # (n or 1, V)
+
+    tokens = list(prompt_ids)
+    first = int(run(tokens, 0, True)[-1].argmax())
+    stats.target_calls += 1
+    if eos_id is not None and first == eos_id:
+        return [], "stop", stats
+    tokens.append(first)
+    while len(tokens) - T < max_new_tokens:
+        L = len(tokens)  # the cache holds positions 0 .. L-2
+        room = max_new_tokens - (L - T) - 1  # never emit past max_new_tokens
+        guesses = lookup_draft(tokens, max_ngram=max_ngram, num_draft=min(num_draft, room)) if room else []
+        # one forward: preds[i] = the target's greedy token after tokens + guesses[:i]
+        preds = run([tokens[-1]] + guesses, L - 1, last_only=False).argmax(dim=-1).tolist()  # (g + 1,)
+        stats.target_calls += 1
+        k = 0
+        while k < len(guesses) and guesses[k] == preds[k]:
+            k += 1
+        new = guesses[:k] + [preds[k]]
+        if guesses:
+            stats.rounds += 1
+            stats.drafted += len(guesses)
+            stats.accepted += k
+            stats.rejections += k < len(guesses)
+            stats.emitted += len(new)
+        for tok in new:
+            if eos_id is not None and tok == eos_id:
+                return tokens[T:], "stop", stats
+            tokens.append(tok)
+        if k < len(guesses):  # roll back the rejected guesses' keys/values
+            for c in caches:
+                c.truncate(len(tokens) - 1)
+    return tokens[T:], "length", stats
