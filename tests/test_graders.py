@@ -122,8 +122,11 @@ def test_the_package_function_itself_earns_nothing():
     from codex_lab.course.grading import lesson_of
 
     ex = Exercise("99", "lesson_of", _check_lesson_of, points=2)
-    r = run_check(ex, lesson_of)
-    assert r.points == 0 and "write this one yourself" in r.message
+    import functools
+
+    for answer in (lesson_of, functools.partial(lesson_of), functools.wraps(lesson_of)(lambda p: p[:2])):
+        r = run_check(ex, answer)
+        assert r.points == 0 and "write this one yourself" in r.message, (answer, r)
     assert issubclass(ForbiddenCall, AssertionError)
 
 

@@ -110,7 +110,25 @@ def blocked(names: tuple[str, ...] | list[str], check: Callable[..., Any]) -> It
 
 
 def package_origin(fn: Any) -> str | None:
-    """The dotted name of ``fn`` when it is the package's own code (imported, not written), else None."""
+    """The dotted name of ``fn`` when it is the package's own code (imported, not written), else None.
+
+    Looks through ``functools.partial``, bound methods and ``__wrapped__`` (decorators)."""
+    import functools
+
+    for _ in range(16):
+        inner = (fn.func if isinstance(fn, functools.partial) else getattr(fn, "__func__", None)
+                 or getattr(fn, "__wrapped__", None))
+        if inner is None or inner is fn:
+            break
+        origin = package_origin_one(fn)
+        if origin is not None:
+            return origin
+        fn = inner
+    return package_origin_one(fn)
+
+
+def package_origin_one(fn: Any) -> str | None:
+    """:func:`package_origin` for ``fn`` itself, without unwrapping."""
     mod = getattr(fn, "__module__", None) or ""
     code = getattr(fn, "__code__", None)
     in_pkg = code is not None and code.co_filename.startswith(_PKG)
