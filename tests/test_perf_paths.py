@@ -120,3 +120,29 @@ def test_prompt_lookup_equals_plain_greedy(kw) -> None:
     eos = ref[5]  # pretend the 6th greedy token is end-of-text: both stop there
     want = generate_ids(target, prompt, max_new_tokens=12, eos_id=eos)
     assert want[1] == "stop" and prompt_lookup_generate(target, prompt, max_new_tokens=12, eos_id=eos)[:2] == want
+
+
+# --- MoE dispatch -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d,experts,top_k,capacity", [(16, 8, 2, None), (12, 4, 1, 1.0), (24, 16, 4, None)])
+def test_moe_grouped_inference_path_equals_reference(d: int, experts: int, top_k: int, capacity) -> None:
+    from codex_lab.nn.config import ModelConfig
+    from codex_lab.nn.moe import MoEFeedForward
+
+    cfg = ModelConfig(vocab_size=16, d_model=d, n_layer=1, n_head=1, moe_layers=[0], n_experts=experts,
+                      moe_top_k=top_k, moe_ffn_hidden=2 * d + 4, moe_capacity_factor=capacity)
+    torch.manual_seed(0)
+    fast = MoEFeedForward(cfg).eval()
+    ref = MoEFeedForward(cfg, impl="reference").eval()
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 21, d)
+    # fp32, a different summation order (fused gate|up matmul, grouped matmuls): rounding only
+    tol = dict(atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), ref(x), **tol)
+        for m in (fast, ref):  # change a weight: the cached stacked weights must follow
+            m.experts[1].up_proj.weight.mul_(-2.0)
+        torch.testing.assert_close(fast(x), ref(x), **tol)
+    with torch.enable_grad():  # the training path (per-expert loop) too
+        torch.testing.assert_close(fast(x), ref(x), **tol)

@@ -27,6 +27,7 @@ bias after each training forward: down for overloaded experts, up for underloade
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -151,6 +152,10 @@ def dispatch_reference(x: Tensor, routing: Routing, experts: nn.ModuleList, keep
 def dispatch_grouped(x: Tensor, routing: Routing, experts: nn.ModuleList, keep: Tensor) -> Tensor:
     """Grouped dispatch: sort kept assignments by expert, one matmul chain per expert.
 
+    Without gradients the experts run over their stacked weights (gate and up fused, one
+    grouped matmul each for gate|up and down, cached until a weight changes); with
+    gradients, a loop over the non-empty experts (autograd through each module).
+
     x (N, d); keep (N, k) bool -> (N, d). Equal to :func:`dispatch_reference`.
     """
     N, k = routing.expert_idx.shape
@@ -162,19 +167,83 @@ def dispatch_grouped(x: Tensor, routing: Routing, experts: nn.ModuleList, keep: 
         flat_expert, flat_token, flat_weight = flat_expert[kept], flat_token[kept], flat_weight[kept]
     order = torch.argsort(flat_expert, stable=True)  # (A,) assignments grouped by expert
     token_sorted = flat_token[order]  # (A,)
-    counts = torch.bincount(flat_expert, minlength=len(experts)).tolist()  # (E,) group sizes
+    counts_t = torch.bincount(flat_expert, minlength=len(experts))  # (E,) group sizes
     x_sorted = x[token_sorted]  # (A, d) gathered once
-    outs = []
+    w_sorted = flat_weight[order].to(x.dtype)[:, None]  # (A, 1)
+    if not torch.is_grad_enabled() and x_sorted.shape[0]:
+        # inference: all experts at once over stacked weights, no Python loop per expert
+        y_sorted = _stacked_experts(x_sorted, counts_t, experts) * w_sorted  # (A, d) weighted
+        # back to (token, choice) slots by a gather (CPU index_add_ is a slow serial scatter):
+        # slot s of the N*k reads assignment src[s], or the zero row A when s was dropped
+        A = y_sorted.shape[0]
+        slot = torch.arange(N * k, device=x.device) if bool(kept.all()) else torch.nonzero(kept).flatten()  # (A,)
+        src = torch.full((N * k,), A, dtype=torch.long, device=x.device)  # (N*k,)
+        src[slot[order]] = torch.arange(A, device=x.device)
+        y_ext = torch.cat([y_sorted, y_sorted.new_zeros(1, y_sorted.shape[1])])  # (A+1, d)
+        # y_n = sum_j (w_nj expert_nj(x_n))
+        return y_ext[src].view(N, k, -1).sum(1)  # (N, d)
+    else:
+        counts = counts_t.tolist()
+        outs = []
+        start = 0
+        for e, count in enumerate(counts):
+            if count:
+                outs.append(experts[e](x_sorted[start : start + count]))  # (count, d)
+            start += count
+        if not outs:
+            return torch.zeros_like(x)
+        y_sorted = torch.cat(outs)  # (A, d)
+    # y_n = sum over the assignments of token n of w * expert(x_n)
+    return torch.zeros_like(x).index_add_(0, token_sorted, y_sorted * w_sorted)  # (N, d)
+
+
+_STACKED: "weakref.WeakKeyDictionary[nn.ModuleList, tuple[tuple, Tensor, Tensor]]" = weakref.WeakKeyDictionary()
+
+
+def _stacked_weights(experts: nn.ModuleList) -> tuple[Tensor, Tensor]:
+    """(E, d, 2h) gate|up and (E, h, d) down weights of the experts, rebuilt only when a
+    parameter changed (its version counter or storage), so inference pays the copy once."""
+    params = [p for e in experts for p in (e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight)]
+    key = tuple((p.data_ptr(), p._version) for p in params)
+    hit = _STACKED.get(experts)
+    if hit is not None and hit[0] == key:
+        return hit[1], hit[2]
+    with torch.no_grad():
+        # x @ [W_gate^T | W_up^T]: one matmul gives both halves
+        w_gu = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]).t() for e in experts]).contiguous()  # (E, d, 2h)
+        w_d = torch.stack([e.down_proj.weight.t() for e in experts]).contiguous()  # (E, h, d)
+    _STACKED[experts] = (key, w_gu, w_d)
+    return w_gu, w_d
+
+
+def _grouped_mm(x: Tensor, w: Tensor, counts: Tensor, offs: Tensor | None) -> Tensor:
+    """Row group e of x (A, i) times w[e] (i, o) -> (A, o): torch's grouped matmul where it
+    runs, else one matmul per non-empty group."""
+    if offs is not None:
+        try:
+            return torch._grouped_mm(x, w, offs=offs)
+        except (RuntimeError, AttributeError):  # strides not 16-byte aligned, or no kernel here
+            pass
+    out = x.new_empty(x.shape[0], w.shape[-1])
     start = 0
-    for e, count in enumerate(counts):
-        if count:
-            outs.append(experts[e](x_sorted[start : start + count]))  # (count, d)
-        start += count
-    if not outs:
-        return torch.zeros_like(x)
-    y_sorted = torch.cat(outs) * flat_weight[order].to(x.dtype)[:, None]  # (A, d) weighted
-    # y_n = sum over the assignments of token n
-    return torch.zeros_like(x).index_add_(0, token_sorted, y_sorted)  # (N, d)
+    for e, c in enumerate(counts.tolist()):
+        if c:
+            torch.mm(x[start : start + c], w[e], out=out[start : start + c])
+        start += c
+    return out
+
+
+def _stacked_experts(x_sorted: Tensor, counts: Tensor, experts: nn.ModuleList) -> Tensor:
+    """SwiGLU of every expert on its contiguous group of x_sorted (A, d) -> (A, d)."""
+    if not all(isinstance(e, SwiGLU) for e in experts):
+        raise TypeError("stacked dispatch needs SwiGLU experts")
+    w_gu, w_d = _stacked_weights(experts)
+    h = w_d.shape[1]
+    offs = torch.cumsum(counts, 0).to(torch.int32) if hasattr(torch, "_grouped_mm") else None  # (E,) group ends
+    gu = _grouped_mm(x_sorted, w_gu, counts, offs)  # (A, 2h)
+    # SwiGLU: silu(x W_gate^T) * (x W_up^T)
+    hidden = F.silu(gu[:, :h]) * gu[:, h:]  # (A, h)
+    return _grouped_mm(hidden, w_d, counts, offs)  # (A, d)
 
 
 def load_balancing_loss(probs: Tensor, expert_idx: Tensor) -> Tensor:
