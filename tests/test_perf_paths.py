@@ -146,3 +146,33 @@ def test_moe_grouped_inference_path_equals_reference(d: int, experts: int, top_k
         torch.testing.assert_close(fast(x), ref(x), **tol)
     with torch.enable_grad():  # the training path (per-expert loop) too
         torch.testing.assert_close(fast(x), ref(x), **tol)
+
+
+# --- fixed-shape decode -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_head": 2, "attn_patterns": ["window:6", "dense"]}])
+def test_fast_decoder_equals_generate_ids_and_compiles_once(kw) -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import tiny_config
+
+    from codex_lab.infer.fast_decode import FastDecoder
+    from codex_lab.infer.generate import generate_ids
+    from codex_lab.nn.model import CodexModel
+
+    torch.manual_seed(0)
+    model = CodexModel(tiny_config(**kw)).eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (9, 1, 5)]
+    # the "eager" backend traces with dynamo (same guards as inductor) without generating code
+    for dec in (FastDecoder(model, max_len=32, compile=False), FastDecoder(model, max_len=32, backend="eager")):
+        for p in prompts:  # reused across prompts: stale slots beyond the new prompt are masked
+            want, _ = generate_ids(model, p, max_new_tokens=14)
+            assert dec.generate(p, 14)[0] == want
+        assert dec.recompiles == 0 and dec.decode_calls == 3 * 13
+    eos = generate_ids(model, prompts[0], max_new_tokens=14)[0][4]
+    want, reason = generate_ids(model, prompts[0], max_new_tokens=14, eos_id=eos)
+    assert reason == "stop" and FastDecoder(model, max_len=32, compile=False).generate(prompts[0], 14, eos_id=eos)[0] == want

@@ -1,0 +1,166 @@
+"""gpt-fast style greedy decoding: a fixed-shape decode step over a static cache, compiled once.
+
+Why the plain cached loop does not compile well: its cache returns the filled prefix
+(a length that grows every step) and turns positions into Python ints, so a compiled
+forward sees a new shape or a new constant each step and recompiles. Here, as in gpt-fast:
+
+- the cache is one preallocated (B, H_kv, L, D) buffer per layer, written in place at the
+  step's position (``index_copy_``); every step attends over all ``L`` slots with a mask
+  ``slot <= position and pattern(position, slot)``, so every tensor has the same shape;
+- the position is a tensor (1,), never a Python int, so its value is not baked into the graph;
+- the step is ``torch.compile``'d once (``dynamic=False``: one static graph) and reused; the
+  bench reads :attr:`FastDecoder.recompiles` (dynamo's counters) to show it stays at 0.
+
+The prompt goes through the same function eagerly (prefill: one call of T tokens). If
+compiling is unavailable or fails (no C++ compiler, an old torch), :class:`FastDecoder`
+runs the same step eagerly and says why in :attr:`FastDecoder.compile_error`.
+Tokens equal :func:`codex_lab.infer.generate.generate_ids` (greedy).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from codex_lab.nn.layers import apply_rope
+from codex_lab.nn.model import CodexModel
+
+
+def _graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process (its ``unique_graphs`` counter)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # pragma: no cover - no dynamo
+        return 0
+    return int(counters["stats"]["unique_graphs"])
+
+
+class FastDecoder:
+    """Greedy decoding of ``model`` with a static cache of ``max_len`` slots and batch ``batch``.
+
+    Args:
+        model: a :class:`CodexModel` (dense SwiGLU or MoE feed-forwards; any attention pattern).
+        max_len: cache slots, the longest prompt + new tokens (default ``cfg.max_seq_len``).
+        batch: rows decoded together (equal-length prompts).
+        compile: ``torch.compile`` the decode step (False: eager, the same function).
+        backend: torch.compile backend ("inductor" generates fused code; "eager" only
+            traces, which tests use to check guards and recompiles cheaply).
+    """
+
+    def __init__(self, model: CodexModel, *, max_len: int | None = None, batch: int = 1, compile: bool = True,
+                 backend: str = "inductor") -> None:
+        cfg = model.cfg
+        self.model = model.eval()
+        self.max_len = cfg.max_seq_len if max_len is None else max_len
+        if self.max_len > cfg.max_seq_len:
+            raise ValueError(f"max_len={self.max_len} is past the model's max_seq_len={cfg.max_seq_len}")
+        p = next(model.parameters())
+        assert cfg.n_kv_head is not None
+        shape = (batch, cfg.n_kv_head, self.max_len, cfg.head_dim)
+        self.k = [torch.zeros(shape, device=p.device, dtype=p.dtype) for _ in range(cfg.n_layer)]  # (B, Hkv, L, D) each
+        self.v = [torch.zeros(shape, device=p.device, dtype=p.dtype) for _ in range(cfg.n_layer)]
+        self.slots = torch.arange(self.max_len, device=p.device)  # (L,)
+        self.batch = batch
+        self.compile_error = ""
+        self.compile_s = 0.0
+        self._compiled = None
+        if compile:
+            try:
+                self._compiled = torch.compile(self._step, dynamic=False, backend=backend)
+            except Exception as exc:  # pragma: no cover - torch without dynamo
+                self.compile_error = f"{type(exc).__name__}: {exc}"[:200]
+        self._graphs_after_first: int | None = None
+        self.decode_calls = 0
+
+    @property
+    def recompiles(self) -> int:
+        """Graphs compiled after the first compiled decode step (0 = compiled once, reused)."""
+        return 0 if self._graphs_after_first is None else _graphs_compiled() - self._graphs_after_first
+
+    @torch.no_grad()
+    def _step(self, tokens: Tensor, pos: Tensor) -> Tensor:
+        """tokens (B, T) at positions ``pos`` (T,) -> logits of the last position (B, V);
+        writes their keys/values into slots ``pos`` of the static cache."""
+        m, cfg = self.model, self.model.cfg
+        B, T = tokens.shape
+        cos = m.rope_cos[pos][None, None]  # (1, 1, T, hd)
+        sin = m.rope_sin[pos][None, None]  # (1, 1, T, hd)
+        x = m.embed(tokens)  # (B, T, d)
+        for i, layer in enumerate(m.layers):
+            at = layer.attn
+            h = layer.attn_norm(x)  # (B, T, d)
+            q = at.q_proj(h).view(B, T, at.n_head, at.head_dim).transpose(1, 2)  # (B, H, T, hd)
+            k = at.k_proj(h).view(B, T, at.n_kv_head, at.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+            v = at.v_proj(h).view(B, T, at.n_kv_head, at.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            self.k[i].index_copy_(2, pos, k)  # slot = position
+            self.v[i].index_copy_(2, pos, v)
+            # allowed[t, s] = slot s is filled (s <= pos_t) and pattern(pos_t, s)
+            allowed = (self.slots[None, :] <= pos[:, None]) & at.pattern.allowed(pos[:, None], self.slots[None, :])  # (T, L)
+            y = F.scaled_dot_product_attention(q, self.k[i], self.v[i], attn_mask=allowed[None, None],
+                                               enable_gqa=at.n_head != at.n_kv_head)  # (B, H, T, hd)
+            y = y.transpose(1, 2).reshape(B, T, at.n_head * at.head_dim)  # (B, T, H*hd)
+            x = x + at.o_proj(y)
+            x = x + layer.ffn(layer.ffn_norm(x))
+        x = m.norm(x[:, -1:])  # (B, 1, d)
+        return m.lm_head(x)[:, 0]  # (B, V)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Sequence[int] | Tensor, max_new_tokens: int, *, eos_id: int | None = None) -> list[list[int]]:
+        """Greedy continuation of ``prompt_ids`` ((T,) list or (B, T) tensor): new ids per row.
+
+        Stops at ``max_new_tokens`` (or when every row produced ``eos_id``; a row's ids stop
+        before its eos). Equal to ``generate_ids`` token for token.
+        """
+        dev = self.slots.device
+        prompts = torch.as_tensor(prompt_ids, device=dev)
+        if prompts.dim() == 1:
+            prompts = prompts[None]  # (1, T)
+        B, T = prompts.shape
+        if B != self.batch:
+            raise ValueError(f"decoder built for batch={self.batch}, got {B} prompts")
+        if T == 0 or T + max_new_tokens > self.max_len:
+            raise ValueError(f"prompt {T} + {max_new_tokens} new tokens must be 1..{self.max_len} (max_len)")
+        out: list[list[int]] = [[] for _ in range(B)]
+        if max_new_tokens == 0:
+            return out
+        logits = self._step(prompts, torch.arange(T, device=dev))  # (B, V) prefill, eager
+        done = [False] * B
+        nxt = logits.argmax(-1)  # (B,)
+        pos = torch.tensor([T], device=dev)  # (1,) a tensor: no recompile as it changes
+        step = self._compiled or self._step
+        for i in range(max_new_tokens):
+            for b, t in enumerate(nxt.tolist()):
+                if not done[b]:
+                    if eos_id is not None and t == eos_id:
+                        done[b] = True
+                    else:
+                        out[b].append(t)
+            if all(done) or i + 1 == max_new_tokens:
+                break
+            if step is self._compiled and self.decode_calls == 0:
+                t0 = time.perf_counter()
+                try:
+                    logits = step(nxt[:, None], pos)  # (B, V) first call compiles
+                except Exception as exc:  # no C++ compiler, unsupported op: same step, eager
+                    self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    self._compiled = None
+                    step = self._step
+                    logits = step(nxt[:, None], pos)
+                self.compile_s = time.perf_counter() - t0
+                self._graphs_after_first = _graphs_compiled()
+            else:
+                logits = step(nxt[:, None], pos)  # (B, V)
+            self.decode_calls += 1
+            nxt = logits.argmax(-1)
+            pos += 1
+        return out
+
+    @property
+    def compiled(self) -> bool:
+        """True when decode steps run the compiled graph."""
+        return self._compiled is not None
