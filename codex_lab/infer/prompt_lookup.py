@@ -51,6 +51,7 @@ def prompt_lookup_generate(
     max_new_tokens: int = 64,
     num_draft: int = 8,
     max_ngram: int = 3,
+    min_ngram: int = 1,
     eos_id: int | None = None,
 ) -> tuple[list[int], str, SpecStats]:
     """Greedy generation of ``target`` with drafts copied from the context.
@@ -87,7 +88,7 @@ def prompt_lookup_generate(
     while len(tokens) - T < max_new_tokens:
         L = len(tokens)  # the cache holds positions 0 .. L-2
         room = max_new_tokens - (L - T) - 1  # never emit past max_new_tokens
-        guesses = lookup_draft(tokens, max_ngram=max_ngram, num_draft=min(num_draft, room)) if room else []
+        guesses = lookup_draft(tokens, max_ngram=max_ngram, min_ngram=min_ngram, num_draft=min(num_draft, room)) if room else []
         # one forward: preds[i] = the target's greedy token after tokens + guesses[:i]
         preds = run([tokens[-1]] + guesses, L - 1, last_only=False).argmax(dim=-1).tolist()  # (g + 1,)
         stats.target_calls += 1

@@ -29,7 +29,12 @@ HELP = "KV cache vs none, codex_lab vs HF generate, continuous vs static batchin
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenarios", default="cache,hf,batching,streams,speculative",
-                   help="comma-separated subset of: cache, hf, batching, streams, speculative, compile")
+                   help="comma-separated subset of: cache, hf, batching, streams, speculative, compile, "
+                        "decode (HF generate default and static+compile vs codex_lab's fast decode), "
+                        "code_edit (prompt-lookup decoding on code edits)")
+    p.add_argument("--no-hf-compile", action="store_true", help="decode scenario: skip HF generate static cache + torch.compile")
+    p.add_argument("--slots", type=int, default=None,
+                   help="batching scenario: engine slots (default 16 fast / 8 full)")
     p.add_argument("--requests", type=int, default=None, help="requests in the batching scenario (default 16 fast / 32 full)")
     p.add_argument("--random", action="store_true", help="use a random model of the shipped shape (no checkpoint needed)")
     p.add_argument("--threads", type=int, default=None,
@@ -261,17 +266,22 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         torch.set_num_threads(args.threads)
     model, tok = load_model_and_tokenizer(getattr(args, "random", False))
     wanted = {s.strip() for s in args.scenarios.split(",") if s.strip()}
-    known = {"cache", "hf", "batching", "streams", "speculative", "compile"}
+    known = {"cache", "hf", "batching", "streams", "speculative", "compile", "decode", "code_edit"}
+    from codex_lab.lessons.l06_inference.fast_scenarios import bench_code_edit, bench_decode
+
     if wanted - known:
         raise ValueError(f"unknown scenarios {sorted(wanted - known)}; choose from {sorted(known)}")
     scenarios: dict[str, Callable[[], list[dict[str, Any]]]] = {
         "cache": lambda: bench_cache(model, pick(fast=[32, 256], full=[32, 256, 768]), pick(fast=32, full=128)),
         "hf": lambda: bench_hf(model, 64, pick(fast=32, full=128)),
-        "batching": lambda: bench_batching(model, tok, args.requests or pick(fast=16, full=32))[0],
+        "batching": lambda: bench_batching(model, tok, args.requests or pick(fast=16, full=32),
+                                           batch=getattr(args, "slots", None) or pick(fast=16, full=8))[0],
         "streams": lambda: [r for chunk in (None, 32)
                             for r in bench_streams(model, tok, pick(fast=8, full=32), max_prefill_tokens=chunk)[0]],
         "speculative": lambda: bench_speculative(model, tok, pick(fast=3, full=12), pick(fast=48, full=128)),
         "compile": lambda: bench_compile(model),
+        "decode": lambda: bench_decode(model, 64, pick(fast=64, full=128), hf_compile=not getattr(args, "no_hf_compile", False)),
+        "code_edit": lambda: bench_code_edit(model, tok, pick(fast=4, full=12), pick(fast=64, full=128)),
     }
     rows: list[dict[str, Any]] = []
     bar = progress([s for s in scenarios if s in wanted], desc="inference bench", unit="scenario")

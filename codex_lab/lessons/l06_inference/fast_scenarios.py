@@ -1,0 +1,154 @@
+"""The fast-decoding scenarios of ``codex-lab bench inference`` (issue 16's goals).
+
+- ``decode``: batch-1 greedy decode, same weights, same tokens: Hugging Face ``generate``
+  (default settings), HF ``generate`` with a static cache and a ``torch.compile``'d forward,
+  codex_lab's static-cache loop, and :class:`~codex_lab.infer.fast_decode.FastDecoder`
+  (compiled once). Records carry ``first_call_s`` (compile time), ``recompiles`` and the
+  ratios ``speedup_vs_hf_generate`` / ``speedup_vs_hf_static_compile``.
+- ``code_edit``: prompt = a function from the held-out corpus followed by the start of the
+  same function with a small change (a new name); greedy continuation. Prompt-lookup
+  decoding against plain static-cache decoding: ``speedup_vs_plain`` and ``acceptance_rate``.
+"""
+
+from __future__ import annotations
+
+import ast
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from codex_lab.data.tokenizer import CodeTokenizer
+from codex_lab.infer.fast_decode import FastDecoder
+from codex_lab.infer.generate import generate_ids_cached
+from codex_lab.infer.prompt_lookup import prompt_lookup_generate
+from codex_lab.nn.model import CodexModel
+
+
+def _median_s(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), out
+
+
+def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128, *, hf_compile: bool = True,
+                 repeats: int = 3) -> list[dict[str, Any]]:
+    """Batch-1 greedy decode tokens/s of HF generate (default, static+compile), codex_lab static cache, FastDecoder."""
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
+    ids = prompt[0].tolist()
+    runs: dict[str, tuple[Callable[[], list[int]], dict[str, Any]]] = {}
+    try:
+        from codex_lab.hf.llama import to_hf
+
+        hf = to_hf(model).eval()
+    except Exception as exc:  # sparse / MoE layers have no HF equivalent
+        hf, hf_error = None, f"{type(exc).__name__}: {exc}"[:200]
+    if hf is not None:
+        def hf_run(**kw: Any) -> Callable[[], list[int]]:
+            def run() -> list[int]:
+                out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                                  min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, **kw)
+                return out[0, prompt_len:].tolist()
+            return run
+
+        runs["hf_generate"] = (hf_run(), {})
+        if hf_compile:
+            import copy
+
+            hf_c = copy.deepcopy(hf)
+            hf_c.forward = torch.compile(hf_c.forward, dynamic=False)
+
+            def run_c() -> list[int]:
+                out = hf_c.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                                    cache_implementation="static")
+                return out[0, prompt_len:].tolist()
+
+            runs["hf_generate_static_compile"] = (run_c, {})
+    runs["codex_lab_static_cache"] = (lambda: generate_ids_cached(model, ids, max_new_tokens=new_tokens)[0], {})
+    dec = FastDecoder(model, max_len=prompt_len + new_tokens)
+    runs["codex_lab_fast_decode"] = (lambda: dec.generate(ids, new_tokens)[0], {})
+    rows, outs = [], {}
+    with torch.no_grad():
+        for impl, (fn, extra) in runs.items():
+            t0 = time.perf_counter()
+            fn()  # first call: warm-up, and compilation for the compiled impls
+            first = time.perf_counter() - t0
+            dt, outs[impl] = _median_s(fn, repeats)
+            row = {"scenario": "decode", "impl": impl, "batch": 1, "prompt_len": prompt_len, "new_tokens": new_tokens,
+                   "tokens_per_s": new_tokens / dt, "first_call_s": first}
+            if impl == "codex_lab_fast_decode":
+                row.update({"recompiles": dec.recompiles, "compiled": dec.compiled,
+                            "compile_error": dec.compile_error, "compile_s": dec.compile_s})
+            rows.append(row)
+    ref = outs["codex_lab_static_cache"]
+    by = {r["impl"]: r for r in rows}
+    for r in rows:
+        r["same_tokens"] = outs[r["impl"]] == ref
+        for base in ("hf_generate", "hf_generate_static_compile"):
+            if base in by:
+                r[f"speedup_vs_{base}"] = r["tokens_per_s"] / by[base]["tokens_per_s"]
+        if hf is None:
+            r["hf_error"] = hf_error
+    return rows
+
+
+def code_edit_prompts(tok: CodeTokenizer, n: int, *, max_prompt: int = 400, seed: int = 0) -> list[list[int]]:
+    """``n`` prompts: a function from held-out corpus files, a blank line, then the first
+    line of the same function renamed (``def name_v2(...``), the start of an edited copy."""
+    from codex_lab.data.corpus import load_corpus
+
+    rng = np.random.default_rng(seed)
+    funcs: list[tuple[str, str]] = []
+    for text in load_corpus(max_files=200).texts("val"):
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        lines = text.splitlines()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.end_lineno and 6 <= node.end_lineno - node.lineno <= 30:
+                src = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+                if src.lstrip().startswith("def ") and not src.startswith(" "):
+                    funcs.append((node.name, src))
+    if not funcs:
+        raise ValueError("no top-level functions of 6-30 lines in the held-out corpus")
+    prompts: list[list[int]] = []
+    for i in rng.permutation(len(funcs)).tolist():
+        name, src = funcs[i]
+        head = src.splitlines()[0].replace(f"def {name}(", f"def {name}_v2(", 1)
+        ids = tok.encode(src + "\n\n\n" + head)
+        if len(ids) <= max_prompt:
+            prompts.append(ids)
+        if len(prompts) == n:
+            break
+    return prompts
+
+
+def bench_code_edit(model: CodexModel, tok: CodeTokenizer, n_prompts: int = 4, new_tokens: int = 96,
+                    num_draft: int = 16, min_ngram: int = 2, max_ngram: int = 4) -> list[dict[str, Any]]:
+    """Prompt-lookup decoding vs plain static-cache greedy decoding on code edits (same tokens)."""
+    limit = model.cfg.max_seq_len - new_tokens
+    prompts = code_edit_prompts(tok, n_prompts, max_prompt=limit)
+    generate_ids_cached(model, prompts[0], max_new_tokens=4)  # warm-up
+    t0 = time.perf_counter()
+    plain = [generate_ids_cached(model, p, max_new_tokens=new_tokens)[0] for p in prompts]
+    dt_plain = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    res = [prompt_lookup_generate(model, p, max_new_tokens=new_tokens, num_draft=num_draft, min_ngram=min_ngram,
+                                  max_ngram=max_ngram) for p in prompts]
+    dt = time.perf_counter() - t0
+    n = sum(map(len, plain))
+    acc = sum(r[2].accepted for r in res) / max(1, sum(r[2].accepted + r[2].rejections for r in res))
+    base = {"scenario": "code_edit", "prompts": len(prompts), "new_tokens": new_tokens,
+            "mean_prompt_len": float(np.mean([len(p) for p in prompts]))}
+    return [
+        {**base, "impl": "plain_static_cache", "tokens_per_s": n / dt_plain, "target_calls": n},
+        {**base, "impl": f"prompt_lookup_d{num_draft}", "ngram": f"{min_ngram}..{max_ngram}", "tokens_per_s": n / dt, "acceptance_rate": acc,
+         "target_calls": sum(r[2].target_calls for r in res), "tokens_per_target_call": n / max(1, sum(r[2].target_calls for r in res)),
+         "speedup_vs_plain": dt_plain / dt, "same_tokens": [r[0] for r in res] == plain},
+    ]
