@@ -125,6 +125,11 @@ def bench_case(tokens: int, experts: int, top_k: int, *, d_model: int, hidden: i
     grouped_ms = next(r["median_ms"] for r in rows if r["impl"] == "grouped")
     for r in rows:
         r["ms_vs_grouped"] = round(r["median_ms"] / grouped_ms, 2)
+    hf_ms = [r["median_ms"] for r in rows if r["impl"].startswith("hf_")]
+    if hf_ms:  # the goal: grouped at least as fast as the fastest HF Mixtral block path
+        for r in rows:
+            if r["impl"] == "grouped":
+                r["speedup_vs_fastest_hf"] = round(min(hf_ms) / grouped_ms, 3)
     return rows + skipped
 
 
