@@ -128,7 +128,7 @@ def test_bad_input_raises_clear_errors() -> None:
         sparse_attention(q, k, v, "dense")
     q, k, v = rand_qkv(1, 4, 2, 8, 4)
     with pytest.raises(ValueError, match="impl="):
-        sparse_attention(q, k, v, "dense", impl="fast")
+        sparse_attention(q, k, v, "dense", impl="fastest")  # "fast" is a real impl (sparse_fast)
     with pytest.raises(ValueError, match="4-D"):
         sparse_attention(q[0], k, v, "dense")
     with pytest.raises(ValueError, match="pattern spec"):
