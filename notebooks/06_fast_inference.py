@@ -578,7 +578,35 @@ plt.show()
 # above or below the curve. Here the draft shares the embedding and the 4096-way head, a
 # large part of this tiny model's cost, so c is large and speculation barely pays or loses;
 # with a 7B target and a 100M draft (c ~ 0.02) the same acceptance rates give ~2-3x.
-#
+
+# %% [markdown]
+# ### When speculation pays: prompt lookup on code edits
+# The cheapest draft is no model at all: copy the tokens that followed the last n-gram's
+# previous occurrence in the context (`cl.prompt_lookup_generate`, c = 0). It pays when the
+# output repeats the prompt, as in an edit: below, the prompt is a function from held-out
+# code followed by the renamed first line of the same function. On plain continuation of
+# a file (the prompts above) there is little to copy: few drafts, more rejected ones, and
+# each verify forward of up to 17 tokens costs more than one decode step on a CPU.
+
+# %%
+from codex_lab.lessons.l06_inference.fast_scenarios import code_edit_prompts
+
+edit_prompts = code_edit_prompts(tok, cl.pick(fast=2, full=6), max_prompt=cfg.max_seq_len - n_new)
+lookup_rows = {}
+for label, ps in (("code edit", edit_prompts), ("plain continuation", prompts)):
+    plain = [cl.generate_ids_cached(model, p_ids, max_new_tokens=n_new)[0] for p_ids in ps]
+    res = [cl.prompt_lookup_generate(model, p_ids, max_new_tokens=n_new, num_draft=16, min_ngram=2, max_ngram=4) for p_ids in ps]
+    assert [r[0] for r in res] == plain, "prompt lookup must give the target's greedy tokens"
+    t_plain = timed(lambda: [cl.generate_ids_cached(model, p_ids, max_new_tokens=n_new) for p_ids in ps], repeats=1)
+    t_look = timed(lambda: [cl.prompt_lookup_generate(model, p_ids, max_new_tokens=n_new, num_draft=16, min_ngram=2, max_ngram=4)
+                            for p_ids in ps], repeats=1)
+    acc = sum(r[2].accepted for r in res) / max(1, sum(r[2].accepted + r[2].rejections for r in res))
+    per_call = sum(map(len, plain)) / sum(r[2].target_calls for r in res)
+    lookup_rows[label] = (acc, per_call, t_plain / t_look)
+    print(f"{label:<19} acceptance {acc:.2f}, {per_call:.2f} tokens per target forward, "
+          f"{t_plain / t_look:.2f}x plain decoding (under load)")
+
+# %% [markdown]
 # ## Where the real systems take over
 # vLLM and SGLang do all of this at scale: paged attention kernels that read the block table
 # directly (no gather), chunked prefill, prefix caching, CUDA graphs for decode, and
@@ -607,6 +635,9 @@ lines = [
     f"{g_best[2]:.2f} tokens per target forward), but costs c = {c_draft:.2f} target steps, so the measured speedup is "
     + ", ".join(f"{s[1]:.2f}x at gamma {g}" for g, s in speedups.items())
     + (": speculation does not pay on this model." if max(s[1] for s in speedups.values()) < 1.0 else "."),
+    f"7. Prompt lookup (no draft model) on code edits: acceptance {lookup_rows['code edit'][0]:.2f}, {lookup_rows['code edit'][1]:.2f} tokens "
+    f"per target forward, {lookup_rows['code edit'][2]:.2f}x plain; on plain continuation {lookup_rows['plain continuation'][1]:.2f} tokens "
+    f"per forward, {lookup_rows['plain continuation'][2]:.2f}x.",
 ]
 print("\n".join(lines))
 
