@@ -144,8 +144,10 @@ class _FastSparse(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qb: Tensor, kb: Tensor, vb: Tensor, plan: tuple[_FastGroup, ...], scale: float) -> Tensor:  # type: ignore[override]
-        out = qb.new_zeros(qb.shape)  # (B', nb, L, D): query blocks with no key stay 0
-        lse = torch.zeros(qb.shape[:3], dtype=torch.float32, device=qb.device)  # (B', nb, L)
+        covered = sum(grp.rows.numel() for grp in plan) == qb.shape[1]  # every query block is written below
+        alloc = torch.empty if covered else torch.zeros  # else query blocks with no key stay 0
+        out = alloc(qb.shape, dtype=qb.dtype, device=qb.device)  # (B', nb, L, D)
+        lse = alloc(qb.shape[:3], dtype=torch.float32, device=qb.device)  # (B', nb, L)
         for grp in plan:
             o, l = _two_part_forward(*_gather(qb, kb, vb, grp), grp, scale)
             R = grp.rows.numel()
