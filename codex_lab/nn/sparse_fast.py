@@ -40,16 +40,33 @@ class _FastGroup:
     """Query blocks ``rows`` (R,) that touch ``full`` (R, mf) unmasked key tiles and ``part``
     (R, mp) masked ones; ``bias`` (1, R, g*bs, mp*bs) is the partial tiles' additive mask
     (0 = attend, -inf = not), ``part_ok`` (R, g*bs) the rows with at least one key there,
-    ``any_ok`` (R, g*bs) the rows with at least one key at all (None: all rows have one)."""
+    ``any_ok`` (R, g*bs) the rows with at least one key at all (None: all rows have one).
+    A part's layout says how its key tiles are read without copying: ``"shared"`` (every row
+    has the same tiles: gathered once, broadcast over rows), ``"sliding"`` (row r's tiles are
+    the consecutive run starting at ``cols[0, 0] + r``: an overlapping strided view), or
+    ``"gather"`` (a copy per row)."""
 
     rows: Tensor
     first: int
     contiguous: bool
     full: Tensor
     part: Tensor
+    full_layout: str
+    part_layout: str
     bias: Tensor | None
     part_ok: Tensor | None
     any_ok: Tensor | None
+
+
+def _layout(rows: list[int], cols: list[list[int]]) -> str:
+    """How one part's key tiles can be read (see :class:`_FastGroup`)."""
+    if not cols or not cols[0]:
+        return "gather"
+    if all(c == cols[0] for c in cols):
+        return "shared"
+    run = all(c == list(range(c[0], c[0] + len(c))) for c in cols)
+    step = all(cols[r][0] - cols[0][0] == r and rows[r] - rows[0] == r for r in range(len(rows)))
+    return "sliding" if run and step else "gather"
 
 
 @lru_cache(maxsize=64)
@@ -90,6 +107,7 @@ def fast_plan(pattern: AttentionPattern, n: int, block: int, g: int, device: str
             any_ok = part_ok if any_ok is None else any_ok | part_ok
             part_ok = None if bool(part_ok.all()) else part_ok.to(device)
         plan.append(_FastGroup(rows=rows_t.to(device), first=rows[0], contiguous=rows == list(range(rows[0], rows[0] + R)), full=full_t.to(device), part=part_t.to(device),
+                               full_layout=_layout(rows, fl), part_layout=_layout(rows, pl),
                                bias=bias, part_ok=part_ok, any_ok=None if bool(any_ok.all()) else any_ok.to(device)))
     return tuple(plan)
 
@@ -124,16 +142,27 @@ def _two_part_forward(q: Tensor, kf: Tensor, vf: Tensor, kp: Tensor, vp: Tensor,
     return out, lse
 
 
+def _tiles(kb: Tensor, cols: Tensor, layout: str) -> Tensor:
+    """Key (or value) tiles ``cols`` (R, m) of kb (B', nb, bs, D) as (B', R, m*bs, D),
+    without a copy for the "shared" and "sliding" layouts."""
+    Bp, nb, bs, D = kb.shape
+    R, m = cols.shape
+    if layout == "shared":
+        one = kb.index_select(1, cols[0]).view(Bp, 1, m * bs, D)  # (B', 1, m*bs, D) gathered once
+        return one.expand(Bp, R, m * bs, D)  # stride 0 over the rows
+    if layout == "sliding":
+        kb = kb.contiguous()
+        # row r starts at tile cols[0, 0] + r: windows of m*bs keys, overlapping, one tile apart
+        return kb.as_strided((Bp, R, m * bs, D), (nb * bs * D, bs * D, D, 1), kb.storage_offset() + int(cols[0, 0]) * bs * D)
+    return kb.index_select(1, cols.flatten()).view(Bp, R, m * bs, D)  # (B', R, m*bs, D)
+
+
 def _gather(qb: Tensor, kb: Tensor, vb: Tensor, grp: _FastGroup) -> tuple[Tensor, ...]:
     """The group's query tiles (B', R, L, D) and its full / partial key and value tiles."""
-    Bp, _, bs, D = kb.shape
-    R, mf = grp.full.shape
-    mp = grp.part.shape[1]
+    R = grp.rows.numel()
     qs = qb[:, grp.first : grp.first + R] if grp.contiguous else qb.index_select(1, grp.rows)  # (B', R, L, D)
-    kf = kb.index_select(1, grp.full.flatten()).view(Bp, R, mf * bs, D)  # (B', R, mf*bs, D)
-    vf = vb.index_select(1, grp.full.flatten()).view(Bp, R, mf * bs, D)
-    kp = kb.index_select(1, grp.part.flatten()).view(Bp, R, mp * bs, D)  # (B', R, mp*bs, D)
-    vp = vb.index_select(1, grp.part.flatten()).view(Bp, R, mp * bs, D)
+    kf, vf = _tiles(kb, grp.full, grp.full_layout), _tiles(vb, grp.full, grp.full_layout)  # (B', R, mf*bs, D)
+    kp, vp = _tiles(kb, grp.part, grp.part_layout), _tiles(vb, grp.part, grp.part_layout)  # (B', R, mp*bs, D)
     return qs, kf, vf, kp, vp
 
 
