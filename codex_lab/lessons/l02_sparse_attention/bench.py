@@ -31,7 +31,7 @@ from codex_lab.nn.sparse import sparse_attention, tiles_computed
 from codex_lab.runtime import median_ms
 
 NAME = "attention"
-HELP = "time and peak memory of dense SDPA vs sparse attention (reference, blocks, flex) against N"
+HELP = "time and peak memory of dense SDPA vs sparse attention (reference, blocks, flex, fast) against N, forward and forward+backward"
 DEFAULT_PATTERN = "window:128+blockstride:128:12"  # ~10% of causal pairs at N=8192
 IMPLS = ("sdpa", "reference", "blocks", "flex", "fast")
 
