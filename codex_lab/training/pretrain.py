@@ -246,7 +246,7 @@ def train(tc: TrainConfig, *, resume: bool = False, progress: bool = True) -> Tr
     else:
         val = history[-1]["val_loss"]
     if world > 1:
-        (out / f"ddp_rank{rank}.json").write_text(json.dumps({"rank": rank, "checksum": param_checksum(model), "step": step}))
+        (out / f"ddp_rank{rank}.json").write_text(json.dumps({"rank": rank, "checksum": param_checksum(model), "step": done.step}))
         dist.barrier()
         dist.destroy_process_group()
     return TrainResult(out=ckpt_dir, history=history, val_loss=val,
