@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer
 
+from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.errors import InputError, MissingFileError
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
@@ -32,14 +33,16 @@ ARCHS = ("llama", "qwen2", "mixtral")
 DEFAULT_MAX_SEQ_LEN = 4096  # RoPE tables; real models declare 32k+, which costs memory for nothing here
 
 
-class HFTokenizer:
-    """A ``tokenizer.json`` from a Hugging Face folder, with the CodeTokenizer methods.
+class HFTokenizer(CodeTokenizer):
+    """A ``tokenizer.json`` from a Hugging Face folder: CodeTokenizer's encode/decode, the
+    folder's own end-of-sequence and padding ids.
 
     ``encode`` applies the tokenizer's post-processor as ``AutoTokenizer`` does by default
     (e.g. Llama's BOS), so ids equal ``AutoTokenizer.from_pretrained(dir)(text).input_ids``.
     """
 
     def __init__(self, tok: Tokenizer, eos_id: int, pad_id: int | None = None) -> None:
+        # not CodeTokenizer.__init__: a foreign vocabulary has none of the course's reserved tokens
         self.tok = tok
         self._eos = int(eos_id)
         self._pad = int(pad_id) if pad_id is not None else int(eos_id)
@@ -58,25 +61,6 @@ class HFTokenizer:
     def pad_id(self) -> int:
         """The padding id (the eos id when the folder names none)."""
         return self._pad
-
-    def token_id(self, token: str) -> int:
-        """Id of a token; KeyError naming it if unknown."""
-        idx = self.tok.token_to_id(token)
-        if idx is None:
-            raise KeyError(f"token {token!r} is not in the vocabulary")
-        return idx
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``."""
-        return self.tok.encode(text).ids
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of many texts."""
-        return [e.ids for e in self.tok.encode_batch(list(texts))]
-
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        """Text of ``ids``."""
-        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
 @dataclass
