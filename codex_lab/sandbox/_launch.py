@@ -15,7 +15,8 @@ import os
 import resource
 import sys
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 1, 2, 4, 4096, 16384
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+PRIVATE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -59,9 +60,25 @@ def _setup(cfg: dict) -> None:
         _expose(p)
     work = cfg["workdir"]
     fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
-    for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+    # the interpreter, its virtual environment or the course's source may live under a folder
+    # that is about to turn private (a clone in /tmp, as CI makes): hold them open to bind back
+    keep = []
+    for p in cfg.get("expose", []):
+        rp = os.path.realpath(p)
+        if os.path.exists(rp) and any(rp == d or rp.startswith(d + "/") for d in PRIVATE):
+            keep.append((rp, os.open(rp, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(rp) else 0)), os.path.isdir(rp)))
+    for d in PRIVATE:
         if os.path.isdir(d) and not os.path.islink(d):
             _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777")
+    for rp, kfd, isdir in keep:  # bound back read-only at the same path
+        if isdir:
+            os.makedirs(rp, mode=0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(rp), mode=0o755, exist_ok=True)
+            open(rp, "a").close()
+        _mount(f"/proc/self/fd/{kfd}", rp, "", MS_BIND | MS_REC, "")
+        _mount("none", rp, "", MS_BIND | MS_REMOUNT | MS_RDONLY, "")
+        os.close(kfd)
     # the sandbox folder was under one of them: bind it back at its own path
     if not os.path.isdir(work):
         os.makedirs(work, mode=0o700)
