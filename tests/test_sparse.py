@@ -101,7 +101,7 @@ class SkipRows(AttentionPattern):
 
 def test_fully_masked_rows_are_zero_not_nan_forward_and_backward() -> None:
     q, k, v = rand_qkv(1, 2, 1, 20, 4, grad=True)
-    for impl, kw in [("reference", {}), ("blocks", {"block": 4})]:
+    for impl, kw in [("reference", {}), ("blocks", {"block": 4}), ("fast", {"block": 4})]:
         out = sparse_attention(q, k, v, SkipRows(), impl=impl, **kw)
         assert not out.isnan().any(), impl
         assert (out[:, :, 5:13] == 0).all(), impl
@@ -110,6 +110,20 @@ def test_fully_masked_rows_are_zero_not_nan_forward_and_backward() -> None:
         q.grad = k.grad = v.grad = None
     want = naive_attention(q.detach(), k.detach(), v.detach(), SkipRows().mask(20))
     torch.testing.assert_close(sparse_attention(q, k, v, SkipRows(), impl="blocks", block=4), want, atol=ATOL, rtol=0)
+
+
+def test_fast_kernel_matches_reference_on_rows_without_keys_with_gradients() -> None:
+    """The fast kernel's log-sum-exp merge must give the reference's outputs and gradients
+    where whole query rows (and one whole block) see no key."""
+    grads = {}
+    for impl in ("reference", "fast"):
+        q, k, v = rand_qkv(1, 2, 1, 20, 4, grad=True)
+        w = torch.randn(1, 2, 20, 4, generator=torch.Generator().manual_seed(1))
+        out = sparse_attention(q, k, v, SkipRows(), impl=impl, block=4)
+        (out * w).sum().backward()
+        grads[impl] = (out.detach(), q.grad, k.grad, v.grad)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), grads["fast"], grads["reference"]):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=name)
 
 
 def test_blocks_computes_only_touched_tiles() -> None:
