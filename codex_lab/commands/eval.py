@@ -1,4 +1,5 @@
-"""codex-lab eval humaneval: pass@k on HumanEval with the course's engine and sandbox."""
+"""codex-lab eval humaneval: pass@k on HumanEval with the course's engine and sandbox.
+codex-lab eval heldout: checkpoints compared on the held-out corpus (loss on every token, syntax validity)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 import time
 
 NAME = "eval"
-HELP = "score a checkpoint on a benchmark (humaneval: pass@k, executed in the sandbox)"
+HELP = "score a checkpoint: humaneval (pass@k, executed in the sandbox) or heldout (loss, syntax validity)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +38,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--out", default=None, help="also write the per-sample results (JSON lines) here")
     h.add_argument("--no-progress", action="store_true", help="no tqdm bar")
 
+    v = sub.add_parser("heldout", help="held-out corpus: loss on every validation token, bits/char, syntax validity",
+                       description="Score one or more checkpoints on the same held-out text: mean loss over every "
+                                   "validation token (nats/token; comparable when tokenizers are equal), bits per "
+                                   "character (comparable across tokenizers) and the share of greedy function "
+                                   "bodies that parse.")
+    v.add_argument("--checkpoint", action="append", default=None, metavar="DIR",
+                   help="checkpoint folder; repeat to compare several ('shipped' = the shipped tiny model, the default)")
+    v.add_argument("--corpus", default=None, help="folder of code (default: the Python standard library)")
+    v.add_argument("--seq-len", type=int, default=256)
+    v.add_argument("--batch-size", type=int, default=32)
+    v.add_argument("--prompts", type=int, default=32, help="function prompts for syntax validity (0: skip)")
+    v.add_argument("--max-new-tokens", type=int, default=96)
+    v.add_argument("--device", default=None)
+    v.add_argument("--json", action="store_true", help="print a JSON list of flat records")
+
 
 def _progress(total: int, desc: str, off: bool):
     from tqdm.auto import tqdm
@@ -44,9 +60,37 @@ def _progress(total: int, desc: str, off: bool):
     return tqdm(total=total, desc=desc, disable=off, file=sys.stderr, leave=False)
 
 
+def _heldout(args: argparse.Namespace) -> int:
+    from codex_lab.data.corpus import load_corpus
+    from codex_lab.errors import InputError
+    from codex_lab.evals.heldout import score_checkpoint
+    from codex_lab.runtime import get_device
+    from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
+
+    if args.seq_len < 2 or args.batch_size < 1 or args.prompts < 0 or args.max_new_tokens < 1:
+        raise InputError("--seq-len must be >= 2, --batch-size >= 1, --prompts >= 0, --max-new-tokens >= 1")
+    device = get_device(args.device)
+    corpus = load_corpus(args.corpus)
+    rows = []
+    for name in args.checkpoint or ["shipped"]:
+        ck = load_pretrained(device) if name == "shipped" else load_checkpoint(name, device)
+        rows.append(score_checkpoint(ck, corpus, name, seq_len=args.seq_len, batch_size=args.batch_size,
+                                     prompts=args.prompts, max_new_tokens=args.max_new_tokens))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            print(f"{r['checkpoint']}: {r['loss_nats_per_token']:.4f} nats/token over {r['tokens_scored']:,} held-out "
+                  f"tokens, {r['bits_per_char']:.4f} bits/char, syntax validity {r['syntax_validity']:.3f} "
+                  f"({r['syntax_prompts']} prompts) [{r['loss_s'] + r['syntax_s']:.0f} s on {r['device']}]")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "benchmark", None) == "heldout":
+        return _heldout(args)
     if getattr(args, "benchmark", None) != "humaneval":
-        print("choose a benchmark: humaneval", file=sys.stderr)
+        print("choose a benchmark: humaneval or heldout", file=sys.stderr)
         return 2
     import torch
 

@@ -19,6 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-accum", type=int, default=None, help="micro-batches of --batch-size summed into one step (default 1)")
     p.add_argument("--n-kv-head", type=int, default=None, help="key/value heads (GQA); default = n_head")
     p.add_argument("--vocab-size", type=int, default=None)
+    p.add_argument("--tokenizer", default=None, metavar="FILE",
+                   help="reuse this tokenizer.json instead of training one (e.g. the shipped model's, so losses compare)")
     p.add_argument("--eval-every", type=int, default=None)
     p.add_argument("--max-files", type=int, default=None, help="read only the first N corpus files")
     p.add_argument("--max-file-bytes", type=int, default=None,
@@ -36,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
         args.preset, out=args.out, corpus=args.corpus, steps=args.steps, batch_size=args.batch_size,
         seq_len=args.seq_len, lr=args.lr, grad_accum=args.grad_accum, n_kv_head=args.n_kv_head, vocab_size=args.vocab_size,
         eval_every=args.eval_every, max_files=args.max_files, device=args.device, seed=args.seed,
-        max_file_bytes=args.max_file_bytes,
+        max_file_bytes=args.max_file_bytes, tokenizer=args.tokenizer,
     )
     r = train(tc, resume=args.resume, progress=not args.no_progress)
     import os

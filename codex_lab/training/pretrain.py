@@ -67,6 +67,7 @@ class TrainConfig:
     max_file_bytes: int = 1_000_000  # corpus files larger than this are skipped and counted
     out: str = "runs/tiny"
     device: str | None = None
+    tokenizer: str | None = None  # a tokenizer.json to reuse instead of training one (losses then compare)
 
     @property
     def vocab_size(self) -> int:
@@ -182,7 +183,10 @@ def train(tc: TrainConfig, *, resume: bool = False, progress: bool = True) -> Tr
         tokenizer, model = ck.tokenizer, ck.model.train()
     else:
         if rank == 0:
-            tokenizer = train_tokenizer(corpus.texts("train"), vocab_size=tc.vocab_size)
+            if tc.tokenizer:
+                tokenizer = CodeTokenizer.load(tc.tokenizer)  # reused: per-token losses compare with its other models
+            else:
+                tokenizer = train_tokenizer(corpus.texts("train"), vocab_size=tc.vocab_size)
             out.mkdir(parents=True, exist_ok=True)
             tokenizer.save(out / "tokenizer.json")
         if world > 1:

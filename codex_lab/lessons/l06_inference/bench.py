@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random", action="store_true", help="use a random model of the shipped shape (no checkpoint needed)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice); 1 avoids thread-sync stalls on a busy machine")
+    p.add_argument("--device", default="cpu",
+                   help="where the model runs (default cpu; cuda for the GPU table: decode and code_edit scenarios)")
 
 
 def load_model_and_tokenizer(random: bool = False) -> tuple[CodexModel, CodeTokenizer]:
@@ -265,6 +267,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     model, tok = load_model_and_tokenizer(getattr(args, "random", False))
+    model = model.to(getattr(args, "device", None) or "cpu")
     wanted = {s.strip() for s in args.scenarios.split(",") if s.strip()}
     known = {"cache", "hf", "batching", "streams", "speculative", "compile", "decode", "code_edit"}
     from codex_lab.lessons.l06_inference.fast_scenarios import bench_code_edit, bench_decode

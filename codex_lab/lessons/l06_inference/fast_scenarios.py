@@ -37,14 +37,16 @@ def _median_s(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128, *, hf_compile: bool = True,
                  repeats: int = 3) -> list[dict[str, Any]]:
-    """Batch-1 greedy decode tokens/s of HF generate (default, static+compile), codex_lab static cache, FastDecoder."""
-    prompt = torch.randint(0, model.cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
+    """Batch-1 greedy decode tokens/s of HF generate (default, static+compile), codex_lab static cache, FastDecoder
+    (compiled once; on a GPU also replayed as a CUDA graph), all on the model's device."""
+    dev = next(model.parameters()).device
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1)).to(dev)
     ids = prompt[0].tolist()
     runs: dict[str, tuple[Callable[[], list[int]], dict[str, Any]]] = {}
     try:
         from codex_lab.hf.llama import to_hf
 
-        hf = to_hf(model).eval()
+        hf = to_hf(model).to(dev).eval()
     except Exception as exc:  # sparse / MoE layers have no HF equivalent
         hf, hf_error = None, f"{type(exc).__name__}: {exc}"[:200]
     if hf is not None:
@@ -72,6 +74,11 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
     runs["codex_lab_static_cache"] = (lambda: generate_ids_cached(model, ids, max_new_tokens=new_tokens)[0], {})
     dec = FastDecoder(model, max_len=prompt_len + new_tokens)
     runs["codex_lab_fast_decode"] = (lambda: dec.generate(ids, new_tokens)[0], {})
+    decoders = {"codex_lab_fast_decode": dec}
+    if dev.type == "cuda":  # CUDA graphs: the whole step is one replay (gpt-fast's "reduce-overhead")
+        dec_g = FastDecoder(model, max_len=prompt_len + new_tokens, mode="reduce-overhead")
+        decoders["codex_lab_fast_decode_cudagraphs"] = dec_g
+        runs["codex_lab_fast_decode_cudagraphs"] = (lambda: dec_g.generate(ids, new_tokens)[0], {})
     rows, outs = [], {}
     with torch.no_grad():
         for impl, (fn, extra) in runs.items():
@@ -79,11 +86,12 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
             fn()  # first call: warm-up, and compilation for the compiled impls
             first = time.perf_counter() - t0
             dt, outs[impl] = _median_s(fn, repeats)
-            row = {"scenario": "decode", "impl": impl, "batch": 1, "prompt_len": prompt_len, "new_tokens": new_tokens,
+            row = {"scenario": "decode", "impl": impl, "device": str(dev), "batch": 1, "prompt_len": prompt_len, "new_tokens": new_tokens,
                    "tokens_per_s": new_tokens / dt, "first_call_s": first}
-            if impl == "codex_lab_fast_decode":
-                row.update({"recompiles": dec.recompiles, "compiled": dec.compiled,
-                            "compile_error": dec.compile_error, "compile_s": dec.compile_s})
+            if impl in decoders:
+                d = decoders[impl]
+                row.update({"recompiles": d.recompiles, "compiled": d.compiled,
+                            "compile_error": d.compile_error, "compile_s": d.compile_s})
             rows.append(row)
     ref = outs["codex_lab_static_cache"]
     by = {r["impl"]: r for r in rows}
