@@ -41,6 +41,75 @@ def test_sparse_fast_equals_reference_forward_and_backward(spec: str, n: int, bl
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=f"{spec} {name}")
 
 
+# each case names the plan features it must exercise, so the test fails if the plan stops
+# taking that path (half-size partial units, each key layout, rows that are not consecutive,
+# query blocks that only full tiles reach, several K/V heads per query head)
+FAST_CASES = [
+    # spec, N, block, H, Hkv, features the plan must contain
+    ("window:16+blockstride:16:3", 200, 16, 4, 2, {"unit/2", "sliding", "class", "shared", "gather", "scattered"}),
+    ("window:40+blockstride:32:2", 300, 32, 2, 1, {"unit/2", "class", "gather", "scattered", "per-row mask"}),
+    ("global:16", 100, 16, 2, 2, {"unit/2", "shared", "uncovered"}),
+    ("window:300", 1000, 128, 1, 1, {"unit/2", "gather", "scattered", "per-row mask"}),
+    ("window:128+blockstride:128:12", 3500, 128, 2, 1, {"unit/2", "sliding", "class"}),
+]
+
+
+def _features(plan) -> set[str]:
+    calls = plan.partial + plan.full
+    out = {c.layout for c in calls}
+    out |= {"scattered"} if any(not c.contiguous for c in calls) else set()
+    out |= {"per-row mask"} if any(c.mask is not None and c.mask.shape[1] > 1 for c in calls) else set()
+    out |= {"unit/2"} if plan.unit < plan.block else set()
+    out |= set() if plan.covered else {"uncovered"}
+    return out
+
+
+@pytest.mark.parametrize("chunk", [None, 1])
+@pytest.mark.parametrize("spec,n,block,h,hkv,features", FAST_CASES)
+def test_sparse_fast_plan_paths_equal_reference(spec, n, block, h, hkv, features, chunk, monkeypatch) -> None:
+    import codex_lab.nn.sparse_fast as sf
+    from codex_lab.nn.patterns import parse_pattern
+    from codex_lab.nn.sparse_fast_plan import fast_plan
+
+    assert features <= _features(fast_plan(parse_pattern(spec), n, block, h // hkv, "cpu", torch.float32))
+    if chunk is not None:  # every call split into one-row calls: the chunking paths
+        monkeypatch.setattr(sf, "CHUNK_FLOATS", chunk)
+        sf._chunked.cache_clear()
+    q, k, v = _qkv(2, h, hkv, n, 16, seed=n)
+    want = _fwd_bwd("reference", spec, q, k, v, block)
+    got = _fwd_bwd("fast", spec, q, k, v, block)
+    sf._chunked.cache_clear()
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=f"{spec} {name}")
+
+
+def test_sparse_fast_plan_keeps_one_class_stride() -> None:
+    """Full tiles strided by 2 in early blocks and by 3 in later ones: one class layout is
+    kept (the more common stride), the other calls fall back to copies, results unchanged."""
+    from dataclasses import dataclass
+
+    from codex_lab.nn.sparse_fast_plan import fast_plan
+
+    @dataclass(frozen=True)
+    class TwoStrides(AttentionPattern):
+        @property
+        def is_dense(self) -> bool:
+            return False
+
+        def allowed(self, q_pos, k_pos):
+            qb, kb = q_pos // 8, k_pos // 8
+            s = torch.where(qb < 9, 2, 3)
+            return (k_pos <= q_pos) & (torch.remainder(qb - kb, s) == 0)
+
+    plan = fast_plan(TwoStrides(), 160, 8, 1, "cpu", torch.float32)
+    layouts = {(c.layout, c.step) for c in plan.full}
+    assert plan.step in (2, 3) and ("gather", 0) in layouts and ("class", plan.step) in layouts
+    q, k, v = _qkv(1, 2, 2, 160, 8)
+    want = _fwd_bwd("reference", TwoStrides(), q, k, v, 8)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), _fwd_bwd("fast", TwoStrides(), q, k, v, 8), want):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=name)
+
+
 def test_sparse_fast_is_a_registered_model_kernel() -> None:
     from codex_lab.nn.attention import get_attention_impl
 

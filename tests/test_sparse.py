@@ -209,10 +209,10 @@ def test_bench_attention_records_are_flat_and_complete() -> None:
 
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
-    args = p.parse_args(["--sizes", "256", "--impls", "reference", "blocks", "--heads", "2", "--head-dim", "16",
+    args = p.parse_args(["--sizes", "256", "--impls", "reference", "blocks", "fast", "--heads", "2", "--head-dim", "16",
                          "--repeats", "1", "--pattern", "window:64+blockstride:64:2", "--device", "cpu"])
     rows = bench.run(args)
-    assert [r["impl"] for r in rows] == ["sdpa", "reference", "blocks"]  # the baseline is always measured
+    assert [r["impl"] for r in rows] == ["sdpa", "reference", "blocks", "fast"]  # the baseline is always measured
     for r in rows:
         assert {"impl", "pattern", "N", "median_ms", "peak_mib", "density", "speedup_vs_sdpa"} <= set(r)
         assert all(isinstance(v, (int, float, str)) for v in r.values())  # flat, JSON-ready
@@ -222,3 +222,7 @@ def test_bench_attention_records_are_flat_and_complete() -> None:
     d = parse_pattern("window:64+blockstride:64:2").density(256)
     assert rows[2]["density"] == pytest.approx(d) and rows[2]["limit_1_over_d"] == pytest.approx(1 / d)
     assert rows[2]["speedup_vs_sdpa"] == pytest.approx(sd["median_ms"] / rows[2]["median_ms"])
+    # computed pairs: blocks computes whole 128-token tiles (here all 3 causal ones, each
+    # 128^2 pairs of the 256*257/2 causal ones); fast computes no more and every allowed pair
+    assert rows[2]["computed_fraction"] == pytest.approx(3 * 128 * 128 / (256 * 257 / 2))
+    assert d <= rows[3]["computed_fraction"] <= rows[2]["computed_fraction"]

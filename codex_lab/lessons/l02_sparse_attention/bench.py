@@ -2,8 +2,11 @@
 
 One flat record per (impl, pattern, N): median forward time, peak memory, the pattern's
 density (fraction of causal pairs), the speed-up over dense causal SDPA measured in the
-same run, the goal 0.6/density and the physical limit 1/density beside it, and the
-fraction of causal tiles the block kernels compute. With ``--backward`` (default in full
+same run, the goal 0.6/density and the physical limit 1/density beside it, the
+fraction of causal 128-token tiles the block kernels touch (``tile_fraction``) and the
+fraction of causal (query, key) pairs each sparse kernel actually computes
+(``computed_fraction``: whole tiles for blocks and flex; for fast, full tiles plus its
+half-size masked units), whose inverse bounds its speed-up at equal per-pair cost. With ``--backward`` (default in full
 mode) also forward + backward (a training step of the attention) against SDPA's forward
 + backward, with its goal 0.5/density; impls without a CPU backward (flex) skip it.
 
@@ -25,7 +28,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from codex_lab.nn.patterns import parse_pattern
+from codex_lab.nn.patterns import causal_pairs, parse_pattern
 from codex_lab.runtime import get_device, pick
 from codex_lab.nn.sparse import sparse_attention, tiles_computed
 from codex_lab.runtime import median_ms
@@ -126,6 +129,12 @@ def measure(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, 
                            "first_call_s": setup_s, "tiles": tiles_computed(pat, n),
                            # fraction of the causal tiles nb (nb + 1) / 2 that a block kernel computes
                            "tile_fraction": tiles_computed(pat, n) / (nb * (nb + 1) / 2)}
+    if impl in ("blocks", "flex"):
+        rec["computed_fraction"] = tiles_computed(pat, n) * 128 * 128 / causal_pairs(n)
+    elif impl == "fast":
+        from codex_lab.nn.sparse_fast import fast_pairs
+
+        rec["computed_fraction"] = fast_pairs(pat, n, 128) / causal_pairs(n)
     if backward and not (impl == "flex" and dev.type == "cpu"):  # flex has no CPU backward
         qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
         if impl == "sdpa":
