@@ -15,8 +15,8 @@ One MoE feed-forward layer, in the order the data flows:
 
 Two dispatch implementations compute step 5 and tests hold them equal: ``"reference"``
 (a readable loop over tokens and their k choices) and ``"grouped"`` (assignments sorted
-by expert, one matmul per expert over its contiguous group, results scattered back with
-their weights).
+by expert, one matmul chain per expert over its contiguous group, results added back to
+their tokens with their weights); both live in :mod:`codex_lab.nn.moe_dispatch`.
 
 Balancing losses: the Switch load-balancing loss ``E * sum_e f_e P_e`` and the router
 z-loss ``mean(logsumexp(logits)^2)``; the layer sets ``self.aux_loss`` to their weighted
@@ -27,7 +27,6 @@ bias after each training forward: down for overloaded experts, up for underloade
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -36,8 +35,8 @@ from torch import Tensor, nn
 
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.layers import SwiGLU
-
-DISPATCH_IMPLS = ("reference", "grouped")
+# step 5 lives in moe_dispatch (reference loop beside the grouped fast path); names kept here
+from codex_lab.nn.moe_dispatch import DISPATCH_IMPLS, dispatch_grouped, dispatch_reference  # noqa: F401
 
 
 @dataclass
@@ -132,120 +131,6 @@ def capacity_keep_mask(expert_idx: Tensor, n_experts: int, capacity: int | None)
     return keep.view(k, N).t()  # (N, k)
 
 
-def dispatch_reference(x: Tensor, routing: Routing, experts: nn.ModuleList, keep: Tensor) -> Tensor:
-    """Readable dispatch: for every token and each of its k choices, run that expert.
-
-    x (N, d); keep (N, k) bool -> (N, d). Slow on purpose (N * k tiny matmuls).
-    """
-    y = torch.zeros_like(x)  # (N, d)
-    N, k = routing.expert_idx.shape
-    for n in range(N):
-        for j in range(k):
-            if not keep[n, j]:
-                continue  # dropped: over capacity
-            e = int(routing.expert_idx[n, j])
-            # y_n += w_nj * expert_e(x_n)
-            y[n] = y[n] + routing.weights[n, j].to(x.dtype) * experts[e](x[n : n + 1])[0]
-    return y
-
-
-def dispatch_grouped(x: Tensor, routing: Routing, experts: nn.ModuleList, keep: Tensor) -> Tensor:
-    """Grouped dispatch: sort kept assignments by expert, one matmul chain per expert.
-
-    Without gradients the experts run over their stacked weights (gate and up fused, one
-    grouped matmul each for gate|up and down, cached until a weight changes); with
-    gradients, a loop over the non-empty experts (autograd through each module).
-
-    x (N, d); keep (N, k) bool -> (N, d). Equal to :func:`dispatch_reference`.
-    """
-    N, k = routing.expert_idx.shape
-    flat_expert = routing.expert_idx.reshape(-1)  # (N*k,)
-    flat_token = torch.arange(N, device=x.device).repeat_interleave(k)  # (N*k,)
-    flat_weight = routing.weights.reshape(-1)  # (N*k,)
-    kept = keep.reshape(-1)  # (N*k,)
-    if not bool(kept.all()):
-        flat_expert, flat_token, flat_weight = flat_expert[kept], flat_token[kept], flat_weight[kept]
-    order = torch.argsort(flat_expert, stable=True)  # (A,) assignments grouped by expert
-    token_sorted = flat_token[order]  # (A,)
-    counts_t = torch.bincount(flat_expert, minlength=len(experts))  # (E,) group sizes
-    x_sorted = x[token_sorted]  # (A, d) gathered once
-    w_sorted = flat_weight[order].to(x.dtype)[:, None]  # (A, 1)
-    if not torch.is_grad_enabled() and x_sorted.shape[0]:
-        # inference: all experts at once over stacked weights, no Python loop per expert
-        y_sorted = _stacked_experts(x_sorted, counts_t, experts) * w_sorted  # (A, d) weighted
-        # back to (token, choice) slots by a gather (CPU index_add_ is a slow serial scatter):
-        # slot s of the N*k reads assignment src[s], or the zero row A when s was dropped
-        A = y_sorted.shape[0]
-        slot = torch.arange(N * k, device=x.device) if bool(kept.all()) else torch.nonzero(kept).flatten()  # (A,)
-        src = torch.full((N * k,), A, dtype=torch.long, device=x.device)  # (N*k,)
-        src[slot[order]] = torch.arange(A, device=x.device)
-        y_ext = torch.cat([y_sorted, y_sorted.new_zeros(1, y_sorted.shape[1])])  # (A+1, d)
-        # y_n = sum_j (w_nj expert_nj(x_n))
-        return y_ext[src].view(N, k, -1).sum(1)  # (N, d)
-    else:
-        counts = counts_t.tolist()
-        outs = []
-        start = 0
-        for e, count in enumerate(counts):
-            if count:
-                outs.append(experts[e](x_sorted[start : start + count]))  # (count, d)
-            start += count
-        if not outs:
-            return torch.zeros_like(x)
-        y_sorted = torch.cat(outs)  # (A, d)
-    # y_n = sum over the assignments of token n of w * expert(x_n)
-    return torch.zeros_like(x).index_add_(0, token_sorted, y_sorted * w_sorted)  # (N, d)
-
-
-_STACKED: "weakref.WeakKeyDictionary[nn.ModuleList, tuple[tuple, Tensor, Tensor]]" = weakref.WeakKeyDictionary()
-
-
-def _stacked_weights(experts: nn.ModuleList) -> tuple[Tensor, Tensor]:
-    """(E, d, 2h) gate|up and (E, h, d) down weights of the experts, rebuilt only when a
-    parameter changed (its version counter or storage), so inference pays the copy once."""
-    params = [p for e in experts for p in (e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight)]
-    key = tuple((p.data_ptr(), p._version) for p in params)
-    hit = _STACKED.get(experts)
-    if hit is not None and hit[0] == key:
-        return hit[1], hit[2]
-    with torch.no_grad():
-        # x @ [W_gate^T | W_up^T]: one matmul gives both halves
-        w_gu = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]).t() for e in experts]).contiguous()  # (E, d, 2h)
-        w_d = torch.stack([e.down_proj.weight.t() for e in experts]).contiguous()  # (E, h, d)
-    _STACKED[experts] = (key, w_gu, w_d)
-    return w_gu, w_d
-
-
-def _grouped_mm(x: Tensor, w: Tensor, counts: Tensor, offs: Tensor | None) -> Tensor:
-    """Row group e of x (A, i) times w[e] (i, o) -> (A, o): torch's grouped matmul where it
-    runs, else one matmul per non-empty group."""
-    if offs is not None:
-        try:
-            return torch._grouped_mm(x, w, offs=offs)
-        except (RuntimeError, AttributeError):  # strides not 16-byte aligned, or no kernel here
-            pass
-    out = x.new_empty(x.shape[0], w.shape[-1])
-    start = 0
-    for e, c in enumerate(counts.tolist()):
-        if c:
-            torch.mm(x[start : start + c], w[e], out=out[start : start + c])
-        start += c
-    return out
-
-
-def _stacked_experts(x_sorted: Tensor, counts: Tensor, experts: nn.ModuleList) -> Tensor:
-    """SwiGLU of every expert on its contiguous group of x_sorted (A, d) -> (A, d)."""
-    if not all(isinstance(e, SwiGLU) for e in experts):
-        raise TypeError("stacked dispatch needs SwiGLU experts")
-    w_gu, w_d = _stacked_weights(experts)
-    h = w_d.shape[1]
-    offs = torch.cumsum(counts, 0).to(torch.int32) if hasattr(torch, "_grouped_mm") else None  # (E,) group ends
-    gu = _grouped_mm(x_sorted, w_gu, counts, offs)  # (A, 2h)
-    # SwiGLU: silu(x W_gate^T) * (x W_up^T)
-    hidden = F.silu(gu[:, :h]) * gu[:, h:]  # (A, h)
-    return _grouped_mm(hidden, w_d, counts, offs)  # (A, d)
-
-
 def load_balancing_loss(probs: Tensor, expert_idx: Tensor) -> Tensor:
     """Switch-Transformer load-balancing loss, 1.0 at perfect balance.
 
@@ -268,10 +153,15 @@ def router_z_loss(logits: Tensor) -> Tensor:
     return torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
 
 
-def routing_stats(routing: Routing, keep: Tensor, n_experts: int, capacity: int | None) -> RoutingStats:
-    """Tokens per expert, drops, and entropies of one routing decision (no gradient)."""
+def routing_stats(routing: Routing, keep: Tensor | None, n_experts: int, capacity: int | None) -> RoutingStats:
+    """Tokens per expert, drops, and entropies of one routing decision (no gradient).
+
+    keep (N, k) bool from :func:`capacity_keep_mask`; None = every assignment kept.
+    """
     with torch.no_grad():
         idx = routing.expert_idx
+        if keep is None:
+            keep = torch.ones_like(idx, dtype=torch.bool)  # (N, k)
         tpe = torch.bincount(idx.reshape(-1), minlength=n_experts)  # (E,)
         kept = torch.bincount(idx[keep], minlength=n_experts)  # (E,)
         dropped = int(idx.numel() - int(keep.sum()))
@@ -308,7 +198,7 @@ class MoEFeedForward(nn.Module):
             ``cfg.moe_router_bias`` (DeepSeek-V3 used 0.001).
 
     After every forward: ``aux_loss`` (weighted scalar), ``last_routing`` (detached
-    :class:`Routing`) and ``last_stats`` (:class:`RoutingStats`).
+    :class:`Routing`) and ``last_stats`` (:class:`RoutingStats`, computed on first read).
     """
 
     def __init__(self, cfg: ModelConfig, *, impl: str = "grouped", bias_update_rate: float = 1e-3) -> None:
@@ -327,7 +217,18 @@ class MoEFeedForward(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(cfg.n_experts))  # (E,)
         self.aux_loss: Tensor = torch.zeros(())
         self.last_routing: Routing | None = None
-        self.last_stats: RoutingStats | None = None
+        self._stats: RoutingStats | None = None
+        self._stats_of: tuple[Tensor | None, int | None] | None = None  # (keep, capacity) of last_routing
+
+    @property
+    def last_stats(self) -> RoutingStats | None:
+        """:class:`RoutingStats` of the last forward (None before the first), computed when
+        first read: the bincounts, entropies and host syncs stay out of every forward."""
+        if self._stats_of is not None and self.last_routing is not None:
+            keep, capacity = self._stats_of
+            self._stats = routing_stats(self.last_routing, keep, self.n_experts, capacity)
+            self._stats_of = None
+        return self._stats
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, d) -> (B, T, d); sets aux_loss, last_routing, last_stats."""
@@ -341,7 +242,8 @@ class MoEFeedForward(nn.Module):
         logits = self.router(xf)  # (N, E)
         routing = route(logits, self.top_k, self.expert_bias if self.use_bias else None)
         capacity = expert_capacity(B * T, self.n_experts, self.top_k, self.capacity_factor)
-        keep = capacity_keep_mask(routing.expert_idx, self.n_experts, capacity)  # (N, k)
+        # (N, k) bool, or None when dropless (nothing to mask)
+        keep = None if capacity is None else capacity_keep_mask(routing.expert_idx, self.n_experts, capacity)
         fn = dispatch_grouped if self.impl == "grouped" else dispatch_reference
         y = fn(xf, routing, self.experts, keep)  # (N, d)
         for shared in self.shared_experts:
@@ -352,12 +254,14 @@ class MoEFeedForward(nn.Module):
         if self.z_loss_coef:
             aux = aux + self.z_loss_coef * router_z_loss(routing.logits)
         self.aux_loss = aux
-        self.last_stats = routing_stats(routing, keep, self.n_experts, capacity)
         self.last_routing = Routing(*(t.detach() for t in (routing.logits, routing.probs, routing.expert_idx, routing.weights)))
+        self._stats, self._stats_of = None, (keep, capacity)  # last_stats computes them when read
         if self.use_bias and self.training and torch.is_grad_enabled():
+            stats = self.last_stats
+            assert stats is not None
             with torch.no_grad():
                 # b_e <- b_e + rate * sign(mean load - load_e), once per training forward
-                self.expert_bias += bias_update(self.last_stats.tokens_per_expert.to(self.expert_bias.device), self.bias_update_rate)
+                self.expert_bias += bias_update(stats.tokens_per_expert.to(self.expert_bias.device), self.bias_update_rate)
         return y.view(B, T, d)
 
 
