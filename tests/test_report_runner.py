@@ -153,3 +153,19 @@ def test_recording_a_report_updates_the_table(laptop, tmp_path, monkeypatch):
     saved = json.loads(table.read_text())
     assert saved["report"]["full/cpu"]["04"] == 10.0 and saved["provenance"]["report full/cpu"] == "test"
     assert saved["report"]["full/cpu"]["00"] == runtime.recorded_timings()["report"]["full/cpu"]["00"]  # others kept
+
+
+def test_performance_goals_table_says_met_or_missed(laptop, tmp_path):
+    def goals(ctx):
+        a = ctx.goal("decode vs HF", 2.4, 2.0, "batch 1", lesson="06")
+        b = ctx.goal("MoE vs HF", 0.8, 1.0, "worst size", lesson="04")
+        return a + "\n" + b
+
+    mod = fake_section("06", "Lesson 06")
+    mod.run = goals
+    text = rep.run_report(tmp_path, modules=[mod], progress=False).read_text()
+    assert "decode vs HF: 2.40x measured, goal 2.00x: met (batch 1)." in text
+    assert "MoE vs HF: 0.80x measured, goal 1.00x: missed (worst size)." in text
+    table = text.split("## Performance goals")[1]
+    assert "| 06 | decode vs HF | 2.40x | 2.00x | yes | batch 1 |" in table
+    assert "| 04 | MoE vs HF | 0.80x | 1.00x | no | worst size |" in table

@@ -49,6 +49,7 @@ class ReportContext:
     corpus_path: str | None = None
     progress: bool = True
     claims: list[dict[str, str]] = field(default_factory=list)
+    goals: list[dict[str, Any]] = field(default_factory=list)
     _cache: dict[str, Any] = field(default_factory=dict)
 
     def savefig(self, fig: Any, name: str) -> str:
@@ -81,6 +82,14 @@ class ReportContext:
         if verdict not in VERDICTS:
             raise ValueError(f"verdict {verdict!r} must be one of {VERDICTS}")
         self.claims.append({"lesson": lesson, "claim": claim, "measured": measured, "verdict": verdict})
+
+
+    def goal(self, goal: str, measured: float, target: float, how: str, lesson: str = "") -> str:
+        """Record one performance goal (issue 16): a ratio ``measured`` here against ``target``
+        (met when measured >= target), with ``how`` (sizes, command); returns a one-line summary."""
+        met = measured >= target
+        self.goals.append({"lesson": lesson, "goal": goal, "measured": measured, "target": target, "how": how, "met": met})
+        return f"{goal}: {measured:.2f}x measured, goal {target:.2f}x: {'met' if met else 'missed'} ({how})."
 
 
 class ReportInterrupted(KeyboardInterrupt):
@@ -290,6 +299,11 @@ def _assemble(stamp: str, head: list[str], bodies: list[str], ctx: ReportContext
         rows = ["| lesson | seed claim | measured here | verdict |", "|---|---|---|---|"]
         rows += [f"| {c['lesson']} | {c['claim']} | {c['measured']} | {c['verdict']} |" for c in ctx.claims]
         parts.append("## Seed claims and verdicts\n\n" + "\n".join(rows) + "\n")
+    if ctx.goals:
+        rows = ["| lesson | performance goal | measured | goal | met | how (sizes, command) |", "|---|---|---|---|---|---|"]
+        rows += [f"| {g['lesson']} | {g['goal']} | {g['measured']:.2f}x | {g['target']:.2f}x | {'yes' if g['met'] else 'no'} | {g['how']} |"
+                 for g in ctx.goals]
+        parts.append("## Performance goals (ratios measured in this run, on this machine)\n\n" + "\n".join(rows) + "\n")
     env = describe_environment()
     parts.append("## Run\n\n" + "\n".join(f"- {k}: {v}" for k, v in env.items())
                  + "\n" + "\n".join(f"- section `{t}`: {d:.1f} s ({m} sizes)" for _, t, d, m in done)

@@ -77,4 +77,22 @@ def run(ctx: Any) -> str:
               "holds" if best["speedup"] >= goal else "holds with a correction", lesson="02")
     parts.append(f"Forward time, B=1, 4 heads, head dim 64, fp32, pattern `{DEFAULT_PATTERN}` "
                  "(full table: `codex-lab bench attention --json`):\n\n" + "\n".join(lines) + "\n\n" + img)
+    parts.append(performance_goals(ctx))
     return "\n\n".join(parts)
+
+
+def performance_goals(ctx: Any) -> str:
+    """Issue 16's goal 1 at its own size (N=8192) in every mode: the fast kernel forward at least
+    0.6/d and forward+backward at least 0.5/d over dense causal SDPA, with 1/d and the tile share."""
+    from codex_lab.course.benches import run_bench
+
+    argv = ["--sizes", "8192", "--impls", "sdpa", "blocks", "fast", "--backward", "--repeats", "3"]
+    recs = {r["impl"]: r for r in run_bench("attention", argv)}
+    f = recs["fast"]
+    how = f"N=8192, d={f['density']:.3f}, 1/d={f['limit_1_over_d']:.1f}x, {f['tile_fraction']:.1%} of tiles; `codex-lab bench attention {' '.join(argv)}`"
+    lines = [ctx.goal("sparse forward (fast kernel) vs dense causal SDPA", f["speedup_vs_sdpa"], f["goal_0_6_over_d"], how, lesson="02"),
+             ctx.goal("sparse forward+backward (fast kernel) vs SDPA forward+backward", f["fwd_bwd_speedup_vs_sdpa"],
+                      f["goal_fwd_bwd_0_5_over_d"], how, lesson="02")]
+    b = recs["blocks"]
+    return ("Performance goals at N=8192 (the readable blocks kernel: "
+            f"{b['speedup_vs_sdpa']:.2f}x forward, {b['fwd_bwd_speedup_vs_sdpa']:.2f}x forward+backward):\n\n- " + "\n- ".join(lines))

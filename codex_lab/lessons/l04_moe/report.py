@@ -127,4 +127,27 @@ def run(ctx: Any) -> str:
               f"busiest expert {bal['none']:.2f}x mean load without balancing ({drops['none']:.1%} dropped at capacity 1.0); "
               f"aux loss {bal['aux']:.2f}x, bias balancing {bal['bias']:.2f}x",
               "holds with a correction" if bal["none"] > 1.5 else "holds", lesson="04")
+    lines += ["", performance_goal(ctx)]
     return "\n".join(lines)
+
+
+def performance_goal(ctx: Any) -> str:
+    """Issue 16's goal 4: grouped dispatch at least as fast as the fastest Hugging Face Mixtral
+    block path at every bench size (the bench's default sizes of this mode)."""
+    from codex_lab.course.benches import run_bench
+
+    recs = run_bench("moe", [])
+    sizes = sorted({(r["tokens"], r["experts"], r["top_k"]) for r in recs})
+    ratios = {}
+    for size in sizes:
+        rs = [r for r in recs if (r["tokens"], r["experts"], r["top_k"]) == size]
+        grouped = next(r["median_ms"] for r in rs if r["impl"] == "grouped")
+        hf = [r["median_ms"] for r in rs if r["impl"].startswith("hf")]
+        if hf:  # speed-up = fastest HF ms / grouped ms
+            ratios[size] = min(hf) / grouped
+    if not ratios:
+        return "MoE dispatch goal: not measured (transformers' Mixtral block unavailable)."
+    worst = min(ratios, key=ratios.get)
+    how = ("worst of " + ", ".join(f"{t} tok/{e}e/top{k}: {v:.2f}x" for (t, e, k), v in ratios.items())
+           + "; `codex-lab bench moe`")
+    return "Performance goal: " + ctx.goal("MoE grouped dispatch vs the fastest HF Mixtral block path", ratios[worst], 1.0, how, lesson="04")
