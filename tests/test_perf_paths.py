@@ -43,10 +43,12 @@ def test_sparse_fast_equals_reference_forward_and_backward(spec: str, n: int, bl
 
 # each case names the plan features it must exercise, so the test fails if the plan stops
 # taking that path (half-size partial units, each key layout, rows that are not consecutive,
-# query blocks that only full tiles reach, several K/V heads per query head)
+# query blocks that only full tiles reach, stacked query blocks in the backward, several
+# query heads per K/V head)
 FAST_CASES = [
     # spec, N, block, H, Hkv, features the plan must contain
-    ("window:16+blockstride:16:3", 200, 16, 4, 2, {"unit/2", "sliding", "class", "shared", "gather", "scattered"}),
+    ("window:16+blockstride:16:3", 200, 16, 4, 2, {"unit/2", "sliding", "class", "shared", "gather", "scattered", "stack"}),
+    ("window:16+blockstride:16:2", 300, 16, 2, 2, {"unit/2", "class", "stack"}),
     ("window:40+blockstride:32:2", 300, 32, 2, 1, {"unit/2", "class", "gather", "scattered", "per-row mask"}),
     ("global:16", 100, 16, 2, 2, {"unit/2", "shared", "uncovered"}),
     ("window:300", 1000, 128, 1, 1, {"unit/2", "gather", "scattered", "per-row mask"}),
@@ -55,8 +57,8 @@ FAST_CASES = [
 
 
 def _features(plan) -> set[str]:
-    calls = plan.partial + plan.full
-    out = {c.layout for c in calls}
+    calls = plan.partial + plan.full + plan.full_bwd
+    out = {c.layout for c in calls} | ({"stack"} if any(c.stack > 1 for c in plan.full_bwd) else set())
     out |= {"scattered"} if any(not c.contiguous for c in calls) else set()
     out |= {"per-row mask"} if any(c.mask is not None and c.mask.shape[1] > 1 for c in calls) else set()
     out |= {"unit/2"} if plan.unit < plan.block else set()

@@ -41,25 +41,23 @@ __all__ = ["fast_available", "fast_plan", "sparse_fast", "fast_pairs"]
 # temporaries of one flash call (its gathered keys, its outputs and gradients) stay under
 # about this many floats: the allocator then recycles them instead of mapping fresh pages
 # (each first touch of a fresh page costs a fault, which dominated the backward before)
-CHUNK_FLOATS = 1 << 20
+CHUNK_FLOATS = 1 << 21
 
 
-def _class_layout(k: Tensor, v: Tensor, block: int, step: int) -> tuple[Tensor, Tensor]:
-    """k and v (B', N_pad, D) with their tiles permuted into ``step`` classes of
-    T = ceil(nb / step) slots each (tile j -> class j mod step, slot j // step): two
-    (B', step*T, block, D) views of one buffer. Slots past the last tile are left unset:
-    no call reads them."""
-    Bp, n_pad, D = k.shape
+def _class_layout(x: Tensor, block: int, step: int) -> Tensor:
+    """x (B', N_pad, D) with its tiles permuted into ``step`` classes of T = ceil(nb / step)
+    slots each (tile j -> class j mod step, slot j // step): (B', step*T, block, D). Slots
+    past the last tile are left unset: no call reads them."""
+    Bp, n_pad, D = x.shape
     nb = n_pad // block
     T, full = -(-nb // step), nb // step
-    buf = k.new_empty(2, Bp, step, T, block, D)  # (2, B', s, T, bs, D)
-    for out, x in zip(buf, (k, v)):
-        xt = x.view(Bp, nb, block, D)
-        # tile t*s + c -> (c, t): a transposed copy of the first full rows of s tiles ...
-        out[:, :, :full] = xt[:, : full * step].view(Bp, full, step, block, D).transpose(1, 2)
-        if nb > full * step:  # ... and the last, shorter row
-            out[:, : nb - full * step, full] = xt[:, full * step :]
-    return buf[0].view(Bp, step * T, block, D), buf[1].view(Bp, step * T, block, D)
+    out = x.new_empty(Bp, step, T, block, D)  # (B', s, T, bs, D)
+    xt = x.view(Bp, nb, block, D)
+    # tile t*s + c -> (c, t): a transposed copy of the first full rows of s tiles ...
+    out[:, :, :full] = xt[:, : full * step].view(Bp, full, step, block, D).transpose(1, 2)
+    if nb > full * step:  # ... and the last, shorter row
+        out[:, : nb - full * step, full] = xt[:, full * step :]
+    return out.view(Bp, step * T, block, D)
 
 
 def _keys(k: Tensor, k_cls: Tensor | None, call: FastCall, step: int) -> Tensor:
@@ -85,8 +83,11 @@ def _keys(k: Tensor, k_cls: Tensor | None, call: FastCall, step: int) -> Tensor:
 
 
 def _rows(x: Tensor, call: FastCall) -> Tensor:
-    """The call's query units of x (B', N_pad/unit, ...) (a view when they are consecutive)."""
+    """The call's query units of x (B', N_pad/unit, L [, D]) as (B', R, stack*L [, D]) (a view
+    when they are consecutive and not stacked)."""
     R = call.rows.numel()
+    if call.qrows is not None:  # k blocks per row, one after the other along the query axis
+        return x.index_select(1, call.qrows).view(x.shape[0], R, call.stack * x.shape[2], *x.shape[3:])
     return x[:, call.first : call.first + R] if call.contiguous else x.index_select(1, call.rows)
 
 
@@ -96,24 +97,29 @@ def _units(x: Tensor, unit: int, g: int) -> Tensor:
 
 
 @lru_cache(maxsize=256)
-def _chunked(calls: tuple[FastCall, ...], Bp: int, D: int) -> tuple[FastCall, ...]:
-    """The calls split so that one call's keys (B', R, m*unit, D) stay under CHUNK_FLOATS."""
+def _chunked(calls: tuple[FastCall, ...], Bp: int, D: int, backward: bool) -> tuple[FastCall, ...]:
+    """The calls split so that what one call materialises stays under CHUNK_FLOATS: forward,
+    its output (B', R, L, D) and any copied keys; backward, also its key gradients
+    (B', R, m*unit, D), twice."""
     out: list[FastCall] = []
     for c in calls:
-        per_row = Bp * max(c.cols.shape[1] * c.unit, c.mask.shape[2] if c.mask is not None else 0) * D
+        L, S = c.mask.shape[2] if c.mask is not None else 0, c.cols.shape[1] * c.unit
+        copied = S if c.layout == "gather" else 0
+        per_row = Bp * D * (max(L, c.unit * c.stack) + (2 * S if backward else copied))
         out.extend(c.chunks(max(1, CHUNK_FLOATS // per_row)))
     return tuple(out)
 
 
 def _put(dst: Tensor, call: FastCall, src: Tensor, add: bool) -> None:
-    """dst[:, call's rows] = src (or += src) for dst (B', N_pad/unit, ...)."""
+    """dst[:, call's rows] = src (or += src) for dst (B', N_pad/unit, L [, D]) and src as
+    :func:`_rows` gives it."""
     if call.contiguous:
         sl = dst[:, call.first : call.first + call.rows.numel()]
         sl.add_(src) if add else sl.copy_(src)
-    elif add:
-        dst.index_add_(1, call.rows, src)
-    else:
-        dst.index_copy_(1, call.rows, src)
+        return
+    rows = call.rows if call.qrows is None else call.qrows
+    src = src.reshape(dst.shape[0], rows.numel(), *dst.shape[2:])  # unstack: one block per row
+    dst.index_add_(1, rows, src) if add else dst.index_copy_(1, rows, src)
 
 
 def _add_keys(d_u: Tensor, call: FastCall, d_: Tensor) -> None:
@@ -142,9 +148,9 @@ class _FastSparse(torch.autograd.Function):
             out, lse = torch.zeros_like(q), q.new_full(q.shape[:2], float("-inf"), dtype=torch.float32)
         k_cls = v_cls = None
         if plan.step:
-            k_cls, v_cls = _class_layout(k, v, plan.block, plan.step)
+            k_cls, v_cls = _class_layout(k, plan.block, plan.step), _class_layout(v, plan.block, plan.step)
         out_u, lse_u, q_u = _units(out, plan.unit, g), _units(lse, plan.unit, g), _units(q, plan.unit, g)
-        for call in _chunked(plan.partial, Bp, D):
+        for call in _chunked(plan.partial, Bp, D, False):
             o, l = _FLASH(_rows(q_u, call), _keys(k, None, call, 0), _keys(v, None, call, 0), 0.0, False,
                           attn_mask=call.mask, scale=scale)[:2]  # (B', R, L, D), (B', R, L)
             if call.row_ok is not None:  # a row with no key in this call weighs nothing in the merge
@@ -152,7 +158,7 @@ class _FastSparse(torch.autograd.Function):
             _put(out_u, call, o, add=False)
             _put(lse_u, call, l, add=False)
         out_b, lse_b, q_b = _units(out, plan.block, g), _units(lse, plan.block, g), _units(q, plan.block, g)
-        for call in _chunked(plan.full, Bp, D):
+        for call in _chunked(plan.full, Bp, D, False):
             o, l = _FLASH(_rows(q_b, call), _keys(k, k_cls, call, plan.step), _keys(v, v_cls, call, plan.step),
                           0.0, False, scale=scale)[:2]  # (B', R, L, D), (B', R, L)
             o_old, l_old = _rows(out_b, call), _rows(lse_b, call)  # views when the rows are consecutive
@@ -180,12 +186,12 @@ class _FastSparse(torch.autograd.Function):
         # the partial calls write every query unit first when they cover them all
         dq = torch.empty_like(q) if plan.covered else torch.zeros_like(q)
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-        for first, calls, unit, step in ((True, plan.partial, plan.unit, 0), (False, plan.full, plan.block, plan.step)):
+        for first, calls, unit, step in ((True, plan.partial, plan.unit, 0), (False, plan.full_bwd, plan.block, plan.step)):
             q_u, o_u, l_u, dq_u = (_units(t, unit, g) for t in (q, out, lse, dq))
             go_u = grad_out.reshape(o_u.shape)  # (B', N_pad/unit, g*unit, D); may arrive expanded
             dk_u, dv_u = dk.view(Bp, n_pad // unit, unit, D), dv.view(Bp, n_pad // unit, unit, D)
             kc, vc = (k_cls, v_cls) if step else (None, None)
-            for call in _chunked(calls, Bp, D):
+            for call in _chunked(calls, Bp, D, True):
                 dq_, dk_, dv_ = _FLASH_BWD(_rows(go_u, call), _rows(q_u, call), _keys(k, kc, call, step),
                                            _keys(v, vc, call, step), _rows(o_u, call), _rows(l_u, call),
                                            0.0, False, attn_mask=call.mask, scale=scale)

@@ -43,6 +43,8 @@ from codex_lab.nn.patterns import AttentionPattern
 # one that computes the fewest pairs (a 32-row unit computes fewer still, but the kernel
 # runs it slower than the pairs it saves, forward and backward)
 UNIT_DIVISORS = (1, 2)
+# stack query blocks into rectangles where block-strided full tiles form staircases
+STACK = True
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,7 +55,10 @@ class FastCall:
     additive bias (1, Rm, g*unit, m*unit) with Rm in {1, R} (None: no mask), ``row_ok``
     (R, g*unit) the rows with at least one key here (None: all of them); ``runs`` is True
     when each column of ``cols`` counts up by one row to row (then a key unit's gradient
-    shares are added through slices, not index lists)."""
+    shares are added through slices, not index lists). A **stacked** call (``stack`` k > 1)
+    is a rectangle of k query blocks sharing the same key tiles: row r stacks the blocks
+    ``qrows[r*k : (r+1)*k]`` along the kernel's query axis, which the kernel runs faster
+    than k separate 128-row blocks (its query tiles grow from 32 to 64 or 256 rows)."""
 
     unit: int
     rows: Tensor
@@ -65,6 +70,8 @@ class FastCall:
     mask: Tensor | None
     row_ok: Tensor | None
     runs: bool
+    stack: int = 1
+    qrows: Tensor | None = None
 
     def chunks(self, max_rows: int) -> list["FastCall"]:
         """This call split into calls of at most ``max_rows`` query units (the same layout):
@@ -78,14 +85,16 @@ class FastCall:
             out.append(replace(self, rows=self.rows[a:b], first=self.first + a if self.contiguous else int(self.rows[a]),
                                cols=self.cols[a:b], mask=None if self.mask is None else
                                (self.mask if self.mask.shape[1] == 1 else self.mask[:, a:b]),
-                               row_ok=None if self.row_ok is None else self.row_ok[a:b]))
+                               row_ok=None if self.row_ok is None else self.row_ok[a:b],
+                               qrows=None if self.qrows is None else self.qrows[a * self.stack : b * self.stack]))
         return out
 
 
 @dataclass(frozen=True, eq=False)
 class FastPlan:
     """``partial`` calls (masked, written first) and ``full`` calls (merged in) for one
-    (pattern, N, block, g); ``unit`` is the partial calls' granularity, ``dead``
+    (pattern, N, block, g), and ``full_bwd``, the same full tiles as the backward runs them
+    (stacked rectangles where possible); ``unit`` is the partial calls' granularity, ``dead``
     (N_pad / unit, g*unit) the rows with no key at all (None: none), ``covered`` whether
     the partial calls write every query unit, ``step`` the class stride of the class
     layout (0: unused) and ``pairs`` the number of (query, key) pairs the calls compute."""
@@ -94,6 +103,7 @@ class FastPlan:
     unit: int
     partial: tuple[FastCall, ...]
     full: tuple[FastCall, ...]
+    full_bwd: tuple[FastCall, ...]
     dead: Tensor | None
     covered: bool
     step: int
@@ -132,13 +142,14 @@ def _layout(rows: list[int], cols: list[list[int]]) -> tuple[str, int]:
 
 
 def _calls(units: dict[int, tuple[list[int], list[Tensor]]], unit: int, g: int, dtype: torch.dtype,
-           device: str, masked: bool) -> tuple[tuple[FastCall, ...], int]:
-    """Group query units by their number of key units into calls; also the pairs computed."""
-    groups: dict[int, list[int]] = {}
+           device: str, masked: bool, step: int = 0) -> tuple[tuple[FastCall, ...], int]:
+    """Group query units by their number of key units (and, with a class ``step``, by the
+    class slot they start at) into calls; also the pairs computed."""
+    groups: dict[tuple[int, int], list[int]] = {}
     for u, (cols, _) in units.items():
-        groups.setdefault(len(cols), []).append(u)
+        groups.setdefault((len(cols), cols[0] // step if step else 0), []).append(u)
     calls, pairs = [], 0
-    for m, rows in sorted(groups.items()):
+    for (m, _), rows in sorted(groups.items()):
         cols = [units[u][0] for u in rows]
         layout, step = _layout(rows, cols)
         mask = row_ok = None
@@ -181,6 +192,50 @@ def _partial_units(pattern: AttentionPattern, n: int, block: int, unit: int, par
     return out
 
 
+def _staircases(full_units: dict[int, tuple[list[int], list[Tensor]]], s: int, nb: int, block: int,
+                g: int, device: str) -> tuple[list[FastCall], int]:
+    """Rectangles out of block-strided full tiles. Class c's blocks c, c+s, c+2s, ... (slots
+    t = 0, 1, ...) often each see every earlier block of their class: a staircase, rows t
+    with slots [0, t). Split at h, the rows [h, b) all share slots [base, h): one stacked
+    call; the two smaller staircases left recurse. The rectangles' tiles are removed from
+    ``full_units`` (rows left with tiles keep them, starting at a later slot)."""
+    found: dict[tuple[int, ...], list[int]] = {}  # (T, h, b, base) -> classes
+
+    def split(c: int, T: int, a: int, b: int, base: int) -> None:
+        if b - a < 3:  # too small to stack: rows keep slots [base, t)
+            for t in range(a, b):
+                full_units[c + t * s] = ([c + j * s for j in range(base, t)], [])
+            return
+        h = (a + b) // 2
+        found.setdefault((T, h, b, base), []).append(c)
+        split(c, T, a, h, base)
+        split(c, T, h + 1, b, h)
+        full_units[c + h * s] = ([], [])  # row h: all its tiles are in the rectangle
+
+    for c in range(min(s, nb)):
+        T = len(range(c, nb, s))
+        stair = c not in full_units and all(full_units.get(c + t * s, ([], []))[0] == [c + j * s for j in range(t)]
+                                            for t in range(1, T))
+        if stair and T >= 4:
+            split(c, T, 1, T, 0)
+    for i in [i for i, (cols, _) in full_units.items() if not cols]:
+        del full_units[i]
+    calls, pairs = [], 0
+    for (T, h, b, base), classes in sorted(found.items()):
+        runs = [[classes[0]]]
+        for c in classes[1:]:  # one strided view per run of consecutive classes
+            (runs[-1].append(c) if c == runs[-1][-1] + 1 else runs.append([c]))
+        for run in runs:
+            qrows = [c + t * s for c in run for t in range(h, b)]
+            pairs += len(qrows) * g * block * (h - base) * block
+            calls.append(FastCall(unit=block, rows=torch.tensor([c + h * s for c in run], device=device), first=run[0] + h * s,
+                                  contiguous=False, cols=torch.tensor([[c + j * s for j in range(base, h)] for c in run],
+                                                                      device=device),
+                                  layout="class", step=s, mask=None, row_ok=None, runs=True,
+                                  stack=b - h, qrows=torch.tensor(qrows, device=device)))
+    return calls, pairs
+
+
 @lru_cache(maxsize=64)
 def fast_plan(pattern: AttentionPattern, n: int, block: int, g: int, device: str, dtype: torch.dtype) -> FastPlan:
     """The fast kernel's calls for ``pattern`` at length n, cached per (pattern, n, block, g,
@@ -221,7 +276,13 @@ def fast_plan(pattern: AttentionPattern, n: int, block: int, g: int, device: str
         full_calls = tuple(c if c.layout != "class" or c.step == keep else replace(c, layout="gather", step=0)
                            for c in full_calls)
         steps = {keep}
-    return FastPlan(block=block, unit=unit, partial=part_calls, full=full_calls,
+    full_bwd = full_calls
+    if len(steps) == 1 and STACK:  # backward: rectangles of stacked query blocks where the strides form staircases
+        step = next(iter(steps))
+        rects, _ = _staircases(full_units, step, nb, block, g, device)
+        if rects:  # the same pairs, in fewer, larger calls: a backward gain (the forward pays for the merges)
+            full_bwd = tuple(rects) + _calls(full_units, block, g, dtype, device, masked=False, step=step)[0]
+    return FastPlan(block=block, unit=unit, partial=part_calls, full=full_calls, full_bwd=full_bwd,
                     dead=dead.to(device) if bool(dead.any()) else None,
                     covered=len(units) == nb * r, step=steps.pop() if steps else 0,
                     pairs=part_pairs + full_pairs)
