@@ -15,7 +15,16 @@ the reference by the tests; what changes is how the touched tiles are computed
   (FlashAttention-style): each call's fused flash backward, given the merged output and
   ``lse``, yields exactly its share of the full softmax's gradients (``P = exp(s - lse)``
   with the global ``lse``; ``D = rowsum(dO * O)`` with the global ``O``), so the shares add
-  up. Only q, k, v, the output and the log-sum-exp are kept: memory stays linear in N.
+  up, and the backward may group the tiles differently from the forward (it stacks
+  block-strided query blocks that share key tiles into larger calls). Only q, k, v, the
+  output, the log-sum-exp and the class-permuted copy of k and v are kept, and each call's
+  temporaries are capped (``CHUNK_FLOATS``): memory stays linear in N.
+
+Where the time goes (N=8192, the bench's default pattern, one core): the plan computes
+11.5% of the causal pairs (limit 8.7x at equal cost per pair), the fused kernel is about
+80% of the time, and it runs 64- and 128-row query blocks at roughly 60% of the per-pair
+speed it reaches on dense causal attention's 256-row blocks: that, more than the pairs
+skipped, is what keeps the speed-up near 6x rather than 1/d.
 
 Where the fused op is missing (a non-CPU device) ``sparse_attention`` uses ``"blocks"``.
 """
