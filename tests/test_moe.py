@@ -262,6 +262,13 @@ def test_bench_records_are_flat_and_equal() -> None:
         assert all(isinstance(v, (int, float, str)) for v in r.values())
         assert r["max_abs_diff"] < ATOL, r
         assert r["active_params"] < r["total_params"]
+        assert 0 < r["min_ms"] <= r["median_ms"] and isinstance(r["load_avg_1m"], float)
+    grouped = rows[1]
+    assert grouped["fastest_hf"] in ("hf_eager", "hf_grouped_mm")
+    fastest = next(r for r in rows if r["impl"] == grouped["fastest_hf"])
+    # speed-up = fastest HF ms / grouped ms, the goal; the _best variant on min times
+    assert grouped["speedup_vs_fastest_hf"] == pytest.approx(fastest["median_ms"] / grouped["median_ms"], abs=2e-3)
+    assert grouped["speedup_vs_fastest_hf_best"] > 0
     assert parse_sizes("128:8:2, 64:16:4") == [(128, 8, 2), (64, 16, 4)]
     with pytest.raises(ValueError, match="TOKENS:EXPERTS:TOP_K"):
         parse_sizes("128x8")

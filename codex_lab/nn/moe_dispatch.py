@@ -116,28 +116,56 @@ def dispatch_grouped(x: Tensor, routing: RoutingLike, experts: nn.ModuleList, ke
     return y.index_add_(0, token, y_sorted * w)  # (N, d)
 
 
+def tile_segments(counts: list[int], tile: int) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
+    """Cut the sorted assignment list (groups of ``counts`` rows, expert by expert) into
+    tiles of at most ``tile`` rows: [(start, rows, [(expert, lo, hi), ...]), ...], where
+    (expert, lo, hi) is that expert's slice of the tile (offsets within the tile).
+
+    A group larger than ``tile`` is split into near-equal pieces (2100 rows, tile 512: five
+    pieces of 420, not four of 512 and one of 52: a tiny matmul runs slowly); consecutive
+    pieces are packed into one tile while they fit, so small groups share a tile and its
+    gather, elementwise work and scatter.
+    """
+    pieces: list[tuple[int, int]] = []  # (expert, rows), in sorted order
+    for e, c in enumerate(counts):
+        n = -(-c // tile)  # ceil(c / tile) pieces
+        pieces += [(e, c // n + (i < c % n)) for i in range(n)]
+    tiles: list[tuple[int, int, list[tuple[int, int, int]]]] = []
+    start = rows = 0
+    segs: list[tuple[int, int, int]] = []
+    for e, r in pieces:
+        if rows + r > tile:  # close the tile
+            tiles.append((start, rows, segs))
+            start, rows, segs = start + rows, 0, []
+        segs.append((e, rows, rows + r))
+        rows += r
+    if rows:
+        tiles.append((start, rows, segs))
+    return tiles
+
+
 def _experts_tiled(x: Tensor, token: Tensor, w: Tensor, counts: list[int], w_gate: Tensor, w_up: Tensor,
                    w_down: Tensor, y: Tensor, tile: int) -> Tensor:
-    """Inference: ``y[token] += w * down(silu(x W_gate) * (x W_up))``, expert by expert,
-    ``tile`` rows at a time, into buffers reused by every tile. Returns y (N, d)."""
+    """Inference: ``y[token] += w * down(silu(x W_gate) * (x W_up))`` over the sorted
+    assignments, ``tile`` rows at a time into buffers reused by every tile; within a tile
+    each expert's rows are one contiguous slice (one matmul each), the elementwise work,
+    the gather and the scatter run once over the whole tile. Returns y (N, d)."""
     d, h = w_gate.shape[1], w_gate.shape[2]
-    rows = min(tile, max(counts))
+    rows = min(tile, token.numel())
     x_buf, out_buf = x.new_empty(rows, d), x.new_empty(rows, d)  # (rows, d)
     g_buf, u_buf = x.new_empty(rows, h), x.new_empty(rows, h)  # (rows, h)
-    start = 0
-    for e, count in enumerate(counts):
-        for s in range(start, start + count, tile):
-            r = min(tile, start + count - s)
-            tok = token[s : s + r]  # (r,)
-            xt = torch.index_select(x, 0, tok, out=x_buf[:r])  # (r, d)
-            g = torch.mm(xt, w_gate[e], out=g_buf[:r])  # (r, h) = x W_gate^T
-            u = torch.mm(xt, w_up[e], out=u_buf[:r])  # (r, h) = x W_up^T
-            # SwiGLU hidden: silu(x W_gate^T) * (x W_up^T), in place on contiguous rows
-            hidden = F.silu(g, inplace=True).mul_(u)  # (r, h)
-            # w_nj * expert_e(x_n)
-            out = torch.mm(hidden, w_down[e], out=out_buf[:r]).mul_(w[s : s + r])  # (r, d)
-            y.index_add_(0, tok, out)  # a token's k terms land on its row
-        start += count
+    for s, r, segs in tile_segments(counts, tile):
+        tok = token[s : s + r]  # (r,) token of each row
+        xt = torch.index_select(x, 0, tok, out=x_buf[:r])  # (r, d)
+        for e, lo, hi in segs:
+            torch.mm(xt[lo:hi], w_gate[e], out=g_buf[lo:hi])  # x W_gate^T
+            torch.mm(xt[lo:hi], w_up[e], out=u_buf[lo:hi])  # x W_up^T
+        # SwiGLU hidden: silu(x W_gate^T) * (x W_up^T), in place on contiguous rows
+        hidden = F.silu(g_buf[:r], inplace=True).mul_(u_buf[:r])  # (r, h)
+        for e, lo, hi in segs:
+            torch.mm(hidden[lo:hi], w_down[e], out=out_buf[lo:hi])  # expert_e(x)
+        # w_nj * expert_e(x_n), added on its token's row (a token's k terms meet there)
+        y.index_add_(0, tok, out_buf[:r].mul_(w[s : s + r]))
     return y
 
 
