@@ -198,3 +198,31 @@ def test_non_swiglu_experts_use_the_module_loop() -> None:
     r = route(torch.randn(7, 3), 2)
     with torch.no_grad():
         torch.testing.assert_close(dispatch_grouped(x, r, experts), dispatch_reference(x, r, experts), atol=ATOL, rtol=0)
+
+
+def test_tile_segments_cover_every_group_in_order() -> None:
+    from codex_lab.nn.moe_dispatch import tile_segments
+
+    # hand-checked: groups of 3, 0, 5, 1 rows in tiles of 4; expert 2's 5 rows split 3 + 2
+    assert tile_segments([3, 0, 5, 1], 4) == [(0, 3, [(0, 0, 3)]), (3, 3, [(2, 0, 3)]), (6, 3, [(2, 0, 2), (3, 2, 3)])]
+    assert tile_segments([0, 0], 4) == []
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        counts = torch.randint(0, 40, (int(torch.randint(1, 10, (1,), generator=rng)),), generator=rng).tolist()
+        tile = int(torch.randint(1, 50, (1,), generator=rng))
+        got = [0] * len(counts)
+        pos, order = 0, []
+        for start, rows, segs in tile_segments(counts, tile):
+            assert start == pos and 0 < rows <= tile  # tiles are contiguous and never too big
+            assert segs[0][1] == 0 and segs[-1][2] == rows  # segments fill the tile exactly
+            for (e, lo, hi), nxt in zip(segs, segs[1:] + [None]):
+                assert hi > lo and (nxt is None or nxt[1] == hi)
+                got[e] += hi - lo
+                order.append(e)
+            pos += rows
+        assert got == counts and order == sorted(order), (counts, tile)  # every row once, experts in order
+        # a group split over tiles gets near-equal pieces (sizes differ by at most one row)
+        for e, c in enumerate(counts):
+            if c > tile:
+                sizes = [hi - lo for _, _, segs in tile_segments([c], tile) for _, lo, hi in segs]
+                assert max(sizes) - min(sizes) <= 1, (c, tile, sizes)
