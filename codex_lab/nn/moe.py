@@ -97,8 +97,9 @@ def route(logits: Tensor, top_k: int, bias: Tensor | None = None) -> Routing:
     # p_ne = exp(l_ne) / sum_e' exp(l_ne')
     probs = torch.softmax(logits, dim=-1)  # (N, E)
     scores = probs if bias is None else probs + bias.float()  # (N, E) selection scores only
-    expert_idx = torch.topk(scores, top_k, dim=-1).indices  # (N, k)
-    chosen = probs.gather(-1, expert_idx)  # (N, k)
+    top = torch.topk(scores, top_k, dim=-1)
+    expert_idx = top.indices  # (N, k)
+    chosen = top.values if bias is None else probs.gather(-1, expert_idx)  # (N, k) chosen p
     # w_nj = p_{n,e_nj} / sum_j' p_{n,e_nj'}
     weights = chosen / chosen.sum(dim=-1, keepdim=True)  # (N, k)
     return Routing(logits=logits, probs=probs, expert_idx=expert_idx, weights=weights)
