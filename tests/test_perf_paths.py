@@ -223,3 +223,26 @@ def test_fast_decoder_equals_generate_ids_and_compiles_once(kw) -> None:
     eos = generate_ids(model, prompts[0], max_new_tokens=14)[0][4]
     want, reason = generate_ids(model, prompts[0], max_new_tokens=14, eos_id=eos)
     assert reason == "stop" and FastDecoder(model, max_len=32, compile=False).generate(prompts[0], 14, eos_id=eos)[0] == want
+
+
+def test_fast_decoder_default_cpu_compile_freezes_weights_and_matches() -> None:
+    """The default CPU build (inductor with freezing and the C++ wrapper) gives generate_ids'
+    tokens, compiles once, and reads the weights at its first compiled step (frozen)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import tiny_config
+
+    from codex_lab.infer.fast_decode import FastDecoder
+    from codex_lab.infer.generate import generate_ids
+    from codex_lab.nn.model import CodexModel
+
+    torch.manual_seed(0)
+    model = CodexModel(tiny_config()).eval()
+    dec = FastDecoder(model, max_len=32)
+    assert dec.options == {"freezing": True, "cpp_wrapper": True}
+    for p in ([3, 1, 4, 1, 5], [9, 2, 6]):
+        want, _ = generate_ids(model, p, max_new_tokens=10)
+        assert dec.generate(p, 10)[0] == want
+    assert dec.compiled and dec.compile_error == "" and dec.recompiles == 0

@@ -52,10 +52,16 @@ class FastDecoder:
         mode: torch.compile mode; ``"reduce-overhead"`` replays the step as a CUDA graph on a
             GPU (one launch per token instead of one per kernel; the cache tensors are marked
             static so their addresses stay fixed inside the graph). ``None``: the default mode.
+        options: Inductor options. Default on a CPU (inductor backend, no ``mode``):
+            ``freezing`` (the weights become constants of the graph, so matmuls use weights
+            packed once for the CPU's kernels) and ``cpp_wrapper`` (the code that calls the
+            kernels is C++, not Python): about 10-15% less time per step on 2 cores, measured
+            in CPU time. Frozen weights are read at the first compiled step: build a new
+            decoder after changing the model's weights.
     """
 
     def __init__(self, model: CodexModel, *, max_len: int | None = None, batch: int = 1, compile: bool = True,
-                 backend: str = "inductor", mode: str | None = None) -> None:
+                 backend: str = "inductor", mode: str | None = None, options: dict | None = None) -> None:
         cfg = model.cfg
         self.model = model.eval()
         self.max_len = cfg.max_seq_len if max_len is None else max_len
@@ -69,6 +75,7 @@ class FastDecoder:
         self.slots = torch.arange(self.max_len, device=p.device)  # (L,)
         self.batch = batch
         self.mode = mode
+        self.options: dict = {}
         if mode == "reduce-overhead":
             from torch._dynamo import mark_static_address
 
@@ -79,7 +86,10 @@ class FastDecoder:
         self._compiled = None
         if compile:
             try:
-                self._compiled = torch.compile(self._step, dynamic=False, backend=backend, mode=mode)
+                if options is None and backend == "inductor" and mode is None and p.device.type == "cpu":
+                    options = {"freezing": True, "cpp_wrapper": True}
+                self.options = options or {}
+                self._compiled = torch.compile(self._step, dynamic=False, backend=backend, mode=mode, options=options)
             except Exception as exc:  # pragma: no cover - torch without dynamo
                 self.compile_error = f"{type(exc).__name__}: {exc}"[:200]
         self._graphs_after_first: int | None = None
