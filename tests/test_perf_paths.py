@@ -85,6 +85,24 @@ def test_sparse_fast_plan_paths_equal_reference(spec, n, block, h, hkv, features
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=f"{spec} {name}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sparse_fast_takes_strided_inputs_and_float64(dtype) -> None:
+    """k and v as slices of longer buffers (a cache-like layout, not contiguous), q transposed
+    from (B, N, H, D): the strided key views must not assume a dense layout; float64 keeps a
+    float64 log-sum-exp."""
+    spec, n = "window:16+blockstride:16:3", 150
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, n, 4, 8, generator=g, dtype=dtype).transpose(1, 2).requires_grad_()  # (B, H, N, D) view
+    k, v = (torch.randn(2, 2, n + 40, 8, generator=g, dtype=dtype)[:, :, :n].requires_grad_() for _ in range(2))
+    want = _fwd_bwd("reference", spec, q, k, v, 16)
+    got = _fwd_bwd("fast", spec, q, k, v, 16)
+    # float64: the fused kernel's exp is a fast approximation (relative error ~1e-7) in every
+    # dtype, so float64 agrees to ~1e-7, not to float64 rounding; 1e-6 leaves a 10x margin
+    tol = ATOL if dtype == torch.float32 else 1e-6
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b, atol=tol, rtol=0, msg=name)
+
+
 def test_sparse_fast_plan_keeps_one_class_stride() -> None:
     """Full tiles strided by 2 in early blocks and by 3 in later ones: one class layout is
     kept (the more common stride), the other calls fall back to copies, results unchanged."""

@@ -151,10 +151,11 @@ class _FastSparse(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, plan: FastPlan, g: int, scale: float) -> Tensor:  # type: ignore[override]
         Bp, D = q.shape[0], q.shape[-1]
+        acc = torch.promote_types(q.dtype, torch.float32)  # the kernel's log-sum-exp type
         if plan.covered:  # every query unit is written by a partial call first
-            out, lse = torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+            out, lse = torch.empty_like(q), q.new_empty(q.shape[:2], dtype=acc)
         else:  # no key yet: out 0, lse -inf (a full call then merges in exactly)
-            out, lse = torch.zeros_like(q), q.new_full(q.shape[:2], float("-inf"), dtype=torch.float32)
+            out, lse = torch.zeros_like(q), q.new_full(q.shape[:2], float("-inf"), dtype=acc)
         k_cls = v_cls = None
         if plan.step:
             k_cls, v_cls = _class_layout(k, plan.block, plan.step), _class_layout(v, plan.block, plan.step)
@@ -239,9 +240,10 @@ def sparse_fast(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern, bloc
     nu = n_pad // unit
     # the g query heads sharing a K/V head are stacked along the rows of each unit:
     # (B, Hkv, g, nu, unit, D) -> (B*Hkv, nu, g, unit, D) -> (B*Hkv, nu*g*unit, D)
-    qu = q.reshape(B, Hkv, g, nu, unit, D).transpose(2, 3).reshape(B * Hkv, nu * g * unit, D)
-    kf = k.reshape(B * Hkv, n_pad, D)  # (B*Hkv, N_pad, D)
-    vf = v.reshape(B * Hkv, n_pad, D)  # (B*Hkv, N_pad, D)
+    qu = q.reshape(B, Hkv, g, nu, unit, D).transpose(2, 3).reshape(B * Hkv, nu * g * unit, D).contiguous()
+    # contiguous: the strided key views assume a dense (B*Hkv, N_pad, D) layout
+    kf = k.reshape(B * Hkv, n_pad, D).contiguous()  # (B*Hkv, N_pad, D)
+    vf = v.reshape(B * Hkv, n_pad, D).contiguous()  # (B*Hkv, N_pad, D)
     out = _FastSparse.apply(qu, kf, vf, plan, g, 1.0 / math.sqrt(D))  # (B*Hkv, nu*g*unit, D)
     out = out.view(B, Hkv, nu, g, unit, D).transpose(2, 3)  # (B, Hkv, g, nu, unit, D)
     return out.reshape(B, H, n_pad, D)[:, :, :N]  # (B, H, N, D)
