@@ -98,12 +98,12 @@ def dispatch_grouped(x: Tensor, routing: RoutingLike, experts: nn.ModuleList, ke
     if not token.numel():
         return y
     w = weight.to(x.dtype)[:, None]  # (A, 1)
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in experts.parameters()))
-    if not needs_grad and all(isinstance(e, SwiGLU) for e in experts):
-        w_gate, w_up, w_down = stacked_weights(experts)
+    params = expert_weights(experts) if all(isinstance(e, SwiGLU) for e in experts) else None
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or params is None or any(p.requires_grad for p in params))
+    if params is not None and not needs_grad:
         # tiles are for CPU caches; an accelerator takes each group whole
         tile = TILE_ROWS_PER_THREAD * torch.get_num_threads() if x.device.type == "cpu" else max(counts)
-        return _experts_tiled(x, token, w, counts, w_gate, w_up, w_down, y, tile)
+        return _experts_tiled(x, token, w, counts, _stacked(experts, params)[1], y, tile)
     x_sorted = x[token]  # (A, d) gathered once
     outs = []
     start = 0
@@ -144,45 +144,65 @@ def tile_segments(counts: list[int], tile: int) -> list[tuple[int, int, list[tup
     return tiles
 
 
-def _experts_tiled(x: Tensor, token: Tensor, w: Tensor, counts: list[int], w_gate: Tensor, w_up: Tensor,
-                   w_down: Tensor, y: Tensor, tile: int) -> Tensor:
+def _experts_tiled(x: Tensor, token: Tensor, w: Tensor, counts: list[int], mats: list[tuple[Tensor, Tensor, Tensor]],
+                   y: Tensor, tile: int) -> Tensor:
     """Inference: ``y[token] += w * down(silu(x W_gate) * (x W_up))`` over the sorted
     assignments, ``tile`` rows at a time into buffers reused by every tile; within a tile
     each expert's rows are one contiguous slice (one matmul each), the elementwise work,
-    the gather and the scatter run once over the whole tile. Returns y (N, d)."""
-    d, h = w_gate.shape[1], w_gate.shape[2]
+    the gather and the scatter run once over the whole tile. ``mats[e]`` = expert e's
+    (W_gate^T (d, h), W_up^T (d, h), W_down^T (h, d)). Returns y (N, d)."""
+    d, h = mats[0][0].shape
     rows = min(tile, token.numel())
     x_buf, out_buf = x.new_empty(rows, d), x.new_empty(rows, d)  # (rows, d)
     g_buf, u_buf = x.new_empty(rows, h), x.new_empty(rows, h)  # (rows, h)
     for s, r, segs in tile_segments(counts, tile):
         tok = token[s : s + r]  # (r,) token of each row
         xt = torch.index_select(x, 0, tok, out=x_buf[:r])  # (r, d)
-        for e, lo, hi in segs:
-            torch.mm(xt[lo:hi], w_gate[e], out=g_buf[lo:hi])  # x W_gate^T
-            torch.mm(xt[lo:hi], w_up[e], out=u_buf[lo:hi])  # x W_up^T
+        g, u, out = g_buf[:r], u_buf[:r], out_buf[:r]  # (r, h), (r, h), (r, d)
+        # each expert's rows of the tile (views made in one call per tensor: slicing from
+        # Python costs ~2 us a view, as much as a small matmul's own overhead)
+        sizes = [hi - lo for _, lo, hi in segs]
+        parts = list(zip([e for e, _, _ in segs], xt.split(sizes), g.split(sizes), u.split(sizes), out.split(sizes)))
+        for e, xe, ge, ue, _ in parts:
+            torch.mm(xe, mats[e][0], out=ge)  # x W_gate^T
+            torch.mm(xe, mats[e][1], out=ue)  # x W_up^T
         # SwiGLU hidden: silu(x W_gate^T) * (x W_up^T), in place on contiguous rows
-        hidden = F.silu(g_buf[:r], inplace=True).mul_(u_buf[:r])  # (r, h)
-        for e, lo, hi in segs:
-            torch.mm(hidden[lo:hi], w_down[e], out=out_buf[lo:hi])  # expert_e(x)
+        F.silu(g, inplace=True).mul_(u)  # (r, h), now the hidden layer
+        for e, _, he, _, oe in parts:
+            torch.mm(he, mats[e][2], out=oe)  # expert_e(x)
         # w_nj * expert_e(x_n), added on its token's row (a token's k terms meet there)
-        y.index_add_(0, tok, out_buf[:r].mul_(w[s : s + r]))
+        y.index_add_(0, tok, out.mul_(w[s : s + r]))
     return y
 
 
-_STACKED: "weakref.WeakKeyDictionary[nn.ModuleList, tuple[tuple, tuple[Tensor, Tensor, Tensor]]]" = weakref.WeakKeyDictionary()
+Stacked = tuple[Tensor, Tensor, Tensor]
+_STACKED: "weakref.WeakKeyDictionary[nn.ModuleList, tuple[list, Stacked, list[Stacked]]]" = weakref.WeakKeyDictionary()
 
 
-def stacked_weights(experts: nn.ModuleList) -> tuple[Tensor, Tensor, Tensor]:
+def expert_weights(experts: nn.ModuleList) -> list[Tensor]:
+    """[gate_0, up_0, down_0, gate_1, ...] weight parameters of SwiGLU experts, read from the
+    modules' parameter dicts (``experts.parameters()`` or attribute access costs ~100 us
+    per call for 16 experts, a few % of a small forward)."""
+    return [e._modules[n]._parameters["weight"] for e in experts for n in ("gate_proj", "up_proj", "down_proj")]  # type: ignore[index, union-attr, misc]
+
+
+def stacked_weights(experts: nn.ModuleList, params: list[Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The SwiGLU experts' weights transposed for ``x @ W``: gate (E, d, h), up (E, d, h),
     down (E, h, d), contiguous. Rebuilt only when a parameter changed (its storage or
-    version counter), so inference pays the copy once; it costs one more copy of the
-    experts' weights in memory while the layer lives."""
-    params = [p for e in experts for p in (e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight)]
-    key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+    version counter: in-place updates, load_state_dict, .to()), so inference pays the copy
+    once; it costs one more copy of the experts' weights in memory while the layer lives.
+    ``params``: :func:`expert_weights` of ``experts`` when the caller has them."""
+    return _stacked(experts, expert_weights(experts) if params is None else params)[0]
+
+
+def _stacked(experts: nn.ModuleList, params: list[Tensor]) -> tuple[Stacked, list[Stacked]]:
+    """(stacked gate, up, down) and per expert e the views (gate[e], up[e], down[e]), cached."""
+    key = [(p._version, p.data_ptr()) for p in params]
     hit = _STACKED.get(experts)
     if hit is not None and hit[0] == key:
-        return hit[1]
+        return hit[1], hit[2]
     with torch.no_grad():
-        stacked = tuple(torch.stack([p.t() for p in params[i::3]]).contiguous() for i in range(3))
-    _STACKED[experts] = (key, stacked)  # type: ignore[assignment]
-    return stacked  # type: ignore[return-value]
+        stacked: Stacked = tuple(torch.stack([p.t() for p in params[i::3]]).contiguous() for i in range(3))  # type: ignore[assignment]
+    views = list(zip(*(t.unbind(0) for t in stacked)))  # E x (d h, d h, h d)
+    _STACKED[experts] = (key, stacked, views)
+    return stacked, views
