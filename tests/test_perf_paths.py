@@ -202,7 +202,7 @@ def test_moe_grouped_inference_path_equals_reference(d: int, experts: int, top_k
     ref = MoEFeedForward(cfg, impl="reference").eval()
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(2, 21, d)
-    # fp32, a different summation order (fused gate|up matmul, grouped matmuls): rounding only
+    # fp32, a different summation order (experts run over sorted row tiles, index_add_ back): rounding only
     tol = dict(atol=1e-5, rtol=1e-5)
     with torch.no_grad():
         torch.testing.assert_close(fast(x), ref(x), **tol)
