@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from codex_lab.infer.fast_decode import FastDecoder
+from codex_lab.infer.generate import generate_ids
+from codex_lab.nn.model import CodexModel
 from codex_lab.nn.patterns import AttentionPattern
 from codex_lab.nn.sparse import sparse_attention
+
+from conftest import tiny_config
 
 # fp32 attention: outputs and gradients are O(1); the fast kernel sums the tiles in a
 # different order (two softmax parts merged through log-sum-exp), so float rounding differs
@@ -154,15 +159,7 @@ def test_lookup_draft_copies_what_followed_the_latest_match() -> None:
 
 @pytest.mark.parametrize("kw", [{}, {"n_kv_head": 2, "attn_patterns": ["window:6", "dense"]}])
 def test_prompt_lookup_equals_plain_greedy(kw) -> None:
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import tiny_config
-
-    from codex_lab.infer.generate import generate_ids
     from codex_lab.infer.prompt_lookup import prompt_lookup_generate
-    from codex_lab.nn.model import CodexModel
 
     torch.manual_seed(0)
     target = CodexModel(tiny_config(**kw)).eval()
@@ -218,15 +215,6 @@ def test_moe_grouped_inference_path_equals_reference(d: int, experts: int, top_k
 
 @pytest.mark.parametrize("kw", [{}, {"n_kv_head": 2, "attn_patterns": ["window:6", "dense"]}])
 def test_fast_decoder_equals_generate_ids_and_compiles_once(kw) -> None:
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import tiny_config
-
-    from codex_lab.infer.fast_decode import FastDecoder
-    from codex_lab.infer.generate import generate_ids
-    from codex_lab.nn.model import CodexModel
 
     torch.manual_seed(0)
     model = CodexModel(tiny_config(**kw)).eval()
@@ -246,15 +234,6 @@ def test_fast_decoder_equals_generate_ids_and_compiles_once(kw) -> None:
 def test_fast_decoder_default_cpu_compile_freezes_weights_and_matches() -> None:
     """The default CPU build (inductor with freezing and the C++ wrapper) gives generate_ids'
     tokens, compiles once, and reads the weights at its first compiled step (frozen)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import tiny_config
-
-    from codex_lab.infer.fast_decode import FastDecoder
-    from codex_lab.infer.generate import generate_ids
-    from codex_lab.nn.model import CodexModel
 
     torch.manual_seed(0)
     model = CodexModel(tiny_config()).eval()

@@ -11,16 +11,12 @@ HELP = "run a benchmark (attention, moe, inference, ...) and print a table or --
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from codex_lab.course.benches import discover
+    from codex_lab.course.benches import add_bench_arguments, discover
 
     sub = p.add_subparsers(dest="bench", metavar="NAME")
     for name, mod in sorted(discover().items()):
         bp = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
-        bp.add_argument("--json", action="store_true", help="print a JSON list of flat records")
-        bp.add_argument("--out", default=None, help="also write the JSON records to this file")
-        mod.add_arguments(bp)
-        if hasattr(mod, "load_model_and_tokenizer"):  # benches that load one model can take a HF folder
-            bp.add_argument("--hf", default=None, metavar="DIR", help="run on a Hugging Face save_pretrained folder")
+        add_bench_arguments(bp, mod)
         bp.set_defaults(_bench=mod)
 
 

@@ -7,6 +7,7 @@ a table or, with ``--json``, as a JSON list. Ratios are always taken within one 
 
 from __future__ import annotations
 
+import argparse
 from types import ModuleType
 
 from codex_lab.course.plugins import lesson_modules
@@ -19,19 +20,22 @@ def discover() -> dict[str, ModuleType]:
 
 
 
+
+def add_bench_arguments(p: argparse.ArgumentParser, mod: ModuleType) -> None:
+    """The options of ``codex-lab bench NAME``: ``--json``, ``--out``, the bench's own and,
+    for benches that load one model, ``--hf DIR``."""
+    p.add_argument("--json", action="store_true", help="print a JSON list of flat records")
+    p.add_argument("--out", default=None, help="also write the JSON records to this file")
+    mod.add_arguments(p)
+    if hasattr(mod, "load_model_and_tokenizer"):  # benches that load one model can take a HF folder
+        p.add_argument("--hf", default=None, metavar="DIR", help="run on a Hugging Face save_pretrained folder")
+
+
 def run_bench(name: str, argv: list[str]) -> list[dict]:
     """Run bench ``name`` in-process with command-line arguments ``argv`` (as after
-    ``codex-lab bench NAME``) and return its records: the report measures the performance
-    goals through exactly the command a learner reruns."""
-    import argparse
-
+    ``codex-lab bench NAME``; the mode is the one already set) and return its records: the
+    report measures the performance goals through exactly the command a learner reruns."""
     mod = discover()[name]
     p = argparse.ArgumentParser(prog=f"codex-lab bench {name}")
-    mod.add_arguments(p)
-    known = {a.dest for a in p._actions}
-    if "mode" not in known:  # the global --mode of `codex-lab bench` (fast/full from runtime otherwise)
-        p.add_argument("--mode", default=None)
-    for opt, default in (("json", False), ("out", None), ("hf", None)):
-        if opt not in known:
-            p.set_defaults(**{opt: default})
+    add_bench_arguments(p, mod)
     return mod.run(p.parse_args(argv))
