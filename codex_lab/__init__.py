@@ -53,6 +53,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "infer.speculative": ('SpecStats', 'expected_speedup', 'expected_tokens_per_round', 'speculative_generate'),
     "infer.prompt_lookup": ('lookup_draft', 'prompt_lookup_generate'),
     "infer.fast_decode": ('FastDecoder',),
+    "infer.paged_step": ('CompiledPagedStep',),
     "nn.surgery": ('mean_pool_heads', 'mha_to_gqa', 'truncated_draft'),
     "nn.accounting": ('active_params', 'kv_bytes_per_token', 'kv_cache_bytes', 'kv_saving', 'measured_cache_bytes'),
     "training.loop": ('LoopConfig', 'run_loop'),

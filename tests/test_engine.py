@@ -270,3 +270,69 @@ def test_tiny_top_p_keeps_the_most_likely_token(p):
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 3
     out = sample_next(logits, temperature=1.0, top_p=p, generator=torch.Generator().manual_seed(0))
     assert out.tolist() == logits.argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_compiled_step_same_tokens_and_one_graph_per_bucket(tok, backend):
+    """The engine's fixed-shape step (batch padded to max_batch_size, tables to power-of-two
+    buckets, padding rows writing only a scratch block) gives the eager engine's tokens,
+    compiles each bucket once and never hands its scratch block to a request."""
+    from codex_lab.infer.paged_step import CompiledPagedStep
+
+    model = model_for(tok, n_kv_head=2, attn_patterns=["window:6", "dense"], max_seq_len=256)
+    g = torch.Generator().manual_seed(1)
+    lengths = [3, 40, 1, 150, 9]  # tables of 1..21 blocks of 8: buckets 16 (the smallest, 128 tokens) and 24
+    prompts = [torch.randint(0, tok.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    runs = {}
+    for compile in (False, True):
+        eng = Engine(model, tok, max_batch_size=3, max_kv_tokens=512, block_size=8, clock=FakeClock(),
+                     compile=compile, compile_backend=backend)
+        for i, p in enumerate(prompts):
+            eng.submit(p, SamplingParams(max_tokens=5 + 4 * i, ignore_eos=True))
+        seen: set[int] = set()
+        while eng.has_work():
+            fins = eng.step()
+            for r in eng.running.values():
+                seen.update(r.blocks)
+            runs.setdefault(compile, []).extend(fins)
+        st = eng.stats()
+        assert st["kv_capacity_tokens"] == 512 and st["kv_allocated_tokens"] == 0
+        if compile:
+            fast = eng.fast_step
+            assert isinstance(fast, CompiledPagedStep) and fast.compiled and fast.compile_error == ""
+            assert fast.scratch not in seen  # padding rows write where no request lives
+            assert set(fast.compile_s) == {16, 24}
+            assert fast.recompiles == 0
+    by_rid = [{f.rid: f.output_ids for f in runs[c]} for c in (False, True)]
+    assert by_rid[0] == by_rid[1]
+    for i, p in enumerate(prompts):  # and both equal the plain generator
+        assert by_rid[1][i] == generate_ids(model, p, max_new_tokens=5 + 4 * i)[0]
+
+
+def test_compiled_step_buckets_and_padding_rows(tok):
+    """Buckets are the smallest times 1, 1.5, 2, 3, ..., clamped to max_seq_len; a step of fewer rows
+    than max_batch_size returns only those rows, equal to the unpadded eager step."""
+    from codex_lab.infer.paged_step import CompiledPagedStep
+    from codex_lab.nn.kv_cache import PagedKVPool
+
+    model = model_for(tok)  # max_seq_len 128
+    pool = PagedKVPool(model.cfg.n_layer, model.cfg.n_kv_head, model.cfg.head_dim, 40, 4)
+    step = CompiledPagedStep(model, pool, 4, min_bucket_tokens=16, compile=False)
+    assert step._all_buckets() == [4, 6, 8, 12, 16, 24, 32]
+    assert [step.bucket(n) for n in (1, 4, 5, 9, 17, 32, 40)] == [4, 4, 6, 12, 24, 32, 32]
+    with pytest.raises(ValueError, match="max_batch_size=4"):
+        step([1] * 5, [0] * 5, [[0]] * 5)
+    # two rows with prompts of 6 and 3 tokens, prefilled by the eager path
+    from codex_lab.infer.generate import decode_step
+
+    tables = [pool.allocate(2), pool.allocate(1)]
+    for row, n in zip(tables, (6, 3)):
+        ids = torch.arange(1, n + 1)[None]  # (1, n)
+        decode_step(model, ids, torch.arange(n)[None], pool.views(torch.tensor([row])))
+    want = decode_step(model, torch.tensor([[7], [8]]), torch.tensor([[6], [3]]),
+                       pool.views(torch.tensor([tables[0], tables[1] + tables[1]])))  # (2, V)
+    got = step([7, 8], [6, 3], tables)  # (2, V), padded to 4 rows and 4 blocks (16 slots)
+    assert got.shape == want.shape
+    # same math on the same slots; the padded slots are masked (exp(-inf) = 0), so only the
+    # order of float sums over a longer row can differ
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -44,6 +44,7 @@ import torch
 
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.generate import decode_step
+from codex_lab.infer.paged_step import CompiledPagedStep
 from codex_lab.infer.sampling import GREEDY_BELOW, SamplingParams, sample_next
 from codex_lab.infer.scheduler import (FINISH_REASONS, Finished, Request, TokenCallback, admit, cut_at_stop, expired,
                                        grow, streamable)
@@ -68,6 +69,11 @@ class Engine:
         max_prefill_tokens: chunked prefill: at most this many prompt tokens are prefilled
             per step (a long prompt takes several steps), which caps how long the running
             requests' next token is held up; None = whole prompts at once.
+        compile: decode with :class:`~codex_lab.infer.paged_step.CompiledPagedStep` (the batch
+            padded to ``max_batch_size``, block tables to power-of-two buckets, one graph per
+            bucket compiled on first use or by ``fast_step.warmup()``); the same tokens as the
+            eager step. Prefill stays eager (prompt lengths vary).
+        compile_backend: ``torch.compile`` backend of that step ("eager" only traces: tests).
     """
 
     def __init__(
@@ -80,6 +86,8 @@ class Engine:
         block_size: int = 16,
         clock: Callable[[], float] = time.perf_counter,
         max_prefill_tokens: int | None = None,
+        compile: bool = False,
+        compile_backend: str = "inductor",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -97,8 +105,10 @@ class Engine:
         cap = max_batch_size * self.cfg.max_seq_len if max_kv_tokens is None else max_kv_tokens
         if cap < block_size:
             raise ValueError(f"max_kv_tokens={cap} is smaller than one block of {block_size} tokens")
-        self.pool = PagedKVPool(self.cfg.n_layer, self.cfg.n_kv_head, self.cfg.head_dim, cap // block_size,
+        self.usable_blocks = cap // block_size  # the compiled step takes one more block as its scratch
+        self.pool = PagedKVPool(self.cfg.n_layer, self.cfg.n_kv_head, self.cfg.head_dim, self.usable_blocks + int(compile),
                                 block_size, device=self.device, dtype=p.dtype)
+        self.fast_step = CompiledPagedStep(model, self.pool, max_batch_size, backend=compile_backend) if compile else None
         self.eot_id = tokenizer.eot_id
         self._rids = itertools.count()
         self._inbox_lock = threading.Lock()
@@ -139,9 +149,9 @@ class Engine:
                 f"model's max_seq_len={self.cfg.max_seq_len}; shorten the prompt or lower max_tokens"
             )
         need = self.pool.blocks_for(total)
-        if need > self.pool.n_blocks:
+        if need > self.usable_blocks:
             raise ValueError(
-                f"the request needs {need} KV blocks but the pool has {self.pool.n_blocks}; "
+                f"the request needs {need} KV blocks but the pool has {self.usable_blocks}; "
                 "raise max_kv_tokens or lower max_tokens"
             )
         if deadline_s is not None and deadline_s <= 0:
@@ -188,7 +198,7 @@ class Engine:
         bpt = self.pool.bytes_per_token()
         used = sum(r.cached for r in running)
         alloc = sum(len(r.blocks) for r in running) * self.pool.block_size
-        cap = self.pool.n_blocks * self.pool.block_size
+        cap = self.usable_blocks * self.pool.block_size
         return {
             "running": len(running), "waiting": len(self.waiting) + queued, "steps": self.steps,
             "kv_used_tokens": used, "kv_used_bytes": used * bpt,
@@ -277,6 +287,8 @@ class Engine:
 
     def _forward(self, reqs: list[Request]) -> torch.Tensor:
         """One cached decode step for ``reqs`` (their last token each); logits (B, V)."""
+        if self.fast_step is not None:  # fixed shapes, compiled once per bucket
+            return self.fast_step([r.output[-1] for r in reqs], [r.cached for r in reqs], [r.blocks for r in reqs])
         nb = max(len(r.blocks) for r in reqs)
         # pad each block table to nb with its own first block (padding slots are masked)
         tables = torch.tensor([r.blocks + r.blocks[:1] * (nb - len(r.blocks)) for r in reqs], device=self.device)  # (B, NB)

@@ -225,7 +225,10 @@ def make_static_caches(
 class PagedKVPool:
     """KV memory for every layer cut into fixed-size blocks, handed out to requests.
 
-    Storage is (n_layer, n_blocks, block_size, H_kv, D) for keys and the same for values.
+    Storage is one (n_blocks, block_size, H_kv, D) tensor per layer for keys (``k[layer]``)
+    and the same for values: separate tensors, so a compiled step writes a layer's blocks in
+    place (a write into a slice of one (n_layer, ...) tensor makes torch.compile copy the
+    whole layer, every step).
     A request owns a *block table*: the list of its block ids, block ``j`` holding its
     positions ``j * block_size .. (j + 1) * block_size - 1``. Memory in use grows by one
     block at a time and returns to the pool the moment a request ends.
@@ -245,8 +248,8 @@ class PagedKVPool:
             raise ValueError(f"need n_blocks >= 1 and block_size >= 1, got {n_blocks}, {block_size}")
         # token-major blocks: a gathered block table reshapes to (B, S, H_kv, D) without a copy
         shape = (n_layer, n_blocks, block_size, n_kv_head, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, N, bs, H_kv, D)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)  # (L, N, bs, H_kv, D)
+        self.k = [torch.zeros(shape[1:], device=device, dtype=dtype) for _ in range(n_layer)]  # L x (N, bs, H_kv, D)
+        self.v = [torch.zeros(shape[1:], device=device, dtype=dtype) for _ in range(n_layer)]  # L x (N, bs, H_kv, D)
         self.n_blocks, self.block_size, self.n_layer = n_blocks, block_size, n_layer
         self._free: list[int] = list(range(n_blocks - 1, -1, -1))  # a stack: pop() gives 0, 1, ...
 
@@ -271,7 +274,7 @@ class PagedKVPool:
 
     def bytes_per_token(self) -> int:
         """Bytes of K and V that one token takes across all layers."""
-        return 2 * self.n_layer * self.k.shape[3] * self.k.shape[4] * self.k.element_size()
+        return 2 * self.n_layer * self.k[0].shape[2] * self.k[0].shape[3] * self.k[0].element_size()
 
     def views(self, block_tables: Tensor) -> list["PagedLayerView"]:
         """One cache object per layer for a batched step whose rows own ``block_tables`` (B, NB)."""

@@ -189,7 +189,9 @@ class CodexModel(nn.Module):
             positions = torch.arange(start, start + T, device=idx.device).expand(B, T)  # (B, T)
         if caches is not None and len(caches) != len(self.layers):
             raise ValueError(f"got {len(caches)} caches for {len(self.layers)} layers")
-        max_pos = int(positions.max())
+        # the check reads a value off the tensor (a graph break in torch.compile); a compiled
+        # caller (the engine's fixed-shape step) checks positions before it calls
+        max_pos = -1 if torch.compiler.is_compiling() else int(positions.max())
         if max_pos >= self.cfg.max_seq_len:
             raise ValueError(
                 f"position {max_pos} is past max_seq_len={self.cfg.max_seq_len}; "

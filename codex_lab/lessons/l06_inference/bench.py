@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, default=None,
                    help="batching scenario: engine slots (default 16 fast / 8 full)")
     p.add_argument("--requests", type=int, default=None, help="requests in the batching scenario (default 16 fast / 32 full)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="batching scenario: leave out the engine with the compiled decode step (it compiles for seconds)")
     p.add_argument("--random", action="store_true", help="use a random model of the shipped shape (no checkpoint needed)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice); 1 avoids thread-sync stalls on a busy machine")
@@ -151,14 +153,18 @@ def mixed_requests(tok: CodeTokenizer, n: int, seed: int = 0, max_prompt: int = 
 
 
 def run_engine(model: CodexModel, tok: CodeTokenizer, reqs: list[tuple[list[int], int]], *, max_batch_size: int,
-               static: bool = False) -> tuple[list[Finished], float, Engine]:
+               static: bool = False, compile: bool = False) -> tuple[list[Finished], float, Engine]:
     """Serve every request (all arriving at t0); return finished requests, wall seconds, engine.
 
     ``static``: admit ``max_batch_size`` requests, and the next group only when the whole
     group has finished (static batching; slots of early finishers idle). Greedy, no end-of-text
     stop (``max_tokens`` decides each length), so all impls generate the same tokens.
+    ``compile``: the engine's compiled fixed-shape decode step, every bucket compiled before
+    the clock starts (its seconds are in ``eng.fast_step.compile_s``).
     """
-    eng = Engine(model, tok, max_batch_size=max_batch_size)
+    eng = Engine(model, tok, max_batch_size=max_batch_size, compile=compile)
+    if eng.fast_step is not None:
+        eng.fast_step.warmup()
     done: list[Finished] = []
     t0 = eng.clock()
     if static:
@@ -176,19 +182,33 @@ def run_engine(model: CodexModel, tok: CodeTokenizer, reqs: list[tuple[list[int]
     return done, wall, eng
 
 
-def bench_batching(model: CodexModel, tok: CodeTokenizer, n_requests: int, batch: int = 8) -> tuple[list[dict[str, Any]], dict[str, list[Finished]]]:
-    """Continuous vs static batching vs one at a time on ``n_requests`` mixed-length requests."""
+def bench_batching(model: CodexModel, tok: CodeTokenizer, n_requests: int, batch: int = 8, *, compile: bool = False,
+                   ) -> tuple[list[dict[str, Any]], dict[str, list[Finished]]]:
+    """Continuous vs static batching vs one at a time on ``n_requests`` mixed-length requests;
+    ``compile`` adds continuous batching with the engine's compiled decode step (same tokens)."""
     reqs = mixed_requests(tok, n_requests)
     rows, runs = [], {}
-    for impl, kw in (("one_at_a_time", dict(max_batch_size=1)), ("static_batching", dict(max_batch_size=batch, static=True)),
-                     ("continuous_batching", dict(max_batch_size=batch))):
+    impls: list[tuple[str, dict[str, Any]]] = [
+        ("one_at_a_time", dict(max_batch_size=1)), ("static_batching", dict(max_batch_size=batch, static=True)),
+        ("continuous_batching", dict(max_batch_size=batch))]
+    if compile:
+        impls.append(("continuous_batching_compiled", dict(max_batch_size=batch, compile=True)))
+    for impl, kw in impls:
         done, wall, eng = run_engine(model, tok, reqs, **kw)
         n_tok = sum(len(f.output_ids) for f in done)
-        rows.append({"scenario": "batching", "impl": impl, "requests": len(reqs), "max_batch_size": kw["max_batch_size"],
-                     "tokens_per_s": n_tok / wall, "wall_s": wall, "steps": eng.steps, **latency_fields(done)})
+        row = {"scenario": "batching", "impl": impl, "requests": len(reqs), "max_batch_size": kw["max_batch_size"],
+               "tokens_per_s": n_tok / wall, "wall_s": wall, "steps": eng.steps, **latency_fields(done)}
+        if eng.fast_step is not None:
+            fast = eng.fast_step
+            row.update(compiled=fast.compiled, compile_s=sum(fast.compile_s.values()), buckets=sorted(fast.compile_s),
+                       recompiles=fast.recompiles, compile_error=fast.compile_error)
+        rows.append(row)
         runs[impl] = done
     ref = {tuple(f.output_ids) for f in runs["one_at_a_time"]}
-    assert ref == {tuple(f.output_ids) for f in runs["continuous_batching"]}, "batched tokens differ from one-at-a-time"
+    for impl in runs:
+        assert ref == {tuple(f.output_ids) for f in runs[impl]}, f"{impl} tokens differ from one-at-a-time"
+    for r in rows:
+        r["same_tokens"] = True
     return rows, runs
 
 
@@ -278,7 +298,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "cache": lambda: bench_cache(model, pick(fast=[32, 256], full=[32, 256, 768]), pick(fast=32, full=128)),
         "hf": lambda: bench_hf(model, 64, pick(fast=32, full=128)),
         "batching": lambda: bench_batching(model, tok, args.requests or pick(fast=16, full=32),
-                                           batch=getattr(args, "slots", None) or pick(fast=16, full=8))[0],
+                                           batch=getattr(args, "slots", None) or pick(fast=16, full=8),
+                                           compile=not getattr(args, "no_compile", False))[0],
         "streams": lambda: [r for chunk in (None, 32)
                             for r in bench_streams(model, tok, pick(fast=8, full=32), max_prefill_tokens=chunk)[0]],
         "speculative": lambda: bench_speculative(model, tok, pick(fast=3, full=12), pick(fast=48, full=128)),

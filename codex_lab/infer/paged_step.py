@@ -1,0 +1,149 @@
+"""The engine's fast decode step: gpt-fast's fixed-shape compiled step, over paged KV memory.
+
+The continuous-batching engine decodes a batch whose size and block tables change every
+step (requests join and leave, sequences grow a block at a time). Compiled as it is, that
+step would see a new shape almost every step and recompile (``dynamic=True`` instead builds
+graphs with symbolic shapes: minutes to compile on a CPU, and slower per step). So, as
+CUDA-graph servers do, the step is given FIXED shapes:
+
+- the batch is padded to ``max_batch_size`` rows; a padding row decodes token 0 at position
+  0 and writes its key/value into a scratch block that no request owns, so it never touches
+  a request's memory (its logits are dropped);
+- block tables are padded to a *bucket* of blocks: the smallest of the smallest bucket
+  (``min_bucket_tokens`` worth) times 1, 1.5, 2, 3, 4, 6, ... that holds the longest table
+  (a row's own first block fills the padding; those slots lie past the row's position, so
+  the attention mask hides them). Every slot costs a gather and a dot product, so buckets
+  are 1.5x apart, not 2x: fewer wasted slots for a few more graphs.
+
+One graph per bucket is compiled (``dynamic=False``; 7 buckets for 1024 tokens in blocks
+of 16 from 128 tokens) and replayed for every later step that falls in it;
+:attr:`CompiledPagedStep.recompiles` counts graphs beyond one per bucket (0 expected).
+The step is :func:`~codex_lab.infer.generate.decode_step` itself, so its tokens equal the
+eager engine's. If compiling fails (no C++ compiler, an op Inductor lacks), the same
+function runs eagerly and :attr:`CompiledPagedStep.compile_error` says why.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from codex_lab.infer.fast_decode import _graphs_compiled
+from codex_lab.infer.generate import decode_step
+from codex_lab.nn.kv_cache import PagedKVPool
+from codex_lab.nn.model import CodexModel
+
+
+class CompiledPagedStep:
+    """A decode step of fixed shape (``max_batch_size`` rows, a bucket of blocks), compiled once per bucket.
+
+    Args:
+        model: the engine's model (eval mode).
+        pool: the engine's KV pool; one of its blocks is taken here as the padding rows' scratch
+            block (the engine sizes the pool one block larger for it).
+        max_batch_size: rows of every compiled step.
+        min_bucket_tokens: the smallest bucket, in tokens (rounded up to whole blocks).
+        backend, mode, options: ``torch.compile``'s; ``options`` defaults on a CPU (inductor,
+            no mode) to ``{"freezing": True, "cpp_wrapper": True}``, as
+            :class:`~codex_lab.infer.fast_decode.FastDecoder` (weights are read once: build a
+            new engine after changing the model's weights).
+        compile: False runs the padded step eagerly (the reference the tests hold it to).
+    """
+
+    def __init__(self, model: CodexModel, pool: PagedKVPool, max_batch_size: int, *, min_bucket_tokens: int = 128,
+                 backend: str = "inductor", mode: str | None = None, options: dict | None = None,
+                 compile: bool = True) -> None:
+        self.model, self.pool, self.max_batch_size = model, pool, max_batch_size
+        self.device = pool.k[0].device
+        self.scratch = pool.allocate(1)[0]  # padding rows write only here
+        self.max_blocks = pool.blocks_for(model.cfg.max_seq_len)
+        self.min_blocks = min(self.max_blocks, pool.blocks_for(min_bucket_tokens))
+        if options is None and backend == "inductor" and mode is None and self.device.type == "cpu":
+            options = {"freezing": True, "cpp_wrapper": True}
+        self.options = options or {}
+        self.compile_error = ""
+        self.compile_s: dict[int, float] = {}  # bucket (blocks) -> seconds its first call took
+        self._last: int | None = None  # dynamo's graph count right after the newest bucket compiled
+        self._extra = 0  # graphs compiled between bucket compiles (recompiles)
+        self._fn = None
+        if compile:
+            try:
+                self._fn = torch.compile(self._step, dynamic=False, backend=backend, mode=mode, options=options)
+            except Exception as exc:  # pragma: no cover - torch without dynamo
+                self.compile_error = f"{type(exc).__name__}: {exc}"[:200]
+
+    @property
+    def compiled(self) -> bool:
+        """True while steps run the compiled graphs."""
+        return self._fn is not None
+
+    @property
+    def recompiles(self) -> int:
+        """Graphs compiled beyond those of each bucket's first call (0: each bucket compiled once,
+        then reused). Dynamo's counter is per process: compile nothing else meanwhile to read it."""
+        return 0 if self._last is None else self._extra + _graphs_compiled() - self._last
+
+    def bucket(self, n_blocks: int) -> int:
+        """Blocks of the compiled shape that holds a table of ``n_blocks``: the smallest of
+        ``min_blocks * {1, 1.5, 2, 3, 4, 6, ...}`` (powers of two and 1.5x them) that holds it,
+        clamped to ``max_seq_len``; a row reads at most 1.5x the slots it needs, past the smallest."""
+        return next(nb for nb in self._all_buckets() if nb >= min(n_blocks, self.max_blocks))
+
+    @torch.no_grad()
+    def _step(self, tokens: Tensor, positions: Tensor, tables: Tensor) -> Tensor:
+        """tokens (Bmax, 1) at positions (Bmax, 1) over block tables (Bmax, NB) -> logits (Bmax, V)."""
+        return decode_step(self.model, tokens, positions, self.pool.views(tables))  # (Bmax, V)
+
+    @torch.no_grad()
+    def __call__(self, tokens: Sequence[int], positions: Sequence[int], tables: Sequence[Sequence[int]]) -> Tensor:
+        """One decode step for ``len(tokens)`` rows: each row's last token, its position and its
+        block table (which must cover the position). Returns logits (B, V) of the real rows."""
+        B = len(tokens)
+        if not 1 <= B <= self.max_batch_size:
+            raise ValueError(f"{B} rows for a step of max_batch_size={self.max_batch_size}")
+        nb = self.bucket(max(len(t) for t in tables))
+        pad = self.max_batch_size - B
+        # real rows: own table padded with its first block; padding rows: the scratch block only
+        rows = [list(t) + [t[0]] * (nb - len(t)) for t in tables] + [[self.scratch] * nb] * pad
+        idx = torch.tensor([[t] for t in tokens] + [[0]] * pad, device=self.device)  # (Bmax, 1)
+        pos = torch.tensor([[p] for p in positions] + [[0]] * pad, device=self.device)  # (Bmax, 1)
+        tab = torch.tensor(rows, device=self.device)  # (Bmax, NB)
+        if self._fn is None:
+            return self._step(idx, pos, tab)[:B]  # (B, V)
+        if nb in self.compile_s:
+            return self._fn(idx, pos, tab)[:B]  # (B, V) a graph compiled before
+        t0 = time.perf_counter()
+        before = _graphs_compiled()
+        try:
+            logits = self._fn(idx, pos, tab)  # (Bmax, V) the first call of this bucket compiles
+        except Exception as exc:  # no C++ compiler, unsupported op: the same step, eager
+            self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            self._fn = None
+            return self._step(idx, pos, tab)[:B]
+        self.compile_s[nb] = time.perf_counter() - t0
+        if self._last is not None:
+            self._extra += before - self._last  # compiled since the previous bucket: recompiles
+        self._last = _graphs_compiled()
+        return logits[:B]
+
+    def warmup(self, buckets: Sequence[int] | None = None) -> dict[int, float]:
+        """Compile the given buckets (default: every bucket up to ``max_seq_len``) with padding
+        rows only, so no request waits for a compile. Returns seconds per bucket."""
+        nbs = sorted({self.bucket(b) for b in (buckets or self._all_buckets())})
+        for nb in nbs:
+            if nb not in self.compile_s and self._fn is not None:
+                self([0], [0], [[self.scratch] * nb])
+        return {nb: self.compile_s.get(nb, 0.0) for nb in nbs}
+
+    def _all_buckets(self) -> list[int]:
+        """Every bucket, ascending: min_blocks times 1, 1.5, 2, 3, 4, 6, ... up to max_blocks."""
+        out, nb = [], self.min_blocks
+        while nb < self.max_blocks:
+            out.append(nb)
+            if nb * 3 // 2 < self.max_blocks and nb % 2 == 0:
+                out.append(nb * 3 // 2)
+            nb *= 2
+        return sorted(set(out)) + [self.max_blocks]
