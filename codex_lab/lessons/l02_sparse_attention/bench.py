@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import statistics
 import threading
 import time
 from typing import Any, Callable
@@ -29,9 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from codex_lab.nn.patterns import causal_pairs, parse_pattern
-from codex_lab.runtime import get_device, pick
 from codex_lab.nn.sparse import sparse_attention, tiles_computed
-from codex_lab.runtime import median_ms
+from codex_lab.runtime import get_device, interleaved_times, median_ms, pick
 
 NAME = "attention"
 HELP = "time and peak memory of dense SDPA vs sparse attention (reference, blocks, flex, fast) against N, forward and forward+backward"
@@ -102,10 +102,12 @@ def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
     return (peak - base) / 2**20
 
 
-def measure(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, head_dim: int = 64,
-            repeats: int = 3, device: torch.device | None = None, backward: bool = False) -> dict[str, Any]:
-    """One record: forward time and peak memory of ``impl`` on random q, k, v (B, H, N, D);
-    with ``backward`` also ``fwd_bwd_ms``, the median of forward + ``out.sum().backward()``.
+def prepare(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, head_dim: int = 64,
+            device: torch.device | None = None, backward: bool = False,
+            ) -> tuple[dict[str, Any], Callable[[], Any], Callable[[], None] | None]:
+    """One implementation ready to time on random q, k, v (B, H, N, D): its record so far
+    (peak memory, first-call seconds, tiles), its forward, and with ``backward`` its training
+    step (forward + ``out.sum().backward()``; None where there is none: flex on a CPU).
 
     ``impl="sdpa"`` is dense causal ``scaled_dot_product_attention`` (pattern ignored).
     """
@@ -113,19 +115,21 @@ def measure(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, 
     g = torch.Generator().manual_seed(n)
     q, k, v = (torch.randn(batch, heads, n, head_dim, generator=g).to(dev) for _ in range(3))  # (B, H, N, D)
     if impl == "sdpa":
-        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+        fwd_fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     else:
-        fn = lambda: sparse_attention(q, k, v, pattern, impl=impl)  # noqa: E731
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
-    with torch.no_grad():
-        t0 = time.perf_counter()
-        fn()  # warm-up: builds the tile plan / compiles flex
-        setup_s = time.perf_counter() - t0
-        ms = median_ms(fn, repeats=repeats, warmup=0, sync=sync)
-        mem = peak_mib(fn, dev)
+        fwd_fn = lambda: sparse_attention(q, k, v, pattern, impl=impl)  # noqa: E731
+
+    def fn() -> Any:
+        with torch.no_grad():
+            return fwd_fn()
+
+    t0 = time.perf_counter()
+    fn()  # warm-up: builds the tile plan / compiles flex
+    setup_s = time.perf_counter() - t0
+    mem = peak_mib(fn, dev)
     pat = parse_pattern("dense" if impl == "sdpa" else pattern)
     nb = -(-n // 128)
-    rec: dict[str, Any] = {"impl": impl, "pattern": pat.spec, "N": n, "median_ms": ms, "peak_mib": mem,
+    rec: dict[str, Any] = {"impl": impl, "pattern": pat.spec, "N": n, "peak_mib": mem,
                            "first_call_s": setup_s, "tiles": tiles_computed(pat, n),
                            # fraction of the causal tiles nb (nb + 1) / 2 that a block kernel computes
                            "tile_fraction": tiles_computed(pat, n) / (nb * (nb + 1) / 2)}
@@ -135,6 +139,7 @@ def measure(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, 
         from codex_lab.nn.sparse_fast import fast_pairs
 
         rec["computed_fraction"] = fast_pairs(pat, n, 128) / causal_pairs(n)
+    step = None
     if backward and not (impl == "flex" and dev.type == "cpu"):  # flex has no CPU backward
         qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
         if impl == "sdpa":
@@ -146,7 +151,24 @@ def measure(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, 
             fwd().sum().backward()
             qg.grad = kg.grad = vg.grad = None
 
-        rec["fwd_bwd_ms"] = median_ms(step, repeats=repeats, warmup=1, sync=sync)
+        step()  # warm-up
+    return rec, fn, step
+
+
+def measure(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, head_dim: int = 64,
+            repeats: int = 3, device: torch.device | None = None, backward: bool = False) -> dict[str, Any]:
+    """One record: forward time and peak memory of ``impl`` on random q, k, v (B, H, N, D);
+    with ``backward`` also ``fwd_bwd_ms``, the median of forward + ``out.sum().backward()``.
+    (The bench times several impls round-robin instead: :func:`run`.)
+
+    ``impl="sdpa"`` is dense causal ``scaled_dot_product_attention`` (pattern ignored).
+    """
+    dev = device or get_device()
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
+    rec, fn, step = prepare(impl, pattern, n, batch=batch, heads=heads, head_dim=head_dim, device=dev, backward=backward)
+    rec["median_ms"] = median_ms(fn, repeats=repeats, warmup=0, sync=sync)
+    if step is not None:
+        rec["fwd_bwd_ms"] = median_ms(step, repeats=repeats, warmup=0, sync=sync)
     return rec
 
 
@@ -159,18 +181,24 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     backward = pick(fast=False, full=True) if args.backward is None else args.backward
     pattern = parse_pattern(args.pattern)
     rows: list[dict[str, Any]] = []
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
     for n in sizes:
         density = pattern.density(n)
-        base_ms = base_fb = None
-        for impl in impls:
-            if impl == "reference" and n > args.max_reference_n:
-                continue
-            r = measure(impl, pattern.spec, n, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                        repeats=repeats, device=dev, backward=backward)
-            if impl == "sdpa":
-                base_ms, base_fb = r["median_ms"], r.get("fwd_bwd_ms")
+        ready = {impl: prepare(impl, pattern.spec, n, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
+                               device=dev, backward=backward)
+                 for impl in impls if not (impl == "reference" and n > args.max_reference_n)}
+        # round-robin: one call of each impl per round, so the machine's slow and fast spells
+        # fall on every impl alike and the ratios to SDPA stay fair on a shared machine
+        fwd, _ = interleaved_times({impl: fn for impl, (_, fn, _) in ready.items()}, repeats, sync)
+        steps = {impl: st for impl, (_, _, st) in ready.items() if st is not None}
+        fb, _ = interleaved_times(steps, repeats, sync) if steps else ({}, {})
+        for impl, (r, _, _) in ready.items():
+            r["median_ms"] = statistics.median(fwd[impl])
+            if impl in fb:
+                r["fwd_bwd_ms"] = statistics.median(fb[impl])
+        base_ms, base_fb = ready["sdpa"][0]["median_ms"], ready["sdpa"][0].get("fwd_bwd_ms")
+        for impl, (r, _, _) in ready.items():
             d = 1.0 if impl == "sdpa" else density
-            assert base_ms is not None
             r.update({"density": d, "speedup_vs_sdpa": base_ms / r["median_ms"],
                       "limit_1_over_d": 1.0 / d, "goal_0_6_over_d": 0.6 / d, "device": str(dev)})
             if "fwd_bwd_ms" in r and base_fb is not None:

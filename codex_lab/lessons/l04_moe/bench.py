@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.moe import MoEFeedForward, ffn_param_counts
-from codex_lab.runtime import get_device, pick, seed_everything
+from codex_lab.runtime import get_device, interleaved_times, pick, seed_everything
 
 NAME = "moe"
 HELP = "MoE dispatch: reference loop vs grouped vs HF Mixtral block (ms, speed-up, active/total params)"
@@ -54,27 +53,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu / cuda (default: best available)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 gives stable numbers on a busy machine)")
-
-
-def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int, sync: Callable[[], None] | None) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Wall and process-CPU milliseconds of each fn, ``repeats`` rounds, one call per fn per round.
-
-    Round-robin order spreads any load from other processes evenly over the
-    implementations, so their ratios stay fair on a shared machine.
-    """
-    wall: dict[str, list[float]] = {n: [] for n in fns}
-    cpu: dict[str, list[float]] = {n: [] for n in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            if sync:
-                sync()
-            w0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            if sync:
-                sync()
-            wall[name].append((time.perf_counter() - w0) * 1000.0)
-            cpu[name].append((time.process_time() - c0) * 1000.0)
-    return wall, cpu
 
 
 def bench_case(tokens: int, experts: int, top_k: int, *, d_model: int, hidden: int, repeats: int,

@@ -24,22 +24,15 @@ from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.infer.generate import generate_ids_cached
 from codex_lab.infer.prompt_lookup import prompt_lookup_generate
 from codex_lab.nn.model import CodexModel
-
-
-def _median_s(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)), out
+from codex_lab.runtime import interleaved_times
 
 
 def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128, *, hf_compile: bool = True,
-                 repeats: int = 3) -> list[dict[str, Any]]:
+                 repeats: int = 5) -> list[dict[str, Any]]:
     """Batch-1 greedy decode tokens/s of HF generate (default, static+compile), codex_lab static cache, FastDecoder
     (compiled once; on a GPU also replayed as a CUDA graph), all on the model's device."""
     dev = next(model.parameters()).device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
     prompt = torch.randint(0, model.cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1)).to(dev)
     ids = prompt[0].tolist()
     runs: dict[str, tuple[Callable[[], list[int]], dict[str, Any]]] = {}
@@ -79,15 +72,19 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
         dec_g = FastDecoder(model, max_len=prompt_len + new_tokens, mode="reduce-overhead")
         decoders["codex_lab_fast_decode_cudagraphs"] = dec_g
         runs["codex_lab_fast_decode_cudagraphs"] = (lambda: dec_g.generate(ids, new_tokens)[0], {})
-    rows, outs = [], {}
+    rows, outs, first = [], {}, {}
     with torch.no_grad():
         for impl, (fn, extra) in runs.items():
             t0 = time.perf_counter()
-            fn()  # first call: warm-up, and compilation for the compiled impls
-            first = time.perf_counter() - t0
-            dt, outs[impl] = _median_s(fn, repeats)
+            outs[impl] = fn()  # first call: warm-up, and compilation for the compiled impls
+            first[impl] = time.perf_counter() - t0
+        # timed round-robin (one call of each impl per round), so a slower or faster spell of
+        # the shared machine falls on every impl alike and the ratios stay fair
+        wall, _ = interleaved_times({impl: fn for impl, (fn, _) in runs.items()}, repeats, sync)
+        for impl in runs:
+            dt = float(np.median(wall[impl])) / 1000.0  # seconds per generate call
             row = {"scenario": "decode", "impl": impl, "device": str(dev), "batch": 1, "prompt_len": prompt_len, "new_tokens": new_tokens,
-                   "tokens_per_s": new_tokens / dt, "first_call_s": first}
+                   "tokens_per_s": new_tokens / dt, "first_call_s": first[impl], "repeats": repeats}
             if impl in decoders:
                 d = decoders[impl]
                 row.update({"recompiles": d.recompiles, "compiled": d.compiled,
