@@ -300,7 +300,7 @@ print("ours == package CoBa weights:", [round(float(v), 4) for v in bal.sampling
 # `coba + coba mix` lets the convergence weights choose the tasks of each batch too.
 
 # %%
-STEPS = cl.pick(fast=40, full=400)
+STEPS = cl.pick(fast=30, full=400)
 SEEDS = (0, 1, 2)
 STRATS = cl.pick(fast=["token", "task_token", "coba"], full=list(cl.STRATEGIES))
 base = cl.FinetuneConfig(tasks=TASK3, steps=STEPS, batch_size=8, lr=cl.pick(fast=3e-3, full=3e-4),

@@ -614,6 +614,18 @@ for label, ps in (("code edit", edit_prompts), ("plain continuation", prompts)):
 # above. `codex-lab bench inference --threads 1` times them all (HF `generate` on the same
 # weights included); the opt-in `torch.compile` rung is `--scenarios compile`.
 #
+# Compiling pays only when the step has a **fixed shape** (gpt-fast's recipe); compiled as
+# written above, the step sees a new length every token and recompiles. The package has
+# the two fixed-shape steps, each held to the eager path token for token by the tests:
+# - `cl.FastDecoder` (batch 1): a static cache of fixed length, every step attends over all
+#   its slots under a mask, the position is a tensor, so one graph serves every token
+#   (`--scenarios decode` prints its tokens/s against HF `generate`, with and without a
+#   static cache and `torch.compile`, and its recompile count);
+# - `cl.Engine(..., compile=True)` (what `codex-lab serve` runs): the batch is padded to
+#   `max_batch_size` rows (padding rows write a scratch block no request owns) and each block
+#   table to a *bucket* (1, 1.5, 2, 3, 4, ... times 128 tokens), one graph per bucket, compiled
+#   before serving (`--scenarios batching` adds the row `continuous_batching_compiled`).
+#
 # ## What we measured
 # Every line below is computed from this run (CPU timings are under load and vary).
 
