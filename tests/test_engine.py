@@ -336,3 +336,9 @@ def test_compiled_step_buckets_and_padding_rows(tok):
     # same math on the same slots; the padded slots are masked (exp(-inf) = 0), so only the
     # order of float sums over a longer row can differ
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # buckets past max_bucket_tokens are never compiled: those steps run the padded step eagerly
+    capped = CompiledPagedStep(model, pool, 4, min_bucket_tokens=16, max_bucket_tokens=32, backend="eager")
+    assert capped.max_compiled_blocks == 8 and sorted(capped.warmup()) == [4, 6, 8]
+    long_row = pool.allocate(9)  # a table of 9 blocks: bucket 12, past the cap
+    out = capped([1], [33], [long_row])  # (1, V)
+    assert out.shape == (1, model.cfg.vocab_size) and sorted(capped.compile_s) == [4, 6, 8]

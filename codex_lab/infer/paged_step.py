@@ -46,6 +46,9 @@ class CompiledPagedStep:
             block (the engine sizes the pool one block larger for it).
         max_batch_size: rows of every compiled step.
         min_bucket_tokens: the smallest bucket, in tokens (rounded up to whole blocks).
+        max_bucket_tokens: the largest compiled bucket, in tokens; a step whose longest table
+            is longer runs the same padded step eagerly (a model of 32k positions would
+            otherwise compile ~16 buckets before serving). Default 2048; None: up to ``max_seq_len``.
         backend, mode, options: ``torch.compile``'s; ``options`` defaults on a CPU (inductor,
             no mode) to ``{"freezing": True, "cpp_wrapper": True}``, as
             :class:`~codex_lab.infer.fast_decode.FastDecoder` (weights are read once: build a
@@ -54,13 +57,16 @@ class CompiledPagedStep:
     """
 
     def __init__(self, model: CodexModel, pool: PagedKVPool, max_batch_size: int, *, min_bucket_tokens: int = 128,
-                 backend: str = "inductor", mode: str | None = None, options: dict | None = None,
-                 compile: bool = True) -> None:
+                 max_bucket_tokens: int | None = 2048, backend: str = "inductor", mode: str | None = None,
+                 options: dict | None = None, compile: bool = True) -> None:
         self.model, self.pool, self.max_batch_size = model, pool, max_batch_size
         self.device = pool.k[0].device
         self.scratch = pool.allocate(1)[0]  # padding rows write only here
         self.max_blocks = pool.blocks_for(model.cfg.max_seq_len)
         self.min_blocks = min(self.max_blocks, pool.blocks_for(min_bucket_tokens))
+        # tables longer than this many blocks run eagerly
+        self.max_compiled_blocks = self.max_blocks if max_bucket_tokens is None else \
+            max(self.min_blocks, min(self.max_blocks, pool.blocks_for(max_bucket_tokens)))
         if options is None and backend == "inductor" and mode is None and self.device.type == "cpu":
             options = {"freezing": True, "cpp_wrapper": True}
         self.options = options or {}
@@ -111,8 +117,8 @@ class CompiledPagedStep:
         idx = torch.tensor([[t] for t in tokens] + [[0]] * pad, device=self.device)  # (Bmax, 1)
         pos = torch.tensor([[p] for p in positions] + [[0]] * pad, device=self.device)  # (Bmax, 1)
         tab = torch.tensor(rows, device=self.device)  # (Bmax, NB)
-        if self._fn is None:
-            return self._step(idx, pos, tab)[:B]  # (B, V)
+        if self._fn is None or nb > self.max_compiled_blocks:
+            return self._step(idx, pos, tab)[:B]  # (B, V) eager: no compiler, or past the compiled buckets
         if nb in self.compile_s:
             return self._fn(idx, pos, tab)[:B]  # (B, V) a graph compiled before
         t0 = time.perf_counter()
@@ -132,7 +138,7 @@ class CompiledPagedStep:
     def warmup(self, buckets: Sequence[int] | None = None) -> dict[int, float]:
         """Compile the given buckets (default: every bucket up to ``max_seq_len``) with padding
         rows only, so no request waits for a compile. Returns seconds per bucket."""
-        nbs = sorted({self.bucket(b) for b in (buckets or self._all_buckets())})
+        nbs = sorted({self.bucket(b) for b in (buckets or self._all_buckets()) if self.bucket(b) <= self.max_compiled_blocks})
         for nb in nbs:
             if nb not in self.compile_s and self._fn is not None:
                 self([0], [0], [[self.scratch] * nb])
