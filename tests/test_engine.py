@@ -342,3 +342,27 @@ def test_compiled_step_buckets_and_padding_rows(tok):
     long_row = pool.allocate(9)  # a table of 9 blocks: bucket 12, past the cap
     out = capped([1], [33], [long_row])  # (1, V)
     assert out.shape == (1, model.cfg.vocab_size) and sorted(capped.compile_s) == [4, 6, 8]
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_two_compiled_engines_with_different_weights_stay_apart(tok, backend):
+    """Two models served side by side (a canary beside its primary), each engine with its own
+    compiled step: guard skipping on the reused graphs must still tell them apart, so each
+    keeps giving its own model's greedy tokens while the two alternate step by step."""
+    prompts = [[5, 9, 2, 7], [11, 3]]
+    models = [model_for(tok), model_for(tok)]
+    with torch.no_grad():
+        for p in models[1].parameters():  # a different model of the same shape
+            p.mul_(-1.0)
+    engines = [Engine(m, tok, max_batch_size=2, compile=True, compile_backend=backend) for m in models]
+    for eng in engines:
+        for p in prompts:
+            eng.submit(p, SamplingParams(max_tokens=12, ignore_eos=True))
+    done: list[dict[int, list[int]]] = [{}, {}]
+    while any(e.has_work() for e in engines):
+        for i, eng in enumerate(engines):  # interleaved: each step replays a graph of the other's code
+            done[i].update({f.rid: f.output_ids for f in eng.step()})
+    for i, m in enumerate(models):
+        want = [generate_ids(m, p, max_new_tokens=12)[0] for p in prompts]
+        assert [done[i][r] for r in sorted(done[i])] == want, f"engine {i}"
+    assert done[0] != done[1]  # the two models really differ
