@@ -19,7 +19,7 @@
 # # Lesson 05: multi-task fine-tuning with balanced losses
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/05_multitask.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 106 s (2 idle cores, one math thread, measured with `scripts/time_notebooks.py` on 2026-12-01; it includes 4 HumanEval problems); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: 83 s (2 idle cores, one math thread, measured with `scripts/time_notebooks.py` on 2026-12-01; it includes 4 HumanEval problems); full mode on one GPU: not yet measured.
 #
 # The article: code generation is several tasks (completion, bug fixing, test generation,
 # translation); they differ in data size and convergence speed; an equal-weight sum of

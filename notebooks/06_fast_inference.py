@@ -19,7 +19,7 @@
 # # Lesson 06: fast inference
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/06_fast_inference.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 29 s (2 idle cores, one math thread, measured with `scripts/time_notebooks.py` on 2026-12-01); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: 25 s (2 idle cores, one math thread, measured with `scripts/time_notebooks.py` on 2026-12-01); full mode on one GPU: not yet measured.
 #
 # The article (section 3) names the levers: a KV cache that "grows linearly with sequence
 # length", grouped KV heads, and better batch scheduling, with targets of TTFT < 100 ms and
