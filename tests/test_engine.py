@@ -366,3 +366,28 @@ def test_two_compiled_engines_with_different_weights_stay_apart(tok, backend):
         want = [generate_ids(m, p, max_new_tokens=12)[0] for p in prompts]
         assert [done[i][r] for r in sorted(done[i])] == want, f"engine {i}"
     assert done[0] != done[1]  # the two models really differ
+
+
+@pytest.mark.parametrize("kw", [{"moe_layers": [1], "n_experts": 4, "moe_top_k": 2},
+                                {"attn_patterns": ["window:8+blockstride:8:3", "dense"], "attn_impl": "blocks",
+                                 "moe_layers": [1], "n_experts": 4},
+                                {"attn_patterns": ["window:8+blockstride:8:3", "dense"], "attn_impl": "flex"}])
+def test_compiled_step_on_moe_and_sparse_models(tok, kw):
+    """MoE layers (data-dependent dispatch: graph breaks) and block-sparse layers decode through
+    the compiled step with the plain generator's tokens and no recompiles; a model with sparse
+    FlexAttention layers (a new block mask, so a new compile, every position) runs the step
+    eagerly and says why."""
+    torch.manual_seed(0)
+    model = CodexModel(tiny_config(vocab_size=tok.vocab_size, **kw)).eval()
+    eng = Engine(model, tok, max_batch_size=3, compile=True, compile_backend="eager")
+    prompts = [[5, 9, 2, 7], [11, 3], list(range(1, 40))]
+    for p in prompts:
+        eng.submit(p, SamplingParams(max_tokens=8, ignore_eos=True))
+    done = {f.rid: f.output_ids for f in eng.run_until_done()}
+    assert [done[i] for i in range(3)] == [generate_ids(model, p, max_new_tokens=8)[0] for p in prompts]
+    fast = eng.fast_step
+    assert fast.recompiles == 0
+    if kw.get("attn_impl") == "flex":
+        assert not fast.compiled and "flex" in fast.compile_error
+    else:
+        assert fast.compiled and fast.compile_error == "" and fast.compile_s

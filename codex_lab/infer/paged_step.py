@@ -75,7 +75,12 @@ class CompiledPagedStep:
         self._last: int | None = None  # dynamo's graph count right after the newest bucket compiled
         self._extra = 0  # graphs compiled between bucket compiles (recompiles)
         self._fn = None
-        if compile:
+        sparse_flex = model.cfg.attn_impl == "flex" and any(not layer.attn.pattern.is_dense for layer in model.layers)
+        if compile and sparse_flex:
+            # FlexAttention compiles its own kernel for every new block mask (every decode
+            # position): inside this step that recompiles each token, so it runs eagerly
+            self.compile_error = "attn_impl='flex' builds a block mask per position and recompiles; the step runs eagerly"
+        elif compile:
             try:
                 self._fn = torch.compile(self._step, dynamic=False, backend=backend, mode=mode, options=options)
             except Exception as exc:  # pragma: no cover - torch without dynamo
