@@ -219,7 +219,7 @@ def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int, sync: 
     wall: dict[str, list[float]] = {n: [] for n in fns}
     cpu: dict[str, list[float]] = {n: [] for n in fns}
     names = list(fns)
-    for i in range(repeats):
+    for i in range(repeats if names else 0):
         for name in names[i % len(names):] + names[: i % len(names)]:
             if sync:
                 sync()

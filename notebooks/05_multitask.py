@@ -391,8 +391,8 @@ from codex_lab.evals import humaneval
 problems = humaneval.load_problems(limit=cl.pick(fast=4, full=164))
 oracle = humaneval.score(humaneval.execute(problems, humaneval.canonical_completions(problems)), ks=(1,))[1]
 he = {}
-for name, model in (("shipped base", ckpt.model), ("fine-tuned (CoBa)", tuned)):
-    completions, _ = humaneval.complete(model.eval(), tok, problems, max_new_tokens=cl.pick(fast=96, full=384))
+for name, lm in (("shipped base", ckpt.model), ("fine-tuned (CoBa)", tuned)):
+    completions, _ = humaneval.complete(lm.eval(), tok, problems, max_new_tokens=cl.pick(fast=96, full=384))
     he[name] = humaneval.score(humaneval.execute(problems, completions), ks=(1,))[1]
 print(f"canonical solutions: pass@1 = {oracle:.2f} on {len(problems)} problems (the harness check)")
 for name, v in he.items():

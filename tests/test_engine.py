@@ -318,7 +318,7 @@ def test_compiled_step_buckets_and_padding_rows(tok):
     model = model_for(tok)  # max_seq_len 128
     pool = PagedKVPool(model.cfg.n_layer, model.cfg.n_kv_head, model.cfg.head_dim, 40, 4)
     step = CompiledPagedStep(model, pool, 4, min_bucket_tokens=16, compile=False)
-    assert step._all_buckets() == [4, 6, 8, 12, 16, 24, 32]
+    assert step.buckets == (4, 6, 8, 12, 16, 24, 32)
     assert [step.bucket(n) for n in (1, 4, 5, 9, 17, 32, 40)] == [4, 4, 6, 12, 24, 32, 32]
     with pytest.raises(ValueError, match="max_batch_size=4"):
         step([1] * 5, [0] * 5, [[0]] * 5)

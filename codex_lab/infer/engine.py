@@ -70,7 +70,7 @@ class Engine:
             per step (a long prompt takes several steps), which caps how long the running
             requests' next token is held up; None = whole prompts at once.
         compile: decode with :class:`~codex_lab.infer.paged_step.CompiledPagedStep` (the batch
-            padded to ``max_batch_size``, block tables to power-of-two buckets, one graph per
+            padded to ``max_batch_size``, block tables to buckets 1.5x apart, one graph per
             bucket compiled on first use or by ``fast_step.warmup()``); the same tokens as the
             eager step. Prefill stays eager (prompt lengths vary).
         compile_backend: ``torch.compile`` backend of that step ("eager" only traces: tests).

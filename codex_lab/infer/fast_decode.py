@@ -30,13 +30,22 @@ from codex_lab.nn.layers import apply_rope
 from codex_lab.nn.model import CodexModel
 
 
-def _graphs_compiled() -> int:
+def graphs_compiled() -> int:
     """Graphs dynamo has compiled in this process (its ``unique_graphs`` counter)."""
     try:
         from torch._dynamo.utils import counters
     except ImportError:  # pragma: no cover - no dynamo
         return 0
     return int(counters["stats"]["unique_graphs"])
+
+
+def cpu_compile_options(options: dict | None, backend: str, mode: str | None, device: torch.device) -> dict | None:
+    """Inductor options of a fixed-shape decode step: ``options`` if given; on a CPU with the
+    inductor backend and no mode, ``freezing`` (weights become graph constants, packed once for
+    the CPU's matmul kernels) and ``cpp_wrapper`` (the code calling the kernels is C++)."""
+    if options is None and backend == "inductor" and mode is None and device.type == "cpu":
+        return {"freezing": True, "cpp_wrapper": True}
+    return options
 
 
 class FastDecoder:
@@ -86,8 +95,7 @@ class FastDecoder:
         self._compiled = None
         if compile:
             try:
-                if options is None and backend == "inductor" and mode is None and p.device.type == "cpu":
-                    options = {"freezing": True, "cpp_wrapper": True}
+                options = cpu_compile_options(options, backend, mode, p.device)
                 self.options = options or {}
                 self._compiled = torch.compile(self._step, dynamic=False, backend=backend, mode=mode, options=options)
             except Exception as exc:  # pragma: no cover - torch without dynamo
@@ -98,7 +106,7 @@ class FastDecoder:
     @property
     def recompiles(self) -> int:
         """Graphs compiled after the first compiled decode step (0 = compiled once, reused)."""
-        return 0 if self._graphs_after_first is None else _graphs_compiled() - self._graphs_after_first
+        return 0 if self._graphs_after_first is None else graphs_compiled() - self._graphs_after_first
 
     @torch.no_grad()
     def _step(self, tokens: Tensor, pos: Tensor) -> Tensor:
@@ -171,7 +179,7 @@ class FastDecoder:
                     step = self._step
                     logits = step(nxt[:, None], pos)
                 self.compile_s = time.perf_counter() - t0
-                self._graphs_after_first = _graphs_compiled()
+                self._graphs_after_first = graphs_compiled()
             else:
                 logits = step(nxt[:, None], pos)  # (B, V)
             self.decode_calls += 1

@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from codex_lab.infer.fast_decode import _graphs_compiled
+from codex_lab.infer.fast_decode import cpu_compile_options, graphs_compiled
 from codex_lab.infer.generate import decode_step
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
@@ -64,16 +64,16 @@ class CompiledPagedStep:
         self.scratch = pool.allocate(1)[0]  # padding rows write only here
         self.max_blocks = pool.blocks_for(model.cfg.max_seq_len)
         self.min_blocks = min(self.max_blocks, pool.blocks_for(min_bucket_tokens))
+        self.buckets = bucket_sizes(self.min_blocks, self.max_blocks)
         # tables longer than this many blocks run eagerly
         self.max_compiled_blocks = self.max_blocks if max_bucket_tokens is None else \
             max(self.min_blocks, min(self.max_blocks, pool.blocks_for(max_bucket_tokens)))
-        if options is None and backend == "inductor" and mode is None and self.device.type == "cpu":
-            options = {"freezing": True, "cpp_wrapper": True}
+        options = cpu_compile_options(options, backend, mode, self.device)
         self.options = options or {}
         self.compile_error = ""
         self.compile_s: dict[int, float] = {}  # bucket (blocks) -> seconds its first call took
-        self._last: int | None = None  # dynamo's graph count right after the newest bucket compiled
-        self._extra = 0  # graphs compiled between bucket compiles (recompiles)
+        self._graphs_at_start: int | None = None  # dynamo's graph count before the first bucket compiled
+        self._bucket_graphs = 0  # graphs compiled by the buckets' first calls
         self._fn = None
         sparse_flex = model.cfg.attn_impl == "flex" and any(not layer.attn.pattern.is_dense for layer in model.layers)
         if compile and sparse_flex:
@@ -95,13 +95,16 @@ class CompiledPagedStep:
     def recompiles(self) -> int:
         """Graphs compiled beyond those of each bucket's first call (0: each bucket compiled once,
         then reused). Dynamo's counter is per process: compile nothing else meanwhile to read it."""
-        return 0 if self._last is None else self._extra + _graphs_compiled() - self._last
+        if self._graphs_at_start is None:
+            return 0
+        # recompiles = graphs compiled since the first bucket began - those the first calls made
+        return graphs_compiled() - self._graphs_at_start - self._bucket_graphs
 
     def bucket(self, n_blocks: int) -> int:
         """Blocks of the compiled shape that holds a table of ``n_blocks``: the smallest of
         ``min_blocks * {1, 1.5, 2, 3, 4, 6, ...}`` (powers of two and 1.5x them) that holds it,
         clamped to ``max_seq_len``; a row reads at most 1.5x the slots it needs, past the smallest."""
-        return next(nb for nb in self._all_buckets() if nb >= min(n_blocks, self.max_blocks))
+        return next(nb for nb in self.buckets if nb >= min(n_blocks, self.max_blocks))
 
     @torch.no_grad()
     def _step(self, tokens: Tensor, positions: Tensor, tables: Tensor) -> Tensor:
@@ -127,7 +130,9 @@ class CompiledPagedStep:
         if nb in self.compile_s:
             return self._fn(idx, pos, tab)[:B]  # (B, V) a graph compiled before
         t0 = time.perf_counter()
-        before = _graphs_compiled()
+        before = graphs_compiled()
+        if self._graphs_at_start is None:
+            self._graphs_at_start = before
         try:
             logits = self._fn(idx, pos, tab)  # (Bmax, V) the first call of this bucket compiles
         except Exception as exc:  # no C++ compiler, unsupported op: the same step, eager
@@ -135,26 +140,27 @@ class CompiledPagedStep:
             self._fn = None
             return self._step(idx, pos, tab)[:B]
         self.compile_s[nb] = time.perf_counter() - t0
-        if self._last is not None:
-            self._extra += before - self._last  # compiled since the previous bucket: recompiles
-        self._last = _graphs_compiled()
+        self._bucket_graphs += graphs_compiled() - before
         return logits[:B]
 
     def warmup(self, buckets: Sequence[int] | None = None) -> dict[int, float]:
-        """Compile the given buckets (default: every bucket up to ``max_seq_len``) with padding
-        rows only, so no request waits for a compile. Returns seconds per bucket."""
-        nbs = sorted({self.bucket(b) for b in (buckets or self._all_buckets()) if self.bucket(b) <= self.max_compiled_blocks})
+        """Compile the buckets holding tables of the given block counts (default: every bucket
+        up to ``max_bucket_tokens``) with one row in the scratch block, so no request waits for a
+        compile. Returns seconds per bucket (0.0 when nothing compiles: eager steps)."""
+        nbs = sorted({nb for nb in map(self.bucket, buckets or self.buckets) if nb <= self.max_compiled_blocks})
         for nb in nbs:
             if nb not in self.compile_s and self._fn is not None:
                 self([0], [0], [[self.scratch] * nb])
         return {nb: self.compile_s.get(nb, 0.0) for nb in nbs}
 
-    def _all_buckets(self) -> list[int]:
-        """Every bucket, ascending: min_blocks times 1, 1.5, 2, 3, 4, 6, ... up to max_blocks."""
-        out, nb = [], self.min_blocks
-        while nb < self.max_blocks:
-            out.append(nb)
-            if nb * 3 // 2 < self.max_blocks and nb % 2 == 0:
-                out.append(nb * 3 // 2)
-            nb *= 2
-        return sorted(set(out)) + [self.max_blocks]
+
+def bucket_sizes(min_blocks: int, max_blocks: int) -> tuple[int, ...]:
+    """Every bucket, ascending: ``min_blocks`` times 1, 1.5, 2, 3, 4, 6, ... (1.5x only of an
+    even count), then ``max_blocks``."""
+    out, nb = [], min_blocks
+    while nb < max_blocks:
+        out.append(nb)
+        if nb % 2 == 0 and nb * 3 // 2 < max_blocks:
+            out.append(nb * 3 // 2)
+        nb *= 2
+    return tuple(out) + (max_blocks,)

@@ -247,9 +247,9 @@ class PagedKVPool:
         if n_blocks < 1 or block_size < 1:
             raise ValueError(f"need n_blocks >= 1 and block_size >= 1, got {n_blocks}, {block_size}")
         # token-major blocks: a gathered block table reshapes to (B, S, H_kv, D) without a copy
-        shape = (n_layer, n_blocks, block_size, n_kv_head, head_dim)
-        self.k = [torch.zeros(shape[1:], device=device, dtype=dtype) for _ in range(n_layer)]  # L x (N, bs, H_kv, D)
-        self.v = [torch.zeros(shape[1:], device=device, dtype=dtype) for _ in range(n_layer)]  # L x (N, bs, H_kv, D)
+        shape = (n_blocks, block_size, n_kv_head, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]  # L x (N, bs, H_kv, D)
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]  # L x (N, bs, H_kv, D)
         self.n_blocks, self.block_size, self.n_layer = n_blocks, block_size, n_layer
         self._free: list[int] = list(range(n_blocks - 1, -1, -1))  # a stack: pop() gives 0, 1, ...
 

@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         # fall on every impl alike and the ratios to SDPA stay fair on a shared machine
         fwd, _ = interleaved_times({impl: fn for impl, (_, fn, _) in ready.items()}, repeats, sync)
         steps = {impl: st for impl, (_, _, st) in ready.items() if st is not None}
-        fb, _ = interleaved_times(steps, repeats, sync) if steps else ({}, {})
+        fb, _ = interleaved_times(steps, repeats, sync)
         for impl, (r, _, _) in ready.items():
             r["median_ms"] = statistics.median(fwd[impl])
             if impl in fb:

@@ -35,7 +35,7 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
     prompt = torch.randint(0, model.cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1)).to(dev)
     ids = prompt[0].tolist()
-    runs: dict[str, tuple[Callable[[], list[int]], dict[str, Any]]] = {}
+    runs: dict[str, Callable[[], list[int]]] = {}
     try:
         from codex_lab.hf.llama import to_hf
 
@@ -50,7 +50,7 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
                 return out[0, prompt_len:].tolist()
             return run
 
-        runs["hf_generate"] = (hf_run(), {})
+        runs["hf_generate"] = hf_run()
         if hf_compile:
             import copy
 
@@ -63,24 +63,24 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
                                     cache_implementation="static")
                 return out[0, prompt_len:].tolist()
 
-            runs["hf_generate_static_compile"] = (run_c, {})
-    runs["codex_lab_static_cache"] = (lambda: generate_ids_cached(model, ids, max_new_tokens=new_tokens)[0], {})
+            runs["hf_generate_static_compile"] = run_c
+    runs["codex_lab_static_cache"] = lambda: generate_ids_cached(model, ids, max_new_tokens=new_tokens)[0]
     dec = FastDecoder(model, max_len=prompt_len + new_tokens)
-    runs["codex_lab_fast_decode"] = (lambda: dec.generate(ids, new_tokens)[0], {})
+    runs["codex_lab_fast_decode"] = lambda: dec.generate(ids, new_tokens)[0]
     decoders = {"codex_lab_fast_decode": dec}
     if dev.type == "cuda":  # CUDA graphs: the whole step is one replay (gpt-fast's "reduce-overhead")
         dec_g = FastDecoder(model, max_len=prompt_len + new_tokens, mode="reduce-overhead")
         decoders["codex_lab_fast_decode_cudagraphs"] = dec_g
-        runs["codex_lab_fast_decode_cudagraphs"] = (lambda: dec_g.generate(ids, new_tokens)[0], {})
+        runs["codex_lab_fast_decode_cudagraphs"] = lambda: dec_g.generate(ids, new_tokens)[0]
     rows, outs, first = [], {}, {}
     with torch.no_grad():
-        for impl, (fn, extra) in runs.items():
+        for impl, fn in runs.items():
             t0 = time.perf_counter()
             outs[impl] = fn()  # first call: warm-up, and compilation for the compiled impls
             first[impl] = time.perf_counter() - t0
         # timed round-robin (one call of each impl per round), so a slower or faster spell of
         # the shared machine falls on every impl alike and the ratios stay fair
-        wall, _ = interleaved_times({impl: fn for impl, (fn, _) in runs.items()}, repeats, sync)
+        wall, _ = interleaved_times(runs, repeats, sync)
         for impl in runs:
             dt = float(np.median(wall[impl])) / 1000.0  # seconds per generate call
             row = {"scenario": "decode", "impl": impl, "device": str(dev), "batch": 1, "prompt_len": prompt_len, "new_tokens": new_tokens,
