@@ -21,6 +21,22 @@ SPECS = ["dense", "window:5", "window:1", "strided:3", "fixed:8:2", "global:3", 
          "window:7+strided:4", "window:8+blockstride:8:3", "window:128+blockstride:128:12"]
 
 
+@pytest.fixture(params=["native", "flash"])
+def fast_path(request, monkeypatch) -> str:
+    """Run impl="fast" through its fused native kernel, or through its flash-call path (what it
+    falls back to where the native kernel cannot be built): both are held to the reference."""
+    import codex_lab.nn.sparse_fast as sf
+    from codex_lab.nn.sparse_native import native_status
+
+    if request.param == "native":
+        # the project's CI and the course machines have a C compiler: a native kernel that does
+        # not build is a failure here, not a skip
+        assert native_status() == "", native_status()
+    else:
+        monkeypatch.setattr(sf, "native_status", lambda: "disabled by the test")
+    return request.param
+
+
 def _qkv(B: int, H: int, Hkv: int, N: int, D: int, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(B, h, N, D, generator=g).requires_grad_() for h in (H, Hkv, Hkv)]
@@ -38,7 +54,8 @@ def _fwd_bwd(impl: str, spec, q, k, v, block: int, seed: int = 1):
 
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("n,block,h,hkv", [(37, 8, 2, 1), (64, 16, 4, 2), (300, 128, 2, 2)])
-def test_sparse_fast_equals_reference_forward_and_backward(spec: str, n: int, block: int, h: int, hkv: int) -> None:
+def test_sparse_fast_equals_reference_forward_and_backward(spec: str, n: int, block: int, h: int, hkv: int,
+                                                          fast_path: str) -> None:
     q, k, v = _qkv(2, h, hkv, n, 8)
     want = _fwd_bwd("reference", spec, q, k, v, block)
     got = _fwd_bwd("fast", spec, q, k, v, block)
@@ -73,19 +90,30 @@ def _features(plan) -> set[str]:
 
 @pytest.mark.parametrize("chunk", [None, 1])
 @pytest.mark.parametrize("spec,n,block,h,hkv,features", FAST_CASES)
-def test_sparse_fast_plan_paths_equal_reference(spec, n, block, h, hkv, features, chunk, monkeypatch) -> None:
+def test_sparse_fast_plan_paths_equal_reference(spec, n, block, h, hkv, features, chunk, fast_path, monkeypatch) -> None:
     import codex_lab.nn.sparse_fast as sf
+    import codex_lab.nn.sparse_native as sn
     from codex_lab.nn.patterns import parse_pattern
     from codex_lab.nn.sparse_fast_plan import fast_plan
 
-    assert features <= _features(fast_plan(parse_pattern(spec), n, block, h // hkv, "cpu", torch.float32))
-    if chunk is not None:  # every call split into one-row calls: the chunking paths
+    plan = fast_plan(parse_pattern(spec), n, block, h // hkv, "cpu", torch.float32)
+    assert features <= _features(plan)
+    if chunk is not None:
+        # flash calls: every call split into one-row calls (the chunking paths); native: every
+        # segment cut to one unit's keys, so each chunk of the forward's online softmax is one
+        # segment and the rescaling runs at every step
         monkeypatch.setattr(sf, "CHUNK_FLOATS", chunk)
-        sf._chunked.cache_clear()
+        monkeypatch.setattr(sn, "MAX_KEYS", plan.unit)
+    sf._chunked.cache_clear()
+    sn._table.cache_clear()
     q, k, v = _qkv(2, h, hkv, n, 16, seed=n)
     want = _fwd_bwd("reference", spec, q, k, v, block)
     got = _fwd_bwd("fast", spec, q, k, v, block)
+    if chunk is not None and fast_path == "native":  # the cut took effect
+        table = sn._table(plan, h // hkv, -(-n // block) * block // plan.unit)
+        assert int(table.length.max()) == plan.unit
     sf._chunked.cache_clear()
+    sn._table.cache_clear()
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=f"{spec} {name}")
 
@@ -133,6 +161,57 @@ def test_sparse_fast_plan_keeps_one_class_stride() -> None:
     want = _fwd_bwd("reference", TwoStrides(), q, k, v, 8)
     for name, a, b in zip(("out", "dq", "dk", "dv"), _fwd_bwd("fast", TwoStrides(), q, k, v, 8), want):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_sparse_fast_native_is_thread_count_independent(threads: int) -> None:
+    """Several threads: the backward adds each thread's key gradients into its own buffer and
+    sums them after; a dense run longer than one segment (2048 keys) is cut into several."""
+    from codex_lab.nn.sparse_native import MAX_KEYS, native_status
+
+    assert native_status() == "", native_status()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for spec, n in [("window:40+blockstride:32:2", 300), ("dense", MAX_KEYS + 300)]:
+            q, k, v = _qkv(1, 2, 1, n, 8, seed=threads)
+            want = _fwd_bwd("reference", spec, q, k, v, 32)
+            got = _fwd_bwd("fast", spec, q, k, v, 32)
+            for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+                torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=f"{spec} {name}")
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_sparse_native_says_why_it_is_off_and_fast_still_matches(monkeypatch, tmp_path) -> None:
+    """CODEX_LAB_NATIVE=0, or a compiler that fails: native_status() names the reason,
+    native=True raises it, float64 with native=True is refused, and impl="fast" runs its
+    flash-call path with the reference's results."""
+    import codex_lab.nn.sparse_native as sn
+    from codex_lab.nn.patterns import parse_pattern
+    from codex_lab.nn.sparse_fast import sparse_fast
+
+    spec = "window:16+blockstride:16:3"
+    q, k, v = _qkv(1, 2, 2, 100, 8)
+    want = _fwd_bwd("reference", spec, q, k, v, 16)
+    try:
+        for env, reason in [({"CODEX_LAB_NATIVE": "0"}, "CODEX_LAB_NATIVE=0"),
+                            ({"CC": "false", "CODEX_LAB_NATIVE_DIR": str(tmp_path)}, "compiling sparse_attention.c failed")]:
+            with monkeypatch.context() as m:
+                for key, val in env.items():
+                    m.setenv(key, val)
+                sn._load.cache_clear()
+                assert sn.native_status().startswith(reason), sn.native_status()
+                with pytest.raises(RuntimeError, match="native sparse kernel is unavailable"):
+                    sparse_fast(q, k, v, parse_pattern(spec), 16, native=True)
+                got = _fwd_bwd("fast", spec, q, k, v, 16)
+                for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+                    torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=f"{reason} {name}")
+        assert list(tmp_path.iterdir()) == []  # the failed build left no file behind
+    finally:
+        sn._load.cache_clear()
+    with pytest.raises(ValueError, match="fp32 only"):
+        sparse_fast(q.double(), k.double(), v.double(), parse_pattern(spec), 16, native=True)
 
 
 def test_sparse_fast_is_a_registered_model_kernel() -> None:

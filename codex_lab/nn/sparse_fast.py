@@ -1,8 +1,20 @@
 """The fast block-sparse kernel, ``impl="fast"`` of :func:`codex_lab.nn.sparse.sparse_attention`.
 
 The same attention as the readable ``"blocks"`` kernel (lesson 02), held equal to it and to
-the reference by the tests; what changes is how the touched tiles are computed
-(:mod:`codex_lab.nn.sparse_fast_plan` builds the plan once per pattern and N):
+the reference by the tests. :mod:`codex_lab.nn.sparse_fast_plan` turns (pattern, N) once
+into a plan of touched tiles, and one of two paths computes them:
+
+**The fused native kernel** (fp32 on a CPU, the default where it builds:
+:mod:`codex_lab.nn.sparse_native`, ``csrc/sparse_attention.c``): one task per (batch-head,
+query unit) computes the scores of every key the plan gives that unit (one BLAS product
+per run of consecutive keys, masks added on the partial tiles), one exact softmax per row,
+the output and its log-sum-exp; the backward recomputes the probabilities from that
+log-sum-exp (FlashAttention-2). Measured at N=8192 on the bench's pattern (2 cores,
+forward): 31 ms against 49 ms for the flash-call path below, peak memory 8 against 37 MiB.
+
+**The flash-call path** (other dtypes, or where the native kernel cannot be built:
+:func:`codex_lab.nn.sparse_native.native_status` says why), on PyTorch's fused CPU flash
+kernel:
 
 - **Full** tiles (every pair allowed) run PyTorch's fused CPU flash kernel with no mask;
   **partial** tiles (the diagonal, a window's edge) run it under an additive mask, at half
@@ -20,13 +32,13 @@ the reference by the tests; what changes is how the touched tiles are computed
   output, the log-sum-exp and the class-permuted copy of k and v are kept, and each call's
   temporaries are capped (``CHUNK_FLOATS``): memory stays linear in N.
 
-Where the time goes (N=8192, the bench's default pattern, one core): the plan computes
-11.5% of the causal pairs (limit 8.7x at equal cost per pair), the fused kernel is about
-80% of the time, and it runs 64- and 128-row query blocks at roughly 60% of the per-pair
-speed it reaches on dense causal attention's 256-row blocks: that, more than the pairs
-skipped, is what keeps the speed-up near 6x rather than 1/d.
+Why the flash-call path stops near 5.5x at N=8192 (the plan computes 11.5% of the causal
+pairs, limit 8.7x at equal cost per pair): PyTorch's flash kernel is about 80% of its time,
+and it splits queries into 32-row tiles below 192 query rows, so it runs the 64- and
+128-row query blocks at roughly 60% of the per-pair speed it reaches on dense causal
+attention's 256-row blocks; the merges are most of the rest. The native kernel has neither.
 
-Where the fused op is missing (a non-CPU device) ``sparse_attention`` uses ``"blocks"``.
+Where neither exists (a non-CPU device) ``sparse_attention`` uses ``"blocks"``.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from torch import Tensor
 
 from codex_lab.nn.patterns import AttentionPattern
 from codex_lab.nn.sparse_fast_plan import FastCall, FastPlan, fast_plan
+from codex_lab.nn.sparse_native import NativeTable, native_backward, native_forward, native_status, native_table
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -149,7 +162,13 @@ class _FastSparse(torch.autograd.Function):
     of ``plan.unit`` tokens holds its g heads' rows), k/v (B', N_pad, D) -> out like q."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, plan: FastPlan, g: int, scale: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, plan: FastPlan, g: int, scale: float,  # type: ignore[override]
+                table: NativeTable | None) -> Tensor:
+        ctx.plan, ctx.g, ctx.scale, ctx.table = plan, g, scale, table
+        if table is not None:  # the fused native kernel: out and lse in one pass, nothing to merge
+            out, lse = native_forward(q, k, v, table, scale)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
         Bp, D = q.shape[0], q.shape[-1]
         acc = torch.promote_types(q.dtype, torch.float32)  # the kernel's log-sum-exp type
         if plan.covered:  # every query unit is written by a partial call first
@@ -185,13 +204,16 @@ class _FastSparse(torch.autograd.Function):
             lse_u.masked_fill_(plan.dead, 0.0)
         # the class layout (linear in N) is kept for the backward rather than copied again
         ctx.save_for_backward(q, k, v, out, lse, k_cls, v_cls)
-        ctx.plan, ctx.g, ctx.scale = plan, g, scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        q, k, v, out, lse, k_cls, v_cls = ctx.saved_tensors
         plan, g, scale = ctx.plan, ctx.g, ctx.scale
+        if ctx.table is not None:
+            q, k, v, out, lse = ctx.saved_tensors
+            dq, dk, dv = native_backward(q, k, v, out, lse, grad_out.reshape(out.shape), ctx.table, scale)
+            return dq, dk, dv, None, None, None, None
+        q, k, v, out, lse, k_cls, v_cls = ctx.saved_tensors
         Bp, n_pad, D = k.shape
         # the partial calls write every query unit first when they cover them all
         dq = torch.empty_like(q) if plan.covered else torch.zeros_like(q)
@@ -208,7 +230,7 @@ class _FastSparse(torch.autograd.Function):
                 _put(dq_u, call, dq_, add=not (first and plan.covered))
                 _add_keys(dk_u, call, dk_)
                 _add_keys(dv_u, call, dv_)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 def fast_available(q: Tensor) -> bool:
@@ -221,10 +243,14 @@ def fast_pairs(pattern: AttentionPattern, n: int, block: int, heads_per_kv: int 
     return fast_plan(pattern, n, block, heads_per_kv, "cpu", torch.float32).pairs
 
 
-def sparse_fast(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern, block: int) -> Tensor:
-    """Block-sparse attention, full/partial tiles merged through log-sum-exp: (B, H, N, D).
+def sparse_fast(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern, block: int,
+                native: bool | None = None) -> Tensor:
+    """Block-sparse attention over the plan's tiles: (B, H, N, D).
 
-    q (B, H, N, D), k/v (B, H_kv, N, D); shapes already checked by ``sparse_attention``."""
+    q (B, H, N, D), k/v (B, H_kv, N, D); shapes already checked by ``sparse_attention``.
+    ``native``: True runs the fused native kernel (an error if it is unavailable), False
+    the flash calls merged through log-sum-exp, None the native kernel for fp32 where it
+    is available (:func:`native_status`) and the flash calls otherwise."""
     B, H, N, D = q.shape
     Hkv = k.shape[1]
     g = H // Hkv
@@ -244,6 +270,13 @@ def sparse_fast(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern, bloc
     # contiguous: the strided key views assume a dense (B*Hkv, N_pad, D) layout
     kf = k.reshape(B * Hkv, n_pad, D).contiguous()  # (B*Hkv, N_pad, D)
     vf = v.reshape(B * Hkv, n_pad, D).contiguous()  # (B*Hkv, N_pad, D)
-    out = _FastSparse.apply(qu, kf, vf, plan, g, 1.0 / math.sqrt(D))  # (B*Hkv, nu*g*unit, D)
+    if native is None:
+        native = q.dtype == torch.float32 and native_status() == ""
+    if native and q.dtype != torch.float32:
+        raise ValueError(f"the native sparse kernel is fp32 only, got {q.dtype}; pass native=False")
+    if native and native_status():
+        raise RuntimeError(f"the native sparse kernel is unavailable: {native_status()}; pass native=False")
+    table = native_table(plan, g, nu) if native else None
+    out = _FastSparse.apply(qu, kf, vf, plan, g, 1.0 / math.sqrt(D), table)  # (B*Hkv, nu*g*unit, D)
     out = out.view(B, Hkv, nu, g, unit, D).transpose(2, 3)  # (B, Hkv, g, nu, unit, D)
     return out.reshape(B, H, n_pad, D)[:, :, :N]  # (B, H, N, D)

@@ -6,7 +6,9 @@ same run, the goal 0.6/density and the physical limit 1/density beside it, the
 fraction of causal 128-token tiles the block kernels touch (``tile_fraction``) and the
 fraction of causal (query, key) pairs each sparse kernel actually computes
 (``computed_fraction``: whole tiles for blocks and flex; for fast, full tiles plus its
-half-size masked units), whose inverse bounds its speed-up at equal per-pair cost. With ``--backward`` (default in full
+half-size masked units), whose inverse bounds its speed-up at equal per-pair cost; for
+fast, ``kernel`` names the path that ran (its fused native kernel, or its flash calls and
+why), and ``fast-flash`` times the flash-call path beside it. With ``--backward`` (default in full
 mode) also forward + backward (a training step of the attention) against SDPA's forward
 + backward, with its goal 0.5/density; impls without a CPU backward (flex) skip it.
 
@@ -34,9 +36,12 @@ from codex_lab.nn.sparse import sparse_attention, tiles_computed
 from codex_lab.runtime import get_device, interleaved_times, median_ms, pick
 
 NAME = "attention"
-HELP = "time and peak memory of dense SDPA vs sparse attention (reference, blocks, flex, fast) against N, forward and forward+backward"
+HELP = ("time and peak memory of dense SDPA vs sparse attention (reference, blocks, flex, fast, fast-flash) "
+        "against N, forward and forward+backward")
 DEFAULT_PATTERN = "window:128+blockstride:128:12"  # ~10% of causal pairs at N=8192
-IMPLS = ("sdpa", "reference", "blocks", "flex", "fast")
+# "fast-flash": the fast kernel's flash-call path (what "fast" runs where its native kernel
+# cannot be built), to show what the native kernel gains in the same run
+IMPLS = ("sdpa", "reference", "blocks", "flex", "fast", "fast-flash")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -102,6 +107,18 @@ def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
     return (peak - base) / 2**20
 
 
+def _attend(impl: str, pattern: str, dev: torch.device) -> Callable[[Any, Any, Any], Any]:
+    """impl as a function of (q, k, v)."""
+    if impl == "sdpa":
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if impl == "fast-flash" and dev.type == "cpu":
+        from codex_lab.nn.sparse_fast import sparse_fast
+
+        pat = parse_pattern(pattern)
+        return lambda q, k, v: sparse_fast(q, k, v, pat, 128, native=False)
+    return lambda q, k, v: sparse_attention(q, k, v, pattern, impl="fast" if impl == "fast-flash" else impl)
+
+
 def prepare(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, head_dim: int = 64,
             device: torch.device | None = None, backward: bool = False,
             ) -> tuple[dict[str, Any], Callable[[], Any], Callable[[], None] | None]:
@@ -114,10 +131,8 @@ def prepare(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, 
     dev = device or get_device()
     g = torch.Generator().manual_seed(n)
     q, k, v = (torch.randn(batch, heads, n, head_dim, generator=g).to(dev) for _ in range(3))  # (B, H, N, D)
-    if impl == "sdpa":
-        fwd_fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-    else:
-        fwd_fn = lambda: sparse_attention(q, k, v, pattern, impl=impl)  # noqa: E731
+    attend = _attend(impl, pattern, dev)
+    fwd_fn = lambda: attend(q, k, v)  # noqa: E731
 
     def fn() -> Any:
         with torch.no_grad():
@@ -135,17 +150,23 @@ def prepare(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, 
                            "tile_fraction": tiles_computed(pat, n) / (nb * (nb + 1) / 2)}
     if impl in ("blocks", "flex"):
         rec["computed_fraction"] = tiles_computed(pat, n) * 128 * 128 / causal_pairs(n)
-    elif impl == "fast":
+    elif impl in ("fast", "fast-flash"):
         from codex_lab.nn.sparse_fast import fast_pairs
+        from codex_lab.nn.sparse_native import native_status
 
         rec["computed_fraction"] = fast_pairs(pat, n, 128) / causal_pairs(n)
+        # which path ran: the fused native kernel, or the flash calls (and why)
+        if dev.type != "cpu":
+            rec["kernel"] = "blocks (no fast path on this device)"
+        elif impl == "fast-flash":
+            rec["kernel"] = "flash calls"
+        else:
+            why = native_status()
+            rec["kernel"] = f"flash calls ({why})" if why else "native"
     step = None
     if backward and not (impl == "flex" and dev.type == "cpu"):  # flex has no CPU backward
         qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
-        if impl == "sdpa":
-            fwd = lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)  # noqa: E731
-        else:
-            fwd = lambda: sparse_attention(qg, kg, vg, pattern, impl=impl)  # noqa: E731
+        fwd = lambda: attend(qg, kg, vg)  # noqa: E731
 
         def step() -> None:
             fwd().sum().backward()

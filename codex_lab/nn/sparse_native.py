@@ -1,0 +1,237 @@
+"""The fused native CPU kernel behind ``impl="fast"`` (fp32): build, load, segment table, calls.
+
+``csrc/sparse_attention.c`` computes one (batch-head, query unit) per task: every score of
+the unit's segments with one BLAS product per segment, one exact softmax per row, and the
+output, with the row log-sum-exp; its backward recomputes the probabilities from that
+log-sum-exp (FlashAttention-2). Unlike the flash-call path of :mod:`codex_lab.nn.sparse_fast`
+there is nothing to merge afterwards and no 32-row query tiles: that path runs PyTorch's
+fused kernel once per group of tiles and merges full and partial results through log-sum-exp.
+
+The C file is compiled on first use with the system C compiler (``cc``), ``-O3
+-march=native``, against the ``sgemm_`` symbol of the ``libtorch_cpu`` already loaded, into
+a cache folder keyed by the source, the flags, torch's version and the CPU
+(``$CODEX_LAB_NATIVE_DIR``, else ``$XDG_CACHE_HOME/codex_lab/native``, else
+``~/.cache/codex_lab/native``): about a second, once per machine. Where that is not
+possible (no compiler, a BLAS without ``sgemm_``, a read-only disk) or
+``CODEX_LAB_NATIVE=0`` is set, :func:`native_status` says why and the flash-call path runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from codex_lab.nn.sparse_fast_plan import FastPlan
+
+__all__ = ["NativeTable", "native_status", "native_table", "native_forward", "native_backward"]
+
+SOURCE = Path(__file__).with_name("csrc") / "sparse_attention.c"
+# a segment's columns (keys) per call: its score buffer is rows x MAX_KEYS floats per thread
+MAX_KEYS = 2048
+# the kernel's stand-in for -inf in masks (it is built with -ffast-math: finite floats only)
+NEG = -1e30
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+@dataclass(frozen=True, eq=False)
+class NativeTable:
+    """Unit u (``rows`` = g*unit query rows) sees keys ``start[x] .. start[x] + length[x] - 1``
+    for x in ``ptr[u] .. ptr[u+1] - 1``, under ``masks[mask[x]:]`` viewed (rows, length[x])
+    when ``mask[x] >= 0``. All int64 except ``masks`` (float32)."""
+
+    rows: int
+    ptr: Tensor
+    start: Tensor
+    length: Tensor
+    mask: Tensor
+    masks: Tensor
+
+
+def _flags() -> list[str]:
+    flags = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-shared"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags += ["-march=native", "-mprefer-vector-width=512"]
+    return flags
+
+
+def _cpu_id() -> str:
+    """The CPU's model and feature flags: a library built with -march=native is only reused on
+    the same kind of CPU."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+    return "\n".join(sorted(set(keep)))
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("CODEX_LAB_NATIVE_DIR"):
+        return Path(os.environ["CODEX_LAB_NATIVE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "codex_lab" / "native"
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """(the library, "") or (None, why not)."""
+    if os.environ.get("CODEX_LAB_NATIVE", "1") == "0":
+        return None, "CODEX_LAB_NATIVE=0"
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None, "no C compiler (cc or gcc) on PATH"
+    torch_lib = Path(torch.__file__).parent / "lib"
+    flags = _flags()
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(flags), torch.__version__, _cpu_id()]).encode())
+    so = _cache_dir() / f"sparse_attention-{key.hexdigest()[:16]}.so"
+    if not so.exists():
+        try:
+            so.parent.mkdir(parents=True, exist_ok=True)
+            # build under a unique name, then rename: two processes building at once never
+            # load a half-written file
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=so.parent)
+            os.close(fd)
+            cmd = [cc, *flags, str(SOURCE), "-o", tmp, f"-L{torch_lib}", "-ltorch_cpu", "-lm", f"-Wl,-rpath,{torch_lib}"]
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if run.returncode != 0:
+                os.unlink(tmp)
+                return None, f"compiling {SOURCE.name} failed: {(run.stderr or run.stdout).strip()[-400:]}"
+            os.replace(tmp, so)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"could not build {SOURCE.name} in {so.parent}: {e}"
+    try:
+        lib = ctypes.CDLL(str(so))
+    except OSError as e:
+        return None, f"could not load {so}: {e}"
+    for fn in (lib.sparse_fwd, lib.sparse_bwd):
+        fn.restype = ctypes.c_int
+    return lib, ""
+
+
+def native_status() -> str:
+    """"" when the native kernel is built and loaded (building it on first call), else why
+    it is not (then ``impl="fast"`` runs its flash-call path)."""
+    return _load()[1]
+
+
+def _runs(cols: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs in a sorted list of unit indices: [(first index in cols, run length)]."""
+    out: list[tuple[int, int]] = []
+    for i, c in enumerate(cols):
+        if out and c == cols[i - 1] + 1:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((i, 1))
+    return out
+
+
+@lru_cache(maxsize=64)
+def _table(plan: FastPlan, g: int, n_units: int) -> NativeTable:
+    unit, r = plan.unit, plan.block // plan.unit
+    segs: dict[int, list[tuple[int, int, Tensor | None]]] = {}  # unit -> [(first key, keys, mask)]
+    for call in plan.partial:  # masked tiles at ``unit`` granularity
+        for i, u in enumerate(call.rows.tolist()):
+            cols = call.cols[i].tolist()
+            mk = None if call.mask is None else call.mask[0, i if call.mask.shape[1] > 1 else 0]  # (g*unit, m*unit)
+            for a, n in _runs(cols):
+                segs.setdefault(u, []).append((cols[a] * unit, n * unit, None if mk is None else
+                                               mk[:, a * unit : (a + n) * unit]))
+    for call in plan.full:  # unmasked tiles at ``block`` granularity: both units of a block read them
+        for i, blk in enumerate(call.rows.tolist()):
+            cols = call.cols[i].tolist()
+            for a, n in _runs(cols):
+                for t in range(r):
+                    segs.setdefault(blk * r + t, []).append((cols[a] * plan.block, n * plan.block, None))
+    ptr, start, length, mask_at, bank = [0], [], [], [], []
+    seen: dict[tuple[int, int, int], int] = {}  # one copy of a mask that many units share
+    size = 0
+    for u in range(n_units):
+        for s, n, mk in sorted(segs.get(u, []), key=lambda x: x[0]):
+            for a in range(0, n, MAX_KEYS):  # no segment longer than the kernel's buffer
+                b = min(n, a + MAX_KEYS)
+                start.append(s + a)
+                length.append(b - a)
+                if mk is None:
+                    mask_at.append(-1)
+                    continue
+                part = mk[:, a:b]
+                key = (part.data_ptr(), part.shape[1], part.stride(0))
+                if key not in seen:
+                    seen[key] = size
+                    bank.append(part.to(torch.float32).clamp(min=NEG).flatten())
+                    size += part.numel()
+                mask_at.append(seen[key])
+        ptr.append(len(start))
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+    return NativeTable(rows=g * unit, ptr=as_long(ptr), start=as_long(start), length=as_long(length),
+                       mask=as_long(mask_at), masks=torch.cat(bank) if bank else torch.zeros(1))
+
+
+def native_table(plan: FastPlan, g: int, n_units: int) -> NativeTable:
+    """The plan's tiles as the native kernel's segment table (``n_units`` = N_pad / unit query
+    units), cached per plan."""
+    return _table(plan, g, n_units)
+
+
+def _ptr(t: Tensor) -> ctypes.c_void_p:
+    return _P(t.data_ptr())
+
+
+def _shape_args(q: Tensor, k: Tensor, table: NativeTable) -> list[object]:
+    bh, rows_total, d = q.shape
+    return [_I(bh), _I(rows_total // table.rows), _I(table.rows), _I(k.shape[1]), _I(d)]
+
+
+def _table_args(table: NativeTable) -> list[object]:
+    return [_ptr(table.ptr), _ptr(table.start), _ptr(table.length), _ptr(table.mask), _ptr(table.masks),
+            _I(MAX_KEYS), ctypes.c_int(torch.get_num_threads())]
+
+
+def native_forward(q: Tensor, k: Tensor, v: Tensor, table: NativeTable, scale: float) -> tuple[Tensor, Tensor]:
+    """(out (B', nu*rows, D), lse (B', nu*rows)) for q (B', nu*rows, D) in unit layout and
+    k, v (B', N_pad, D), all contiguous fp32 on the CPU. Rows that see no key: out 0, lse 0."""
+    lib, why = _load()
+    if lib is None:
+        raise RuntimeError(f"the native sparse kernel is unavailable: {why}")
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:2])  # (B', nu*rows, D), (B', nu*rows)
+    rc = lib.sparse_fwd(_ptr(q), _ptr(k), _ptr(v), _ptr(out), _ptr(lse), *_shape_args(q, k, table),
+                        ctypes.c_float(scale), *_table_args(table))
+    if rc:
+        raise MemoryError("the native sparse kernel could not allocate its per-thread buffers")
+    return out, lse
+
+
+def native_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
+                    table: NativeTable, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) like q, k, v, from the forward's out and lse (shapes as
+    :func:`native_forward`); grad_out like out."""
+    lib, why = _load()
+    if lib is None:
+        raise RuntimeError(f"the native sparse kernel is unavailable: {why}")
+    grad_out = grad_out.contiguous()
+    # delta = rowsum(dO * out): (B', nu*rows)
+    delta = (grad_out * out).sum(-1)
+    threads = torch.get_num_threads()
+    dq = torch.empty_like(q)
+    # one key-gradient buffer per thread (tasks of two threads may share keys): (threads, B', N_pad, D)
+    dk_part = k.new_zeros(threads, *k.shape)
+    dv_part = v.new_zeros(threads, *v.shape)
+    rc = lib.sparse_bwd(_ptr(q), _ptr(k), _ptr(v), _ptr(grad_out), _ptr(lse), _ptr(delta), _ptr(dq),
+                        _ptr(dk_part), _ptr(dv_part), *_shape_args(q, k, table), ctypes.c_float(scale),
+                        *_table_args(table))
+    if rc:
+        raise MemoryError("the native sparse kernel could not allocate its per-thread buffers")
+    return dq, dk_part.sum(0), dv_part.sum(0)
