@@ -1,7 +1,8 @@
 """MoE dispatch (codex_lab.nn.moe_dispatch): the grouped fast paths held to the reference loop.
 
-Inference (no gradient) runs the tiled kernel on stacked weights; training runs each expert
-module on its group. Both must give the reference's output, and training its gradients,
+Inference (no gradient) runs on stacked weights, through the fused native kernel (fp32 on a
+CPU) or the tiled torch path: every test here runs once with each (the ``inference_path``
+fixture); training runs each expert module on its group. Both must give the reference's output, and training its gradients,
 including the edge cases: an expert that gets no tokens, top_k = n_experts, one token,
 every assignment dropped, groups split over several tiles.
 """
@@ -23,6 +24,19 @@ from codex_lab.nn.moe_dispatch import dispatch_grouped, dispatch_reference, sort
 ATOL = 1e-5
 # parameter gradients sum ~N*k O(1) terms in different orders: relative 1e-4 (as test_moe)
 GRAD_TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def inference_path(request, monkeypatch) -> str:
+    """Every test once through the native kernel and once through the torch path."""
+    from codex_lab.nn.moe_native import moe_native_status
+
+    if request.param == "native":
+        # the CI and course machines have a C compiler: a kernel that does not build fails here
+        assert moe_native_status() == "", moe_native_status()
+    else:
+        monkeypatch.setattr(md, "moe_native_status", lambda: "disabled by the test")
+    return request.param
 
 
 def layer(n_experts: int = 4, top_k: int = 2, d: int = 24, hidden: int = 40, capacity: float | None = None,
@@ -106,8 +120,12 @@ def test_capacity_drops_and_all_dropped() -> None:
 
 
 def test_groups_split_over_many_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 3 rows per tile: every group spans several tiles and most end in a partial one
+    # 3 rows per tile (torch path) or per piece (native): every group spans several tiles or
+    # pieces and most end in a partial one
+    import codex_lab.nn.moe_native as mn
+
     monkeypatch.setattr(md, "TILE_ROWS_PER_THREAD", 3)
+    monkeypatch.setattr(mn, "PIECE_ROWS", 3)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     fast, ref = layer(n_experts=4, top_k=2, seed=5)
     x = torch.randn(1, 41, 24)
@@ -115,16 +133,18 @@ def test_groups_split_over_many_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
         torch.testing.assert_close(fast(x), ref(x), atol=ATOL, rtol=0)
 
 
-def test_inference_uses_stacked_kernel_and_training_uses_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inference_uses_stacked_kernel_and_training_uses_modules(monkeypatch: pytest.MonkeyPatch,
+                                                                 inference_path: str) -> None:
     """The fast path really runs (not a silent fallback), and only where no gradient is needed."""
     calls: list[int] = []
-    real = md._experts_tiled
+    name = "moe_swiglu_native" if inference_path == "native" else "_experts_tiled"
+    real = getattr(md, name)
 
     def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(md, "_experts_tiled", counting)
+    monkeypatch.setattr(md, name, counting)
     fast, _ = layer(seed=6)
     x = torch.randn(1, 10, 24)
     with torch.no_grad():
@@ -226,3 +246,32 @@ def test_tile_segments_cover_every_group_in_order() -> None:
             if c > tile:
                 sizes = [hi - lo for _, _, segs in tile_segments([c], tile) for _, lo, hi in segs]
                 assert max(sizes) - min(sizes) <= 1, (c, tile, sizes)
+
+
+def test_native_kernel_refusals_and_fallback(monkeypatch: pytest.MonkeyPatch, inference_path: str) -> None:
+    """native=True where it cannot run is an error naming why; with CODEX_LAB_NATIVE=0 the
+    status says so and the default falls back to the torch path with the same output."""
+    from codex_lab.nn.native_build import load_native
+    from codex_lab.nn.moe_native import moe_native_status
+
+    if inference_path == "torch":
+        pytest.skip("one run is enough: this test sets the paths itself")
+    fast, ref = layer(seed=8)
+    r = route(torch.randn(7, 4), 2)
+    x = torch.randn(7, 24)
+    want = dispatch_reference(x, r, ref.experts).detach()
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="fp32 on a CPU"):
+            dispatch_grouped(x.double(), r, fast.experts.double(), native=True)
+        fast.experts.float()
+        try:
+            monkeypatch.setenv("CODEX_LAB_NATIVE", "0")
+            load_native.cache_clear()
+            assert moe_native_status() == "CODEX_LAB_NATIVE=0"
+            with pytest.raises(RuntimeError, match="native MoE kernel is unavailable: CODEX_LAB_NATIVE=0"):
+                dispatch_grouped(x, r, fast.experts, native=True)
+            torch.testing.assert_close(dispatch_grouped(x, r, fast.experts), want, atol=ATOL, rtol=0)
+        finally:
+            monkeypatch.delenv("CODEX_LAB_NATIVE")
+            load_native.cache_clear()
+        torch.testing.assert_close(dispatch_grouped(x, r, fast.experts, native=True), want, atol=ATOL, rtol=0)

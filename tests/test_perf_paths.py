@@ -188,6 +188,7 @@ def test_sparse_native_says_why_it_is_off_and_fast_still_matches(monkeypatch, tm
     native=True raises it, float64 with native=True is refused, and impl="fast" runs its
     flash-call path with the reference's results."""
     import codex_lab.nn.sparse_native as sn
+    from codex_lab.nn.native_build import load_native
     from codex_lab.nn.patterns import parse_pattern
     from codex_lab.nn.sparse_fast import sparse_fast
 
@@ -200,7 +201,7 @@ def test_sparse_native_says_why_it_is_off_and_fast_still_matches(monkeypatch, tm
             with monkeypatch.context() as m:
                 for key, val in env.items():
                     m.setenv(key, val)
-                sn._load.cache_clear()
+                load_native.cache_clear()
                 assert sn.native_status().startswith(reason), sn.native_status()
                 with pytest.raises(RuntimeError, match="native sparse kernel is unavailable"):
                     sparse_fast(q, k, v, parse_pattern(spec), 16, native=True)
@@ -209,7 +210,7 @@ def test_sparse_native_says_why_it_is_off_and_fast_still_matches(monkeypatch, tm
                     torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=f"{reason} {name}")
         assert list(tmp_path.iterdir()) == []  # the failed build left no file behind
     finally:
-        sn._load.cache_clear()
+        load_native.cache_clear()
     with pytest.raises(ValueError, match="fp32 only"):
         sparse_fast(q.double(), k.double(), v.double(), parse_pattern(spec), 16, native=True)
 

@@ -212,6 +212,9 @@ class MoEFeedForward(nn.Module):
         self.capacity_factor = cfg.moe_capacity_factor
         self.aux_loss_coef, self.z_loss_coef = cfg.moe_aux_loss_coef, cfg.moe_z_loss_coef
         self.use_bias, self.bias_update_rate, self.impl = cfg.moe_router_bias, bias_update_rate, impl
+        # grouped inference on a CPU in fp32: None = the fused native kernel where it builds,
+        # False = the torch path (the bench times both), True = native or an error
+        self.native: bool | None = None
         self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(cfg.d_model, hidden) for _ in range(cfg.n_experts))
         self.shared_experts = nn.ModuleList(SwiGLU(cfg.d_model, hidden) for _ in range(cfg.n_shared_experts))
@@ -245,8 +248,10 @@ class MoEFeedForward(nn.Module):
         capacity = expert_capacity(B * T, self.n_experts, self.top_k, self.capacity_factor)
         # (N, k) bool, or None when dropless (nothing to mask)
         keep = None if capacity is None else capacity_keep_mask(routing.expert_idx, self.n_experts, capacity)
-        fn = dispatch_grouped if self.impl == "grouped" else dispatch_reference
-        y = fn(xf, routing, self.experts, keep)  # (N, d)
+        if self.impl == "grouped":
+            y = dispatch_grouped(xf, routing, self.experts, keep, native=self.native)  # (N, d)
+        else:
+            y = dispatch_reference(xf, routing, self.experts, keep)  # (N, d)
         for shared in self.shared_experts:
             y = y + shared(xf)  # (N, d) always-on experts
         aux = x.new_zeros((), dtype=torch.float32)

@@ -9,10 +9,11 @@ implementations compute it and the tests hold them equal:
   one matmul chain over its contiguous group of rows, and the results are added back
   to their tokens with their weights.
 
-``dispatch_grouped`` has two paths. With autograd (training) it calls each expert module
+``dispatch_grouped`` has three paths. With autograd (training) it calls each expert module
 on its group, so gradients flow through the ordinary ``nn.Linear`` layers. Without
 gradients (inference) it works on the experts' weights directly, stacked and transposed
-once (cached until a weight changes), over tiles of the sorted assignments (at most
+once (cached until a weight changes): in fp32 on a CPU through the fused native kernel of
+:mod:`codex_lab.nn.moe_native` where it builds, and otherwise over tiles of the sorted assignments (at most
 :data:`TILE_ROWS_PER_THREAD` rows per CPU thread): it gathers a tile's tokens, runs
 ``x [W_gate | W_up]`` (one matmul per expert on its slice of the tile), ``silu(gate) * up`` in
 place and the down projection into buffers reused by every tile, scales by the routing
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from codex_lab.nn.layers import SwiGLU
+from codex_lab.nn.moe_native import moe_native_status, moe_swiglu_native
 
 DISPATCH_IMPLS = ("reference", "grouped")
 
@@ -88,12 +90,16 @@ def sort_by_expert(routing: RoutingLike, n_experts: int, keep: Tensor | None = N
     return token, flat_weight[order], counts
 
 
-def dispatch_grouped(x: Tensor, routing: RoutingLike, experts: nn.ModuleList, keep: Tensor | None = None) -> Tensor:
+def dispatch_grouped(x: Tensor, routing: RoutingLike, experts: nn.ModuleList, keep: Tensor | None = None,
+                     native: bool | None = None) -> Tensor:
     """Grouped dispatch: sort kept assignments by expert, one matmul chain per expert.
 
     x (N, d); keep (N, k) bool, None = keep all -> (N, d). Equal to :func:`dispatch_reference`
-    up to fp32 rounding. Without gradients (and with SwiGLU experts) the tiled inference
-    path runs on cached stacked weights; otherwise each expert module runs on its group.
+    up to fp32 rounding. Without gradients (and with SwiGLU experts) the inference path runs
+    on cached stacked weights: the fused native kernel (:mod:`codex_lab.nn.moe_native`) for
+    fp32 on a CPU where it is available, else the tiled torch path; ``native`` True or False
+    forces one (True: an error where it cannot run). With gradients each expert module runs
+    on its group.
     """
     token, weight, counts = sort_by_expert(routing, len(experts), keep)
     y = torch.zeros_like(x)  # (N, d)
@@ -103,6 +109,16 @@ def dispatch_grouped(x: Tensor, routing: RoutingLike, experts: nn.ModuleList, ke
     params = expert_weights(experts) if all(isinstance(e, SwiGLU) for e in experts) else None
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or params is None or any(p.requires_grad for p in params))
     if params is not None and not needs_grad:
+        can = x.device.type == "cpu" and x.dtype == torch.float32
+        if native is None:
+            native = can and moe_native_status() == ""
+        if native:
+            if not can:
+                raise ValueError(f"the native MoE kernel runs fp32 on a CPU, got {x.dtype} on {x.device}; pass native=False")
+            (gate, _, down), _ = _stacked(experts, params)
+            E, d, h = gate.shape
+            gate_up = gate.as_strided((E, d, 2 * h), (d * 2 * h, 2 * h, 1))  # (E, d, 2h): gate is its left half
+            return moe_swiglu_native(x.contiguous(), token, weight, counts, gate_up, down, y)
         # tiles are for CPU caches; an accelerator takes each group whole
         tile = TILE_ROWS_PER_THREAD * torch.get_num_threads() if x.device.type == "cpu" else max(counts)
         return _experts_tiled(x, token, w, counts, _stacked(experts, params)[1], y, tile)

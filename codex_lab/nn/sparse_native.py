@@ -1,4 +1,4 @@
-"""The fused native CPU kernel behind ``impl="fast"`` (fp32): build, load, segment table, calls.
+"""The fused native CPU kernel behind ``impl="fast"`` (fp32): load, segment table, calls.
 
 ``csrc/sparse_attention.c`` computes one (batch-head, query unit) per task: every score of
 the unit's segments with one BLAS product per segment, one exact softmax per row, and the
@@ -7,36 +7,26 @@ log-sum-exp (FlashAttention-2). Unlike the flash-call path of :mod:`codex_lab.nn
 there is nothing to merge afterwards and no 32-row query tiles: that path runs PyTorch's
 fused kernel once per group of tiles and merges full and partial results through log-sum-exp.
 
-The C file is compiled on first use with the system C compiler (``cc``), ``-O3
--march=native``, against the ``sgemm_`` symbol of the ``libtorch_cpu`` already loaded, into
-a cache folder keyed by the source, the flags, torch's version and the CPU
-(``$CODEX_LAB_NATIVE_DIR``, else ``$XDG_CACHE_HOME/codex_lab/native``, else
-``~/.cache/codex_lab/native``): about a second, once per machine. Where that is not
-possible (no compiler, a BLAS without ``sgemm_``, a read-only disk) or
-``CODEX_LAB_NATIVE=0`` is set, :func:`native_status` says why and the flash-call path runs.
+:mod:`codex_lab.nn.native_build` compiles it on first use (about a second, once per
+machine); where that is not possible (no compiler, a BLAS without ``sgemm_``, a read-only
+disk) or ``CODEX_LAB_NATIVE=0`` is set, :func:`native_status` says why and the flash-call
+path runs.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from codex_lab.nn.native_build import load_native
 from codex_lab.nn.sparse_fast_plan import FastPlan
 
 __all__ = ["NativeTable", "native_status", "native_table", "native_forward", "native_backward"]
 
-SOURCE = Path(__file__).with_name("csrc") / "sparse_attention.c"
 # a segment's columns (keys) per call: its score buffer is rows x MAX_KEYS floats per thread
 MAX_KEYS = 2048
 # the kernel's stand-in for -inf in masks (it is built with -ffast-math: finite floats only)
@@ -60,65 +50,12 @@ class NativeTable:
     masks: Tensor
 
 
-def _flags() -> list[str]:
-    flags = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-shared"]
-    if platform.machine() in ("x86_64", "AMD64"):
-        flags += ["-march=native", "-mprefer-vector-width=512"]
-    return flags
-
-
-def _cpu_id() -> str:
-    """The CPU's model and feature flags: a library built with -march=native is only reused on
-    the same kind of CPU."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features"))]
-    return "\n".join(sorted(set(keep)))
-
-
-def _cache_dir() -> Path:
-    if os.environ.get("CODEX_LAB_NATIVE_DIR"):
-        return Path(os.environ["CODEX_LAB_NATIVE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "codex_lab" / "native"
-
-
-@lru_cache(maxsize=1)
 def _load() -> tuple[ctypes.CDLL | None, str]:
-    """(the library, "") or (None, why not)."""
-    if os.environ.get("CODEX_LAB_NATIVE", "1") == "0":
-        return None, "CODEX_LAB_NATIVE=0"
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return None, "no C compiler (cc or gcc) on PATH"
-    torch_lib = Path(torch.__file__).parent / "lib"
-    flags = _flags()
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(flags), torch.__version__, _cpu_id()]).encode())
-    so = _cache_dir() / f"sparse_attention-{key.hexdigest()[:16]}.so"
-    if not so.exists():
-        try:
-            so.parent.mkdir(parents=True, exist_ok=True)
-            # build under a unique name, then rename: two processes building at once never
-            # load a half-written file
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=so.parent)
-            os.close(fd)
-            cmd = [cc, *flags, str(SOURCE), "-o", tmp, f"-L{torch_lib}", "-ltorch_cpu", "-lm", f"-Wl,-rpath,{torch_lib}"]
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-            if run.returncode != 0:
-                os.unlink(tmp)
-                return None, f"compiling {SOURCE.name} failed: {(run.stderr or run.stdout).strip()[-400:]}"
-            os.replace(tmp, so)
-        except (OSError, subprocess.SubprocessError) as e:
-            return None, f"could not build {SOURCE.name} in {so.parent}: {e}"
-    try:
-        lib = ctypes.CDLL(str(so))
-    except OSError as e:
-        return None, f"could not load {so}: {e}"
-    for fn in (lib.sparse_fwd, lib.sparse_bwd):
-        fn.restype = ctypes.c_int
-    return lib, ""
+    lib, why = load_native("sparse_attention")
+    if lib is not None:
+        for fn in (lib.sparse_fwd, lib.sparse_bwd):
+            fn.restype = ctypes.c_int
+    return lib, why
 
 
 def native_status() -> str:

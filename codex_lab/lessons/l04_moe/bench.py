@@ -2,7 +2,8 @@
 
 For each (tokens, experts, top_k) size, one random dropless MoE layer is timed (forward,
 no gradient) as: ``reference`` (codex_lab's per-token loop), ``grouped`` (codex_lab's
-sorted, one-matmul-per-expert dispatch), and the same weights in transformers'
+sorted, one-matmul-per-expert dispatch; on a CPU its fused native kernel, ``kernel`` says
+which ran), ``grouped_torch`` (the same dispatch's torch path, on a CPU), and the same weights in transformers'
 ``MixtralSparseMoeBlock`` with its ``eager`` expert loop and its ``grouped_mm`` kernel.
 Every record carries the max |difference| against the reference output, the layer's
 total and active parameters, forward FLOPs per token (2 * active), the threads used and
@@ -24,6 +25,7 @@ import torch
 
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.moe import MoEFeedForward, ffn_param_counts
+from codex_lab.nn.moe_native import moe_native_status
 from codex_lab.runtime import get_device, interleaved_times, pick, seed_everything
 
 NAME = "moe"
@@ -71,6 +73,11 @@ def bench_case(tokens: int, experts: int, top_k: int, *, d_model: int, hidden: i
     ref_moe.load_state_dict(moe.state_dict())
     impls["reference"] = ref_moe
     impls["grouped"] = moe
+    if device.type == "cpu":  # the grouped dispatch's torch path, beside its fused native kernel
+        torch_moe = MoEFeedForward(cfg).to(device).eval()
+        torch_moe.load_state_dict(moe.state_dict())
+        torch_moe.native = False
+        impls["grouped_torch"] = torch_moe
     if with_hf:
         from codex_lab.hf.mixtral import moe_to_hf_block
 
@@ -84,7 +91,7 @@ def bench_case(tokens: int, experts: int, top_k: int, *, d_model: int, hidden: i
             try:
                 outs[name] = impls[name](x)  # (1, N, d); also the warm-up
             except (RuntimeError, NotImplementedError) as exc:  # e.g. a kernel this device/dtype lacks
-                if name in ("reference", "grouped"):
+                if name in ("reference", "grouped", "grouped_torch"):
                     raise
                 del impls[name]
                 skipped.append({"impl": name, "tokens": tokens, "experts": experts, "top_k": top_k,
@@ -105,6 +112,9 @@ def bench_case(tokens: int, experts: int, top_k: int, *, d_model: int, hidden: i
             "flops_per_token": 2 * counts["active"], "device": str(device),
             "threads": torch.get_num_threads(), "load_avg_1m": load,
         })
+        if name == "grouped" and device.type == "cpu":  # which path the grouped dispatch ran, and why
+            why = moe_native_status()
+            rows[-1]["kernel"] = f"torch ({why})" if why else "native"
     ref_ms = rows[0]["median_ms"]
     for r in rows:
         r["speedup_vs_reference"] = round(ref_ms / r["median_ms"], 2)
