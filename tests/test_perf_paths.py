@@ -183,6 +183,18 @@ def test_sparse_fast_native_is_thread_count_independent(threads: int) -> None:
         torch.set_num_threads(before)
 
 
+def test_native_kernels_leave_denormal_floats_alone() -> None:
+    """Loading the kernels (built with -ffast-math) must not turn on flush-to-zero for the
+    process: a library linked with -ffast-math does, and then top_p=5e-324 read as 0.0."""
+    from codex_lab.nn.moe_native import moe_native_status
+    from codex_lab.nn.sparse_native import native_status
+
+    assert native_status() == "" and moe_native_status() == ""  # both loaded
+    tiny = 5e-324  # the smallest float64 denormal
+    assert tiny * 1.0 > 0.0
+    assert float(torch.tensor([1e-40], dtype=torch.float32).mul(1.0)) > 0.0  # a float32 denormal
+
+
 def test_sparse_native_says_why_it_is_off_and_fast_still_matches(monkeypatch, tmp_path) -> None:
     """CODEX_LAB_NATIVE=0, or a compiler that fails: native_status() names the reason,
     native=True raises it, float64 with native=True is refused, and impl="fast" runs its

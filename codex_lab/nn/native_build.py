@@ -6,7 +6,8 @@ A kernel is compiled on first use with the system C compiler (``$CC``, else ``cc
 (``$CODEX_LAB_NATIVE_DIR``, else ``$XDG_CACHE_HOME/codex_lab/native``, else
 ``~/.cache/codex_lab/native``) under a name keyed by the source, the flags, torch's version
 and the CPU, so a build is reused only where it was made for: about a second, once per
-machine. It links the OpenMP runtime torch ships (``libgomp.so.1``, already loaded), so its
+machine. It is linked without ``-ffast-math`` (which would turn on flush-to-zero for the
+whole process), and against the OpenMP runtime torch ships (``libgomp.so.1``, already loaded), so its
 threads are torch's. ``CODEX_LAB_NATIVE=0`` turns every kernel off. Where a kernel cannot be
 built or loaded, :func:`load_native` says why and the callers run their torch paths.
 """
@@ -31,7 +32,7 @@ CSRC = Path(__file__).with_name("csrc")
 
 
 def _flags() -> list[str]:
-    flags = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-shared"]
+    flags = ["-O3", "-ffast-math", "-fopenmp", "-fPIC"]
     if platform.machine() in ("x86_64", "AMD64"):
         flags += ["-march=native", "-mprefer-vector-width=512"]
     return flags
@@ -66,7 +67,8 @@ def load_native(name: str) -> tuple[ctypes.CDLL | None, str]:
         return None, "no C compiler (cc or gcc) on PATH"
     torch_lib = Path(torch.__file__).parent / "lib"
     flags = _flags()
-    key = hashlib.sha256("\n".join([source.read_text(), " ".join(flags), torch.__version__, _cpu_id()]).encode())
+    link = ["-shared", "-fopenmp", "-ltorch_cpu", "-lm"]
+    key = hashlib.sha256("\n".join([source.read_text(), " ".join(flags + link), torch.__version__, _cpu_id()]).encode())
     so = _cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not so.exists():
         try:
@@ -75,15 +77,24 @@ def load_native(name: str) -> tuple[ctypes.CDLL | None, str]:
             # load a half-written file
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=so.parent)
             os.close(fd)
-            cmd = [cc, *flags, str(source), "-o", tmp, f"-L{torch_lib}", "-ltorch_cpu", "-lm", f"-Wl,-rpath,{torch_lib}"]
+            obj = tmp[: -len(".so")] + ".o"
+            # compile and link in two steps: linking with -ffast-math would add crtfastmath.o,
+            # which turns on flush-to-zero for the whole process when the library loads
+            # (denormal floats everywhere would read as 0)
+            steps = [[cc, *flags, "-c", str(source), "-o", obj],
+                     [cc, obj, "-o", tmp, f"-L{torch_lib}", *link, f"-Wl,-rpath,{torch_lib}"]]
             try:
-                run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+                for cmd in steps:
+                    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+                    if run.returncode != 0:
+                        os.unlink(tmp)
+                        return None, f"compiling {source.name} failed: {(run.stderr or run.stdout).strip()[-400:]}"
             except (OSError, subprocess.SubprocessError):
                 os.unlink(tmp)
                 raise
-            if run.returncode != 0:
-                os.unlink(tmp)
-                return None, f"compiling {source.name} failed: {(run.stderr or run.stdout).strip()[-400:]}"
+            finally:
+                if os.path.exists(obj):
+                    os.unlink(obj)
             os.replace(tmp, so)
         except (OSError, subprocess.SubprocessError) as e:
             return None, f"could not build {source.name} in {so.parent}: {e}"
