@@ -227,6 +227,37 @@ def test_sparse_native_says_why_it_is_off_and_fast_still_matches(monkeypatch, tm
         sparse_fast(q.double(), k.double(), v.double(), parse_pattern(spec), 16, native=True)
 
 
+def test_moe_native_kernel_refusals_and_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """native=True where it cannot run is an error naming why; with CODEX_LAB_NATIVE=0 the
+    status says so and the default falls back to the torch path with the same output."""
+    from test_moe_dispatch import ATOL as MOE_ATOL, layer
+
+    from codex_lab.nn.moe import route
+    from codex_lab.nn.moe_dispatch import dispatch_grouped, dispatch_reference
+    from codex_lab.nn.moe_native import moe_native_status
+    from codex_lab.nn.native_build import load_native
+
+    fast, ref = layer(seed=8)
+    r = route(torch.randn(7, 4), 2)
+    x = torch.randn(7, 24)
+    want = dispatch_reference(x, r, ref.experts).detach()
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="fp32 on a CPU"):
+            dispatch_grouped(x.double(), r, fast.experts.double(), native=True)
+        fast.experts.float()
+        try:
+            monkeypatch.setenv("CODEX_LAB_NATIVE", "0")
+            load_native.cache_clear()
+            assert moe_native_status() == "CODEX_LAB_NATIVE=0"
+            with pytest.raises(RuntimeError, match="native MoE kernel is unavailable: CODEX_LAB_NATIVE=0"):
+                dispatch_grouped(x, r, fast.experts, native=True)
+            torch.testing.assert_close(dispatch_grouped(x, r, fast.experts), want, atol=MOE_ATOL, rtol=0)
+        finally:
+            monkeypatch.delenv("CODEX_LAB_NATIVE")
+            load_native.cache_clear()
+        torch.testing.assert_close(dispatch_grouped(x, r, fast.experts, native=True), want, atol=MOE_ATOL, rtol=0)
+
+
 def test_sparse_fast_is_a_registered_model_kernel() -> None:
     from codex_lab.nn.attention import get_attention_impl
 
