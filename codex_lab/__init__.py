@@ -51,6 +51,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "serve.app": ('BackgroundServer', 'ModelServer', 'ServerConfig', 'create_app', 'serve_in_background'),
     "nn.sparse": ('flex_available', 'sparse_attention', 'tiles_computed'),
     "nn.sparse_native": ('native_status',),
+    "nn.moe_native": ('moe_native_status',),
     "infer.speculative": ('SpecStats', 'expected_speedup', 'expected_tokens_per_round', 'speculative_generate'),
     "infer.prompt_lookup": ('lookup_draft', 'prompt_lookup_generate'),
     "infer.fast_decode": ('FastDecoder',),

@@ -174,15 +174,20 @@ assert torch.allclose(mine, ref[0, 0], atol=1e-5) and torch.allclose(blk, ref, a
 
 # %% [markdown]
 # ## Time and memory against N
-# Dense causal SDPA (PyTorch's fused kernel) against the three sparse implementations on
+# Dense causal SDPA (PyTorch's fused kernel) against the sparse implementations on
 # a window-128 + every-12th-block pattern (~10% of causal pairs at N=8192), B=1, 4 heads, head dim 64, fp32, forward only.
 # The speed-up is taken in the same run; `1/density` is the physical limit.
-# (`codex-lab bench attention` runs the same measurement up to N=8192 and adds `flex`.)
+# `blocks` is the tile loop you read above; `fast` is the package's production path: the
+# same tiles, planned once per (pattern, N), computed on a CPU by a small fused C kernel
+# (`codex_lab/nn/csrc/sparse_attention.c`: one task per 64-query unit, one exact softmax,
+# a FlashAttention-2 backward), which the tests hold equal to `blocks` and the reference.
+# (`codex-lab bench attention` runs the same measurement up to N=8192 and adds `flex`, the
+# training direction, and `fast-flash`, the `fast` path built on PyTorch's flash kernel.)
 
 # %%
 bench_pattern = "window:128+blockstride:128:12"  # ~10% of causal pairs at N=8192
 bench_Ns = cl.pick(fast=[512, 1024, 2048], full=[1024, 2048, 4096, 8192])
-impls = cl.pick(fast=["sdpa", "reference", "blocks"], full=["sdpa", "reference", "blocks", "flex"])
+impls = cl.pick(fast=["sdpa", "reference", "blocks", "fast"], full=["sdpa", "reference", "blocks", "fast", "flex"])
 recs = []
 for N in bench_Ns:
     d = parse_pattern(bench_pattern).density(N)

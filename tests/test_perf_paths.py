@@ -195,6 +195,42 @@ def test_native_kernels_leave_denormal_floats_alone() -> None:
     assert float(torch.tensor([1e-40], dtype=torch.float32).mul(1.0)) > 0.0  # a float32 denormal
 
 
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_native_kernels_propagate_nan_like_the_torch_paths(where: str) -> None:
+    """A NaN in the inputs (a diverged training run) must show in the outputs and gradients,
+    on the same rows as through the flash-call path, never silently vanish; likewise a NaN
+    token through the MoE kernel."""
+    from codex_lab.nn.patterns import parse_pattern
+    from codex_lab.nn.sparse_fast import sparse_fast
+
+    pat = parse_pattern("window:16+blockstride:16:3")
+    q, k, v = _qkv(1, 2, 2, 100, 8)
+    with torch.no_grad():
+        {"q": q, "k": k, "v": v}[where][0, 0, 50, 3] = float("nan")
+    masks = []
+    for native in (True, False):
+        out = sparse_fast(q, k, v, pat, 16, native=native)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        masks.append([t.isnan().any(-1) for t in (out, *grads)])
+    assert masks[0][0].any()  # the NaN reached the output
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *masks):
+        assert torch.equal(a, b), name
+    if where == "q":  # the MoE kernel: a NaN token's row is NaN, the others are not
+        from test_moe_dispatch import layer
+
+        from codex_lab.nn.moe import route
+        from codex_lab.nn.moe_dispatch import dispatch_grouped
+
+        fast, _ = layer(seed=9)
+        x = torch.randn(6, 24)
+        x[2, 5] = float("nan")
+        r = route(torch.randn(6, 4), 2)
+        with torch.no_grad():
+            for native in (True, False):
+                y = dispatch_grouped(x, r, fast.experts, native=native)
+                assert y.isnan().any(-1).tolist() == [False, False, True, False, False, False], native
+
+
 def test_sparse_native_says_why_it_is_off_and_fast_still_matches(monkeypatch, tmp_path) -> None:
     """CODEX_LAB_NATIVE=0, or a compiler that fails: native_status() names the reason,
     native=True raises it, float64 with native=True is refused, and impl="fast" runs its

@@ -1,7 +1,7 @@
 """Build and load the package's C kernels (``codex_lab/nn/csrc/*.c``) for the CPU.
 
 A kernel is compiled on first use with the system C compiler (``$CC``, else ``cc`` or
-``gcc``), ``-O3 -ffast-math -fopenmp`` (and ``-march=native`` on x86-64), against the BLAS
+``gcc``), ``-O3 -ffast-math -fno-finite-math-only -fopenmp`` (and ``-march=native`` on x86-64), against the BLAS
 ``sgemm_`` that the already loaded ``libtorch_cpu`` exports (MKL there), into a cache folder
 (``$CODEX_LAB_NATIVE_DIR``, else ``$XDG_CACHE_HOME/codex_lab/native``, else
 ``~/.cache/codex_lab/native``) under a name keyed by the source, the flags, torch's version
@@ -32,7 +32,10 @@ CSRC = Path(__file__).with_name("csrc")
 
 
 def _flags() -> list[str]:
-    flags = ["-O3", "-ffast-math", "-fopenmp", "-fPIC"]
+    # -ffast-math lets the compiler vectorise the row reductions and the exp; NaN and inf keep
+    # their IEEE meaning (-fno-finite-math-only), so a NaN in the inputs reaches the outputs
+    # as it does through torch's kernels instead of being silently dropped
+    flags = ["-O3", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-fPIC"]
     if platform.machine() in ("x86_64", "AMD64"):
         flags += ["-march=native", "-mprefer-vector-width=512"]
     return flags
@@ -57,8 +60,9 @@ def _cache_dir() -> Path:
 
 
 @lru_cache(maxsize=None)
-def load_native(name: str) -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded library of ``csrc/<name>.c``, "") or (None, why it is unavailable)."""
+def load_native(name: str, extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library of ``csrc/<name>.c``, "") or (None, why it is unavailable);
+    ``extra_flags`` come after the common compile flags (the last of two opposite ones wins)."""
     if os.environ.get("CODEX_LAB_NATIVE", "1") == "0":
         return None, "CODEX_LAB_NATIVE=0"
     source = CSRC / f"{name}.c"
@@ -66,7 +70,7 @@ def load_native(name: str) -> tuple[ctypes.CDLL | None, str]:
     if cc is None:
         return None, "no C compiler (cc or gcc) on PATH"
     torch_lib = Path(torch.__file__).parent / "lib"
-    flags = _flags()
+    flags = _flags() + list(extra_flags)
     link = ["-shared", "-fopenmp", "-ltorch_cpu", "-lm"]
     key = hashlib.sha256("\n".join([source.read_text(), " ".join(flags + link), torch.__version__, _cpu_id()]).encode())
     so = _cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"

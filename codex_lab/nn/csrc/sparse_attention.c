@@ -21,8 +21,9 @@
 #include <string.h>
 #include <omp.h>
 
-/* masked scores and "no key yet" use this instead of -inf (the file is built with
- * -ffast-math, which assumes finite floats); exp_neg(NEG - max) is exactly 0 */
+/* masked scores and "no key yet" use this finite stand-in for -inf, so that a row with no
+ * key computes no inf - inf; exp_neg(NEG - max) is exactly 0. NaN keeps its meaning (the
+ * file is built with -fno-finite-math-only): a NaN score makes its row's output NaN. */
 #define NEG (-1e30f)
 #define NONE (-1e29f)
 
@@ -45,6 +46,16 @@ static inline float exp_neg(float x) {
     float two_k;
     memcpy(&two_k, &bits, sizeof two_k);
     return x < -87.0f ? 0.0f : p * two_k;
+}
+
+/* max(m, s[0..n-1]). Built assuming finite floats (this function only): the compiler then
+ * vectorises the reduction. A NaN score may or may not be picked as the max; either way the
+ * exp pass that follows turns its row to NaN (exp_neg(NaN - m) and exp_neg(s - NaN) are
+ * NaN), so NaN still reaches the output. */
+__attribute__((optimize("finite-math-only")))
+static float row_max(const float *s, int64_t n, float m) {
+    for (int64_t c = 0; c < n; c++) m = s[c] > m ? s[c] : m;
+    return m;
 }
 
 /* C (r x len, leading dim ldc) = alpha * A (r x d) B^T, B (len x d) */
@@ -115,12 +126,13 @@ int sparse_fwd(const float *q, const float *k, const float *v, float *out, float
                 }
                 for (int64_t r = 0; r < rows; r++) {
                     float *sr = s + r * cols;
-                    float mx = m[r];
-                    for (int64_t c = 0; c < cols; c++) mx = sr[c] > mx ? sr[c] : mx;
+                    float mx = row_max(sr, cols, m[r]);
                     float sum = 0.0f;
-                    /* p = exp(s - m_new); a row with no key so far keeps p = 0 */
+                    /* p = exp(s - m_new); a row with no key so far keeps p = 0, except
+                     * NaN scores (which no comparison picked as a max): they stay NaN, and
+                     * so does the row's output */
                     if (mx < NONE) {
-                        for (int64_t c = 0; c < cols; c++) sr[c] = 0.0f;
+                        for (int64_t c = 0; c < cols; c++) { float z = sr[c] != sr[c] ? sr[c] : 0.0f; sr[c] = z; sum += z; }
                     } else {
                         for (int64_t c = 0; c < cols; c++) { float e = exp_neg(sr[c] - mx); sr[c] = e; sum += e; }
                     }
