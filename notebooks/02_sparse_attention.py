@@ -19,7 +19,7 @@
 # # Lesson 02: sparse attention, what it costs and what it saves
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/02_sparse_attention.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 18 s (2 idle cores, one math thread, measured with `scripts/time_notebooks.py` on 2026-12-01); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: 12 s (2 idle cores, one math thread, measured with `scripts/time_notebooks.py` on 2026-12-01); full mode on one GPU: not yet measured.
 #
 # The article: local window attention (64-128 tokens) plus strided global links (stride
 # 16-32) take attention "from O(N^2) to O(N sqrt N)", and a gradual schedule (dense early
