@@ -165,16 +165,19 @@ def test_sparse_fast_plan_keeps_one_class_stride() -> None:
 
 @pytest.mark.parametrize("threads", [2, 3])
 def test_sparse_fast_native_is_thread_count_independent(threads: int) -> None:
-    """Several threads: the backward adds each thread's key gradients into its own buffer and
-    sums them after; a dense run longer than one segment (2048 keys) is cut into several."""
+    """Several threads: with fewer batch-heads than threads the backward adds each thread's
+    key gradients into its own buffer and sums them after, with as many or more (B*H_kv = 4)
+    one thread takes each batch-head whole; a dense run longer than one segment (2048 keys)
+    is cut into several."""
     from codex_lab.nn.sparse_native import MAX_KEYS, native_status
 
     assert native_status() == "", native_status()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for spec, n in [("window:40+blockstride:32:2", 300), ("dense", MAX_KEYS + 300)]:
-            q, k, v = _qkv(1, 2, 1, n, 8, seed=threads)
+        for spec, n, b, hkv in [("window:40+blockstride:32:2", 300, 1, 1), ("window:40+blockstride:32:2", 300, 2, 2),
+                                ("dense", MAX_KEYS + 300, 1, 1)]:
+            q, k, v = _qkv(b, 2, hkv, n, 8, seed=threads)
             want = _fwd_bwd("reference", spec, q, k, v, 32)
             got = _fwd_bwd("fast", spec, q, k, v, 32)
             for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):

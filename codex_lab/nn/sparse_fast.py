@@ -9,9 +9,9 @@ into a plan of touched tiles, and one of two paths computes them:
 query unit) computes the scores of every key the plan gives that unit (one BLAS product
 per run of consecutive keys, masks added on the partial tiles), one exact softmax per row,
 the output and its log-sum-exp; the backward recomputes the probabilities from that
-log-sum-exp (FlashAttention-2). Measured at N=8192 on the bench's pattern (2 cores), in
-two runs: forward 28.5 and 31.7 ms against 44.1 and 48.1 ms for the flash-call path below,
-forward + backward 112 and 104 ms against 167 and 173 ms, peak memory 8 against 38 MiB.
+log-sum-exp (FlashAttention-2). Measured at N=8192 on the bench's pattern (2 cores, three
+runs): 0.65-0.74x the flash-call path's forward time and 0.60-0.72x its forward + backward
+time, peak memory 8 against 37 MiB.
 
 **The flash-call path** (other dtypes, or where the native kernel cannot be built:
 :func:`codex_lab.nn.sparse_native.native_status` says why), on PyTorch's fused CPU flash

@@ -3,7 +3,8 @@
 ``csrc/sparse_attention.c`` computes one (batch-head, query unit) per task: every score of
 the unit's segments with one BLAS product per segment, one exact softmax per row, and the
 output, with the row log-sum-exp; its backward recomputes the probabilities from that
-log-sum-exp (FlashAttention-2). Unlike the flash-call path of :mod:`codex_lab.nn.sparse_fast`
+log-sum-exp (FlashAttention-2), one task per batch-head where there are at least as many as
+threads (no race on the key gradients), else per query unit into per-thread copies of them. Unlike the flash-call path of :mod:`codex_lab.nn.sparse_fast`
 there is nothing to merge afterwards and no 32-row query tiles: that path runs PyTorch's
 fused kernel once per group of tiles and merges full and partial results through log-sum-exp.
 
@@ -163,12 +164,15 @@ def native_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
     delta = (grad_out * out).sum(-1)
     threads = torch.get_num_threads()
     dq = torch.empty_like(q)
-    # one key-gradient buffer per thread (tasks of two threads may share keys): (threads, B', N_pad, D)
-    dk_part = k.new_zeros(threads, *k.shape)
-    dv_part = v.new_zeros(threads, *v.shape)
+    # with at least as many batch-heads as threads, one task per batch-head writes its key
+    # gradients directly; otherwise one key-gradient copy per thread (tasks of two threads may
+    # share keys), summed after: (parts, B', N_pad, D)
+    parts = 1 if q.shape[0] >= threads else threads
+    dk_part = k.new_zeros(parts, *k.shape)
+    dv_part = v.new_zeros(parts, *v.shape)
     rc = lib.sparse_bwd(_ptr(q), _ptr(k), _ptr(v), _ptr(grad_out), _ptr(lse), _ptr(delta), _ptr(dq),
                         _ptr(dk_part), _ptr(dv_part), *_shape_args(q, k, table), ctypes.c_float(scale),
-                        *_table_args(table))
+                        *_table_args(table), ctypes.c_int(parts))
     if rc:
         raise MemoryError("the native sparse kernel could not allocate its per-thread buffers")
     return dq, dk_part.sum(0), dv_part.sum(0)

@@ -178,18 +178,60 @@ int sparse_fwd(const float *q, const float *k, const float *v, float *out, float
     return failed;
 }
 
-/* Backward (FlashAttention-2's, per segment, from the saved lse): P = exp(scale q K^T + mask
- * - lse), dV += P^T dO, dP = dO V^T, dS = P (dP - delta) with delta = rowsum(dO * out),
- * dQ += scale dS K, dK += scale dS^T q. dq is written (every unit's rows, zeros where it
- * has no segment); the key gradients of thread i are added into dk_part/dv_part + i *
- * bh*n_keys*d (zeroed by the caller, summed over threads by the caller): tasks of one
- * thread never race, tasks of two threads may share keys. Returns 0, or 1 on a failed
- * allocation. */
+/* One query unit's share of the backward (task t = b*nu + u), FlashAttention-2's, per
+ * segment, from the saved lse: P = exp(scale q K^T + mask - lse), dV += P^T dO,
+ * dP = dO V^T, dS = P (dP - delta) with delta = rowsum(dO * out), dQ = scale dS K (written),
+ * dK += scale dS^T q into dkb/dvb (batch-head b's key gradients). p and dp: rows x max_keys. */
+static void bwd_unit(const float *q, const float *k, const float *v, const float *dout, const float *lse,
+                     const float *delta, float *dq, float *dkb, float *dvb, int64_t t, int64_t nu,
+                     int64_t rows, int64_t n_keys, int64_t d, float scale, const int64_t *seg_ptr,
+                     const int64_t *seg_start, const int64_t *seg_len, const int64_t *seg_mask,
+                     const float *masks, float *p, float *dp) {
+    int64_t b = t / nu, u = t % nu;
+    const float *qt = q + t * rows * d, *dot = dout + t * rows * d;
+    const float *lt = lse + t * rows, *dlt = delta + t * rows;
+    const float *kb = k + b * n_keys * d, *vb = v + b * n_keys * d;
+    float *dqt = dq + t * rows * d;
+    memset(dqt, 0, sizeof(float) * rows * d);
+    for (int64_t x = seg_ptr[u]; x < seg_ptr[u + 1]; x++) {
+        int len = (int)seg_len[x];
+        const float *ks = kb + seg_start[x] * d, *vs = vb + seg_start[x] * d;
+        /* P = exp(scale q K^T + mask - lse) */
+        mm_abt(qt, ks, p, (int)rows, len, (int)d, len, scale);
+        if (seg_mask[x] >= 0) add_mask(p, masks + seg_mask[x], rows, len, len);
+        for (int64_t r = 0; r < rows; r++) {
+            float *pr = p + r * len;
+            float lr = lt[r];
+            for (int64_t c = 0; c < len; c++) pr[c] = exp_neg(pr[c] - lr);
+        }
+        /* dV_seg += P^T dO */
+        mm_atb(p, dot, dvb + seg_start[x] * d, (int)rows, len, (int)d, len);
+        /* dP = dO V_seg^T */
+        mm_abt(dot, vs, dp, (int)rows, len, (int)d, len, 1.0f);
+        /* dS = scale P (dP - delta) (scale folded in once for dQ and dK) */
+        for (int64_t r = 0; r < rows; r++) {
+            float *pr = p + r * len;
+            const float *dpr = dp + r * len;
+            float dl = dlt[r];
+            for (int64_t c = 0; c < len; c++) pr[c] = scale * pr[c] * (dpr[c] - dl);
+        }
+        /* dQ += dS K_seg; dK_seg += dS^T q */
+        mm_ab(p, ks, dqt, (int)rows, len, (int)d, len, 1.0f);
+        mm_atb(p, qt, dkb + seg_start[x] * d, (int)rows, len, (int)d, len);
+    }
+}
+
+/* Backward over every (batch-head, query unit). Two query units of one batch-head may add
+ * into the same keys' gradients, so with parts == 1 each task is a whole batch-head (its
+ * units in order, one thread: no race, no extra memory; for bh >= threads), and otherwise
+ * task t = b*nu + u adds into its thread's own copy dk_part/dv_part + i * bh*n_keys*d
+ * (parts = threads copies, zeroed and summed over by the caller). dq is written. Returns 0,
+ * or 1 on a failed allocation. */
 int sparse_bwd(const float *q, const float *k, const float *v, const float *dout, const float *lse,
                const float *delta, float *dq, float *dk_part, float *dv_part,
                int64_t bh, int64_t nu, int64_t rows, int64_t n_keys, int64_t d, float scale,
                const int64_t *seg_ptr, const int64_t *seg_start, const int64_t *seg_len,
-               const int64_t *seg_mask, const float *masks, int64_t max_keys, int threads) {
+               const int64_t *seg_mask, const float *masks, int64_t max_keys, int threads, int parts) {
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -199,42 +241,16 @@ int sparse_bwd(const float *q, const float *k, const float *v, const float *dout
 #pragma omp atomic write
             failed = 1;
         }
-        int64_t part = (int64_t)omp_get_thread_num() * bh * n_keys * d;
+        int64_t part = parts == 1 ? 0 : (int64_t)omp_get_thread_num() * bh * n_keys * d;
+        int64_t tasks = parts == 1 ? bh : bh * nu;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < bh * nu; t++) {
+        for (int64_t i = 0; i < tasks; i++) {
             if (failed) continue;
-            int64_t b = t / nu, u = t % nu;
-            const float *qt = q + t * rows * d, *dot = dout + t * rows * d;
-            const float *lt = lse + t * rows, *dlt = delta + t * rows;
-            const float *kb = k + b * n_keys * d, *vb = v + b * n_keys * d;
-            float *dkb = dk_part + part + b * n_keys * d, *dvb = dv_part + part + b * n_keys * d;
-            float *dqt = dq + t * rows * d;
-            memset(dqt, 0, sizeof(float) * rows * d);
-            for (int64_t x = seg_ptr[u]; x < seg_ptr[u + 1]; x++) {
-                int len = (int)seg_len[x];
-                const float *ks = kb + seg_start[x] * d, *vs = vb + seg_start[x] * d;
-                /* P = exp(scale q K^T + mask - lse) */
-                mm_abt(qt, ks, p, (int)rows, len, (int)d, len, scale);
-                if (seg_mask[x] >= 0) add_mask(p, masks + seg_mask[x], rows, len, len);
-                for (int64_t r = 0; r < rows; r++) {
-                    float *pr = p + r * len;
-                    float lr = lt[r];
-                    for (int64_t c = 0; c < len; c++) pr[c] = exp_neg(pr[c] - lr);
-                }
-                /* dV_seg += P^T dO */
-                mm_atb(p, dot, dvb + seg_start[x] * d, (int)rows, len, (int)d, len);
-                /* dP = dO V_seg^T */
-                mm_abt(dot, vs, dp, (int)rows, len, (int)d, len, 1.0f);
-                /* dS = scale P (dP - delta) (scale folded in once for dQ and dK) */
-                for (int64_t r = 0; r < rows; r++) {
-                    float *pr = p + r * len;
-                    const float *dpr = dp + r * len;
-                    float dl = dlt[r];
-                    for (int64_t c = 0; c < len; c++) pr[c] = scale * pr[c] * (dpr[c] - dl);
-                }
-                /* dQ += dS K_seg; dK_seg += dS^T q */
-                mm_ab(p, ks, dqt, (int)rows, len, (int)d, len, 1.0f);
-                mm_atb(p, qt, dkb + seg_start[x] * d, (int)rows, len, (int)d, len);
+            int64_t first = parts == 1 ? i * nu : i, last = parts == 1 ? (i + 1) * nu : i + 1;
+            for (int64_t t = first; t < last; t++) {
+                int64_t b = t / nu;
+                bwd_unit(q, k, v, dout, lse, delta, dq, dk_part + part + b * n_keys * d, dv_part + part + b * n_keys * d,
+                         t, nu, rows, n_keys, d, scale, seg_ptr, seg_start, seg_len, seg_mask, masks, p, dp);
             }
         }
         free(p); free(dp);
