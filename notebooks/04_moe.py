@@ -326,7 +326,11 @@ assert runs["aux"].active_ffn_params == d_run.active_ffn_params + base["n_layer"
 # ## 8. Dispatch speed: reference loop vs grouped vs Hugging Face
 # One MoE layer at the shipped width (d = 256, h = 512), forward only, the same weights in
 # every implementation (`codex-lab bench moe --json` runs more sizes; `--threads 1` gives
-# steadier numbers on a busy machine).
+# steadier numbers on a busy machine). On a CPU, `grouped` runs the package's fused C kernel
+# (`codex_lab/nn/csrc/moe_swiglu.c`: each task takes a piece of one expert's sorted rows on
+# one thread: gather, gate|up, SwiGLU, down, routing weights) and `grouped_torch` the same
+# dispatch as PyTorch matmuls (`_experts_tiled` in `codex_lab/nn/moe_dispatch.py`); the tests
+# hold both to the reference loop.
 
 # %%
 recs = bench_case(cl.pick(fast=256, full=4096), 8, 2, d_model=256, hidden=512, repeats=cl.pick(fast=3, full=7),
