@@ -105,15 +105,15 @@ def test_sparse_fast_plan_paths_equal_reference(spec, n, block, h, hkv, features
         monkeypatch.setattr(sf, "CHUNK_FLOATS", chunk)
         monkeypatch.setattr(sn, "MAX_KEYS", plan.unit)
     sf._chunked.cache_clear()
-    sn._table.cache_clear()
+    sn.native_table.cache_clear()
     q, k, v = _qkv(2, h, hkv, n, 16, seed=n)
     want = _fwd_bwd("reference", spec, q, k, v, block)
     got = _fwd_bwd("fast", spec, q, k, v, block)
     if chunk is not None and fast_path == "native":  # the cut took effect
-        table = sn._table(plan, h // hkv, -(-n // block) * block // plan.unit)
+        table = sn.native_table(plan, h // hkv, -(-n // block) * block // plan.unit)
         assert int(table.length.max()) == plan.unit
     sf._chunked.cache_clear()
-    sn._table.cache_clear()
+    sn.native_table.cache_clear()
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=f"{spec} {name}")
 

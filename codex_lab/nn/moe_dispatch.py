@@ -13,11 +13,11 @@ implementations compute it and the tests hold them equal:
 on its group, so gradients flow through the ordinary ``nn.Linear`` layers. Without
 gradients (inference) it works on the experts' weights directly, stacked and transposed
 once (cached until a weight changes): in fp32 on a CPU through the fused native kernel of
-:mod:`codex_lab.nn.moe_native` where it builds, and otherwise over tiles of the sorted assignments (at most
-:data:`TILE_ROWS_PER_THREAD` rows per CPU thread): it gathers a tile's tokens, runs
-``x [W_gate | W_up]`` (one matmul per expert on its slice of the tile), ``silu(gate) * up`` in
-place and the down projection into buffers reused by every tile, scales by the routing
-weights and adds into the output. Nothing of size (N * k, hidden) is ever allocated (the old
+:mod:`codex_lab.nn.moe_native` where it builds, and otherwise over tiles of the sorted
+assignments (at most :data:`TILE_ROWS_PER_THREAD` rows per CPU thread): it gathers a tile's
+tokens, runs ``x [W_gate | W_up]`` (one matmul per expert on its slice of the tile),
+``silu(gate) * up`` in place and the down projection into buffers reused by every tile,
+scales by the routing weights and adds into the output. Nothing of size (N * k, hidden) is ever allocated (the old
 whole-batch version wrote and re-read 64 MiB of gate|up output at 8192 tokens), and small
 groups share a tile, so its gather, elementwise work and scatter run once for them all.
 """
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from codex_lab.nn.layers import SwiGLU
-from codex_lab.nn.moe_native import moe_native_status, moe_swiglu_native
+from codex_lab.nn.moe_native import group_pieces, moe_native_status, moe_swiglu_native
 
 DISPATCH_IMPLS = ("reference", "grouped")
 
@@ -115,9 +115,7 @@ def dispatch_grouped(x: Tensor, routing: RoutingLike, experts: nn.ModuleList, ke
         if native:
             if not can:
                 raise ValueError(f"the native MoE kernel runs fp32 on a CPU, got {x.dtype} on {x.device}; pass native=False")
-            (gate, _, down), _ = _stacked(experts, params)
-            E, d, h = gate.shape
-            gate_up = gate.as_strided((E, d, 2 * h), (d * 2 * h, 2 * h, 1))  # (E, d, 2h): gate is its left half
+            (_, _, down), _, gate_up = _stacked(experts, params)  # (E, h, d), (E, d, 2h)
             return moe_swiglu_native(x.contiguous(), token, weight, counts, gate_up, down, y)
         # tiles are for CPU caches; an accelerator takes each group whole
         tile = TILE_ROWS_PER_THREAD * torch.get_num_threads() if x.device.type == "cpu" else max(counts)
@@ -139,19 +137,14 @@ def tile_segments(counts: list[int], tile: int) -> list[tuple[int, int, list[tup
     tiles of at most ``tile`` rows: [(start, rows, [(expert, lo, hi), ...]), ...], where
     (expert, lo, hi) is that expert's slice of the tile (offsets within the tile).
 
-    A group larger than ``tile`` is split into near-equal pieces (2100 rows, tile 512: five
-    pieces of 420, not four of 512 and one of 52: a tiny matmul runs slowly); consecutive
-    pieces are packed into one tile while they fit, so small groups share a tile and its
-    gather, elementwise work and scatter.
+    A group larger than ``tile`` is split into near-equal pieces (:func:`group_pieces`);
+    consecutive pieces are packed into one tile while they fit, so small groups share a tile
+    and its gather, elementwise work and scatter.
     """
-    pieces: list[tuple[int, int]] = []  # (expert, rows), in sorted order
-    for e, c in enumerate(counts):
-        n = -(-c // tile)  # ceil(c / tile) pieces
-        pieces += [(e, c // n + (i < c % n)) for i in range(n)]
     tiles: list[tuple[int, int, list[tuple[int, int, int]]]] = []
     start = rows = 0
     segs: list[tuple[int, int, int]] = []
-    for e, r in pieces:
+    for e, r in group_pieces(counts, tile):
         if rows + r > tile:  # close the tile
             tiles.append((start, rows, segs))
             start, rows, segs = start + rows, 0, []
@@ -196,7 +189,7 @@ def _experts_tiled(x: Tensor, token: Tensor, w: Tensor, counts: list[int], mats:
 
 
 Stacked = tuple[Tensor, Tensor, Tensor]
-_STACKED: "weakref.WeakKeyDictionary[nn.ModuleList, tuple[list, Stacked, list[tuple[Tensor, Tensor]]]]" = weakref.WeakKeyDictionary()
+_STACKED: "weakref.WeakKeyDictionary[nn.ModuleList, tuple[list, Stacked, list[tuple[Tensor, Tensor]], Tensor]]" = weakref.WeakKeyDictionary()
 
 
 def expert_weights(experts: nn.ModuleList) -> list[Tensor]:
@@ -217,12 +210,13 @@ def stacked_weights(experts: nn.ModuleList, params: list[Tensor] | None = None) 
     return _stacked(experts, expert_weights(experts) if params is None else params)[0]
 
 
-def _stacked(experts: nn.ModuleList, params: list[Tensor]) -> tuple[Stacked, list[tuple[Tensor, Tensor]]]:
-    """(stacked gate, up, down) and per expert e the views (gate|up[e] (d, 2h), down[e] (h, d)), cached."""
+def _stacked(experts: nn.ModuleList, params: list[Tensor]) -> tuple[Stacked, list[tuple[Tensor, Tensor]], Tensor]:
+    """(stacked gate, up, down), per expert e the views (gate|up[e] (d, 2h), down[e] (h, d)),
+    and the whole gate|up tensor (E, d, 2h), cached."""
     key = [(p._version, p.data_ptr()) for p in params]
     hit = _STACKED.get(experts)
     if hit is not None and hit[0] == key:
-        return hit[1], hit[2]
+        return hit[1], hit[2], hit[3]
     with torch.no_grad():
         # gate_up[e] = [W_gate_e^T | W_up_e^T] (d, 2h); down[e] = W_down_e^T (h, d)
         gate_up = torch.stack([torch.cat([g.t(), u.t()], dim=1) for g, u in zip(params[0::3], params[1::3])])  # (E, d, 2h)
@@ -230,5 +224,5 @@ def _stacked(experts: nn.ModuleList, params: list[Tensor]) -> tuple[Stacked, lis
     h = gate_up.shape[2] // 2
     stacked: Stacked = (gate_up[:, :, :h], gate_up[:, :, h:], down)
     views = list(zip(gate_up.unbind(0), down.unbind(0)))  # E x ((d, 2h), (h, d))
-    _STACKED[experts] = (key, stacked, views)
-    return stacked, views
+    _STACKED[experts] = (key, stacked, views, gate_up)
+    return stacked, views, gate_up

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from codex_lab.nn.native_build import load_native
 
-__all__ = ["PIECE_ROWS", "moe_native_status", "moe_swiglu_native"]
+__all__ = ["PIECE_ROWS", "group_pieces", "moe_native_status", "moe_swiglu_native"]
 
 # rows per task: an expert's group is cut into near-equal pieces of at most this many rows.
 # Measured on 2 cores (d 256, h 512): 128 ran 4.9 / 10.9 / 71 ms at 512x8 / 512x16 / 8192x8
@@ -54,21 +54,16 @@ def moe_native_status() -> str:
     return _load()[1]
 
 
-def _pieces(counts: list[int], piece: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Each expert's group cut into near-equal pieces of at most ``piece`` rows: (expert,
-    first sorted row, rows) per piece, int64."""
-    expert, start, rows = [], [], []
-    s = 0
+def group_pieces(counts: list[int], piece: int) -> list[tuple[int, int]]:
+    """Each expert's group of sorted rows (``counts[e]`` of them, expert by expert) cut into
+    near-equal pieces of at most ``piece`` rows: [(expert, rows), ...] in sorted order (2100
+    rows, piece 512: five pieces of 420, not four of 512 and one of 52: a tiny matmul runs
+    slowly). Shared with the torch path's tiles (``moe_dispatch.tile_segments``)."""
+    out: list[tuple[int, int]] = []
     for e, c in enumerate(counts):
         n = -(-c // piece)  # ceil(c / piece) pieces, sizes c // n or c // n + 1
-        for i in range(n):
-            r = c // n + (i < c % n)
-            expert.append(e)
-            start.append(s)
-            rows.append(r)
-            s += r
-    as_long = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
-    return as_long(expert), as_long(start), as_long(rows)
+        out += [(e, c // n + (i < c % n)) for i in range(n)]
+    return out
 
 
 def moe_swiglu_native(x: Tensor, token: Tensor, weight: Tensor, counts: list[int], gate_up: Tensor,
@@ -81,7 +76,11 @@ def moe_swiglu_native(x: Tensor, token: Tensor, weight: Tensor, counts: list[int
     lib, why = _load()
     if lib is None:
         raise RuntimeError(f"the native MoE kernel is unavailable: {why}")
-    expert, start, rows = _pieces(counts, PIECE_ROWS)
+    pieces = group_pieces(counts, PIECE_ROWS)
+    # per piece: its expert, first sorted row and rows, int64
+    expert = torch.tensor([e for e, _ in pieces], dtype=torch.int64)
+    rows = torch.tensor([r for _, r in pieces], dtype=torch.int64)
+    start = torch.cumsum(rows, 0) - rows
     d, h = x.shape[1], down.shape[1]
     ys = x.new_empty(token.numel(), d)  # (A, d): each assignment's weighted expert output
     token, weight = token.contiguous(), weight.to(torch.float32).contiguous()

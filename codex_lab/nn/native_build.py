@@ -1,15 +1,16 @@
 """Build and load the package's C kernels (``codex_lab/nn/csrc/*.c``) for the CPU.
 
 A kernel is compiled on first use with the system C compiler (``$CC``, else ``cc`` or
-``gcc``), ``-O3 -ffast-math -fno-finite-math-only -fopenmp`` (and ``-march=native`` on x86-64), against the BLAS
-``sgemm_`` that the already loaded ``libtorch_cpu`` exports (MKL there), into a cache folder
-(``$CODEX_LAB_NATIVE_DIR``, else ``$XDG_CACHE_HOME/codex_lab/native``, else
-``~/.cache/codex_lab/native``) under a name keyed by the source, the flags, torch's version
-and the CPU, so a build is reused only where it was made for: about a second, once per
-machine. It is linked without ``-ffast-math`` (which would turn on flush-to-zero for the
-whole process), and against the OpenMP runtime torch ships (``libgomp.so.1``, already loaded), so its
-threads are torch's. ``CODEX_LAB_NATIVE=0`` turns every kernel off. Where a kernel cannot be
-built or loaded, :func:`load_native` says why and the callers run their torch paths.
+``gcc``): ``-O3 -ffast-math -fno-finite-math-only -fopenmp`` (and ``-march=native`` on
+x86-64), against the BLAS ``sgemm_`` that the already loaded ``libtorch_cpu`` exports (MKL
+there), into a cache folder (``$CODEX_LAB_NATIVE_DIR``, else
+``$XDG_CACHE_HOME/codex_lab/native``, else ``~/.cache/codex_lab/native``) under a name keyed
+by the source, the flags, torch's version and the CPU, so a build is reused only where it was
+made for: about a second, once per machine. It is linked without ``-ffast-math`` (which would
+turn on flush-to-zero for the whole process), and against the OpenMP runtime torch ships
+(``libgomp.so.1``, already loaded), so its threads are torch's. ``CODEX_LAB_NATIVE=0`` turns
+every kernel off. Where a kernel cannot be built or loaded, :func:`load_native` says why and
+the callers run their torch paths.
 """
 
 from __future__ import annotations

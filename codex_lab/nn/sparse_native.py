@@ -4,9 +4,10 @@
 the unit's segments with one BLAS product per segment, one exact softmax per row, and the
 output, with the row log-sum-exp; its backward recomputes the probabilities from that
 log-sum-exp (FlashAttention-2), one task per batch-head where there are at least as many as
-threads (no race on the key gradients), else per query unit into per-thread copies of them. Unlike the flash-call path of :mod:`codex_lab.nn.sparse_fast`
-there is nothing to merge afterwards and no 32-row query tiles: that path runs PyTorch's
-fused kernel once per group of tiles and merges full and partial results through log-sum-exp.
+threads (no race on the key gradients), else per query unit into per-thread copies of them.
+Unlike the flash-call path of :mod:`codex_lab.nn.sparse_fast` there is nothing to merge
+afterwards and no 32-row query tiles: that path runs PyTorch's fused kernel once per group of
+tiles and merges full and partial results through log-sum-exp.
 
 :mod:`codex_lab.nn.native_build` compiles it on first use (about a second, once per
 machine); where that is not possible (no compiler, a BLAS without ``sgemm_``, a read-only
@@ -30,7 +31,8 @@ __all__ = ["NativeTable", "native_status", "native_table", "native_forward", "na
 
 # a segment's columns (keys) per call: its score buffer is rows x MAX_KEYS floats per thread
 MAX_KEYS = 2048
-# the kernel's stand-in for -inf in masks (it is built with -ffast-math: finite floats only)
+# the kernel's finite stand-in for -inf in masks: a row that sees no key then computes no
+# inf - inf (exp(NEG - max) is exactly 0 in the kernel)
 NEG = -1e30
 
 _P = ctypes.c_void_p
@@ -77,7 +79,9 @@ def _runs(cols: list[int]) -> list[tuple[int, int]]:
 
 
 @lru_cache(maxsize=64)
-def _table(plan: FastPlan, g: int, n_units: int) -> NativeTable:
+def native_table(plan: FastPlan, g: int, n_units: int) -> NativeTable:
+    """The plan's tiles as the native kernel's segment table (``n_units`` = N_pad / unit query
+    units), cached per plan."""
     unit, r = plan.unit, plan.block // plan.unit
     segs: dict[int, list[tuple[int, int, Tensor | None]]] = {}  # unit -> [(first key, keys, mask)]
     for call in plan.partial:  # masked tiles at ``unit`` granularity
@@ -116,12 +120,6 @@ def _table(plan: FastPlan, g: int, n_units: int) -> NativeTable:
     as_long = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
     return NativeTable(rows=g * unit, ptr=as_long(ptr), start=as_long(start), length=as_long(length),
                        mask=as_long(mask_at), masks=torch.cat(bank) if bank else torch.zeros(1))
-
-
-def native_table(plan: FastPlan, g: int, n_units: int) -> NativeTable:
-    """The plan's tiles as the native kernel's segment table (``n_units`` = N_pad / unit query
-    units), cached per plan."""
-    return _table(plan, g, n_units)
 
 
 def _ptr(t: Tensor) -> ctypes.c_void_p:

@@ -8,8 +8,8 @@ fraction of causal (query, key) pairs each sparse kernel actually computes
 (``computed_fraction``: whole tiles for blocks and flex; for fast, full tiles plus its
 half-size masked units), whose inverse bounds its speed-up at equal per-pair cost; for
 fast, ``kernel`` names the path that ran (its fused native kernel, or its flash calls and
-why), and ``fast-flash`` times the flash-call path beside it. With ``--backward`` (default in full
-mode) also forward + backward (a training step of the attention) against SDPA's forward
+why), and ``fast-flash`` times the flash-call path beside it. With ``--backward`` (default
+in full mode) also forward + backward (a training step of the attention) against SDPA's forward
 + backward, with its goal 0.5/density; impls without a CPU backward (flex) skip it.
 
 Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` above the inputs; on CPU, the

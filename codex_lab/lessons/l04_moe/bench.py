@@ -3,8 +3,8 @@
 For each (tokens, experts, top_k) size, one random dropless MoE layer is timed (forward,
 no gradient) as: ``reference`` (codex_lab's per-token loop), ``grouped`` (codex_lab's
 sorted, one-matmul-per-expert dispatch; on a CPU its fused native kernel, ``kernel`` says
-which ran), ``grouped_torch`` (the same dispatch's torch path, on a CPU), and the same weights in transformers'
-``MixtralSparseMoeBlock`` with its ``eager`` expert loop and its ``grouped_mm`` kernel.
+which ran), ``grouped_torch`` (the same dispatch's torch path, on a CPU), and the same
+weights in transformers' ``MixtralSparseMoeBlock`` with its ``eager`` expert loop and its ``grouped_mm`` kernel.
 Every record carries the max |difference| against the reference output, the layer's
 total and active parameters, forward FLOPs per token (2 * active), the threads used and
 the machine's 1-minute load average when the size was timed (above the core count, the
