@@ -46,6 +46,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "nn.moe": ('MoEFeedForward', 'Routing', 'RoutingStats', 'bias_update', 'capacity_keep_mask', 'dispatch_grouped', 'dispatch_reference', 'expert_capacity', 'ffn_param_counts', 'load_balancing_loss', 'moe_layers_of', 'route', 'router_z_loss', 'routing_stats', 'set_dispatch_impl'),
     "nn.patterns": ('AttentionPattern', 'BlockStrided', 'Fixed', 'GlobalTokens', 'LocalWindow', 'Strided', 'Union', 'causal_pairs', 'parse_pattern', 'seed_cost_ratio', 'union'),
     "serve.registry": ('ChecksumError', 'Registry'),
+    "stats": ('Comparison', 'VERDICT_RULE', 'compare', 'verdict_from_interval'),
     "runtime": ('describe_environment', 'expected_seconds', 'fast_mode', 'get_device', 'lesson_header', 'interleaved_times', 'median_ms', 'mode_info', 'pick', 'seed_everything', 'set_mode'),
     "infer.sampling": ('SamplingParams', 'sample_next', 'top_k_filter', 'top_p_filter'),
     "serve.app": ('BackgroundServer', 'ModelServer', 'ServerConfig', 'create_app', 'serve_in_background'),

@@ -25,6 +25,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "course": {"commands", "cli"},
     # base utilities every layer may use
     "runtime": {"nn", "data", "training", "infer", "serve", "hf", "lessons", "course", "commands", "cli"},
+    "stats": {"nn", "data", "training", "infer", "serve", "hf", "lessons", "course", "commands", "cli"},
     "sandbox": {"nn", "data", "training", "infer", "serve", "hf", "lessons", "course", "commands", "cli"},
 }
 

@@ -1,0 +1,189 @@
+"""Quality verdicts with their uncertainty: a difference between two arms, its 95% interval,
+and the course's verdict rule written in code.
+
+Every quality comparison in the course (sparse vs dense on long-range recall, GQA group sizes,
+MoE vs dense, balanced vs single-task fine-tuning) runs several seeds per arm and reports
+
+    diff = mean(b) - mean(a)          (b: the arm the claim favours, a: the baseline)
+
+with a 95% interval from Welch's t (unequal variances; exact quantiles of Student's t, no
+SciPy). The rule (COURSE.md, "Verdicts with their uncertainty"):
+
+- ``"holds"`` when the interval excludes zero in the claimed direction;
+- ``"fails"`` when it excludes zero in the other direction;
+- otherwise ``"not resolved"``, stated with the interval: the effect is smaller than the
+  interval's half-width at this scale.
+
+``paired=True`` uses the per-seed differences (the same seed, data order and initial weights
+in both arms), a one-sample t interval: tighter when seeds share most of their noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+HOLDS, FAILS, NOT_RESOLVED = "holds", "fails", "not resolved"
+VERDICT_RULE = ("holds: the 95% interval of the difference excludes zero in the claimed direction; "
+                "fails: it excludes zero in the other direction; otherwise not resolved")
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularised incomplete beta function (Numerical Recipes 6.4)."""
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > 1e-300 else 1e-300)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > 1e-300 else 1e-300)
+        c = 1.0 + aa / c if abs(1.0 + aa / c) > 1e-300 else 1e-300
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > 1e-300 else 1e-300)
+        c = 1.0 + aa / c if abs(1.0 + aa / c) > 1e-300 else 1e-300
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-14:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    # ln of x^a (1-x)^b / (a B(a, b))
+    lbt = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(1.0 - x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(lbt) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(lbt) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """CDF of Student's t with ``df`` degrees of freedom (df may be fractional, as in Welch)."""
+    # P(T <= t) = 1 - I_{df/(df+t^2)}(df/2, 1/2) / 2 for t >= 0
+    x = df / (df + t * t)
+    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Quantile of Student's t: the t with ``t_cdf(t, df) == p`` (bisection, |error| < 1e-10)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must lie in (0, 1), got {p}")
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, got {df}")
+    lo, hi = -1e3, 1e3
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-10:
+            break
+    return 0.5 * (lo + hi)
+
+
+def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
+    n = len(xs)
+    m = sum(xs) / n
+    # unbiased sample variance: sum (x - m)^2 / (n - 1)
+    v = sum((x - m) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
+    return m, v
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The difference ``b - a`` between two arms, its 95% interval and the verdict.
+
+    ``diff``, ``lo`` and ``hi`` are in the metric's own units (accuracy, nats, pass@1);
+    ``verdict`` is one of ``holds``, ``fails``, ``not resolved``; ``n_a``/``n_b`` the seeds.
+    """
+
+    metric: str
+    diff: float
+    lo: float
+    hi: float
+    verdict: str
+    n_a: int
+    n_b: int
+    higher_is_better: bool
+    level: float = 0.95
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width: the smallest effect this many seeds can resolve, roughly."""
+        return (self.hi - self.lo) / 2.0
+
+    def describe(self, fmt: str = "+.3f") -> str:
+        """One line: the difference, its interval, the seeds and the verdict, in words."""
+        s = (f"{self.metric}: difference {self.diff:{fmt}} "
+             f"(95% CI [{self.lo:{fmt}}, {self.hi:{fmt}}], seeds {self.n_a} vs {self.n_b}) -> {self.verdict}")
+        if self.verdict == NOT_RESOLVED:
+            s += f" (the effect is smaller than {self.half_width:.3g} at this scale)"
+        return s
+
+
+def verdict_from_interval(lo: float, hi: float, *, claimed_positive: bool = True) -> str:
+    """The course's verdict rule: ``holds`` / ``fails`` / ``not resolved`` from an interval.
+
+    ``claimed_positive``: the claim says the difference is > 0 (else < 0).
+    """
+    if lo > hi:
+        raise ValueError(f"interval [{lo}, {hi}] is reversed")
+    if lo > 0:
+        return HOLDS if claimed_positive else FAILS
+    if hi < 0:
+        return FAILS if claimed_positive else HOLDS
+    return NOT_RESOLVED
+
+
+def compare(a: Sequence[float], b: Sequence[float], *, metric: str = "metric", higher_is_better: bool = True,
+            paired: bool = False, level: float = 0.95) -> Comparison:
+    """Compare arm ``b`` (the claimed-better one) against baseline ``a``, one value per seed.
+
+    Args:
+        a, b: per-seed values of the metric for the baseline and the claimed-better arm
+            (at least 2 each; at least 3 is the course's rule, enforced by the callers' configs).
+        metric: the metric's name, for :meth:`Comparison.describe`.
+        higher_is_better: True for accuracy / pass@1, False for a loss: the claim "b is better"
+            is then ``mean(b) - mean(a) < 0``.
+        paired: seeds are paired (same index, same seed); uses the per-seed differences.
+        level: interval coverage (0.95).
+    """
+    a, b = [float(x) for x in a], [float(x) for x in b]
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"need at least 2 seeds per arm for an interval, got {len(a)} and {len(b)}; "
+                         "run more seeds")
+    if any(not math.isfinite(x) for x in a + b):
+        raise ValueError("a per-seed value is NaN or infinite; a run diverged: fix it before comparing")
+    q = (1.0 + level) / 2.0
+    if paired:
+        if len(a) != len(b):
+            raise ValueError(f"paired comparison needs as many seeds per arm, got {len(a)} and {len(b)}")
+        d = [y - x for x, y in zip(a, b)]
+        m, v = _mean_var(d)
+        # CI = mean(d) +- t_{q, n-1} * sd(d) / sqrt(n)
+        se = math.sqrt(v / len(d))
+        half = t_quantile(q, len(d) - 1) * se
+    else:
+        ma, va = _mean_var(a)
+        mb, vb = _mean_var(b)
+        m = mb - ma
+        # Welch: se^2 = va/na + vb/nb, df = se^4 / ((va/na)^2/(na-1) + (vb/nb)^2/(nb-1))
+        sa, sb = va / len(a), vb / len(b)
+        se = math.sqrt(sa + sb)
+        denom = (sa * sa / (len(a) - 1) if sa else 0.0) + (sb * sb / (len(b) - 1) if sb else 0.0)
+        df = (se ** 4 / denom) if denom > 0 else float(len(a) + len(b) - 2)
+        half = t_quantile(q, df) * se
+    lo, hi = m - half, m + half
+    return Comparison(metric, m, lo, hi, verdict_from_interval(lo, hi, claimed_positive=higher_is_better),
+                      len(a), len(b), higher_is_better, level)
