@@ -33,14 +33,14 @@ def test_rule_on_intervals():
 
 
 def test_welch_interval_by_hand():
-    a, b = [1.0, 2.0, 3.0], [4.0, 6.0, 8.0]
+    a, b = [1.0, 2.0, 3.0], [14.0, 16.0, 18.0]
     c = compare(a, b)
-    # means 2 and 6, variances 1 and 4: se = sqrt(1/3 + 4/3), df = se^4 / ((1/3)^2/2 + (4/3)^2/2)
+    # means 2 and 16, variances 1 and 4: se = sqrt(1/3 + 4/3), df = se^4 / ((1/3)^2/2 + (4/3)^2/2)
     se = math.sqrt(5 / 3)
     df = se ** 4 / ((1 / 9) / 2 + (16 / 9) / 2)
     half = t_quantile(0.975, df) * se
-    assert c.diff == pytest.approx(4.0)
-    assert c.lo == pytest.approx(4.0 - half) and c.hi == pytest.approx(4.0 + half)
+    assert c.diff == pytest.approx(14.0)
+    assert c.lo == pytest.approx(14.0 - half) and c.hi == pytest.approx(14.0 + half)
     assert c.verdict == HOLDS and "holds" in c.describe()
 
 
