@@ -86,3 +86,45 @@ def test_decision_rule():
     start = {"n": 100, "failures": 0, "ttft_ok": 95, "ttft_n": 100, "itl_ok": 900, "itl_n": 1000}
     w = window_stats({**start, "n": 110, "ttft_ok": 96, "ttft_n": 110}, start)  # only the window counts
     assert w["n"] == 10 and math.isclose(w["ttft_attainment"], 0.1)
+
+
+def test_canary_outside_the_registry_is_decided_without_touching_it(tmp_path, small_tokenizer, capfd):
+    """Lesson 07's case: a registry is given but the canary is served as "v0003-slow", a name the
+    registry does not hold. The rollback happens in the server; the registry is left alone and
+    the watch thread raises nothing (it used to die on InputError: not a registry version id)."""
+    reg = Registry(tmp_path)
+    v1 = reg.add(make_model(small_tokenizer.vocab_size, 0), small_tokenizer)
+    reg.promote(v1)
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name="tiny", max_batch_size=4))
+    srv.add_version(v1, reg.load(v1).model)
+    bg = serve_in_background(srv)
+    try:
+        ctl = CanaryController(srv, POLICY, registry=reg)
+        ctl.start("v0003-slow", make_model(small_tokenizer.vocab_size, 1), step_delay_s=0.2)
+        assert ctl.in_registry is False
+        ctl.watch(interval_s=0.1, timeout_s=60)
+        rep = run_load(bg.url, concurrency=4, requests=16, max_tokens=6, duration_s=60)
+        d = ctl.join(60)
+        assert ctl.error is None
+        assert d is not None and d.action == "rollback", [x.reasons for x in ctl.decisions]
+        assert rep.summary()["errors"] == 0
+        assert reg.versions() == [v1] and reg.current() == v1
+        assert "canary" not in reg.manifest(v1).gates
+    finally:
+        bg.stop()
+    assert "Exception in thread" not in capfd.readouterr().err
+
+
+def test_error_in_the_watch_thread_is_raised_by_join(small_tokenizer):
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name="tiny"))
+    srv.add_version("v0001", make_model(small_tokenizer.vocab_size))
+    ctl = CanaryController(srv, POLICY)
+    ctl.start("v0002", make_model(small_tokenizer.vocab_size, 1))
+
+    def broken() -> None:
+        raise KeyError("metrics series missing")
+
+    ctl.evaluate = broken  # type: ignore[method-assign]
+    ctl.watch(interval_s=0.01, timeout_s=5)
+    with pytest.raises(RuntimeError, match="stopped on an error.*metrics series missing"):
+        ctl.join(5)

@@ -102,8 +102,10 @@ class CanaryController:
     Args:
         server: the serving server (its primary is the baseline).
         policy: :class:`CanaryPolicy`.
-        registry: optional :class:`~codex_lab.serve.registry.Registry`: promotion is recorded there
-            and the outcome is written into the candidate's manifest.
+        registry: optional :class:`~codex_lab.serve.registry.Registry`: when the canary's version
+            is one of its versions, promotion is recorded there and the outcome is written into
+            the candidate's manifest. A canary served under another name (``"v0003-slow"``) is
+            compared and acted on in the server only; :attr:`in_registry` says which case ran.
     """
 
     def __init__(self, server: ModelServer, policy: CanaryPolicy | None = None, registry: Any = None) -> None:
@@ -113,6 +115,8 @@ class CanaryController:
         self._start: dict[str, dict[str, float]] = {}
         self.decisions: list[CanaryDecision] = []
         self._thread: threading.Thread | None = None
+        self.in_registry = False
+        self.error: BaseException | None = None
 
     def start(self, version: str, model: Any, *, step_delay_s: float = 0.0) -> None:
         """Serve ``model`` as ``version`` and route the policy's share of traffic to it.
@@ -123,7 +127,8 @@ class CanaryController:
             raise ValueError("the server has no primary version to compare a canary against")
         self.server.add_version(version, model, step_delay_s=step_delay_s)
         self.version, self.primary = version, self.server.primary
-        m = self.server.metrics
+        # decided once, here: only a version the registry holds can be promoted or annotated there
+        self.in_registry = self.registry is not None and version in self.registry.versions()
         self._start = {v: self._counts(v) for v in (version, self.primary)}
         self.server.set_canary(version, self.policy.share)
 
@@ -145,16 +150,13 @@ class CanaryController:
         self.decisions.append(d)
         if d.action == "promote":
             self.server.promote_canary()
-            if self.registry is not None:
+            if self.in_registry:
                 self.registry.promote(self.version)
         elif d.action == "rollback":
             self.server.rollback_canary()
-        if d.action != "wait" and self.registry is not None:
-            try:
-                man = self.registry.manifest(self.version)
-                self.registry.set_gates(self.version, {**man.gates, "canary": {"action": d.action, "reasons": d.reasons}})
-            except FileNotFoundError:
-                pass  # the canary was not a registry version
+        if d.action != "wait" and self.in_registry:
+            man = self.registry.manifest(self.version)
+            self.registry.set_gates(self.version, {**man.gates, "canary": {"action": d.action, "reasons": d.reasons}})
         return d
 
     @property
@@ -163,18 +165,29 @@ class CanaryController:
         return bool(self.decisions) and self.decisions[-1].action != "wait"
 
     def watch(self, interval_s: float = 0.2, timeout_s: float = 60.0) -> None:
-        """Call :meth:`step` every ``interval_s`` in a background thread until decided or timed out."""
+        """Call :meth:`step` every ``interval_s`` in a background thread until decided or timed out.
+
+        An exception in the thread stops it and is kept in :attr:`error`; :meth:`join` raises it
+        in the caller's thread (never a traceback printed from the background thread).
+        """
+        self.error = None
+
         def loop() -> None:
             t_end = time.time() + timeout_s
-            while not self.done and time.time() < t_end:
-                time.sleep(interval_s)
-                self.step()
+            try:
+                while not self.done and time.time() < t_end:
+                    time.sleep(interval_s)
+                    self.step()
+            except Exception as exc:  # handed to join(), which raises it where it can be handled
+                self.error = exc
 
         self._thread = threading.Thread(target=loop, name="canary", daemon=True)
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> CanaryDecision | None:
-        """Wait for :meth:`watch` to finish; the last decision."""
+        """Wait for :meth:`watch` to finish; the last decision. Raises what the thread raised."""
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.error is not None:
+            raise RuntimeError(f"the canary controller stopped on an error: {self.error!r}") from self.error
         return self.decisions[-1] if self.decisions else None
