@@ -20,6 +20,7 @@ from torch import Tensor
 
 from codex_lab.data.batches import fixed_batches, random_batch, tokenize_texts
 from codex_lab.data.corpus import load_corpus
+from codex_lab.data.fim import fim_token_stream
 from codex_lab.data.tokenizer import CodeTokenizer, train_tokenizer
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
@@ -32,6 +33,9 @@ from codex_lab.training.loop import LoopConfig, adamw, autocast_for, lr_schedule
 # TrainConfig fields that used to be model fields, kept as keyword names of preset_config
 # and readable from old checkpoints' meta (flat "train_config")
 MODEL_KEYS = ("vocab_size", "d_model", "n_layer", "n_head", "n_kv_head")
+
+
+FIM_CHARS_PER_TOKEN = 3  # below the tiny tokenizer's ~3.5 characters per token of Python, so chunks fit
 
 
 def _default_model() -> ModelConfig:
@@ -68,6 +72,8 @@ class TrainConfig:
     out: str = "runs/tiny"
     device: str | None = None
     tokenizer: str | None = None  # a tokenizer.json to reuse instead of training one (losses then compare)
+    fim_rate: float = 0.0  # share of training chunks in fill-in-the-middle form (codex_lab.data.fim; 0 = plain LM)
+    init_from: str | None = None  # warm start: a checkpoint folder whose weights (and tokenizer) the run starts from
 
     @property
     def vocab_size(self) -> int:
@@ -183,8 +189,9 @@ def train(tc: TrainConfig, *, resume: bool = False, progress: bool = True) -> Tr
         tokenizer, model = ck.tokenizer, ck.model.train()
     else:
         if rank == 0:
-            if tc.tokenizer:
-                tokenizer = CodeTokenizer.load(tc.tokenizer)  # reused: per-token losses compare with its other models
+            tok_file = tc.tokenizer or (str(Path(tc.init_from) / "tokenizer.json") if tc.init_from else None)
+            if tok_file:
+                tokenizer = CodeTokenizer.load(tok_file)  # reused: per-token losses compare with its other models
             else:
                 tokenizer = train_tokenizer(corpus.texts("train"), vocab_size=tc.vocab_size)
             out.mkdir(parents=True, exist_ok=True)
@@ -194,8 +201,14 @@ def train(tc: TrainConfig, *, resume: bool = False, progress: bool = True) -> Tr
         tokenizer = CodeTokenizer.load(out / "tokenizer.json")
         seed_everything(tc.seed)  # identical initial weights on every rank
         model = CodexModel(tc.model_config(tokenizer.vocab_size))
+        if tc.init_from:  # RoPE has no learned positions, so a longer seq_len than the source's works
+            model.load_state_dict(load_checkpoint(tc.init_from).model.state_dict())
     model.to(device)
-    train_tokens = tokenize_texts(tokenizer, corpus.texts("train"))
+    if tc.fim_rate > 0:  # chunks of FIM_CHARS_PER_TOKEN * seq_len characters: a FIM example fits one window
+        train_tokens = fim_token_stream(tokenizer, corpus.texts("train"), tc.fim_rate, seed=tc.seed,
+                                        chunk_chars=FIM_CHARS_PER_TOKEN * tc.seq_len)
+    else:
+        train_tokens = tokenize_texts(tokenizer, corpus.texts("train"))
     val_tokens = tokenize_texts(tokenizer, corpus.texts("val"))
     val_batches = fixed_batches(val_tokens, tc.batch_size, tc.seq_len, tc.eval_batches)
 
@@ -236,6 +249,8 @@ def train(tc: TrainConfig, *, resume: bool = False, progress: bool = True) -> Tr
         meta = {"train_config": asdict(tc), "history": history, "val_loss": vl, "step": at,
                 "train_time_s": elapsed_s, "n_params": model.num_params(),
                 "corpus": corpus.stats(), "world_size": world, "torch": torch.__version__, "device": str(device)}
+        if tc.fim_rate > 0:  # the contract the server reads: FIM-trained, and the prompt format to use
+            meta.update(fim_rate=tc.fim_rate, fim_format="psm", fim_formats_trained=["psm", "spm"], fim_spm_share=0.5)
         save_checkpoint(ckpt_dir, model, tokenizer, meta)
         tmp = state_file.with_suffix(".tmp")
         torch.save({"optimizer": opt.state_dict(), "step": at, "history": history,
