@@ -242,3 +242,35 @@ def test_tokenizer_training_sees_bounded_runs():
     cut = _bounded_runs(blob)
     assert max(map(len, cut.split())) <= MAX_TRAIN_RUN
     assert cut.replace("\n", "") == blob.replace("\n", "")  # only line breaks were added
+
+
+class _Payload:
+    """Unpickling this runs ``os.system`` (the planted-payload case of issue 30)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_resume_refuses_a_pickle_payload_in_train_state(tmp_path, capsys):
+    """`codex-lab train --resume` with a pickle payload planted in train_state.pt: one line, payload not run."""
+    from codex_lab.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--out", str(out), "--steps", "2", "--eval-every", "2", "--max-files", "40",
+            "--batch-size", "2", "--seq-len", "32", "--vocab-size", "300", "--no-progress", "--device", "cpu"]
+    assert main(argv) == 0
+    state = out / "train_state.pt"
+    good = torch.load(state, weights_only=True)  # what train writes loads with weights_only=True
+    assert good["step"] == 2
+    marker = tmp_path / "payload_ran"
+    torch.save({**good, "history": _Payload(marker)}, state)
+    capsys.readouterr()
+    assert main([*argv[:4], "4", *argv[5:], "--resume"]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if " error: " in line]
+    assert not marker.exists(), "the pickle payload ran"
+    assert len(errors) == 1 and str(state) in errors[0] and "without --resume" in errors[0] and "Traceback" not in err, err

@@ -274,6 +274,32 @@ def _load_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
+def load_train_state(path: str | Path) -> dict[str, Any]:
+    """A ``train_state.pt`` (optimizer state, step, history, RNG states) read with ``weights_only=True``.
+
+    Only tensors and plain containers are unpickled: a file carrying any other object (a
+    pickle payload planted in the run folder) is refused before that object is built, so
+    its code never runs.
+
+    Raises:
+        MissingFileError: no file at ``path``.
+        InputError: the file holds anything but tensors/containers, or is unreadable (names the file and the fix).
+    """
+    path = Path(path)
+    fix = (f"delete {path.name} and the run's checkpoint and train again without --resume "
+           "(files written by codex-lab train hold only tensors and numbers)")
+    if not path.is_file():
+        raise MissingFileError(f"{path}: no such file; train without --resume first")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError for a payload, RuntimeError/EOFError for a truncated file
+        raise InputError(f"{path}: refused, not a plain training state ({_one_line(exc)[:120]}); {fix}") from None
+    missing = [k for k in ("optimizer", "step", "history", "elapsed_s", "generator") if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise InputError(f"{path}: not a training state (missing {missing}); {fix}")
+    return state
+
+
 def load_pretrained(device: torch.device | str | None = None) -> Checkpoint:
     """The shipped tiny checkpoint, trained on the Python standard library (see its meta)."""
     return load_checkpoint(pretrained_path(), device=device)

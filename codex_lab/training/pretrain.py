@@ -25,7 +25,7 @@ from codex_lab.data.tokenizer import CodeTokenizer, train_tokenizer
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.runtime import fast_mode, get_device, seed_everything
-from codex_lab.training.checkpoint import load_checkpoint, save_checkpoint
+from codex_lab.training.checkpoint import load_checkpoint, load_train_state, save_checkpoint
 from codex_lab.training.evaluate import val_loss
 from codex_lab.training.loop import LoopConfig, adamw, autocast_for, lr_schedule, run_loop
 
@@ -217,7 +217,7 @@ def train(tc: TrainConfig, *, resume: bool = False, progress: bool = True) -> Tr
     step, history, elapsed_before = 0, [], 0.0
     gen = torch.Generator().manual_seed(tc.seed * 1000 + rank)  # each rank its own windows
     if resume:
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        state = load_train_state(state_file)  # weights_only: a planted pickle payload is refused, not run
         opt.load_state_dict(state["optimizer"])
         step, history, elapsed_before = state["step"], state["history"], state["elapsed_s"]
         gen.set_state(state["generator"][rank] if isinstance(state["generator"], list) else state["generator"])
