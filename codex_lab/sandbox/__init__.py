@@ -5,16 +5,34 @@ generated code work?) and ``codex-lab grade`` (one child per submission). What h
 
 Linux, started as root (mode ``"root"``) - the boundary:
   * a fresh pid, network and mount namespace (util-linux ``unshare``): no network at all
-    (only a down loopback), the parent and every other process invisible, and when the
-    child's main process ends or is killed the kernel kills everything left in the
-    namespace (no forked or detached daemon survives ``run_python``);
-  * the child runs as an unprivileged uid/gid of its own (no account, one per run), so it
-    cannot write root's files, read ``/etc/shadow`` or another process's
-    ``/proc/<pid>/environ``, or signal the parent (which it cannot even see);
-  * private, empty tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock`` (its own
-    folder is bound back at its path), and empty read-only mounts over ``hide`` paths.
+    (only a down loopback; abstract unix sockets are per network namespace), the parent and
+    every other process invisible, and when the child's main process ends or is killed the
+    kernel kills everything left in the namespace (no forked or detached daemon survives);
+  * a root filesystem of its own (``_launch.py``): read-only system folders, the Python
+    installation, its environment and the installed package, each at its own path, and
+    nothing else of the machine: no home folders, no checkout beyond the package folder
+    (no .git, no solutions), no /run or /var (no pathname socket of the caller), no
+    caller's cache. It works for every ordinary layout (system Python, pyenv, conda, a venv
+    inside the clone or elsewhere in a private home, user-site installs): exposed paths are
+    bound one by one, so private folders on the way and several paths under one home are
+    no obstacle. The old root is detached (``pivot_root``), not covered, so nothing can be
+    unmounted to reveal it;
+  * limits for the sandbox as a whole: one size-capped tmpfs (``disk_mb``) holds its folder,
+    /tmp, /var/tmp and /dev/shm; a memory budget (``memory_mb``) for all its processes
+    together plus those files, enforced by a cgroup where the machine lets root make one
+    and always by the namespace's pid 1, which kills the whole sandbox past it; a process
+    limit per run (a uid of its own with RLIMIT_NPROC, and the cgroup's pids.max);
+  * the child runs as an unprivileged uid/gid of its own (no account, one per run), with no
+    capabilities and no new privileges, so it cannot write root's files, read
+    ``/etc/shadow`` or another process's ``/proc/<pid>/environ``, or signal the parent;
+  * empty read-only mounts over ``hide`` paths that would otherwise be visible.
 Linux without root but with unprivileged user namespaces (mode ``"userns"``): the same
-namespaces and mounts, without the uid switch (the child has the caller's file rights).
+namespaces, root filesystem and budgets; the child is uid 0 of its own user namespace with
+every capability dropped (it cannot mount, unmount or remount) and the caller's file rights
+on the few read-only paths it sees.
+If the sandbox cannot be built (a layout it does not know), :func:`run_python` raises
+:class:`SandboxUnavailable` with one line naming the step and the fix, instead of a failed
+run that callers would read as "the code is wrong".
 Everywhere (mode ``"plain"`` alone on macOS, Linux without namespaces): ``python -I`` in a
 temporary folder with a minimal environment, its own session/process group killed on
 return or timeout, rlimits (address space, CPU seconds, file size, open files, process
@@ -46,6 +64,13 @@ _POPEN, _RUN, _KILLPG = subprocess.Popen, subprocess.run, getattr(os, "killpg", 
 _HERE = Path(__file__).resolve().parent
 _GUARD = (_HERE / "guard.py").read_text()
 _MB = 1024 * 1024
+_PKG = _HERE.parent  # the codex_lab package folder: exposed alone, never the checkout around it
+_FIX = ("to run generated code anyway without isolation (not a boundary: only on a machine you do not "
+        "mind losing), set CODEX_LAB_SANDBOX=plain; otherwise please report this layout")
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox could not be built on this machine; the message names the cause and the fix."""
 
 
 @dataclass
@@ -124,10 +149,100 @@ def _limits_prelude(spec: dict[str, int]) -> str:
             "del _r, _n, _v\n")
 
 
+def _site_paths() -> list[str]:
+    """Import paths the child needs beyond its own defaults: the environment's site folders
+    (and what their .pth files add), the user site of a user-site install, the folder that
+    holds the codex_lab package. Arbitrary other sys.path entries (a test folder, a checkout
+    put there by hand) are left out."""
+    import site
+
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    user = getattr(site, "USER_BASE", None)
+    if user:
+        prefixes.add(os.path.realpath(user))
+    out = []
+    for p in sys.path:
+        if not p or not os.path.isdir(p):
+            continue
+        rp = os.path.realpath(p)
+        if (os.path.basename(rp) in ("site-packages", "dist-packages")
+                or any(rp == q or rp.startswith(q + "/") for q in prefixes)):
+            out.append(p)
+    holder = str(_PKG.parent)
+    if holder not in out:
+        out.append(holder)
+    return out
+
+
+def exposed_paths() -> list[str]:
+    """Paths (unresolved, as the interpreter names them) bound read-only into the sandbox's root:
+    the interpreter, its prefixes, the import paths of :func:`_site_paths` (the folder holding
+    the package is replaced by the package folder itself) and the package."""
+    out = {sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, sys.exec_prefix,
+           sys.base_exec_prefix, str(_PKG)}
+    holder = str(_PKG.parent)
+    for p in _site_paths():
+        if os.path.realpath(p) != os.path.realpath(holder):
+            out.add(p)
+    return sorted(p for p in out if p and os.path.exists(p))
+
+
+def _cgroups(memory_mb: int, nproc: int) -> list[str]:
+    """Root only: a memory and pids cgroup for one run (v2, else v1 hierarchies), or [] where
+    the machine does not allow it (then the namespace's pid 1 enforces the memory budget alone)."""
+    if os.geteuid() != 0 or sys.platform != "linux":
+        return []
+    name = f"codex-lab-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
+    made: list[str] = []
+    try:
+        if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):  # v2, unified
+            own = Path("/proc/self/cgroup").read_text().splitlines()[0].split("::", 1)[-1]
+            base = Path("/sys/fs/cgroup") / own.lstrip("/")
+            if not {"memory", "pids"} <= set((base / "cgroup.subtree_control").read_text().split()):
+                return []
+            d = base / name
+            d.mkdir()
+            made.append(str(d))
+            (d / "memory.max").write_text(str(memory_mb * _MB))
+            (d / "memory.swap.max").write_text("0")
+            (d / "pids.max").write_text(str(nproc))
+            return made
+        for ctrl, files in (("memory", {"memory.limit_in_bytes": str(memory_mb * _MB)}),
+                            ("pids", {"pids.max": str(nproc)})):
+            own = next((ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                        if ctrl in ln.split(":", 2)[1].split(",")), None)
+            base = Path("/sys/fs/cgroup") / ctrl
+            if own is None or not base.is_dir():
+                continue
+            d = base / own.lstrip("/") / name
+            if not (base / own.lstrip("/")).is_dir():
+                d = base / name
+            d.mkdir()
+            made.append(str(d))
+            for f, v in files.items():
+                (d / f).write_text(v)
+        return made
+    except OSError:
+        _remove_cgroups(made)
+        return []
+
+
+def _remove_cgroups(paths: list[str]) -> None:
+    for d in paths:
+        for _ in range(50):  # the kernel frees a cgroup a moment after its last process is reaped
+            try:
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)
+
+
 def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, nproc: int = 64,
                max_output_bytes: int = 1 * _MB, files: dict[str, str | bytes] | None = None,
                hide: tuple[str, ...] | list[str] = (), guard: bool = True, env: dict[str, str] | None = None,
-               cpu_s: int | None = None) -> SandboxResult:
+               cpu_s: int | None = None, disk_mb: int = 64) -> SandboxResult:
     """Execute ``code`` in a sandboxed child (see the module docstring); never raises for its failures.
 
     Args:
@@ -143,17 +258,24 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, nproc
         guard: paste :mod:`codex_lab.sandbox.guard` in front of ``code``.
         env: extra environment variables (the parent's environment is never passed).
         cpu_s: CPU-seconds limit (RLIMIT_CPU); default ``timeout_s + 1``.
+        disk_mb: namespace modes: size in MiB of the one tmpfs holding the child's folder,
+            /tmp, /var/tmp and /dev/shm (the sandbox's whole disk budget; it counts toward
+            the memory budget too).
+
+    Raises:
+        SandboxUnavailable: the sandbox could not be built here (one line: cause and fix).
     """
     mode = isolation_mode()
     tmp = tempfile.mkdtemp(prefix="codex-lab-sandbox-")
     try:
         return _run(code, tmp, mode, timeout_s, memory_mb, nproc, max_output_bytes, files or {}, list(hide), guard,
-                    env or {}, cpu_s)
+                    env or {}, cpu_s, disk_mb)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, extra_env, cpu_s) -> SandboxResult:
+def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, extra_env, cpu_s,
+         disk_mb=64) -> SandboxResult:
     prelude = _GUARD + f"\ninstall({tmp!r})\ndel install\n" if guard else ""
     main = os.path.join(tmp, "main.py")
     for name, data in files.items():
@@ -172,29 +294,53 @@ def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, 
         prelude = _limits_prelude(limits) + prelude
     with open(main, "w") as f:  # the code keeps its own file: `from __future__` lines, tracebacks naming main.py
         f.write(code)
+    paths = "" if mode == "plain" else (
+        f"import sys as _s, site as _site\nfor _p in {_site_paths()!r}:\n"
+        "    if _p not in _s.path:\n        _site.addsitedir(_p)\ndel _s, _site\n")
     with open(boot, "w") as f:
-        f.write(prelude + f"\n__file__ = {main!r}\nimport sys as _s\n_s.argv[0] = __file__\ndel _s\n"
+        f.write(paths + prelude + f"\n__file__ = {main!r}\nimport sys as _s\n_s.argv[0] = __file__\ndel _s\n"
                 f"exec(compile(open(__file__, encoding='utf-8').read(), __file__, 'exec'))\n")
+    root = report_r = report_w = None
+    groups: list[str] = []
     if mode == "plain":
         cmd = argv
     else:
         uid = gid = None
         if mode == "root":  # an unprivileged uid of its own, no account: per-run process limit and signals
             uid = gid = 100000 + secrets.randbelow(50000)
-            os.chown(tmp, uid, gid)
-            for dirpath, dirnames, filenames in os.walk(tmp):
-                for n in dirnames + filenames:
-                    os.chown(os.path.join(dirpath, n), uid, gid)
-        os.chmod(tmp, 0o700)
-        expose = sorted({os.path.realpath(sys.executable), sys.base_prefix, sys.prefix, str(_HERE.parents[1])})
-        cfg = {"workdir": tmp, "expose": expose, "hide": [str(Path(h).resolve()) for h in hide], "uid": uid, "gid": gid,
-               "limits": limits, "argv": argv, "env": env}
+        root = tempfile.mkdtemp(prefix="codex-lab-root-")  # an empty mount point for the new root
+        report_r, report_w = os.pipe()
+        groups = _cgroups(memory_mb + disk_mb, nproc) if mode == "root" else []
+        cfg = {"workdir": tmp, "host_workdir": tmp, "root": root, "expose": exposed_paths(),
+               "hide": [str(Path(h).resolve()) for h in hide], "uid": uid, "gid": gid, "limits": limits,
+               "argv": argv, "env": env, "disk_mb": disk_mb, "memory_budget_mb": memory_mb + disk_mb,
+               "cgroup": None, "cgroups": groups, "report_fd": report_w}
         flags = [] if mode == "root" else ["--user", "--map-root-user"]
         cmd = [shutil.which("unshare") or "unshare", *flags, "--net", "--pid", "--fork", "--kill-child", "--mount",
-               "--mount-proc", sys.executable, "-I", "-S", str(_HERE / "_launch.py"), json.dumps(cfg)]
-    proc = _POPEN(cmd, cwd=tmp, env=env if mode == "plain" else {"PATH": "/usr/bin:/bin"},
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=sys.platform != "win32")
+               "--propagation", "private", sys.executable, "-I", "-S", str(_HERE / "_launch.py"), json.dumps(cfg)]
+    try:
+        proc = _POPEN(cmd, cwd=tmp, env=env if mode == "plain" else {"PATH": "/usr/bin:/bin"},
+                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      start_new_session=sys.platform != "win32", pass_fds=() if report_w is None else (report_w,))
+    finally:
+        if report_w is not None:
+            os.close(report_w)
+    try:
+        return _collect(proc, mode, timeout_s, cap, report_r)
+    finally:
+        if report_r is not None:
+            os.close(report_r)
+        _remove_cgroups(groups)
+        if root is not None:
+            try:
+                os.rmdir(root)
+            except OSError:
+                pass
+
+
+def _collect(proc, mode, timeout_s, cap, report_r) -> SandboxResult:
+    """Wait for the child (killing its group at the timeout), read its capped output, and
+    raise :class:`SandboxUnavailable` when the launcher reported a setup failure."""
     bufs = (bytearray(), bytearray())
     over = threading.Event()
     kill = (lambda: _kill_group(proc)) if sys.platform != "win32" else proc.kill
@@ -218,4 +364,12 @@ def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, 
     if over.is_set():
         err += f"\n[codex-lab sandbox: output over {cap} bytes; the child was stopped]"
     rc = None if timed_out else proc.returncode
+    if report_r is not None:
+        os.set_blocking(report_r, False)
+        try:
+            report = os.read(report_r, 4096).decode("utf-8", "replace").strip()
+        except (BlockingIOError, OSError):
+            report = ""
+        if report:
+            raise SandboxUnavailable(f"{report.splitlines()[0]} (python {sys.executable}); {_FIX}")
     return SandboxResult(rc == 0 and not over.is_set(), rc, out, err, timed_out, over.is_set(), mode)

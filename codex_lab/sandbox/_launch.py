@@ -1,131 +1,311 @@
-"""In-namespace launcher (runs as root, pid 1 of a fresh pid/net/mount namespace).
+"""In-namespace launcher: builds the sandbox's own root filesystem, then runs the child.
 
-Started by :func:`codex_lab.sandbox.run_python` as ``unshare ... python -I -S _launch.py CONFIG``.
-It never imports codex_lab. Steps: private tmpfs over the world-writable folders (/tmp,
-/var/tmp, /dev/shm, /run/lock) with the sandbox's own folder bound back at the same path;
-empty read-only tmpfs over each hidden path; then fork the real child, which sets its
-resource limits, drops to an unprivileged uid/gid and execs Python. This process stays
-root (the child cannot signal it) and reaps orphans; when the child ends it exits, and the
-kernel kills everything left in the namespace (no daemon survives).
+Started by :func:`codex_lab.sandbox.run_python` as ``unshare ... python -I -S _launch.py CONFIG``
+(root in a fresh pid/net/mount namespace; in ``userns`` mode root of a fresh user namespace
+too). It never imports codex_lab. Steps:
+
+1. A new root on an empty tmpfs. Into it, read-only bind mounts of exactly what the child
+   needs: the system folders (/usr, /etc, /bin, /lib*, /sys), the Python installation and its
+   environment (every ``expose`` path, each bound at its own path: folders above it are
+   fresh 0755 folders of the new root, so a private home (0700) on the way is no obstacle and
+   two exposed paths under one home never hide each other), a fresh /proc and a /dev with
+   only null, zero, full, random and urandom. Symlinks on an exposed path are recreated.
+   Nothing else of the machine exists there: no home folders, no /run or /var (no pathname
+   socket), no checkout beyond the package folder, no caller's cache.
+2. One size-capped tmpfs (``disk_mb``) holds the child's folder, /tmp, /var/tmp and /dev/shm:
+   the disk budget of the sandbox as a whole. The caller's files for the child are copied in.
+3. ``hide`` paths that exist in the new root are covered by empty read-only mounts.
+4. Optionally join a cgroup (memory and process limits for the whole sandbox), then
+   ``pivot_root`` into the new root and detach the old one: the caller's tree is gone, not
+   covered, so no umount can reveal it. The new root is remounted read-only.
+5. Fork the child: resource limits, no new privileges, every capability dropped from the
+   bounding, effective, permitted and inheritable sets (in ``userns`` mode the child is uid
+   0 of its namespace but can no longer mount, unmount or remount), an unprivileged uid in
+   ``root`` mode, then exec Python.
+6. This process stays as pid 1 of the namespace: it reaps orphans and enforces the shared
+   memory budget (resident memory of every process in the namespace plus the scratch tmpfs,
+   polled every 50 ms) by killing the whole namespace. When the child ends it exits, and the
+   kernel kills everything left (no daemon survives).
 """
 
 import ctypes
 import json
 import os
+import platform
 import resource
+import shutil
+import signal
+import stat
 import sys
+import time
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
-PRIVATE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+ST_FLAGS = ((1, MS_RDONLY), (2, MS_NOSUID), (4, MS_NODEV), (8, MS_NOEXEC), (1024, MS_NOATIME),
+            (2048, MS_NODIRATIME), (4096, MS_RELATIME))
+MNT_DETACH = 2
+PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_PDEATHSIG = 38, 24, 1
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _mount(src: str, target: str, fstype: str, flags: int, data: str) -> None:
-    rc = _libc.mount(src.encode(), target.encode(), fstype.encode(), flags, data.encode())
+class SetupError(OSError):
+    """The sandbox could not be built; the message names the step and the path."""
+
+
+def _mount(src, target: str, fstype, flags: int, data) -> None:
+    enc = (lambda s: s.encode() if isinstance(s, str) else s)
+    rc = _libc.mount(enc(src), target.encode(), enc(fstype), ctypes.c_ulong(flags), enc(data))
     if rc != 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+        raise SetupError(err, f"mount {src} on {target}: {os.strerror(err)}")
 
 
-def _expose(path: str) -> None:
-    """Make ``path`` reachable by any uid: the first folder on it that others cannot enter
-    (say /root, mode 0700, holding a pyenv Python) is covered by an empty tmpfs (0755)
-    into which only the one entry on the path is bound back. Repeats for deeper ones."""
-    for _ in range(8):
-        parts = os.path.realpath(path).split("/")[1:]
-        cur, blocked = "/", None
-        for i, part in enumerate(parts):
-            st = os.stat(cur)
-            if not st.st_mode & 0o001:
-                blocked = (cur, part)
-                break
-            cur = os.path.join(cur, part)
-        if blocked is None:
-            return
-        top, entry = blocked
-        fd = os.open(os.path.join(top, entry), os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(os.path.join(top, entry)) else 0))
-        isdir = os.path.isdir(os.path.join(top, entry))
-        _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-        target = os.path.join(top, entry)
-        if isdir:
-            os.mkdir(target, 0o755)
-        else:
-            open(target, "w").close()
-        _mount(f"/proc/self/fd/{fd}", target, "", MS_BIND | MS_REC, "")
-        os.close(fd)
+def _lock_flags(path: str) -> int:
+    """Flags a read-only remount of a bind of ``path`` must keep (a user namespace may not
+    clear nosuid/nodev/noexec/atime flags that the original mount carries)."""
+    f = os.statvfs(path).f_flag
+    return sum(ms for st, ms in ST_FLAGS if f & st)
 
 
-def _setup(cfg: dict) -> None:
-    for p in cfg.get("expose", []):
-        _expose(p)
-    work = cfg["workdir"]
-    fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
-    # the interpreter, its virtual environment or the course's source may live under a folder
-    # that is about to turn private (a clone in /tmp, as CI makes): hold them open to bind back
-    keep = []
-    for p in cfg.get("expose", []):
-        rp = os.path.realpath(p)
-        if os.path.exists(rp) and any(rp == d or rp.startswith(d + "/") for d in PRIVATE):
-            keep.append((rp, os.open(rp, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(rp) else 0)), os.path.isdir(rp)))
-    for d in PRIVATE:
-        if os.path.isdir(d) and not os.path.islink(d):
-            _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777")
-    for rp, kfd, isdir in keep:  # bound back read-only at the same path
-        if isdir:
-            os.makedirs(rp, mode=0o755, exist_ok=True)
-        else:
-            os.makedirs(os.path.dirname(rp), mode=0o755, exist_ok=True)
-            open(rp, "a").close()
-        _mount(f"/proc/self/fd/{kfd}", rp, "", MS_BIND | MS_REC, "")
-        _mount("none", rp, "", MS_BIND | MS_REMOUNT | MS_RDONLY, "")
-        os.close(kfd)
-    # the sandbox folder was under one of them: bind it back at its own path
-    if not os.path.isdir(work):
-        os.makedirs(work, mode=0o700)
-        _mount(f"/proc/self/fd/{fd}", work, "", MS_BIND, "")
-    os.close(fd)
-    for p in cfg.get("hide", []):
-        if os.path.isdir(p):
-            _mount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
-        elif os.path.isfile(p):
-            _mount("/dev/null", p, "", MS_BIND, "")
+def _inside(root: str, path: str) -> str:
+    return os.path.join(root, path.lstrip("/"))
 
 
-def _child(cfg: dict) -> None:
-    lim = cfg["limits"]
-    for name, value in lim.items():
-        resource.setrlimit(getattr(resource, name), (value, value))
-    os.chdir(cfg["workdir"])
+def _make_parents(root: str, path: str) -> None:
+    """Create the folders above ``path`` inside ``root`` (0755), following symlinks already
+    recreated there as the host has them."""
+    os.makedirs(os.path.dirname(_inside(root, path)) or root, mode=0o755, exist_ok=True)
+
+
+def _recreate_links(root: str, path: str, seen: set) -> None:
+    """Recreate every symlink on the unresolved ``path`` (e.g. /bin -> usr/bin, a venv's
+    bin/python -> /opt/...) inside ``root``; the targets are exposed separately."""
+    cur = "/"
+    for part in path.strip("/").split("/"):
+        cur = os.path.join(cur, part)
+        if cur in seen:
+            continue
+        if os.path.islink(cur):
+            seen.add(cur)
+            target = os.readlink(cur)
+            dst = _inside(root, cur)
+            if not os.path.lexists(dst):
+                _make_parents(root, cur)
+                os.symlink(target, dst)
+            _recreate_links(root, os.path.normpath(os.path.join(os.path.dirname(cur), target)), seen)
+
+
+def _bind_ro(root: str, src: str, recursive: bool = True) -> None:
+    """Bind ``src`` (resolved) read-only at the same path inside ``root``."""
+    dst = _inside(root, src)
+    if os.path.isdir(src):
+        os.makedirs(dst, mode=0o755, exist_ok=True)
+    else:
+        _make_parents(root, src)
+        if not os.path.lexists(dst):
+            open(dst, "w").close()
+    _mount(src, dst, None, MS_BIND | (MS_REC if recursive else 0), None)
+    _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _lock_flags(src), None)
+
+
+def _outermost(paths) -> list:
+    """Resolved paths with those inside another one dropped (bound once, with their parent)."""
+    out: list = []
+    for p in sorted({os.path.realpath(p) for p in paths if os.path.exists(p)}):
+        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out):
+            out.append(p)
+    return out
+
+
+def build_root(cfg: dict) -> None:
+    """Steps 1-3 of the module docstring, into ``cfg['root']`` (an empty folder)."""
+    root, work = cfg["root"], cfg["workdir"]
+    _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
+    seen: set = set()
+    system = [p for p in SYSTEM if os.path.lexists(p)]
+    for p in system + list(cfg.get("expose", [])):
+        _recreate_links(root, p, seen)
+    for p in _outermost(system + list(cfg.get("expose", []))):
+        _bind_ro(root, p)
+    os.makedirs(_inside(root, "/proc"), mode=0o555, exist_ok=True)
+    _mount("proc", _inside(root, "/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    dev = _inside(root, "/dev")
+    os.makedirs(dev, mode=0o755, exist_ok=True)
+    _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    for name in DEVICES:
+        if os.path.exists(f"/dev/{name}"):
+            open(os.path.join(dev, name), "w").close()
+            _mount(f"/dev/{name}", os.path.join(dev, name), None, MS_BIND, None)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, os.path.join(dev, name))
+    # one scratch tmpfs: the child's folder, /tmp, /var/tmp, /dev/shm share its size (the disk budget)
+    scratch = _inside(root, "/.scratch")
+    os.makedirs(scratch, mode=0o700)
+    uid = cfg.get("uid")
+    owner = f",uid={uid},gid={cfg.get('gid')}" if uid is not None else ""
+    _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(cfg['disk_mb'])}m,mode=0755{owner}")
+    for sub, at, mode in (("tmp", "/tmp", 0o1777), ("var_tmp", "/var/tmp", 0o1777), ("shm", "/dev/shm", 0o1777),
+                          ("work", work, 0o700)):
+        src = os.path.join(scratch, sub)
+        os.mkdir(src)
+        os.chmod(src, mode)
+        dst = _inside(root, at)
+        os.makedirs(dst, mode=0o755, exist_ok=True)
+        _mount(src, dst, None, MS_BIND, None)
+    shutil.copytree(cfg["host_workdir"], _inside(root, work), dirs_exist_ok=True, symlinks=True)
+    if uid is not None:
+        for dirpath, dirnames, filenames in os.walk(_inside(root, work)):
+            os.chown(dirpath, uid, cfg["gid"])
+            for n in filenames:
+                os.chown(os.path.join(dirpath, n), uid, cfg["gid"], follow_symlinks=False)
+    cfg["scratch_fd"] = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+    _libc.umount2(scratch.encode(), MNT_DETACH)  # the binds above keep the tmpfs alive
+    os.rmdir(scratch)
+    for h in cfg.get("hide", []):
+        dst = _inside(root, h)
+        if os.path.isdir(dst) and not os.path.islink(dst):
+            _mount("tmpfs", dst, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+        elif os.path.isfile(dst) and not os.path.islink(dst):
+            _mount(_inside(root, "/dev/null"), dst, None, MS_BIND, None)
+            _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
+        elif not os.path.lexists(dst) and os.path.isdir(h):  # an empty read-only folder at its path
+            os.makedirs(dst, mode=0o555)
+
+
+def enter_root(cfg: dict) -> None:
+    """Step 4: join the cgroup, pivot into the new root, detach the old one, remount / read-only."""
+    for cg in cfg.get("cgroups") or []:
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write("0")
+    root = cfg["root"]
+    os.chdir(root)
+    nr = SYS_PIVOT_ROOT.get(platform.machine())
+    if nr is None or _libc.syscall(nr, b".", b".") != 0:
+        err = ctypes.get_errno()
+        raise SetupError(err, f"pivot_root into {root}: {os.strerror(err) if nr else 'unknown architecture'}")
+    if _libc.umount2(b".", MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise SetupError(err, f"detach the old root: {os.strerror(err)}")
+    os.chdir("/")
+    _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+
+
+def drop_privileges(cfg: dict) -> None:
+    """Step 5's privilege part: no new privileges, every capability gone, unprivileged uid."""
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise SetupError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    for cap in range(64):  # EINVAL past the kernel's last capability: ignored
+        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
     if cfg.get("uid") is not None:
         os.setgroups([])
         os.setgid(cfg["gid"])
-        os.setuid(cfg["uid"])
+        os.setuid(cfg["uid"])  # a non-root uid keeps no capability
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    hdr, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words
+    if _libc.capset(ctypes.byref(hdr), data) != 0:
+        raise SetupError(ctypes.get_errno(), "capset (drop every capability)")
+
+
+def _report(msg: str) -> None:
+    """Setup failures go to the caller on their own pipe (fd ``report_fd``), which the child
+    never holds, so generated code cannot fake one; stderr gets the same line."""
+    line = f"codex-lab sandbox: setup failed: {msg}\n".encode()
+    fd = _REPORT_FD[0]
+    if fd is not None:
+        try:
+            os.write(fd, line)
+        except OSError:
+            pass
+    os.write(2, line)
+
+
+_REPORT_FD = [None]
+
+
+def _child(cfg: dict) -> None:
+    for name, value in cfg["limits"].items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+    os.chdir(cfg["workdir"])
+    drop_privileges(cfg)
     os.setsid()
     os.umask(0o077)
     os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
 
 
+def _resident_bytes(page: int) -> int:
+    """Resident memory of every process this pid namespace's /proc shows, in bytes."""
+    total = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/statm", "rb") as f:
+                    total += int(f.read().split()[1]) * page
+            except (OSError, IndexError, ValueError):
+                pass
+    return total
+
+
+def supervise(pid: int, cfg: dict) -> int:
+    """Step 6: reap orphans until the main child ends; kill everything past the memory budget."""
+    budget = int(cfg["memory_budget_mb"]) * 1024 * 1024
+    page = os.sysconf("SC_PAGE_SIZE")
+    scratch_fd = cfg.get("scratch_fd")
+    while True:
+        try:
+            got, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return 125
+        if got == pid:
+            return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+        if got:
+            continue
+        used = _resident_bytes(page)
+        if scratch_fd is not None:
+            st = os.fstatvfs(scratch_fd)
+            used += (st.f_blocks - st.f_bfree) * st.f_frsize
+        if used > budget:
+            os.write(2, (f"\n[codex-lab sandbox: the sandbox as a whole used {used >> 20} MiB, over its memory "
+                         f"budget of {budget >> 20} MiB (all processes plus its files); every process was "
+                         "stopped]\n").encode())
+            os.kill(-1, signal.SIGKILL)  # pid 1 of the namespace: every other process in it
+            os.waitpid(pid, 0)
+            return 137
+        time.sleep(0.05)
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    _REPORT_FD[0] = cfg.get("report_fd")
+    if _REPORT_FD[0] is not None:  # closed by the child's exec: generated code never holds it
+        os.set_inheritable(_REPORT_FD[0], False)
     try:
-        _setup(cfg)
+        build_root(cfg)
+        enter_root(cfg)
     except OSError as exc:
-        os.write(2, f"codex-lab sandbox: setup failed: {exc}\n".encode())
+        _report(str(exc))
         os._exit(125)
     pid = os.fork()
     if pid == 0:
         try:
             _child(cfg)
-        except BaseException as exc:  # noqa: BLE001 - report and leave
-            os.write(2, f"codex-lab sandbox: could not start the child: {exc}\n".encode())
-        os._exit(126)
-    while True:  # pid 1: reap every orphan until the main child ends
-        try:
-            got, status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            os._exit(125)
-        if got == pid:
-            os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+        except BaseException as exc:  # noqa: BLE001 - report and leave (the report pipe closes on exec)
+            _report(f"could not start the child: {exc}")
+        os._exit(125)
+    if _REPORT_FD[0] is not None:
+        os.close(_REPORT_FD[0])
+    os._exit(supervise(pid, cfg))
 
 
 if __name__ == "__main__":
