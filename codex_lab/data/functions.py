@@ -60,9 +60,15 @@ class TaskExample:
     split: str
     context: str = ""
 
+    def input_text(self) -> str:
+        """What the model reads before the answer: ``<|task|> prompt <|answer|>``. A task with
+        no tag (``fim`` of codebench) formats its own prompt (the FIM tokens) and reads it as is."""
+        tag = TASK_TAGS.get(self.task)
+        return self.prompt if tag is None else f"{tag}{self.prompt}{ANSWER}"
+
     def text(self) -> str:
         """The full training text: tag, prompt, answer separator, answer, end of text."""
-        return f"{TASK_TAGS[self.task]}{self.prompt}{ANSWER}{self.answer}{EOT}"
+        return f"{self.input_text()}{self.answer}{EOT}"
 
 
 # --------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from codex_lab.data.tokenizer import ANSWER, TASK_TAGS, CodeTokenizer
+from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.data.functions import TaskExample
 
 
@@ -28,7 +28,7 @@ class Encoded:
 
 def encode_example(tok: CodeTokenizer, ex: TaskExample, task_index: int) -> Encoded:
     """Token ids of one example; prompt and answer are encoded apart so the boundary is exact."""
-    p = tok.encode(f"{TASK_TAGS[ex.task]}{ex.prompt}{ANSWER}")
+    p = tok.encode(ex.input_text())
     a = tok.encode(ex.answer) + [tok.eot_id]
     return Encoded(p, a, task_index, ex.id)
 
