@@ -116,8 +116,13 @@ def _last_line(text: str) -> str:
 
 
 def run_one(problem: Problem, completion: str, *, timeout_s: float = 10.0, memory_mb: int = 1024) -> SampleResult:
-    """Execute one completion's program in the sandbox; passed = exit code 0 within time."""
-    res = run_python(program(problem, completion), timeout_s=timeout_s, memory_mb=memory_mb)
+    """Execute one completion's program in the sandbox; passed = exit code 0 within time.
+
+    A problem that assembles its own program (codebench: FIM, test generation against a
+    mutant) provides ``problem.program(completion)``; it is used instead of :func:`program`.
+    """
+    code = problem.program(completion) if hasattr(problem, "program") else program(problem, completion)
+    res = run_python(code, timeout_s=timeout_s, memory_mb=memory_mb)
     detail = "passed" if res.ok else ("timed out" if res.timed_out else _last_line(res.stderr) or f"exit {res.returncode}")
     return SampleResult(problem.task_id, completion, bool(res.ok), detail)
 
