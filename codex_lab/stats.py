@@ -187,3 +187,94 @@ def compare(a: Sequence[float], b: Sequence[float], *, metric: str = "metric", h
     lo, hi = m - half, m + half
     return Comparison(metric, m, lo, hi, verdict_from_interval(lo, hi, claimed_positive=higher_is_better),
                       len(a), len(b), higher_is_better, level)
+
+
+# ---------------------------------------------------------------- one proportion, two timings
+
+
+@dataclass(frozen=True)
+class Proportion:
+    """``k`` successes in ``n`` trials: the share and its Wilson score interval (``level``)."""
+
+    k: int
+    n: int
+    lo: float
+    hi: float
+    level: float = 0.95
+
+    @property
+    def rate(self) -> float:
+        """k / n."""
+        return self.k / self.n
+
+    def describe(self) -> str:
+        """``"12/40 = 30% (95% CI 18%-45%)"``."""
+        return f"{self.k}/{self.n} = {self.rate:.0%} ({self.level:.0%} CI {self.lo:.0%}-{self.hi:.0%})"
+
+
+def wilson_interval(k: int, n: int, *, level: float = 0.95) -> Proportion:
+    """Wilson score interval of a binomial proportion (Wilson 1927): good at small ``n`` and
+    at rates near 0 or 1, where the normal (Wald) interval collapses to a point.
+
+    ``k`` successes of ``n`` independent trials (0 <= k <= n, n >= 1).
+    """
+    if n < 1 or not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf((1.0 + level) / 2.0)
+    p = k / n
+    # centre = (p + z^2 / 2n) / (1 + z^2 / n);  half = z sqrt(p(1-p)/n + z^2 / 4n^2) / (1 + z^2 / n)
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    lo = 0.0 if k == 0 else max(0.0, centre - half)  # exact ends: rounding leaves ~1e-17 otherwise
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return Proportion(k, n, lo, hi, level)
+
+
+@dataclass(frozen=True)
+class TimingRatio:
+    """How many times faster ``b`` ran than ``a`` over interleaved rounds.
+
+    ``speedup``: the median over rounds of a_i / b_i (> 1: b is faster); ``lo``/``hi``: the
+    smallest and largest per-round ratio (the spread); ``rounds``: how many rounds.
+    """
+
+    a: str
+    b: str
+    speedup: float
+    lo: float
+    hi: float
+    rounds: int
+
+    @property
+    def within_spread(self) -> bool:
+        """True when some rounds had b faster and some a faster: no difference measured."""
+        return self.lo <= 1.0 <= self.hi
+
+    def describe(self) -> str:
+        """One line: the median ratio, the per-round range, and whether 1.0 lies inside it."""
+        s = (f"{self.b} ran {self.speedup:.2f}x the speed of {self.a} "
+             f"(per-round range {self.lo:.2f}-{self.hi:.2f}x over {self.rounds} interleaved rounds)")
+        if self.within_spread:
+            return s + ": inside the spread, no difference measured"
+        return s + (f": {self.b} faster in every round" if self.lo > 1.0 else f": {self.b} slower in every round")
+
+
+def timing_ratio(a_ms: Sequence[float], b_ms: Sequence[float], *, a: str = "a", b: str = "b") -> TimingRatio:
+    """Compare two timings taken round by round (``codex_lab.runtime.interleaved_times``).
+
+    Round i ran both, close in time, so a_i / b_i cancels the machine's slow and fast spells
+    that a median of each would not. Needs the same number of rounds (>= 2) for both.
+    """
+    if len(a_ms) != len(b_ms) or len(a_ms) < 2:
+        raise ValueError(f"need the same number (>= 2) of interleaved rounds, got {len(a_ms)} and {len(b_ms)}; "
+                         "time both with interleaved_times(..., repeats >= 2)")
+    if any(not (x > 0 and math.isfinite(x)) for x in list(a_ms) + list(b_ms)):
+        raise ValueError("timings must be positive and finite (milliseconds)")
+    r = sorted(x / y for x, y in zip(a_ms, b_ms))
+    n = len(r)
+    # median of the per-round ratios
+    med = r[n // 2] if n % 2 else 0.5 * (r[n // 2 - 1] + r[n // 2])
+    return TimingRatio(a, b, med, r[0], r[-1], n)

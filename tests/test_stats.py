@@ -66,3 +66,30 @@ def test_bad_input_is_refused():
         compare([1.0], [2.0, 3.0])
     with pytest.raises(ValueError, match="NaN"):
         compare([1.0, float("nan")], [2.0, 3.0])
+
+
+def test_wilson_interval_matches_a_worked_example_and_its_edges():
+    from codex_lab.stats import wilson_interval
+
+    # Newcombe (1998), Statistics in Medicine 17, table I: 81/263 -> 0.2553 to 0.3662
+    p = wilson_interval(81, 263)
+    assert p.lo == pytest.approx(0.2553, abs=5e-5) and p.hi == pytest.approx(0.3662, abs=5e-5)
+    # 0 of 10: the interval still has width (Wald's would be [0, 0])
+    z = wilson_interval(0, 10)
+    assert z.lo == 0.0 and z.hi == pytest.approx(0.2775, abs=5e-4)
+    assert wilson_interval(10, 10).hi == 1.0 and "10/10" in wilson_interval(10, 10).describe()
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        wilson_interval(3, 2)
+
+
+def test_timing_ratio_uses_per_round_ratios_and_says_when_inside_the_spread():
+    from codex_lab.stats import timing_ratio
+
+    t = timing_ratio([10.0, 20.0, 12.0], [5.0, 10.0, 6.0], a="slow", b="fast")
+    assert t.speedup == pytest.approx(2.0) and (t.lo, t.hi) == (2.0, 2.0) and not t.within_spread
+    assert "faster in every round" in t.describe()
+    mixed = timing_ratio([10.0, 10.0, 10.0, 10.0], [9.0, 11.0, 9.5, 12.0])
+    assert mixed.within_spread and "no difference measured" in mixed.describe()
+    assert mixed.speedup == pytest.approx((10 / 9.5 + 10 / 11) / 2)
+    with pytest.raises(ValueError, match="interleaved rounds"):
+        timing_ratio([1.0], [1.0])
