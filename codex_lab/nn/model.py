@@ -28,8 +28,9 @@ from codex_lab.nn.attention import (
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.kv_cache import LayerCache
 from codex_lab.nn.layers import RMSNorm, SwiGLU, apply_rope, rope_tables, rotate_half
+from codex_lab.nn.moba import moba_attention
 from codex_lab.nn.moe import MoEFeedForward
-from codex_lab.nn.patterns import AttentionPattern, parse_pattern
+from codex_lab.nn.patterns import AttentionPattern, MoBA, parse_pattern
 
 
 class Attention(nn.Module):
@@ -73,7 +74,11 @@ class Attention(nn.Module):
         if impl not in ("sdpa", "reference") and self.pattern.is_dense:
             impl = "sdpa"  # block-sparse kernels only pay off on sparse layers
         fn = get_attention_impl(impl)
-        if plain_causal and cache is None and self.pattern.is_dense:
+        if isinstance(self.pattern, MoBA):
+            # learned blocks (content-based): the explicit mask for "reference", else the fast path
+            # (the native kernel where it applies, the same mask otherwise)
+            y = moba_attention(q, k, v, self.pattern, "reference" if impl == "reference" else "fast", q_pos=positions, k_pos=k_pos)
+        elif plain_causal and cache is None and self.pattern.is_dense:
             y = fn(q, k, v, None, is_causal=True)  # (B, H, T, hd)
         elif impl in ("sdpa", "reference"):
             # allowed[b, t, s] = pattern(q_pos, k_pos) and the key slot is filled

@@ -16,7 +16,10 @@ Patterns (spec strings in brackets, so per-layer schedules fit in a JSON config)
 - block-granular strided: whole ``b``-token key blocks whose distance in blocks from the
   query's block is a multiple of ``s`` (``"blockstride:128:16"``), the variant a
   block-sparse kernel can actually skip;
-- unions of any of them (``"window:128+blockstride:128:16"``).
+- unions of any of them (``"window:128+blockstride:128:16"``);
+- learned, content-based blocks (MoBA, Lu et al. 2025; ``"moba:64:4"``): its own block plus
+  the top-k earlier blocks picked by q . mean(K of block), so no position-only ``allowed``
+  exists (:class:`MoBA`; computed by :mod:`codex_lab.nn.moba`); no unions with it.
 
 Every pattern gives its (N, N) mask, its exact count of attended pairs, its density (the
 fraction of the N(N+1)/2 causal pairs it keeps), the tiles it touches, and the cost the
@@ -309,11 +312,54 @@ class Union(AttentionPattern):
         return min(n, sum(p.reach(n) for p in self.parts))
 
 
+@dataclass(frozen=True)
+class MoBA(AttentionPattern):
+    """Learned block sparsity (MoBA): each query sees its own ``block`` of tokens causally plus
+    the ``top_k`` earlier blocks whose mean-pooled keys score highest against it.
+
+    Which keys are kept depends on q and k, so :meth:`allowed` (positions only) refuses; the
+    counts are exact anyway: every query keeps min(top_k, blocks before its own) whole blocks.
+    """
+
+    block: int
+    top_k: int
+
+    def __post_init__(self) -> None:
+        _positive("block", self.block)
+        _positive("top_k", self.top_k)
+
+    @property
+    def spec(self) -> str:
+        return f"moba:{self.block}:{self.top_k}"
+
+    @property
+    def is_dense(self) -> bool:
+        return False
+
+    def allowed(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        raise TypeError(f"{self.spec} is content-based: which keys a query sees depends on q and k, not on "
+                        "positions alone; use codex_lab.nn.moba.moba_mask(q, k, pattern) or moba_attention")
+
+    def reach(self, n: int) -> int:
+        return min(n, self.block * (self.top_k + 1))
+
+    def pairs(self, n: int, chunk: int = 1024) -> int:
+        _check_len(n)
+        b, total = self.block, 0
+        for i in range(-(-n // b)):
+            r = min(b, n - i * b)  # queries in block i
+            # own block causally r (r + 1) / 2, plus b keys in each of min(k, i) earlier blocks
+            total += r * (r + 1) // 2 + r * b * min(self.top_k, i)
+        return total
+
+
 def union(*patterns: AttentionPattern) -> AttentionPattern:
     """Union of patterns, flattened; a union containing the dense pattern is dense."""
     parts: list[AttentionPattern] = []
     for p in patterns:
         parts.extend(p.parts if isinstance(p, Union) else (p,))
+    if len(parts) > 1 and any(isinstance(p, MoBA) for p in parts):
+        raise ValueError("a content-based 'moba' pattern cannot join a union; give it a layer of its own")
     if any(type(p) is AttentionPattern for p in parts):
         return AttentionPattern()
     return parts[0] if len(parts) == 1 else Union(tuple(parts))
@@ -325,9 +371,10 @@ _KINDS: dict[str, tuple[type[AttentionPattern], int]] = {
     "fixed": (Fixed, 2),
     "global": (GlobalTokens, 1),
     "blockstride": (BlockStrided, 2),
+    "moba": (MoBA, 2),
 }
 _HELP = ("'dense', 'window:W', 'strided:S', 'fixed:L:C', 'global:G', 'blockstride:B:S', "
-         "or a union joined by '+', e.g. 'window:128+blockstride:128:16'")
+         "'moba:B:K', or a union joined by '+', e.g. 'window:128+blockstride:128:16'")
 
 
 def parse_pattern(spec: str | AttentionPattern) -> AttentionPattern:
