@@ -45,7 +45,7 @@ import torch
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.generate import decode_step
 from codex_lab.infer.paged_step import CompiledPagedStep
-from codex_lab.infer.sampling import GREEDY_BELOW, SamplingParams, sample_next
+from codex_lab.infer.sampling import GREEDY_BELOW, SamplingParams, sample_next, token_logprobs
 from codex_lab.infer.scheduler import (FINISH_REASONS, Finished, Request, TokenCallback, admit, cut_at_stop, expired,
                                        grow, streamable)
 from codex_lab.nn.kv_cache import PagedKVPool
@@ -130,10 +130,13 @@ class Engine:
         *,
         on_token: TokenCallback | None = None,
         deadline_s: float | None = None,
+        logprobs: list | None = None,
     ) -> int:
         """Queue a request; return its id. ``deadline_s``: seconds after arrival at which it
-        is stopped with "deadline". Raises ValueError for an empty prompt, unknown token
-        ids, or prompt + max_tokens past max_seq_len or past the whole KV pool."""
+        is stopped with "deadline". ``logprobs``: with ``params.logprobs`` set, the list that
+        receives one :class:`~codex_lab.infer.sampling.TokenLogprob` per output token, each
+        appended before that token's ``on_token`` call. Raises ValueError for an empty prompt,
+        unknown token ids, or prompt + max_tokens past max_seq_len or past the whole KV pool."""
         params = params or SamplingParams()
         params.validate()
         prompt = [int(t) for t in prompt_ids]
@@ -159,7 +162,8 @@ class Engine:
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         with self._inbox_lock:
             rid = next(self._rids)
-            self._inbox.append(Request(rid, prompt, params, on_token, deadline_s, self.clock(), need, gen))
+            self._inbox.append(Request(rid, prompt, params, on_token, deadline_s, self.clock(), need, gen,
+                                       logprobs=logprobs if logprobs is not None else []))
         return rid
 
     def cancel(self, rid: int) -> None:
@@ -333,6 +337,9 @@ class Engine:
 
     def _emit(self, req: Request, logits: torch.Tensor, greedy: int | None = None) -> Finished | None:
         """Pick the next token of ``req`` from its logits (1, V), stream it, maybe finish it."""
+        raw = logits
+        if req.params.penalized:  # presence / frequency penalties over the output so far
+            logits, greedy = req.params.penalize(logits, req.output), None
         if req.params.temperature < GREEDY_BELOW:  # greedy (tiny temperatures too: 1/T would overflow)
             tok = greedy if greedy is not None else int(logits.argmax(dim=-1).item())
         else:
@@ -341,6 +348,8 @@ class Engine:
         if tok == self.eot_id and not req.params.ignore_eos:
             return self._finish(req, "stop", notify_tok=tok)
         req.output.append(tok)
+        if req.params.logprobs is not None:  # the model's own distribution: raw logits
+            req.logprobs.append(token_logprobs(raw, tok, req.params.logprobs))
         req.token_times.append(now)
         if req.first_token_time is None:
             req.first_token_time = now

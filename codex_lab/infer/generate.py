@@ -110,8 +110,16 @@ def stream_tokens(
     B, T = prompts.shape
     dev = prompts.device
 
+    generated: list[list[int]] = [[] for _ in range(B)]  # per row, for presence / frequency penalties
+
     def pick(logits: Tensor) -> Tensor:  # (B, V) -> (B,)
-        return sample_next(logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator)
+        if params.penalized:
+            logits = torch.stack([params.penalize(logits[b], generated[b]) for b in range(B)])  # (B, V)
+        nxt = sample_next(logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator)
+        if params.penalized:
+            for b, t in enumerate(nxt.tolist()):
+                generated[b].append(t)
+        return nxt
 
     if cache is None:
         idx = prompts  # (B, T)

@@ -1,13 +1,18 @@
-"""Choosing the next token from logits: greedy, temperature, top-k and top-p (nucleus).
+"""Choosing the next token from logits: penalties, greedy, temperature, top-k and top-p (nucleus),
+and the log-probabilities a client may ask for.
 
 :class:`SamplingParams` is the one description of how a request is decoded, shared by
-:func:`codex_lab.generate`, the engine and the server protocol.
+:func:`codex_lab.generate`, the engine and the server protocol. The order of one step:
+:func:`apply_penalties` (presence / frequency, over the tokens generated so far), then greedy
+or temperature + top-k + top-p sampling (:func:`sample_next`). :func:`token_logprobs` reports
+the model's own distribution (log-softmax of the raw logits, before penalties and
+temperature), as vLLM and the OpenAI API do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -67,6 +72,49 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
 
 
+def apply_penalties(logits: Tensor, generated: Sequence[int], presence: float, frequency: float) -> Tensor:
+    """OpenAI's presence and frequency penalties over the tokens generated so far (not the prompt).
+
+    logits (B, V) or (V,), float; ``generated``: token ids sampled so far for this row (the same
+    list for every row). Returns new logits (the input is not modified); unchanged when both
+    penalties are 0 or nothing was generated yet.
+    """
+    if (presence == 0.0 and frequency == 0.0) or not generated:
+        return logits
+    ids = torch.as_tensor(list(generated), dtype=torch.long, device=logits.device)
+    count = torch.bincount(ids, minlength=logits.size(-1)).to(torch.float32)  # (V,) occurrences so far
+    # logit[t] -= count[t] * frequency_penalty + (count[t] > 0) * presence_penalty
+    penalty = count * frequency + (count > 0).to(torch.float32) * presence  # (V,)
+    return logits.float() - penalty
+
+
+class TokenLogprob(NamedTuple):
+    """One generated (or echoed) token's log-probability and the ``k`` most likely alternatives.
+
+    ``logprob``: ln p(token) under log-softmax of the raw logits (nats, <= 0);
+    ``top``: up to k (token id, logprob) pairs, most likely first.
+    """
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprobs(logits: Tensor, token: int, k: int) -> TokenLogprob:
+    """ln p(``token``) and the ``k`` most likely tokens from one row of raw logits (1, V) or (V,)."""
+    # log p = logits - logsumexp(logits), in float32 whatever the model's dtype
+    logp = torch.log_softmax(logits.reshape(-1).float(), dim=-1)  # (V,)
+    top: list[tuple[int, float]] = []
+    if k > 0:
+        vals, idx = torch.topk(logp, min(k, logp.numel()))
+        top = list(zip(idx.tolist(), vals.tolist()))
+    return TokenLogprob(int(token), float(logp[token]), top)
+
+
+# most alternatives per token a request may ask for (OpenAI's limit for completions is 5; vLLM's 20)
+MAX_LOGPROBS = 20
+
+
 @dataclass
 class SamplingParams:
     """How one request is decoded.
@@ -79,6 +127,11 @@ class SamplingParams:
         stop: strings that end the generation; the text is cut before the first one.
         seed: per-request random seed (same seed, same output); None = global RNG.
         ignore_eos: keep generating past end-of-text (benchmarks: exactly max_tokens tokens).
+        presence_penalty: subtracted once from the logit of every token already generated
+            (-2..2, OpenAI's range; positive = talk about new things).
+        frequency_penalty: subtracted from a token's logit once per time it was generated (-2..2).
+        logprobs: None = none recorded; k >= 0 = record each generated token's log-probability
+            and its k most likely alternatives (:func:`token_logprobs`, at most ``MAX_LOGPROBS``).
     """
 
     max_tokens: int = 64
@@ -88,6 +141,18 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None
+
+    @property
+    def penalized(self) -> bool:
+        """True when a presence or frequency penalty changes the logits."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def penalize(self, logits: Tensor, generated: Sequence[int]) -> Tensor:
+        """``logits`` (B, V) after this request's penalties over ``generated`` (:func:`apply_penalties`)."""
+        return apply_penalties(logits, generated, self.presence_penalty, self.frequency_penalty)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -101,6 +166,12 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not -2.0 <= v <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {v}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in 0..{MAX_LOGPROBS} (alternatives per token), got {self.logprobs}")
 
 
 def params_from(

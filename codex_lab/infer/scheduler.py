@@ -73,6 +73,8 @@ class Request:
     emitted: str = ""  # text already passed to on_token
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    # with params.logprobs set: one TokenLogprob per output token (a list the caller may own)
+    logprobs: list = field(default_factory=list)
 
 
 def admit(waiting: deque[Request], running: dict[int, Request], max_batch_size: int, pool: PagedKVPool) -> list[Request]:
