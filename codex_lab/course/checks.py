@@ -126,6 +126,7 @@ def case(points: int, label: str = "") -> Iterator[None]:
         while tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
         line = f" (line {tb.tb_lineno})" if tb is not None else ""
+        line = str(getattr(exc, "codex_lab_where", line))  # raised in the submission's process: its own line
         log.failures.append(f"[{label or 'case'}: 0/{points}] {type(exc).__name__}: {exc}{line}")
     else:
         log.earned += points

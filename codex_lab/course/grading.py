@@ -26,16 +26,20 @@ from codex_lab.course.checks import load_all
 from codex_lab.course.outcome import (  # noqa: F401  (re-exported: the grading API)
     ERROR, FAILED, MISSING, NOT_DONE, PARTIAL, PASSED, SUBMISSION_SUFFIXES, Result, lesson_of, run_check)
 
-def grade_file(path: str | Path, hidden: str | Path | None = None, timeout_s: float = 30.0) -> list[Result]:
+def grade_file(path: str | Path, hidden: str | Path | None = None, timeout_s: float = 30.0,
+               folder: str | Path | None = None) -> list[Result]:
     """Grade every exercise (public, and hidden ones from ``hidden``) of the lesson that
-    ``path`` (a ``.py`` percent source or an ``.ipynb``) belongs to, in a sandboxed child.
+    ``path`` (a ``.py`` percent source or an ``.ipynb``) belongs to, in a sandboxed run where
+    the checks and the learner's code are two processes (see :mod:`codex_lab.course.grade_runner`).
 
-    A file that does not even load gets ``error`` for each exercise; a check that hangs,
-    exits or crashes the child costs that exercise alone. ``timeout_s`` is per exercise.
+    A file that does not even load gets ``error`` for each exercise; code that hangs, exits
+    or crashes costs that exercise alone. ``timeout_s`` is the learner's time per exercise.
+    ``folder``: the submissions' root in a folder run (the file must lie inside it).
     """
     from codex_lab.course.grade_runner import grade_isolated
 
-    return grade_isolated(Path(path), hidden=hidden, timeout_s=timeout_s)
+    return grade_isolated(Path(path), hidden=hidden, timeout_s=timeout_s,
+                          folder=Path(folder) if folder is not None else None)
 
 
 def grade_in_process(path: str | Path) -> list[Result]:
@@ -73,8 +77,17 @@ def grade_folder(folder: str | Path, hidden: str | Path | None = None, timeout_s
         import os
 
         jobs = max(1, min(4, os.cpu_count() or 1))
+    from codex_lab.course.grade_runner import exercises_of as _exs
+
+    def one(p: Path) -> list[Result]:
+        try:
+            return grade_file(p, hidden=hidden, timeout_s=timeout_s, folder=folder)
+        except Exception as exc:  # noqa: BLE001 - one broken submission never stops the run: it gets error rows
+            msg = f"not graded: {type(exc).__name__}: {exc}"[:500]
+            return [Result(e.lesson, e.name, ERROR, msg, 0, e.points, e.visibility) for e in _exs(lesson_of(p), hidden)]
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        graded = list(pool.map(lambda p: grade_file(p, hidden=hidden, timeout_s=timeout_s), paths))
+        graded = list(pool.map(one, paths))
     rows: list[dict[str, Any]] = []
     for path, results in zip(paths, graded):
         for r in results:

@@ -33,6 +33,9 @@ class Result:
 
 
 def _where(exc: BaseException) -> str:
+    remote = getattr(exc, "codex_lab_where", None)  # raised in the submission's process: its own line
+    if remote is not None:
+        return str(remote)
     tb = traceback.extract_tb(exc.__traceback__)
     return f" (line {tb[-1].lineno})" if tb else ""
 
