@@ -126,12 +126,6 @@ def build_root(cfg: dict) -> None:
     root, work = cfg["root"], cfg["workdir"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
-    seen: set = set()
-    system = [p for p in SYSTEM if os.path.lexists(p)]
-    for p in system + list(cfg.get("expose", [])):
-        _recreate_links(root, p, seen)
-    for p in _outermost(system + list(cfg.get("expose", []))):
-        _bind_ro(root, p)
     os.makedirs(_inside(root, "/proc"), mode=0o555, exist_ok=True)
     _mount("proc", _inside(root, "/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     dev = _inside(root, "/dev")
@@ -158,6 +152,13 @@ def build_root(cfg: dict) -> None:
         dst = _inside(root, at)
         os.makedirs(dst, mode=0o755, exist_ok=True)
         _mount(src, dst, None, MS_BIND, None)
+    # after the scratch mounts: an environment or clone under /tmp (as CI makes) is bound on top
+    seen: set = set()
+    system = [p for p in SYSTEM if os.path.lexists(p)]
+    for p in system + list(cfg.get("expose", [])):
+        _recreate_links(root, p, seen)
+    for p in _outermost(system + list(cfg.get("expose", []))):
+        _bind_ro(root, p)
     shutil.copytree(cfg["host_workdir"], _inside(root, work), dirs_exist_ok=True, symlinks=True)
     if uid is not None:
         for dirpath, dirnames, filenames in os.walk(_inside(root, work)):
