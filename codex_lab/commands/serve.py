@@ -110,6 +110,8 @@ def main(args: argparse.Namespace) -> int:
     else:
         ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
         version = "v0001"
+    if float(ck.meta.get("fim_rate", 0) or 0) > 0:  # FIM-trained: serve `suffix` in its prompt format
+        cfg.fim_format = str(ck.meta.get("fim_format", "psm"))
     server = ModelServer(ck.tokenizer, cfg, engine_factory=None if args.no_compile else compiled_engine)
     server.add_version(version, ck.model)
     auth = "API key required" if cfg.api_key else "no API key"

@@ -37,6 +37,8 @@ class ServerConfig:
         keep_alive_s: an idle keep-alive connection is closed after this (seconds).
         max_connections: open connections at most; one more gets 503 and is closed.
         retry_after_s: the ``Retry-After`` of a 429 (seconds).
+        fim_format: "psm" or "spm" when the served model was trained for fill-in-the-middle
+            (``meta["fim_rate"] > 0``; then ``suffix`` is served), else None (``suffix`` -> 400).
     """
 
     model_name: str = "codex-lab-tiny"
@@ -51,6 +53,7 @@ class ServerConfig:
     keep_alive_s: float = 5.0
     max_connections: int = 256
     retry_after_s: int = 1
+    fim_format: str | None = None
 
     def validate(self) -> None:
         """Raise :class:`~codex_lab.errors.InputError` naming the first bad knob and its range."""
