@@ -39,6 +39,7 @@ class Live:
         self.token_times: list[float] = []
         self.rid: int | None = None
         self.cancelled = False
+        self.logprobs: list = []  # with params.logprobs: the engine appends one TokenLogprob per token
 
     def post(self, item: tuple) -> None:
         """Hand an event to the request's asyncio queue (safe from any thread)."""
@@ -114,8 +115,9 @@ class EngineWorker:
         # the engine's deadline counts from its own arrival: give it what is left of ours
         remaining = max(1e-3, live.arrival + live.deadline_s - time.perf_counter())
         try:
+            extra = {"logprobs": live.logprobs} if live.params.logprobs is not None else {}
             live.rid = self.engine.submit(live.req.prompt_ids, live.params, on_token=live.on_token,
-                                          deadline_s=remaining)
+                                          deadline_s=remaining, **extra)
         except ValueError as exc:  # the engine refuses this input: the client's error
             live.post(("refused", str(exc)))
             return
