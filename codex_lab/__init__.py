@@ -25,6 +25,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "nn.config": ('ModelConfig',),
     "data.corpus": ('Corpus', 'SourceFile', 'load_corpus'),
     "data.batches": ('fixed_batches', 'random_batch', 'tokenize_texts'),
+    "data.fim": ('fim_prompt_ids', 'fim_token_stream', 'fim_transform'),
     "infer.engine": ('Engine', 'Finished'),
     "course.exercises": ('generate_exercises', 'load_definitions', 'strip_solutions'),
     "training.finetune": ('FinetuneConfig', 'FinetuneResult'),

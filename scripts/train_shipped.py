@@ -24,7 +24,7 @@ from codex_lab.runtime import set_mode
 from codex_lab.training.checkpoint import pretrained_path
 from codex_lab.training.pretrain import preset_config, train
 
-RECIPE = dict(seq_len=1024, batch_size=8, steps=450, lr=6e-4, min_lr=1e-4, warmup=30, eval_every=50,
+RECIPE = dict(seq_len=1024, batch_size=8, steps=300, lr=6e-4, min_lr=1e-4, warmup=30, eval_every=50,
               eval_batches=4, fim_rate=0.5)
 
 

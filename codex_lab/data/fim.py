@@ -15,7 +15,7 @@ own (:func:`fim_token_stream`), so no token spans a split point: at inference th
 exactly at a piece boundary (:func:`fim_prompt_ids`) and the model meets the same boundary it
 was trained on. Long documents are first cut into chunks of about ``chunk_chars`` characters
 at line ends (the paper's "context-level" FIM), so a whole FIM example fits in one training
-window; plain chunks of one document stay joined, so ``rate=0`` gives exactly
+window; consecutive plain chunks of one document stay joined, so ``rate=0`` gives exactly
 :func:`codex_lab.data.batches.tokenize_texts`.
 """
 
@@ -106,8 +106,9 @@ def fim_pieces(
 
     Each chunk (``line_chunks(doc, chunk_chars)``; the whole document when ``chunk_chars`` is
     None) is transformed with probability ``rate``; a transformed chunk is closed by
-    ``<|endoftext|>`` (the model learns to stop after the middle), consecutive plain chunks
-    are joined back into one piece. Deterministic for a given ``seed``.
+    ``<|endoftext|>`` (the model learns to stop after the middle) and preceded by one when
+    plain text comes before it (every example starts like a document); consecutive plain
+    chunks are joined back into one piece. Deterministic for a given ``seed``.
     """
     _check_rates(rate, spm_share)
     rng = random.Random(seed)
@@ -122,8 +123,8 @@ def fim_pieces(
             if pieces == [chunk]:
                 plain.append(chunk)
                 continue
-            if plain:
-                out.append("".join(plain))
+            if plain:  # a FIM example is a document of its own: end the plain text before it
+                out.extend(["".join(plain), EOT])
                 plain = []
             out.extend(pieces)
             out.append(EOT)

@@ -202,7 +202,13 @@ def train(tc: TrainConfig, *, resume: bool = False, progress: bool = True) -> Tr
         seed_everything(tc.seed)  # identical initial weights on every rank
         model = CodexModel(tc.model_config(tokenizer.vocab_size))
         if tc.init_from:  # RoPE has no learned positions, so a longer seq_len than the source's works
-            model.load_state_dict(load_checkpoint(tc.init_from).model.state_dict())
+            src = load_checkpoint(tc.init_from)
+            a, b = src.config.to_dict(), model.cfg.to_dict()
+            differ = {k: (a[k], b.get(k)) for k in a if k != "max_seq_len" and a[k] != b.get(k)}
+            if differ:
+                raise ValueError(f"init_from {tc.init_from!r} has another model shape (checkpoint, this run): {differ}; "
+                                 "train with the model options it was trained with")
+            model.load_state_dict(src.model.state_dict())
     model.to(device)
     if tc.fim_rate > 0:  # chunks of FIM_CHARS_PER_TOKEN * seq_len characters: a FIM example fits one window
         train_tokens = fim_token_stream(tokenizer, corpus.texts("train"), tc.fim_rate, seed=tc.seed,
