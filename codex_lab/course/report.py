@@ -34,7 +34,8 @@ from codex_lab.errors import InputError
 from codex_lab.runtime import (ModeInfo, calibrate_ms, describe_environment, expected_seconds, format_seconds,
                                mode_info, mode_override, progress, speed_factor, timing_table)
 
-VERDICTS = ("holds", "holds with a correction", "does not hold", "not reproduced at this scale")
+VERDICTS = ("holds", "holds with a correction", "does not hold", "not reproduced at this scale",
+            "fails", "not resolved")  # the last two: codex_lab.stats.compare on seeds, with the interval
 # 25 min of estimated work: a margin under the 30 min promised for full mode on 2 CPU cores,
 # since the full-size CPU timings are estimates, not measurements
 CPU_FULL_BUDGET_S = 25 * 60
