@@ -138,7 +138,11 @@ def moba_attention(q: Tensor, k: Tensor, v: Tensor, pattern: MoBA | str, impl: s
         raise ValueError(f"q (B, H, T, D) and k, v (B, H_kv, S, D) with H_kv dividing H; got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     pat = _as_moba(pattern)
-    # impl="fast" runs the reference until the native kernel (codex_lab.nn.moba_fast) lands
+    if impl == "fast":
+        from codex_lab.nn.moba_fast import moba_fast, moba_fast_ok
+
+        if moba_fast_ok(q, k, q_pos, k_pos):
+            return moba_fast(q, k, v, pat, moba_select(q, k, pat))
     return attention_reference(q, k, v, moba_mask(q, k, pat, q_pos, k_pos))
 
 

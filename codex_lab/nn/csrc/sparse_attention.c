@@ -257,3 +257,233 @@ int sparse_bwd(const float *q, const float *k, const float *v, const float *dout
     }
     return failed;
 }
+
+/* ---------------------------------------------------------------------------------------
+ * Learned block sparsity (MoBA): every query token chose its own key blocks, so the work is
+ * organised by key block (MoBA's own scheme): task (bk, j) = K/V head bk, key block j takes
+ * every query row that chose block j (listed in a table built by moba_table) plus the rows
+ * of block j itself (causally), and writes each row's partial result into that row's slot:
+ * opart (rows, n_slots, D), lpart (rows, n_slots) (slot n_slots-1 = the own block). The
+ * slots of a row are then merged exactly through log-sum-exp. No two tasks write the same
+ * (row, slot) or the same key block's gradients: no races, no atomics.
+ *
+ * Layout: q, out, dout, dq (BK, n_rows, D) with n_rows = g*n (the g query heads of K/V head
+ * bk, each n tokens: row r is head r / n, token r % n); k, v, dk, dv (BK, n, D); block j =
+ * keys j*bs .. min(n, (j+1)*bs) - 1. Table: task t = bk*nb + j lists rows
+ * row_idx[task_ptr[t] .. task_ptr[t+1]-1] with their slots row_slot[...].
+ * --------------------------------------------------------------------------------------- */
+
+/* Counting sort of the choices sel (BK, n_rows, k_sel), -1 = none, into the task table:
+ * task_ptr (BK*nb + 1), row_idx and row_slot (as many as the choices). Sequential, O(choices). */
+void moba_table(const int64_t *sel, int64_t bk, int64_t n_rows, int64_t k_sel, int64_t nb,
+                int64_t *task_ptr, int64_t *row_idx, int64_t *row_slot) {
+    int64_t tasks = bk * nb;
+    memset(task_ptr, 0, sizeof(int64_t) * (tasks + 1));
+    for (int64_t b = 0; b < bk; b++)
+        for (int64_t x = 0; x < n_rows * k_sel; x++) {
+            int64_t j = sel[b * n_rows * k_sel + x];
+            if (j >= 0) task_ptr[b * nb + j + 1]++;
+        }
+    for (int64_t t = 0; t < tasks; t++) task_ptr[t + 1] += task_ptr[t];
+    int64_t *fill = (int64_t *)malloc(sizeof(int64_t) * (tasks > 0 ? tasks : 1));
+    memcpy(fill, task_ptr, sizeof(int64_t) * tasks);
+    for (int64_t b = 0; b < bk; b++)
+        for (int64_t x = 0; x < n_rows * k_sel; x++) {
+            int64_t j = sel[b * n_rows * k_sel + x];
+            if (j < 0) continue;
+            int64_t at = fill[b * nb + j]++;
+            row_idx[at] = x / k_sel;
+            row_slot[at] = x % k_sel;
+        }
+    free(fill);
+}
+
+/* causal mask of the own block: S (r x len) rows are tokens first .. first+r-1 of a block
+ * whose keys start at key0; key c is allowed when key0 + c <= token */
+static void mask_future(float *s, int64_t first, int64_t r, int64_t key0, int64_t len) {
+    for (int64_t a = 0; a < r; a++)
+        for (int64_t c = 0; c < len; c++)
+            if (key0 + c > first + a) s[a * len + c] = NEG;
+}
+
+/* softmax partial of r rows of scores s (r x len): s <- exp(s - m), returns per row
+ * m + log(sum) into lrow and 1/sum into inv */
+static void partial_softmax(float *s, int64_t r, int64_t len, float *lrow, float *inv) {
+    for (int64_t a = 0; a < r; a++) {
+        float *sr = s + a * len;
+        float mx = row_max(sr, len, NEG);
+        float sum = 0.0f;
+        for (int64_t c = 0; c < len; c++) { float e = exp_neg(sr[c] - mx); sr[c] = e; sum += e; }
+        /* every row here holds at least one allowed key (its block, or its own token) */
+        lrow[a] = mx + __builtin_logf(sum);
+        inv[a] = 1.0f / sum;
+    }
+}
+
+int moba_fwd(const float *q, const float *k, const float *v, float *out, float *lse, float *opart, float *lpart,
+             int64_t bk, int64_t g, int64_t n, int64_t nb, int64_t bs, int64_t d, int64_t n_slots, float scale,
+             const int64_t *task_ptr, const int64_t *row_idx, const int64_t *row_slot, int64_t max_rows,
+             int threads) {
+    int failed = 0;
+    int64_t n_rows = g * n, own = n_slots - 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t x = 0; x < bk * n_rows * n_slots; x++) lpart[x] = NEG;
+#pragma omp parallel num_threads(threads)
+    {
+        float *qb = (float *)malloc(sizeof(float) * max_rows * d);
+        float *s = (float *)malloc(sizeof(float) * max_rows * bs);
+        float *ob = (float *)malloc(sizeof(float) * max_rows * d);
+        float *lr = (float *)malloc(sizeof(float) * max_rows);
+        float *inv = (float *)malloc(sizeof(float) * max_rows);
+        if (!qb || !s || !ob || !lr || !inv) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < bk * nb; t++) {
+            if (failed) continue;
+            int64_t b = t / nb, j = t % nb;
+            int64_t len = (j + 1) * bs <= n ? bs : n - j * bs;
+            const float *kj = k + (b * n + j * bs) * d, *vj = v + (b * n + j * bs) * d;
+            const float *qh = q + b * n_rows * d;
+            /* the rows that chose block j (always a whole block), in chunks of max_rows */
+            for (int64_t i = task_ptr[t]; i < task_ptr[t + 1]; i += max_rows) {
+                int64_t r = task_ptr[t + 1] - i < max_rows ? task_ptr[t + 1] - i : max_rows;
+                for (int64_t a = 0; a < r; a++) memcpy(qb + a * d, qh + row_idx[i + a] * d, sizeof(float) * d);
+                /* S = scale Q K_j^T; P = exp(S - m); O = P V_j / sum */
+                mm_abt(qb, kj, s, (int)r, (int)len, (int)d, (int)len, scale);
+                partial_softmax(s, r, len, lr, inv);
+                mm_ab(s, vj, ob, (int)r, (int)len, (int)d, (int)len, 0.0f);
+                for (int64_t a = 0; a < r; a++) {
+                    int64_t at = (b * n_rows + row_idx[i + a]) * n_slots + row_slot[i + a];
+                    float *o = opart + at * d;
+                    for (int64_t c = 0; c < d; c++) o[c] = ob[a * d + c] * inv[a];
+                    lpart[at] = lr[a];
+                }
+            }
+            /* block j's own tokens, each head: causal inside the block, slot `own` */
+            for (int64_t h = 0; h < g; h++) {
+                int64_t r0 = h * n + j * bs;
+                mm_abt(qh + r0 * d, kj, s, (int)len, (int)len, (int)d, (int)len, scale);
+                mask_future(s, j * bs, len, j * bs, len);
+                partial_softmax(s, len, len, lr, inv);
+                mm_ab(s, vj, ob, (int)len, (int)len, (int)d, (int)len, 0.0f);
+                for (int64_t a = 0; a < len; a++) {
+                    int64_t at = (b * n_rows + r0 + a) * n_slots + own;
+                    float *o = opart + at * d;
+                    for (int64_t c = 0; c < d; c++) o[c] = ob[a * d + c] * inv[a];
+                    lpart[at] = lr[a];
+                }
+            }
+        }
+        free(qb); free(s); free(ob); free(lr); free(inv);
+    }
+    if (failed) return 1;
+    /* merge: lse = log sum_s exp(lpart_s); out = sum_s exp(lpart_s - lse) opart_s (unused slots: NEG) */
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t x = 0; x < bk * n_rows; x++) {
+        const float *lp = lpart + x * n_slots;
+        float mx = NEG;
+        for (int64_t sl = 0; sl < n_slots; sl++) mx = lp[sl] > mx ? lp[sl] : mx;
+        float sum = 0.0f;
+        for (int64_t sl = 0; sl < n_slots; sl++) if (lp[sl] > NONE) sum += exp_neg(lp[sl] - mx);
+        float l = mx + __builtin_logf(sum);
+        lse[x] = l;
+        float *o = out + x * d;
+        for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
+        for (int64_t sl = 0; sl < n_slots; sl++) {
+            if (lp[sl] <= NONE) continue;
+            float w = exp_neg(lp[sl] - l);
+            const float *op = opart + (x * n_slots + sl) * d;
+            for (int64_t c = 0; c < d; c++) o[c] += w * op[c];
+        }
+    }
+    return 0;
+}
+
+/* One chunk's backward (FlashAttention-2 with the merged lse): r rows of q (qb), dout (gb),
+ * lse (lb), delta (db) against key block kj/vj of len keys; P = exp(scale q K^T (+ mask) - lse),
+ * dV += P^T dO, dS = scale P (dO V^T - delta), dQ = dS K (into dqb), dK += dS^T q. */
+static void moba_bwd_chunk(const float *qb, const float *gb, const float *lb, const float *db, int64_t r,
+                           const float *kj, const float *vj, float *dkj, float *dvj, int64_t len, int64_t d,
+                           float scale, int64_t causal_first, float *p, float *dp, float *dqb) {
+    mm_abt(qb, kj, p, (int)r, (int)len, (int)d, (int)len, scale);
+    if (causal_first >= 0) mask_future(p, causal_first, r, causal_first, len);
+    for (int64_t a = 0; a < r; a++)
+        for (int64_t c = 0; c < len; c++) p[a * len + c] = exp_neg(p[a * len + c] - lb[a]);
+    mm_atb(p, gb, dvj, (int)r, (int)len, (int)d, (int)len);
+    mm_abt(gb, vj, dp, (int)r, (int)len, (int)d, (int)len, 1.0f);
+    for (int64_t a = 0; a < r; a++)
+        for (int64_t c = 0; c < len; c++) p[a * len + c] = scale * p[a * len + c] * (dp[a * len + c] - db[a]);
+    mm_ab(p, kj, dqb, (int)r, (int)len, (int)d, (int)len, 0.0f);
+    mm_atb(p, qb, dkj, (int)r, (int)len, (int)d, (int)len);
+}
+
+/* Backward: dk, dv (zeroed by the caller) get every task's share (task (bk, j) owns key
+ * block j of bk), dq_part (rows, n_slots, D) each row's share per slot, summed into dq over
+ * the slots the forward used (lpart > NONE). Returns 0, or 1 on a failed allocation. */
+int moba_bwd(const float *q, const float *k, const float *v, const float *dout, const float *lse,
+             const float *delta, const float *lpart, float *dq, float *dq_part, float *dk, float *dv,
+             int64_t bk, int64_t g, int64_t n, int64_t nb, int64_t bs, int64_t d, int64_t n_slots, float scale,
+             const int64_t *task_ptr, const int64_t *row_idx, const int64_t *row_slot, int64_t max_rows,
+             int threads) {
+    int failed = 0;
+    int64_t n_rows = g * n, own = n_slots - 1;
+#pragma omp parallel num_threads(threads)
+    {
+        float *qb = (float *)malloc(sizeof(float) * max_rows * d);
+        float *gb = (float *)malloc(sizeof(float) * max_rows * d);
+        float *dqb = (float *)malloc(sizeof(float) * max_rows * d);
+        float *lb = (float *)malloc(sizeof(float) * max_rows);
+        float *db = (float *)malloc(sizeof(float) * max_rows);
+        float *p = (float *)malloc(sizeof(float) * max_rows * bs);
+        float *dp = (float *)malloc(sizeof(float) * max_rows * bs);
+        if (!qb || !gb || !dqb || !lb || !db || !p || !dp) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < bk * nb; t++) {
+            if (failed) continue;
+            int64_t b = t / nb, j = t % nb;
+            int64_t len = (j + 1) * bs <= n ? bs : n - j * bs;
+            int64_t base = b * n_rows;
+            const float *kj = k + (b * n + j * bs) * d, *vj = v + (b * n + j * bs) * d;
+            float *dkj = dk + (b * n + j * bs) * d, *dvj = dv + (b * n + j * bs) * d;
+            for (int64_t i = task_ptr[t]; i < task_ptr[t + 1]; i += max_rows) {
+                int64_t r = task_ptr[t + 1] - i < max_rows ? task_ptr[t + 1] - i : max_rows;
+                for (int64_t a = 0; a < r; a++) {
+                    int64_t row = base + row_idx[i + a];
+                    memcpy(qb + a * d, q + row * d, sizeof(float) * d);
+                    memcpy(gb + a * d, dout + row * d, sizeof(float) * d);
+                    lb[a] = lse[row];
+                    db[a] = delta[row];
+                }
+                moba_bwd_chunk(qb, gb, lb, db, r, kj, vj, dkj, dvj, len, d, scale, -1, p, dp, dqb);
+                for (int64_t a = 0; a < r; a++)
+                    memcpy(dq_part + ((base + row_idx[i + a]) * n_slots + row_slot[i + a]) * d, dqb + a * d,
+                           sizeof(float) * d);
+            }
+            for (int64_t h = 0; h < g; h++) {
+                int64_t row = base + h * n + j * bs;
+                moba_bwd_chunk(q + row * d, dout + row * d, lse + row, delta + row, len, kj, vj, dkj, dvj, len, d,
+                               scale, j * bs, p, dp, dqb);
+                for (int64_t a = 0; a < len; a++)
+                    memcpy(dq_part + ((row + a) * n_slots + own) * d, dqb + a * d, sizeof(float) * d);
+            }
+        }
+        free(qb); free(gb); free(dqb); free(lb); free(db); free(p); free(dp);
+    }
+    if (failed) return 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t x = 0; x < bk * n_rows; x++) {
+        float *o = dq + x * d;
+        for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
+        for (int64_t sl = 0; sl < n_slots; sl++) {
+            if (lpart[x * n_slots + sl] <= NONE) continue;
+            const float *src = dq_part + (x * n_slots + sl) * d;
+            for (int64_t c = 0; c < d; c++) o[c] += src[c];
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,149 @@
+"""The native CPU path of the learned MoBA pattern (``moba_attention(..., impl="fast")``).
+
+The choice comes from :func:`codex_lab.nn.moba.moba_select` (the caller passes it), the
+function the reference uses, so both paths attend to the same keys. Since every query token
+picked its own blocks, there is no per-query-block tile table: the work is organised by
+**key block**, as in MoBA's own implementation. ``csrc/sparse_attention.c`` (``moba_*``):
+
+1. ``moba_table`` counting-sorts the choices into one list per (K/V head, key block j) of
+   the query rows (the g query heads of the group together) that chose j;
+2. ``moba_fwd``: one task per (K/V head, key block j) gathers those rows, computes their
+   scores against block j with one BLAS product per chunk of rows, a softmax partial (row max,
+   sum, output) into the row's slot for j, plus block j's own tokens causally into their
+   last slot; then each row's K+1 slots are merged exactly through log-sum-exp;
+3. ``moba_bwd``: the same tasks, FlashAttention-2 style from the merged log-sum-exp; a task
+   owns its key block's gradients and writes its rows' query gradients into their slots
+   (summed afterwards), so there are no races.
+
+Work: the pairs the pattern keeps (``MoBA.pairs``), plus the gate (one (N x N/B) product per
+head and a top-k) and the table. Only fp32, positions 0..N-1, on a CPU where the kernel
+builds (:func:`codex_lab.nn.sparse_native.native_status`); elsewhere the reference runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+from torch import Tensor
+
+from codex_lab.nn.native_build import load_native
+from codex_lab.nn.patterns import MoBA
+
+__all__ = ["moba_fast_ok", "moba_fast", "moba_native_status"]
+
+# query rows one task gathers at a time (its buffers are rows x max(D, block) floats)
+MAX_ROWS = 256
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+def _lib() -> tuple[ctypes.CDLL | None, str]:
+    lib, why = load_native("sparse_attention")
+    if lib is not None:
+        for fn in (lib.moba_fwd, lib.moba_bwd):
+            fn.restype = ctypes.c_int
+        lib.moba_table.restype = None
+    return lib, why
+
+
+def moba_native_status() -> str:
+    """"" when the native kernel is built and loaded, else why not (then the reference runs)."""
+    return _lib()[1]
+
+
+def moba_fast_ok(q: Tensor, k: Tensor, q_pos: Tensor | None, k_pos: Tensor | None) -> bool:
+    """True when the native path applies: fp32 on a CPU, queries and keys at positions 0..N-1,
+    and the kernel available."""
+    if q.device.type != "cpu" or q.dtype != torch.float32 or k.dtype != torch.float32:
+        return False
+    n = q.shape[2]
+    if k.shape[2] != n:
+        return False
+    ar = torch.arange(n)
+    for pos in (q_pos, k_pos):
+        if pos is not None and not bool((pos == ar).all()):
+            return False
+    return moba_native_status() == ""
+
+
+def _ptr(t: Tensor) -> ctypes.c_void_p:
+    return _P(t.data_ptr())
+
+
+class _Table:
+    """Task table of one call: task_ptr (BK*nb + 1), row_idx and row_slot (choices), int64."""
+
+    def __init__(self, sel: Tensor, nb: int) -> None:
+        bk, n_rows, k_sel = sel.shape
+        lib = _lib()[0]
+        assert lib is not None
+        sel = sel.contiguous()
+        n_choices = int((sel >= 0).sum())
+        self.task_ptr = torch.empty(bk * nb + 1, dtype=torch.int64)
+        self.row_idx = torch.empty(max(1, n_choices), dtype=torch.int64)
+        self.row_slot = torch.empty(max(1, n_choices), dtype=torch.int64)
+        lib.moba_table(_ptr(sel), _I(bk), _I(n_rows), _I(k_sel), _I(nb), _ptr(self.task_ptr), _ptr(self.row_idx),
+                       _ptr(self.row_slot))
+
+    def args(self) -> list[object]:
+        return [_ptr(self.task_ptr), _ptr(self.row_idx), _ptr(self.row_slot)]
+
+
+class _MobaNative(torch.autograd.Function):
+    """q (BK, g*N, D), k/v (BK, N, D) contiguous fp32 -> out (BK, g*N, D)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, table: _Table, shape: tuple[int, ...]) -> Tensor:  # type: ignore[override]
+        bk, g, n, nb, bs, d, n_slots = shape
+        lib = _lib()[0]
+        assert lib is not None
+        scale = 1.0 / math.sqrt(d)
+        out, lse = torch.empty_like(q), q.new_empty(q.shape[:2])  # (BK, g*N, D), (BK, g*N)
+        opart = q.new_empty(bk, g * n, n_slots, d)  # each row's partial outputs, one per slot
+        lpart = q.new_empty(bk, g * n, n_slots)  # and their log-sum-exps (unused slots: -1e30)
+        rc = lib.moba_fwd(_ptr(q), _ptr(k), _ptr(v), _ptr(out), _ptr(lse), _ptr(opart), _ptr(lpart),
+                          *(_I(x) for x in shape), ctypes.c_float(scale), *table.args(), _I(max(MAX_ROWS, bs)),
+                          ctypes.c_int(torch.get_num_threads()))
+        if rc:
+            raise MemoryError("the native MoBA kernel could not allocate its per-thread buffers")
+        ctx.table, ctx.shape, ctx.scale = table, shape, scale
+        ctx.save_for_backward(q, k, v, out, lse, lpart)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        q, k, v, out, lse, lpart = ctx.saved_tensors
+        bk, g, n, nb, bs, d, n_slots = ctx.shape
+        lib = _lib()[0]
+        assert lib is not None
+        grad_out = grad_out.contiguous()
+        # delta = rowsum(dO * out): (BK, g*N)
+        delta = (grad_out * out).sum(-1)
+        dq, dq_part = torch.empty_like(q), q.new_empty(bk, g * n, n_slots, d)
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        rc = lib.moba_bwd(_ptr(q), _ptr(k), _ptr(v), _ptr(grad_out), _ptr(lse), _ptr(delta), _ptr(lpart), _ptr(dq),
+                          _ptr(dq_part), _ptr(dk), _ptr(dv), *(_I(x) for x in ctx.shape), ctypes.c_float(ctx.scale),
+                          *ctx.table.args(), _I(max(MAX_ROWS, bs)), ctypes.c_int(torch.get_num_threads()))
+        if rc:
+            raise MemoryError("the native MoBA kernel could not allocate its per-thread buffers")
+        return dq, dk, dv, None, None
+
+
+def moba_fast(q: Tensor, k: Tensor, v: Tensor, pattern: MoBA, selected: Tensor) -> Tensor:
+    """MoBA attention on the native kernel: q (B, H, N, D), k/v (B, H_kv, N, D) fp32 on a CPU
+    at positions 0..N-1 (see :func:`moba_fast_ok`) -> (B, H, N, D). ``selected`` (B, H, N, K')
+    is :func:`codex_lab.nn.moba.moba_select`'s choice (int64, -1 = no block)."""
+    B, H, N, D = q.shape
+    Hkv = k.shape[1]
+    g, bs = H // Hkv, pattern.block
+    nb = -(-N // bs)
+    k_sel = selected.shape[-1]
+    table = _Table(selected.reshape(B * Hkv, g * N, k_sel), nb)
+    # the g query heads of a K/V head are consecutive in (B, H): (B*Hkv, g*N, D) is a view
+    q3 = q.reshape(B * Hkv, g * N, D).contiguous()
+    k3, v3 = k.reshape(B * Hkv, N, D).contiguous(), v.reshape(B * Hkv, N, D).contiguous()
+    out = _MobaNative.apply(q3, k3, v3, table, (B * Hkv, g, N, nb, bs, D, k_sel + 1))
+    return out.view(B, H, N, D)
