@@ -1,4 +1,5 @@
 """codex-lab eval humaneval: pass@k on HumanEval with the course's engine and sandbox.
+codex-lab eval codebench: pass@k per family on the course's own executable benchmark (same path).
 codex-lab eval heldout: checkpoints compared on the held-out corpus (loss on every token, syntax validity)."""
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import sys
 import time
 
 NAME = "eval"
-HELP = "score a checkpoint: humaneval (pass@k, executed in the sandbox) or heldout (loss, syntax validity)"
+HELP = ("score a checkpoint: humaneval or codebench (pass@k, executed in the sandbox) or heldout "
+        "(loss, syntax validity)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +39,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--json", action="store_true", help="print a JSON list of flat records")
     h.add_argument("--out", default=None, help="also write the per-sample results (JSON lines) here")
     h.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+
+    c = sub.add_parser("codebench", help="codebench (the course's benchmark: completion, bugfix, testgen, fim): pass@k",
+                       description="Answer each held-out codebench problem with the engine, run its hidden test in the "
+                                   "sandbox (one process per program, HumanEval's runner) and print pass@k per family.")
+    csrc = c.add_mutually_exclusive_group()
+    csrc.add_argument("--checkpoint", default=None, help="course checkpoint folder (default: the shipped tiny model)")
+    csrc.add_argument("--canonical", action="store_true",
+                      help="oracle: score the reference answers through the same execution path (must be 1.0)")
+    c.add_argument("--family", action="append", default=None, choices=["completion", "bugfix", "testgen", "fim"],
+                   help="only this family (repeat for several; default all four)")
+    c.add_argument("--per-family", type=int, default=None, metavar="N",
+                   help="draw N problems per family with --seed (default: all held-out problems)")
+    c.add_argument("--split", default="test", choices=["test", "val", "train"], help="test = the held-out problems")
+    c.add_argument("--n-samples", type=int, default=1, help="answers per problem (pass@k needs n >= k)")
+    c.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (use > 0 with --n-samples > 1)")
+    c.add_argument("--top-p", type=float, default=0.95)
+    c.add_argument("--max-new-tokens", type=int, default=48)
+    c.add_argument("--batch-size", type=int, default=32, help="requests the engine runs at once")
+    c.add_argument("--workers", type=int, default=None, help="sandbox runs at once (default: CPU count, at most 8)")
+    c.add_argument("--timeout", type=float, default=5.0, help="seconds per program")
+    c.add_argument("--seed", type=int, default=0, help="which problems --per-family draws; sample j uses seed + j")
+    c.add_argument("--device", default=None)
+    c.add_argument("--json", action="store_true", help="print a JSON list of flat records")
+    c.add_argument("--no-progress", action="store_true", help="no tqdm bar")
 
     v = sub.add_parser("heldout", help="held-out corpus: loss on every validation token, bits/char, syntax validity",
                        description="Score one or more checkpoints on the same held-out text: mean loss over every "
@@ -86,11 +112,53 @@ def _heldout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _codebench(args: argparse.Namespace) -> int:
+    from codex_lab.errors import InputError
+    from codex_lab.evals import codebench as cb
+    from codex_lab.evals import codebench_run as cr
+
+    if args.per_family is not None and args.per_family < 1:
+        raise InputError(f"--per-family must be >= 1, got {args.per_family}")
+    if args.n_samples < 1 or args.temperature < 0 or args.max_new_tokens < 1:
+        raise InputError("--n-samples and --max-new-tokens must be >= 1 and --temperature >= 0")
+    problems = cb.load_problems(args.per_family, seed=args.seed, split=args.split, families=args.family or cb.FAMILIES)
+    t0 = time.perf_counter()
+    if args.canonical:
+        completions, source, temp = cb.canonical_completions(problems), "canonical", None
+    else:
+        from codex_lab.runtime import get_device
+        from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
+
+        device = get_device(args.device)
+        ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
+        source, temp = args.checkpoint or "shipped", args.temperature
+        with _progress(len(problems) * args.n_samples, "generate", args.no_progress) as bar:
+            completions = cr.complete(ck.model, ck.tokenizer, problems, n_samples=args.n_samples,
+                                      temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                                      batch_size=args.batch_size, seed=args.seed, progress=bar.update)
+    with _progress(sum(len(c) for c in completions), "execute", args.no_progress) as bar:
+        results = cr.execute(problems, completions, workers=args.workers, timeout_s=args.timeout,
+                             progress=lambda: bar.update())
+    rows = cr.records(problems, results, seconds=time.perf_counter() - t0, source=source, temperature=temp,
+                      ks=(1, 10, 100))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            h = cr.half_width(r["pass_at_k"], r["problems"]) if r["k"] == 1 else None
+            ci = f" (95% half-width {h:.3f})" if h is not None else ""
+            print(f"codebench {r['source']} {r['family']:<10}: pass@{r['k']} = {r['pass_at_k']:.4f}{ci} over "
+                  f"{r['problems']} problems ({r['samples']} samples each, {r['time_s']:.1f} s)")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "benchmark", None) == "heldout":
         return _heldout(args)
+    if getattr(args, "benchmark", None) == "codebench":
+        return _codebench(args)
     if getattr(args, "benchmark", None) != "humaneval":
-        print("choose a benchmark: humaneval or heldout", file=sys.stderr)
+        print("choose a benchmark: humaneval, codebench or heldout", file=sys.stderr)
         return 2
     import torch
 
