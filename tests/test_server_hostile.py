@@ -56,8 +56,8 @@ BIG = "9" * 400  # an integer too large for a float
 # per field, values that are all invalid for it (as literal JSON text)
 BAD_VALUES: dict[str, list[str]] = {
     "model": ["7", "null", '""', '"gpt-4"', f'"{NAME}@v9"', '"\\ud800"', "[]", "{}", "true", BIG],
-    "prompt": ['""', "3", "[]", '["a", "b"]', "[1, -4]", "[1000000000000000000000000000000]", "[true]", '{"a": 1}',
-              '"\\ud800"', '"def f():\\udfff"', "null", "1.5", "[[1]]", "[1.0]"],
+    "prompt": ['""', "3", "[]", '["a", 3]', "[1, -4]", "[1000000000000000000000000000000]", "[true]", '{"a": 1}',
+              '"\\ud800"', '"def f():\\udfff"', "null", "1.5", "[[1], []]", "[1.0]"],
     "max_tokens": ["0", "-5", "1000000000", '"8"', "true", "2.5", "[]", "{}", "NaN", "Infinity", BIG, "-" + BIG,
                    "1e400"],
     "temperature": ["-1", '"hot"', "true", "2.5", "NaN", "Infinity", "-Infinity", BIG, "-" + BIG, "1e400", "[]",
@@ -67,9 +67,12 @@ BAD_VALUES: dict[str, list[str]] = {
     "stop": ["5", '["a", 3]', '[""]', '""', '["a", "b", "c", "d", "e"]', '{"a": 1}', '["\\ud800"]', "[[]]", "true"],
     "seed": ["1.5", '"7"', "true", str(2**70), str(2**64), str(-(2**63) - 1), BIG, "[]", "NaN"],
     "stream": ['"yes"', "1", "0", "[]", "{}", '"true"', "NaN"],
-    "n": ["3", "0", "-1", '"1"', "1.5", BIG],
-    "echo": ["true"],
-    "logprobs": ["5", "0"],
+    "n": ["65", "0", "-1", '"1"', "1.5", BIG],
+    "echo": ['"true"', "1"],
+    "logprobs": ["21", "-1", '"5"', "1.5"],
+    "best_of": ["0", '"2"'],
+    "presence_penalty": ["2.5", "NaN", BIG],
+    "logit_bias": ['{"1": 101}', '{"x": 1}', "[1]"],
     "suffix": ['"x"'],
 }
 

@@ -130,6 +130,7 @@ class SamplingParams:
         presence_penalty: subtracted once from the logit of every token already generated
             (-2..2, OpenAI's range; positive = talk about new things).
         frequency_penalty: subtracted from a token's logit once per time it was generated (-2..2).
+        logit_bias: token id -> value added to its logit at every step (-100..100).
         logprobs: None = none recorded; k >= 0 = record each generated token's log-probability
             and its k most likely alternatives (:func:`token_logprobs`, at most ``MAX_LOGPROBS``).
     """
@@ -144,14 +145,21 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     @property
     def penalized(self) -> bool:
-        """True when a presence or frequency penalty changes the logits."""
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        """True when a logit bias or a presence or frequency penalty changes the logits."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or bool(self.logit_bias)
 
     def penalize(self, logits: Tensor, generated: Sequence[int]) -> Tensor:
-        """``logits`` (B, V) after this request's penalties over ``generated`` (:func:`apply_penalties`)."""
+        """``logits`` (B, V) after this request's logit bias and penalties over ``generated``
+        (:func:`apply_penalties`)."""
+        if self.logit_bias:
+            ids = torch.tensor(list(self.logit_bias), dtype=torch.long, device=logits.device)
+            bias = torch.tensor(list(self.logit_bias.values()), dtype=torch.float32, device=logits.device)
+            # logit[t] += logit_bias[t] (OpenAI: -100 bans a token, +100 forces it)
+            logits = logits.float().index_add(-1, ids, bias.expand(*logits.shape[:-1], -1))
         return apply_penalties(logits, generated, self.presence_penalty, self.frequency_penalty)
 
     def validate(self) -> None:
@@ -170,6 +178,9 @@ class SamplingParams:
             v = getattr(self, name)
             if not -2.0 <= v <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {v}")
+        bad = {t: b for t, b in self.logit_bias.items() if t < 0 or not -100.0 <= b <= 100.0}
+        if bad:
+            raise ValueError(f"logit_bias needs token ids >= 0 and biases in [-100, 100], got {bad}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in 0..{MAX_LOGPROBS} (alternatives per token), got {self.logprobs}")
 

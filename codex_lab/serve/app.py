@@ -12,8 +12,11 @@ The pieces, one module each:
 - here: :func:`create_app`, the routes, and :class:`BackgroundServer` (uvicorn in a thread
   on a loopback port, for tests and notebooks).
 
-Routes: ``POST /v1/completions`` (plain, or server-sent events ending with ``data: [DONE]``),
-``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics``.
+Routes: ``POST /v1/completions`` (plain, or server-sent events ending with ``data: [DONE]``;
+batches of prompts, ``n``/``best_of``, ``logprobs``, ``echo``, penalties, ``suffix`` for a
+FIM-trained model: :mod:`~codex_lab.serve.batch`), ``POST /v1/chat/completions`` (400: a base
+model has no chat template), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``,
+``GET /metrics``, and vLLM's ``GET /tokenizer_info``, ``POST /tokenize``, ``POST /detokenize``.
 
 Answers: bad fields -> 400, wrong API key -> 401, Host not allowed -> 403, unknown model ->
 404, body too slow -> 408, body too large -> 413, not JSON -> 415, more requests in flight
@@ -37,9 +40,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from codex_lab.serve import completion
+from codex_lab.serve.batch import serve_completion
 from codex_lab.serve.completion import AsciiJSONResponse
-from codex_lab.serve.protocol import ApiError, parse_completion, parse_json
+from codex_lab.serve.protocol import ApiError, _text, parse_completion, parse_json
 from codex_lab.serve.router import ModelServer, ServerConfig
 from codex_lab.serve.security import LOOPBACK, Guard, check_loopback, read_body, uvicorn_config
 from codex_lab.serve.worker import EngineWorker, WorkerClosed
@@ -104,22 +107,59 @@ def create_app(server: ModelServer) -> Any:
     async def completions(request: Request) -> Any:
         try:
             raw = await read_body(request, cfg.limits.max_body_bytes, cfg.body_timeout_s)
-            req = parse_completion(parse_json(raw, cfg.limits), tok, cfg.limits, cfg.model_name, server.versions())
-            params = req.sampling_params()
+            req = parse_completion(parse_json(raw, cfg.limits), tok, cfg.limits, cfg.model_name, server.versions(),
+                                   fim_format=cfg.fim_format)
             try:
-                params.validate()
+                req.sampling_params().validate()
             except ValueError as exc:
                 raise ApiError(400, str(exc)) from None
-            server.admit()
+            return await serve_completion(server, req, request.receive)
         except ApiError as e:
             return err(e)
         except RecursionError:  # deeply nested values that survived the parser
             return err(ApiError(400, "the body is nested too deeply; send a flat JSON object", code="invalid_json"))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        return err(ApiError(400, f"{cfg.model_name} is a base code model without a chat template, so it has no chat "
+                                 "completions; send the code to continue to POST /v1/completions instead",
+                            code="no_chat_template"))
+
+    # vLLM's tokenizer routes (lm-evaluation-harness's local-completions uses them when present)
+    def token_str(i: int) -> str | None:
+        return tok.tok.id_to_token(i)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        return {"tokenizer_class": type(tok).__name__, "eos_token": token_str(tok.eot_id),
+                "pad_token": token_str(tok.pad_id), "bos_token": None, "model_max_length": cfg.limits.max_seq_len,
+                "vocab_size": tok.vocab_size}
+
+    async def json_body(request: Request) -> dict[str, Any]:
+        return parse_json(await read_body(request, cfg.limits.max_body_bytes, cfg.body_timeout_s), cfg.limits)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Any:
         try:
-            run = await completion.start(server, req, params, request.receive)
+            body = await json_body(request)
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise ApiError(400, "'prompt' must be a string to tokenize", param="prompt")
+            ids = tok.encode(_text(prompt, "prompt")) if prompt else []
         except ApiError as e:
             return err(e)
-        return run.stream() if req.stream else await run.answer()
+        return {"count": len(ids), "max_model_len": cfg.limits.max_seq_len, "tokens": ids, "token_strs": None}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Any:
+        try:
+            ids = (await json_body(request)).get("tokens")
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                    and 0 <= t < tok.vocab_size for t in ids):
+                raise ApiError(400, f"'tokens' must be a list of token ids in 0..{tok.vocab_size - 1}", param="tokens")
+        except ApiError as e:
+            return err(e)
+        return {"prompt": tok.decode(ids)}
 
     return Guard(app, allowed_hosts=cfg.allowed_hosts, api_key=cfg.api_key, on_error=metrics.error)
 

@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from codex_lab.infer.sampling import SamplingParams
+from codex_lab.serve.logprobs import cumulative_logprob, wire_logprobs
 from codex_lab.serve.protocol import ApiError, CompletionRequest, safe_text, wire_finish
 from codex_lab.serve.router import ModelServer
 from codex_lab.serve.worker import EngineWorker, Live, WorkerClosed
@@ -49,7 +50,8 @@ class AsciiJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
-async def start(server: ModelServer, req: CompletionRequest, params: SamplingParams, receive: Callable[[], Any]) -> "Run":
+async def start(server: ModelServer, req: CompletionRequest, params: SamplingParams, receive: Callable[[], Any],
+                index: int = 0) -> "Run":
     """Route and submit an admitted request; return its :class:`Run` once the engine accepted it.
 
     Raises :class:`ApiError`: 404/503 when no version can take it, 400 when the engine
@@ -82,14 +84,16 @@ async def start(server: ModelServer, req: CompletionRequest, params: SamplingPar
     except ApiError:
         server.release()
         raise
-    return Run(server, worker, live, receive)
+    return Run(server, worker, live, receive, index)
 
 
 class Run:
     """An accepted request: its events as text deltas, then the end (text, reason, tokens)."""
 
-    def __init__(self, server: ModelServer, worker: EngineWorker, live: Live, receive: Callable[[], Any]) -> None:
-        self.server, self.worker, self.live, self.receive = server, worker, live, receive
+    def __init__(self, server: ModelServer, worker: EngineWorker, live: Live, receive: Callable[[], Any],
+                 index: int = 0) -> None:
+        self.server, self.worker, self.live, self.receive, self.index = server, worker, live, receive, index
+        self.lp_done, self.offset = 0, 0  # tokens whose logprobs were sent; text offset of the next one
         self.req, self.tok, self.cfg = live.req, server.tokenizer, server.config
         self.cid, self.created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         self.ids: list[int] = []
@@ -169,12 +173,32 @@ class Run:
                               prompt_tokens=len(self.req.prompt_ids), finish_reason=self.reason or "length")
 
     # ---- answers -----------------------------------------------------------------------
+    def abandon(self) -> None:
+        """Drop an accepted run nobody will read (another choice of its request failed)."""
+        self.worker.cancel(self.live)
+        self.server.release()
+
     def usage(self) -> dict[str, int]:
         n_in, n_out = len(self.req.prompt_ids), len(self.ids)
         return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
 
-    def choice(self, text: str, final: bool) -> dict[str, Any]:
-        c: dict[str, Any] = {"text": text, "index": 0, "logprobs": None, "finish_reason": None}
+    def take_logprobs(self) -> dict[str, list[Any]] | None:
+        """The ``logprobs`` object of the tokens received and not yet reported (None when not asked)."""
+        if self.req.logprobs is None:
+            return None
+        n = min(len(self.ids), len(self.live.logprobs))  # a trailing end-of-text has no entry
+        out = wire_logprobs(self.tok, self.ids[self.lp_done:n], self.live.logprobs[self.lp_done:n], self.offset)
+        self.lp_done = max(self.lp_done, n)
+        if out["tokens"]:
+            self.offset = out["text_offset"][-1] + len(out["tokens"][-1])
+        return out
+
+    def score(self) -> float:
+        """Cumulative logprob of the sampled tokens (``best_of`` keeps the highest)."""
+        return cumulative_logprob(self.live.logprobs[: len(self.ids)])
+
+    def choice(self, text: str, final: bool, logprobs: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+        c: dict[str, Any] = {"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": None}
         if final:
             c["finish_reason"], detail = wire_finish(self.reason or "length")
             if detail:
@@ -190,44 +214,3 @@ class Run:
 
     def headers(self) -> dict[str, str]:
         return {"x-codex-lab-version": self.worker.version}
-
-    def stream(self) -> StreamingResponse:
-        """Server-sent events ending with ``data: [DONE]`` (an error event first if serving failed)."""
-        async def sse() -> AsyncIterator[str]:
-            sent, ev = "", self.events()
-            try:
-                async for kind, val in ev:
-                    if kind == "delta":
-                        sent += val
-                        yield self._chunk([self.choice(val, False)])
-                    elif kind == "end":
-                        tail = val[len(sent):] if val.startswith(sent) else ""
-                        yield self._chunk([self.choice(tail, True)])
-                        if self.req.include_usage:
-                            yield self._chunk([], self.usage())
-                    else:  # "error"
-                        e = ApiError(500, f"the engine failed on this request: {val}", type_="server_error",
-                                     code="engine_error")
-                        yield f"data: {_dumps(e.body())}\n\n"
-                yield "data: [DONE]\n\n"
-            finally:
-                await ev.aclose()  # runs the request's clean-up even if the client vanished
-
-        return StreamingResponse(sse(), media_type="text/event-stream", headers=self.headers())
-
-    async def answer(self) -> AsciiJSONResponse:
-        """The whole completion as one JSON body (500 if serving failed, 499 if the client left)."""
-        end = None
-        async for kind, val in self.events():
-            if kind == "end":
-                end = val
-            elif kind == "error":
-                e = ApiError(500, f"the engine of version {self.worker.version} failed on this request: {val}",
-                             type_="server_error", code="engine_error")
-                return AsciiJSONResponse(e.body(), status_code=500, headers=self.headers())
-        if end is None:  # client gone: nobody reads this
-            return AsciiJSONResponse({"error": {"message": "client disconnected", "type": "invalid_request_error",
-                                           "param": None, "code": "disconnected"}}, status_code=499)
-        return AsciiJSONResponse({"id": self.cid, "object": "text_completion", "created": self.created,
-                             "model": self.cfg.model_name, "system_fingerprint": self.worker.version,
-                             "choices": [self.choice(end, True)], "usage": self.usage()}, headers=self.headers())

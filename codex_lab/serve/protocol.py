@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import math
 import reprlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from codex_lab.data.tokenizer import CodeTokenizer
-from codex_lab.infer.sampling import SamplingParams
+from codex_lab.infer.sampling import MAX_LOGPROBS, SamplingParams
 
 
 class ApiError(Exception):
@@ -58,11 +58,18 @@ class Limits:
     max_seq_len: int = 1024
     max_body_bytes: int = 64 * 1024
     max_stop: int = 4
+    max_choices: int = 64  # prompts x best_of per request: each is one engine request
 
 
 @dataclass
 class CompletionRequest:
-    """A validated ``POST /v1/completions`` body."""
+    """A validated ``POST /v1/completions`` body.
+
+    ``prompts``: every prompt of the batch as token ids (``prompt_ids`` is the one an engine
+    request decodes: :meth:`for_prompt` makes one per prompt). ``n`` choices are returned per
+    prompt, the best ``n`` of ``best_of`` samples by cumulative logprob. ``max_tokens`` may be
+    0 only with ``echo`` (score the prompt, generate nothing).
+    """
 
     prompt_ids: list[int]
     max_tokens: int
@@ -74,11 +81,35 @@ class CompletionRequest:
     stream: bool = False
     version: str | None = None  # pinned with model="name@version"
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+    prompts: list[list[int]] = field(default_factory=list)
+    n: int = 1
+    best_of: int = 1
+    logprobs: int | None = None  # alternatives per token (0..MAX_LOGPROBS); None = no logprobs
+    echo: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    fim: bool = False  # the prompt was built from prompt + suffix (fill-in-the-middle)
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
-    def sampling_params(self) -> SamplingParams:
-        """The engine's :class:`~codex_lab.infer.sampling.SamplingParams` for this request."""
-        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, stop=list(self.stop), seed=self.seed)
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            self.prompts = [list(self.prompt_ids)]
+
+    def for_prompt(self, i: int) -> "CompletionRequest":
+        """The same request for prompt ``i`` alone (what one engine request decodes)."""
+        return replace(self, prompt_ids=list(self.prompts[i]), prompts=[list(self.prompts[i])])
+
+    def sampling_params(self, sample: int = 0) -> SamplingParams:
+        """The engine's :class:`~codex_lab.infer.sampling.SamplingParams` for sample ``sample`` of a
+        prompt (0..best_of-1): a seeded request gives sample j the seed ``seed + j`` (wrapped into
+        64 bits), so the samples differ and the answer is reproducible. Logprobs are recorded
+        when asked for, and for ranking when ``best_of > n``."""
+        seed = None if self.seed is None else (self.seed + sample - SEED_MIN) % 2**64 + SEED_MIN
+        lp = self.logprobs if self.logprobs is not None else (0 if self.best_of > self.n else None)
+        return SamplingParams(max_tokens=max(self.max_tokens, 1), temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p, stop=list(self.stop), seed=seed, logprobs=lp,
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              logit_bias=dict(self.logit_bias))
 
 
 # torch.Generator.manual_seed takes a 64-bit seed: -2**63 .. 2**64 - 1
@@ -160,8 +191,12 @@ def _text(s: str, name: str) -> str:
 
 
 def parse_completion(body: dict[str, Any], tokenizer: CodeTokenizer, limits: Limits,
-                     model_name: str, versions: list[str]) -> CompletionRequest:
-    """Validate an OpenAI completions body; raise :class:`ApiError` naming the field and the fix."""
+                     model_name: str, versions: list[str], fim_format: str | None = None) -> CompletionRequest:
+    """Validate an OpenAI completions body; raise :class:`ApiError` naming the field and the fix.
+
+    ``fim_format``: the served checkpoint's FIM prompt format ("psm" / "spm") when it was
+    trained for fill-in-the-middle, else None (then ``suffix`` is refused with a 400).
+    """
     model = body.get("model")
     if not isinstance(model, str):
         raise ApiError(400, f"'model' is required and must be a string; use {model_name!r}", param="model",
@@ -171,33 +206,24 @@ def parse_completion(body: dict[str, Any], tokenizer: CodeTokenizer, limits: Lim
         known = [model_name] + [f"{model_name}@{v}" for v in versions]
         raise ApiError(404, f"the model {_brief(model)} does not exist; served: {known}", param="model",
                        code="model_not_found", kind="not_found")
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ApiError(400, "'prompt' is empty; give at least one character", param="prompt")
-        ids = tokenizer.encode(_text(prompt, "prompt"))
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        bad = [t for t in prompt if not 0 <= t < tokenizer.vocab_size]
-        if bad:
-            raise ApiError(400, f"token ids {_brief(bad[:5])} are outside 0..{tokenizer.vocab_size - 1}", param="prompt")
-        ids = list(prompt)
-    elif prompt is None:
-        raise ApiError(400, "'prompt' is required (a string, or a list of token ids)", param="prompt", code="missing_field")
-    else:
-        raise ApiError(400, "'prompt' must be one string or a non-empty list of token ids (batches of prompts "
-                            "are not supported: send one request each)", param="prompt", code="invalid_type")
-    if not ids:
-        raise ApiError(400, "'prompt' encodes to no tokens; give some text", param="prompt")
+    prompts = _prompts(body.get("prompt"), tokenizer)
+    suffix = body.get("suffix")
+    fim = suffix is not None
+    if fim:
+        prompts = _fim_prompts(body, prompts, suffix, tokenizer, fim_format)
+    echo = _typed(body, "echo", (bool,), False, "true or false")
     max_tokens = _typed(body, "max_tokens", (int,), limits.default_max_tokens, "an integer")
-    if not 1 <= max_tokens <= limits.max_tokens:
-        raise ApiError(400, f"'max_tokens' must be in 1..{limits.max_tokens}, got {_brief(max_tokens)}",
+    lo = 0 if echo else 1
+    if not lo <= max_tokens <= limits.max_tokens:
+        hint = "" if echo else " (0 is allowed with echo=true: score the prompt only)"
+        raise ApiError(400, f"'max_tokens' must be in {lo}..{limits.max_tokens}{hint}, got {_brief(max_tokens)}",
                        param="max_tokens")
-    if len(ids) + max_tokens > limits.max_seq_len:
-        raise ApiError(400, f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: together more than "
-                            f"the model's context of {limits.max_seq_len} tokens; shorten the prompt or lower max_tokens",
-                       param="prompt", code="context_length_exceeded")
+    for i, ids in enumerate(prompts):
+        if len(ids) + max_tokens > limits.max_seq_len:
+            which = f"prompt {i}" if len(prompts) > 1 else "the prompt"
+            raise ApiError(400, f"{which} has {len(ids)} tokens and max_tokens is {max_tokens}: together more than "
+                                f"the model's context of {limits.max_seq_len} tokens; shorten the prompt or lower "
+                                "max_tokens", param="prompt", code="context_length_exceeded")
     temperature = _number(body, "temperature", 0.0)
     if not 0.0 <= temperature <= 2.0:
         raise ApiError(400, f"'temperature' must be in [0, 2], got {temperature}", param="temperature")
@@ -223,13 +249,104 @@ def parse_completion(body: dict[str, Any], tokenizer: CodeTokenizer, limits: Lim
             raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
         include_usage = _typed(options, "include_usage", (bool,), False, "true or false")
     n = _typed(body, "n", (int,), 1, "an integer")
-    if n != 1:
-        raise ApiError(400, f"'n' must be 1 (one completion per request), got {_brief(n)}", param="n")
-    if body.get("echo") or body.get("logprobs") is not None or body.get("suffix") is not None:
-        raise ApiError(400, "'echo', 'logprobs' and 'suffix' are not supported by this server", code="unsupported")
-    return CompletionRequest(prompt_ids=ids, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+    best_of = _typed(body, "best_of", (int,), n, "an integer")
+    if n < 1:
+        raise ApiError(400, f"'n' must be >= 1, got {_brief(n)}", param="n")
+    if best_of < n:
+        raise ApiError(400, f"'best_of' ({_brief(best_of)}) must be >= 'n' ({n})", param="best_of")
+    if len(prompts) * best_of > limits.max_choices:
+        raise ApiError(400, f"{len(prompts)} prompt(s) x best_of {best_of} = {len(prompts) * best_of} samples; the limit "
+                            f"is {limits.max_choices} per request: send fewer prompts or a smaller n / best_of",
+                       param="best_of" if best_of > n else "n")
+    if stream and best_of > n:
+        raise ApiError(400, "'best_of' must equal 'n' when streaming (the best samples are known only at the end); "
+                            "drop best_of or stream=false", param="best_of")
+    if max_tokens == 0 and (n > 1 or best_of > 1):
+        raise ApiError(400, "max_tokens=0 (echo only) gives one choice per prompt; drop n and best_of", param="n")
+    logprobs = _typed(body, "logprobs", (int,), None, f"an integer 0..{MAX_LOGPROBS}")
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise ApiError(400, f"'logprobs' must be in 0..{MAX_LOGPROBS} (alternatives per token), got {_brief(logprobs)}",
+                       param="logprobs")
+    if echo and fim:
+        raise ApiError(400, "'echo' cannot be combined with 'suffix' (the prompt is rebuilt for fill-in-the-middle)",
+                       param="echo")
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        penalties[name] = _number(body, name, 0.0)
+        if not -2.0 <= penalties[name] <= 2.0:
+            raise ApiError(400, f"'{name}' must be in [-2, 2], got {penalties[name]}", param=name)
+    bias = _typed(body, "logit_bias", (dict,), {}, 'an object of token id -> bias, e.g. {"50": -100}')
+    logit_bias: dict[int, float] = {}
+    for key, v in bias.items():
+        try:
+            t = int(key)
+        except ValueError:
+            t = -1
+        ok_v = isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100  # NaN fails too
+        if not 0 <= t < tokenizer.vocab_size or not ok_v:
+            raise ApiError(400, f"'logit_bias' maps token ids 0..{tokenizer.vocab_size - 1} to biases in [-100, 100]; "
+                                f"got {_brief(key)}: {_brief(v)}", param="logit_bias")
+        logit_bias[t] = float(v)
+    return CompletionRequest(prompt_ids=prompts[0], max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                              top_k=top_k, stop=stop, seed=seed, stream=stream, version=version or None,
-                             include_usage=include_usage)
+                             include_usage=include_usage, prompts=prompts, n=n, best_of=best_of, logprobs=logprobs,
+                             echo=echo, fim=fim, logit_bias=logit_bias, **penalties)
+
+
+def _prompts(prompt: Any, tokenizer: CodeTokenizer) -> list[list[int]]:
+    """The batch of prompts as token ids: a string, a list of strings, a list of token ids,
+    or a list of token-id lists."""
+    def ids_of(p: Any, where: str) -> list[int]:
+        if isinstance(p, str):
+            if not p:
+                raise ApiError(400, f"{where} is an empty string; give at least one character", param="prompt")
+            ids = tokenizer.encode(_text(p, "prompt"))
+            if not ids:
+                raise ApiError(400, f"{where} encodes to no tokens; give some text", param="prompt")
+            return ids
+        if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            bad = [t for t in p if not 0 <= t < tokenizer.vocab_size]
+            if bad:
+                raise ApiError(400, f"token ids {_brief(bad[:5])} in {where} are outside 0..{tokenizer.vocab_size - 1}",
+                               param="prompt")
+            return list(p)
+        if isinstance(p, list) and not p:
+            raise ApiError(400, f"{where} is an empty list; give at least one token id", param="prompt")
+        raise ApiError(400, f"{where} must be a string or a list of token ids, got {_brief(p)}", param="prompt",
+                       code="invalid_type")
+
+    if prompt is None:
+        raise ApiError(400, "'prompt' is required (a string, a list of strings, a list of token ids, or a list of "
+                            "token-id lists)", param="prompt", code="missing_field")
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
+                                   and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+        return [ids_of(prompt, "'prompt'")]
+    if isinstance(prompt, list) and prompt:
+        return [ids_of(p, f"prompt {i}") for i, p in enumerate(prompt)]
+    raise ApiError(400, "'prompt' must be a string, a list of strings, a non-empty list of token ids, or a list of "
+                        f"token-id lists, got {_brief(prompt)}", param="prompt", code="invalid_type")
+
+
+def _fim_prompts(body: dict[str, Any], prompts: list[list[int]], suffix: Any, tokenizer: CodeTokenizer,
+                 fim_format: str | None) -> list[list[int]]:
+    """Fill-in-the-middle prompts (the text before the gap = ``prompt``, after it = ``suffix``)."""
+    if fim_format is None:
+        raise ApiError(400, "'suffix' needs a model trained for fill-in-the-middle, and this one was not (its "
+                            "checkpoint's meta has no fim_rate > 0); drop 'suffix', or serve a checkpoint "
+                            "pretrained with fim_rate > 0", param="suffix", code="unsupported")
+    if not isinstance(suffix, str):
+        raise ApiError(400, f"'suffix' must be a string, got {_brief(suffix)}", param="suffix", code="invalid_type")
+    raw = body.get("prompt")
+    texts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise ApiError(400, "with 'suffix' the prompt must be text (a string or a list of strings), not token ids",
+                       param="prompt")
+    from codex_lab.data.fim import fim_prompt_ids  # data layer; imported here to keep the server's import light
+
+    try:
+        return [fim_prompt_ids(tokenizer, t, _text(suffix, "suffix"), fim_format) for t in texts]  # type: ignore[arg-type]
+    except ValueError as exc:  # a sentinel token inside the text would forge the prompt
+        raise ApiError(400, f"'prompt' or 'suffix': {exc}", param="suffix") from None
 
 
 def safe_text(text: str, stop: list[str]) -> tuple[str, bool]:
