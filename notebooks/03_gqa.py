@@ -29,7 +29,8 @@
 # build GQA, measure the bytes, and find the saving is exactly `1 - 1/g`: 75% for g = 4 and
 # 87.5% for g = 8, not 40%. Then we convert a trained multi-head model to GQA the way
 # Ainslie et al. (2023) do (mean-pool each group's K/V heads, train briefly), measure what
-# it costs in quality, and move real models between codex_lab and Hugging Face.
+# it costs in quality over several seeds (a difference with its 95% interval and a verdict
+# computed by `cl.compare`), and move real models between codex_lab and Hugging Face.
 
 # %%
 import sys
@@ -272,38 +273,76 @@ def convert(base: CodexModel, n_kv: int, how: str) -> CodexModel:
 init_loss = {how: cl.val_loss(convert(mha, 1, how), val_batches) for how in ("mean", "first", "random")}
 for how, loss in init_loss.items():
     print(f"shipped model -> MQA (g = 4), K/V heads by {how:<6}: val loss {loss:.3f} (MHA: {shipped_rows[0][1]:.3f})")
+best_init = min(init_loss, key=init_loss.get)
+print(f"on this one model, {best_init} keeps the most (lowest loss); one model is one draw: the seeded comparison "
+      "in the next section judges mean against first over several models")
 assert init_loss["mean"] < init_loss["random"], "mean-pooling should keep more than a random K/V projection"
 
 # %% [markdown]
-# Pooling costs quality at once, more for larger g. Now the full experiment, g = 1, 2, 4, 8,
-# on an 8-head MHA model pre-trained here (the shipped model has only 4 heads). Each variant
-# gets the same number of uptraining steps; g = 1 is the control that is only trained
-# further, so "recovery" means "compared with MHA trained equally long". In fast mode the
-# base model is tiny and barely trained: the table shows the mechanism, not the scale.
+# **Exercises.** You now have everything `exercises/03_gqa.ipynb` grades: one grouped-query
+# decode step over a padded cache (section 2's reshape of the queries, plus a mask for each
+# row's length), the KV-cache bytes formula (section 3) and mean-pooling K/V heads (the
+# `convert` above). Grade it with `codex-lab grade exercises/03_gqa.py`.
+
+# %% [markdown]
+# Now the full experiment, g = 1, 2, 4, 8, on 8-head MHA models pre-trained here (the
+# shipped model has only 4 heads). Each variant gets the same number of uptraining steps;
+# g = 1 is the control that is only trained further, so "recovery" means "compared with MHA
+# trained equally long". One seed is one draw of the base model's initial weights and data
+# order, so the whole experiment runs for several seeds, and each group size's gap to MHA
+# is reported as a difference with its 95% interval (paired by seed: both arms share the
+# base model). In fast mode the base models are tiny and barely trained: the verdicts are
+# about this scale only.
 
 # %%
 base_cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=cl.pick(fast=64, full=256), n_layer=cl.pick(fast=2, full=4),
                        n_head=8, max_seq_len=1024)
 SEQ_LEN, BS = cl.pick(fast=64, full=256), cl.pick(fast=8, full=16)
-PRETRAIN, UPTRAIN = cl.pick(fast=80, full=2000), cl.pick(fast=8, full=100)  # uptraining = 5-10% of pre-training
-torch.manual_seed(0)
-base = CodexModel(base_cfg).to(device)
+PRETRAIN, UPTRAIN = cl.pick(fast=60, full=2000), cl.pick(fast=8, full=100)  # uptraining = 5-15% of pre-training
+SEEDS = cl.pick(fast=[0, 1, 2], full=[0, 1, 2, 3, 4])
+runs, pool_loss = [], {"mean": [], "first": []}
 t0 = time.perf_counter()
-pre = cl.uptrain(base, train_tokens, steps=PRETRAIN, batch_size=BS, seq_len=SEQ_LEN, lr=3e-3, warmup=PRETRAIN // 10)
-print(f"pre-trained {PRETRAIN} steps in {time.perf_counter() - t0:.1f} s: train loss {pre[0]:.2f} -> {pre[-1]:.2f}; "
-      f"val loss {cl.val_loss(base, val_batches):.3f}")
-
-exp = cl.group_size_experiment(
-    base, train_tokens, val_batches, group_sizes=(1, 2, 4, 8), steps=UPTRAIN, batch_size=BS, seq_len=SEQ_LEN, lr=1e-3,
-    decode_batch=cl.pick(fast=4, full=32), decode_prompt=cl.pick(fast=64, full=512), decode_tokens=cl.pick(fast=8, full=64),
-)
+for seed in SEEDS:
+    torch.manual_seed(seed)
+    base = CodexModel(base_cfg).to(device)
+    pre = cl.uptrain(base, train_tokens, steps=PRETRAIN, batch_size=BS, seq_len=SEQ_LEN, lr=3e-3, warmup=PRETRAIN // 10, seed=seed)
+    for how in pool_loss:  # the conversion alone, your `convert` from above, on this seed's model
+        pool_loss[how].append(cl.val_loss(convert(base, 1, how), val_batches))
+    runs.append(cl.group_size_experiment(
+        base, train_tokens, val_batches, group_sizes=(1, 2, 4, 8), steps=UPTRAIN, batch_size=BS, seq_len=SEQ_LEN, lr=1e-3,
+        decode_batch=cl.pick(fast=4, full=32), decode_prompt=cl.pick(fast=64, full=512), decode_tokens=cl.pick(fast=8, full=64),
+        seed=seed, measure_decode=seed == SEEDS[0]))  # decode speed once: it is not what the seeds are for
+    print(f"seed {seed}: pre-trained {PRETRAIN} steps (train loss {pre[0]:.2f} -> {pre[-1]:.2f}), then uptrained each g")
+print(f"{len(SEEDS)} seeds in {time.perf_counter() - t0:.1f} s")
+exp = runs[0]
+print(f"seed {SEEDS[0]}:")
 print(f"{'g':>2} {'K/V heads':>9} {'val converted':>13} {'val uptrained':>13} {'KV B/token':>10} {'saving':>7} {'decode tok/s':>12}")
 for r in exp:
     print(f"{r['g']:>2} {r['n_kv_head']:>9} {r['val_loss_converted']:>13.3f} {r['val_loss_uptrained']:>13.3f} "
           f"{r['kv_bytes_per_token']:>10,} {r['kv_saving']:>7.1%} {r['decode_tok_s']:>12.0f}")
 assert [r["kv_saving"] for r in exp] == [0.0, 0.5, 0.75, 0.875]
-for r in exp[1:]:
-    assert r["val_loss_uptrained"] < r["val_loss_converted"], f"g={r['g']}: uptraining did not lower the loss"
+for rows_ in runs:
+    for r in rows_[1:]:
+        assert r["val_loss_uptrained"] < r["val_loss_converted"], f"g={r['g']}: uptraining did not lower the loss"
+
+# %% [markdown]
+# **The verdicts.** For each g, the per-seed difference `loss(g) - loss(MHA)` after equal
+# training, its mean and 95% interval (`cl.compare`, paired). The claim under test is
+# "GQA keeps quality": it *fails* when the interval lies wholly above 0 (a cost this many
+# seeds can see), and is *not resolved* when the interval contains 0 (any cost is smaller
+# than its half-width here). The same rule judges Ainslie et al.'s "mean-pooling beats
+# keeping the first head" on the conversion losses of each seed's model.
+
+# %%
+from codex_lab.lessons.l03_gqa.experiments import group_size_verdicts
+
+print(cl.VERDICT_RULE)
+gqa_verdicts = group_size_verdicts(runs)
+for g, c in gqa_verdicts.items():
+    print(f"g = {g}: " + c.describe())
+mean_vs_first = cl.compare(pool_loss["first"], pool_loss["mean"], metric="val loss right after pooling to MQA, mean minus first",
+                           higher_is_better=False, paired=True)
+print("mean vs first head: " + mean_vs_first.describe())
 
 # %%
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
@@ -322,40 +361,38 @@ plt.show()
 for r in exp[1:]:
     before = r["val_loss_converted"] - exp[0]["val_loss_converted"]  # gap to MHA right after pooling
     after = r["val_loss_uptrained"] - exp[0]["val_loss_uptrained"]  # gap to MHA trained equally long
-    print(f"g = {r['g']}: gap to MHA {before:+.3f} nats/token after pooling, {after:+.3f} after uptraining "
+    print(f"g = {r['g']} (seed {SEEDS[0]}): gap to MHA {before:+.3f} nats/token after pooling, {after:+.3f} after uptraining "
           f"({1 - after / before:.0%} of the gap closed)")
 
 # %% [markdown]
-# Read the table as the trade: KV bytes per token fall as `1/g`; the loss paid right after
-# pooling shrinks with a few steps of training (the printed share of the gap closed); what
-# remains against MHA trained equally long is the quality price of sharing. The decode
-# speeds above time whole steps of a tiny model with a short cache on a CPU that may be
-# shared with other jobs: they include embeddings, FFNs and the output layer, and they are
-# noisy. The part GQA speeds up is the attention over a long cache, which must read every
-# cached K/V byte. Timing just that kernel, one new query per sequence against a long cache:
+# Read the table as the trade: KV bytes per token fall as `1/g`; training shrinks the loss
+# paid right after pooling by the printed share; what remains against MHA trained equally
+# long is the quality price of sharing, judged over seeds above. The decode speeds in the
+# table time whole steps of a tiny model with a short cache, once each: they include
+# embeddings, FFNs and the output layer and are not compared here. The part GQA speeds up
+# is the attention over a long cache, which must read every cached K/V byte. Timing just
+# that kernel, one new query per sequence against a long cache, in interleaved rounds:
 
 # %%
 S_LONG = cl.pick(fast=2048, full=16384)
 q1 = torch.randn(4, 8, 1, 64)  # (B, H, 1, D): one decoding step
-attn_ms = {}
-for g in (1, 2, 4, 8):
-    k = torch.randn(4, 8 // g, S_LONG, 64)  # (B, Hkv, S, D)
-    v = torch.randn(4, 8 // g, S_LONG, 64)
+kv = {g: (torch.randn(4, 8 // g, S_LONG, 64), torch.randn(4, 8 // g, S_LONG, 64)) for g in (1, 2, 4, 8)}  # (B, Hkv, S, D)
+for g, (k, v) in kv.items():
     attention_sdpa(q1, k, v, None)  # warm-up
-    times = []
-    for _ in range(cl.pick(fast=7, full=21)):
-        t0 = time.perf_counter()
-        attention_sdpa(q1, k, v, None)
-        times.append(time.perf_counter() - t0)
-    attn_ms[g] = 1000 * sorted(times)[len(times) // 2]
-    print(f"g = {g}: K/V read per step {2 * k.nbytes / 2**20:6.1f} MiB, attention {attn_ms[g]:.2f} ms (median)")
-print(f"MQA / MHA attention time at {S_LONG} cached tokens: {attn_ms[8] / attn_ms[1]:.2f}")
+wall, _ = cl.interleaved_times({g: (lambda k=k, v=v: attention_sdpa(q1, k, v, None)) for g, (k, v) in kv.items()},
+                               repeats=cl.pick(fast=9, full=21))
+attn_ms = {g: sorted(t)[len(t) // 2] for g, t in wall.items()}
+for g, (k, v) in kv.items():
+    print(f"g = {g}: K/V read per step {2 * k.nbytes / 2**20:6.1f} MiB, attention {attn_ms[g]:.2f} ms "
+          f"(median; range {min(wall[g]):.2f}-{max(wall[g]):.2f})")
+mqa_speed = cl.timing_ratio(wall[1], wall[8], a="MHA (g = 1)", b="MQA (g = 8)")
+print(mqa_speed.describe(), f"| bytes read: {1 / 8:.3f}x")
 
 # %% [markdown]
-# The ratio printed above is measured on this machine (on a busy CPU it is noisy); on a
-# GPU, where long-context decoding is bound by memory bandwidth, the attention time is
-# expected to follow the bytes read (not measured here: run the notebook in full mode on a
-# GPU). `codex-lab bench gqa` times whole decode steps per group size.
+# The ratio and its per-round range printed above are this machine's; on a GPU, where
+# long-context decoding is bound by memory bandwidth, the attention time is expected to
+# follow the bytes read (not measured here: run the notebook in full mode on a GPU).
+# `codex-lab bench gqa` times whole decode steps per group size.
 #
 # ## 6. Hugging Face interop: the same weights in `transformers`
 # codex_lab's parameter names and RoPE layout follow Hugging Face Llama, so a model converts
@@ -432,26 +469,29 @@ print(f"- Real models at 32k tokens, bf16: Qwen2.5-Coder-0.5B {real_rows['Qwen2.
       f"7B {real_rows['Qwen2.5-Coder-7B'][0] / GiB:.2f} GiB.")
 print(f"- Conversion of the shipped model to MQA: val loss {init_loss['mean']:.3f} by mean-pooling, "
       f"{init_loss['first']:.3f} keeping the first head, {init_loss['random']:.3f} with fresh K/V "
-      f"(MHA {shipped_rows[0][1]:.3f}): the mean keeps the most, as Ainslie et al. found.")
-for r in exp[1:]:
-    before = r["val_loss_converted"] - exp[0]["val_loss_converted"]
-    after = r["val_loss_uptrained"] - exp[0]["val_loss_uptrained"]
-    print(f"- g = {r['g']}: gap to MHA {before:+.3f} nats right after pooling, {after:+.3f} after {UPTRAIN} uptraining steps.")
-print(f"- One decode step's attention over {S_LONG} cached tokens: MQA took {attn_ms[8] / attn_ms[1]:.2f}x the time of "
-      f"MHA (shared CPU, noisy). Hugging Face gives the same logits ({diff:.1e}) and the same greedy tokens.")
+      f"(MHA {shipped_rows[0][1]:.3f}); {best_init} was lowest on this one model.")
+print(f"- Mean-pooling vs first head over {len(SEEDS)} pre-trained models (Ainslie et al.: the mean is better): "
+      f"{mean_vs_first.describe()}.")
+for g, c in gqa_verdicts.items():
+    print(f"- 'GQA keeps quality after {UPTRAIN} uptraining steps', g = {g}: {c.describe()}.")
+print(f"- One decode step's attention over {S_LONG} cached tokens: {mqa_speed.describe()}. "
+      f"Hugging Face gives the same logits ({diff:.1e}) and the same greedy tokens.")
 print(f"(notebook run time {elapsed:.0f} s in {'fast' if FAST else 'full'} mode on {device}, under load)")
 
 # %% [markdown]
 # ## Questions to think about
 # 1. The cache saving is `1 - 1/g` but the whole process saves less. At which context length
 #    does the KV cache of Qwen2.5-Coder-0.5B (MHA shapes) outgrow its weights?
-# 2. Why is the mean of a group's K/V heads a better start than its first head? What does
-#    the mean preserve about the attention scores of the heads it replaces?
+# 2. Ainslie et al. found the mean of a group's K/V heads a better start than its first
+#    head; compare with this run's verdict above. What does the mean preserve about the
+#    attention scores of the heads it replaces, and when could keeping one head do as well?
 # 3. The reference path repeats K/V `g` times before attention. Where in a decode step would
 #    that copy give back the memory GQA saved, and how does the reshape of `q` avoid it?
 # 4. On a GPU, long-context decoding is bound by memory bandwidth. What attention time ratio
-#    between MQA and MHA would you predict from the bytes read, and why did this CPU
-#    measurement differ?
+#    between MQA and MHA would you predict from the bytes read? Compare it with this CPU's
+#    measured ratio and its spread, and say what else a CPU step pays for.
+# 5. A "not resolved" verdict prints the interval's half-width. How many seeds would you
+#    need to resolve a cost half that size, if the per-seed spread stayed the same?
 #
 # ## Further reading
 # - Shazeer (2019), *Fast Transformer Decoding: One Write-Head is All You Need* (MQA).
@@ -461,5 +501,4 @@ print(f"(notebook run time {elapsed:.0f} s in {'fast' if FAST else 'full'} mode 
 #   memory bandwidth dominate decoding.
 # - Qwen Team (2024), *Qwen2.5-Coder Technical Report*: the GQA head counts used above.
 #
-# Exercises: `exercises/03_gqa.ipynb` (a grouped-query decode step over a padded cache, KV
-# bytes, mean-pool conversion).
+# Exercises: `exercises/03_gqa.ipynb` (pointed to at the end of section 5).
