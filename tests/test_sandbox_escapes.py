@@ -1,0 +1,269 @@
+"""Escapes of the second hardening round, replayed against the sandbox (root mode here, and as a
+normal user in userns mode where the machine allows it):
+
+- a pathname unix socket outside the sandbox (a world-writable one in a system folder, as a
+  D-Bus or docker socket would be) is unreachable;
+- the caller's files (its home, its cache of native kernels, the checkout around the package)
+  do not exist in the sandbox, and what it does see is read-only;
+- unmounting a hidden path, or mounting anything, fails (no capability left);
+- memory is capped for the sandbox as a whole (several processes), disk too (several files);
+- a setup failure raises one line naming its cause and the fix, and generated code cannot fake one.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+import codex_lab
+import codex_lab.sandbox as sb
+from codex_lab.sandbox import SandboxUnavailable, isolation_mode, run_python
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = Path(codex_lab.__file__).resolve().parent
+MODE = isolation_mode()
+needs_ns = pytest.mark.skipif(MODE == "plain", reason="no pid/net/mount namespaces here (plain mode)")
+needs_root = pytest.mark.skipif(MODE != "root", reason=f"isolation mode is {MODE!r}: needs root")
+
+
+@pytest.fixture()
+def unix_server():
+    """A world-writable pathname socket in a system-like folder outside /tmp, and what it received."""
+    d = Path(tempfile.mkdtemp(prefix="codex-lab-sock-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
+    os.chmod(d, 0o755)
+    path = d / "open.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    os.chmod(path, 0o777)
+    srv.listen(4)
+    srv.settimeout(0.2)
+    got: list[bytes] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            got.append(c.recv(100))
+            c.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield path, got
+    stop.set()
+    t.join(2)
+    srv.close()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@needs_ns
+def test_a_unix_socket_outside_is_unreachable(unix_server):
+    path, got = unix_server
+    code = f"""
+import _socket
+s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+try:
+    s.connect({str(path)!r})
+    s.send(b'escaped')
+    print('CONNECTED')
+except OSError as e:
+    print('REFUSED', e.errno)
+"""
+    r = run_python(code, guard=False)  # no guard: the boundary itself must hold
+    assert "REFUSED" in r.stdout and "CONNECTED" not in r.stdout, r
+    assert got == []
+
+
+@needs_ns
+def test_the_callers_files_do_not_exist_and_the_rest_is_read_only():
+    home = os.path.expanduser("~")
+    cache = os.path.join(home, ".cache", "codex_lab", "native")
+    code = f"""
+import os, sys
+for p in ({home!r}, {cache!r}, {str(ROOT / '.git')!r}, {str(ROOT / 'solutions')!r}, {str(ROOT / 'tests')!r}):
+    print('EXISTS' if os.path.exists(p) else 'ABSENT', p)
+for target in ({os.path.join(cache, 'planted.so')!r}, {str(PKG / 'planted.py')!r}, os.path.join(sys.prefix, 'planted.pth'),
+               '/usr/planted', '/etc/planted'):
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, 'w').write('x')
+        print('WROTE', target)
+    except OSError as e:
+        print('DENIED', e.errno, target)
+print('PKG', sorted(os.listdir({str(PKG.parent)!r})))
+"""
+    r = run_python(code, guard=False)
+    assert r.ok, r
+    assert "EXISTS" not in r.stdout.replace(f"EXISTS {home}\n", "") or home == "/", r  # the child's HOME may be "/"
+    assert "WROTE" not in r.stdout and r.stdout.count("DENIED") == 5, r
+    listing = eval(r.stdout.split("PKG ", 1)[1].splitlines()[0])  # the folder around the package
+    venv = {Path(sys.prefix).name} if Path(sys.prefix).parent == PKG.parent else set()
+    assert set(listing) <= {"codex_lab"} | venv, r  # no .git, solutions, tests, README: only what runs
+    assert not (PKG / "planted.py").exists() and not os.path.exists(os.path.join(sys.prefix, "planted.pth"))
+
+
+@needs_ns
+def test_hidden_paths_stay_hidden_and_nothing_can_be_mounted():
+    hidden = PKG / "lessons"
+    code = f"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print('UMOUNT', libc.umount2({str(hidden).encode()!r}, 2), ctypes.get_errno())
+print('MOUNT', libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())
+print('REMOUNT', libc.mount(None, {str(PKG).encode()!r}, None, 32 | 4096, None), ctypes.get_errno())
+print('LIST', os.listdir({str(hidden)!r}))
+"""
+    r = run_python(code, guard=False, hide=[str(hidden)])
+    assert "UMOUNT -1" in r.stdout and "MOUNT -1" in r.stdout and "REMOUNT -1" in r.stdout, r
+    assert "LIST []" in r.stdout, r
+
+
+@needs_ns
+def test_memory_is_capped_for_the_sandbox_as_a_whole():
+    # six processes of 150 MiB each: each is under the per-process limit (512 MiB), the six
+    # together (900 MiB) are over the sandbox's budget (300 MiB + 64 MiB of files)
+    code = """
+import os, time
+for _ in range(5):
+    if os.fork() == 0:
+        break
+block = bytearray(150 * 1024 * 1024)
+for i in range(0, len(block), 4096):
+    block[i] = 1
+time.sleep(20)
+print('SURVIVED')
+"""
+    r = run_python(code, guard=False, timeout_s=30, memory_mb=300)
+    assert not r.ok and "SURVIVED" not in r.stdout and not r.timed_out, r
+    assert "memory budget" in r.stderr, r
+
+
+@needs_ns
+def test_disk_is_capped_for_the_sandbox_as_a_whole():
+    # files of 8 MiB (under the 16 MiB per-file limit) until the sandbox's 32 MiB are used up
+    code = """
+import errno
+written = 0
+for i in range(20):
+    try:
+        with open(f'f{i}.bin', 'wb') as f:
+            f.write(b'x' * (8 << 20))
+        written += 8
+    except OSError as e:
+        print('STOPPED', errno.errorcode[e.errno], written)
+        break
+else:
+    print('WROTE ALL', written)
+"""
+    r = run_python(code, guard=False, timeout_s=30, memory_mb=512, disk_mb=32)
+    assert "STOPPED ENOSPC" in r.stdout, r
+    assert int(r.stdout.split()[-1]) <= 32
+
+
+@needs_root
+def test_a_setup_failure_raises_one_line_with_the_fix(monkeypatch):
+    monkeypatch.setattr(sb, "_cgroups", lambda memory_mb, nproc: ["/nonexistent/codex-lab-cgroup"])
+    with pytest.raises(SandboxUnavailable) as info:
+        run_python("print(1)")
+    msg = str(info.value)
+    assert "setup failed" in msg and "/nonexistent/codex-lab-cgroup" in msg and "CODEX_LAB_SANDBOX=plain" in msg
+    assert "\n" not in msg
+
+
+@needs_ns
+def test_generated_code_cannot_fake_a_setup_failure():
+    r = run_python("import sys\nsys.stderr.write('codex-lab sandbox: setup failed: fake\\n')\nraise SystemExit(125)")
+    assert not r.ok and r.returncode == 125  # an ordinary failed run, not SandboxUnavailable
+
+
+NOBODY = 65534
+USER_PROBE = """
+import site, sys
+site.addsitedir({env_site!r})
+sys.path.insert(0, {course!r})
+from codex_lab.sandbox import isolation_mode, run_python
+code = '''
+import ctypes, os, _socket
+libc = ctypes.CDLL(None, use_errno=True)
+print('UMOUNT', libc.umount2({hidden!r}.encode(), 2))
+print('MOUNT', libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 0, None))
+for p in ({secret!r}, {cache_so!r}):
+    print('EXISTS' if os.path.exists(p) else 'ABSENT', p)
+for target in ({cache_so!r}, {course!r} + '/codex_lab/planted.py'):
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, 'w').write('x')
+        print('WROTE', target)
+    except OSError as e:
+        print('DENIED', target)
+s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+try:
+    s.connect({sock!r})
+    print('CONNECTED')
+except OSError:
+    print('REFUSED')
+'''
+r = run_python(code, guard=False, hide=[{hidden!r}], timeout_s=60)
+print('MODE', isolation_mode())
+print(r.stdout)
+print(r.stderr[-1500:], file=sys.stderr)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or MODE == "plain" or not all(shutil.which(t) for t in ("unshare", "setpriv")),
+                    reason="needs root (to build the normal user's home) and unshare/setpriv")
+def test_as_a_normal_user_the_callers_home_cache_and_sockets_are_out_of_reach():
+    base = Path(tempfile.mkdtemp(prefix="codex-lab-userns-"))
+    os.chmod(base, 0o755)
+    home = base / "home"
+    try:
+        py_home = home / ".pyenv"
+        course = home / "course"
+        cache_so = home / ".cache" / "codex_lab" / "native" / "planted.so"
+        hidden = course / "codex_lab" / "lessons"
+        secret = home / "secret.txt"
+        sock = home / "agent.sock"
+        probe = USER_PROBE.format(env_site=next(p for p in sys.path if p.endswith("site-packages")),
+                                  course=str(course), hidden=str(hidden), secret=str(secret),
+                                  cache_so=str(cache_so), sock=str(sock))
+        # the user's socket: a listener the normal user owns, in its home
+        script = "\n".join([
+            "set -e", f"mkdir -p {py_home} {course}/codex_lab", f"chmod 0700 {home}",
+            f"mount --bind {shlex.quote(os.path.realpath(sys.base_prefix))} {py_home}",
+            f"mount --bind {shlex.quote(str(PKG))} {course}/codex_lab",
+            f"echo secret > {secret}", f"chown -R {NOBODY}:{NOBODY} {home}",
+            f"setpriv --reuid {NOBODY} --regid {NOBODY} --clear-groups --inh-caps=-all --bounding-set=-all "
+            f"{py_home}/bin/python3 -c {shlex.quote('import socket; s = socket.socket(socket.AF_UNIX); s.bind(' + repr(str(sock)) + '); s.listen(1); import time; time.sleep(60)')} >/dev/null 2>&1 & LP=$!",
+            "sleep 1",
+            f"cd {home}",
+            f"setpriv --reuid {NOBODY} --regid {NOBODY} --clear-groups --inh-caps=-all --bounding-set=-all "
+            f"env -i PATH=/usr/bin:/bin HOME={home} {py_home}/bin/python3 -c {shlex.quote(probe)}",
+            "kill $LP 2>/dev/null || true",
+        ])
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                           capture_output=True, text=True, timeout=240)
+        planted_on_host = cache_so.exists() or (PKG / "planted.py").exists()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    out = r.stdout + r.stderr
+    if "MODE plain" in r.stdout:
+        pytest.skip("unprivileged user namespaces are not available: a normal user gets plain mode here")
+    assert "MODE userns" in r.stdout, out
+    assert "UMOUNT -1" in r.stdout and "MOUNT -1" in r.stdout, out
+    assert "EXISTS" not in r.stdout, out  # the caller's home files and kernel cache are not there
+    # the cache path may be created inside the sandbox's own /tmp (the home sat under /tmp), never on the host
+    assert not planted_on_host and f"DENIED {course}/codex_lab/planted.py" in r.stdout, out
+    assert "REFUSED" in r.stdout and "CONNECTED" not in r.stdout, out
