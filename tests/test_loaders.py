@@ -274,3 +274,155 @@ def test_resume_refuses_a_pickle_payload_in_train_state(tmp_path, capsys):
     errors = [line for line in err.splitlines() if " error: " in line]
     assert not marker.exists(), "the pickle payload ran"
     assert len(errors) == 1 and str(state) in errors[0] and "without --resume" in errors[0] and "Traceback" not in err, err
+
+
+def _header_only_weights(ck: Path, cfg: ModelConfig) -> None:
+    """Replace the weights by a header declaring every tensor of ``cfg``'s model (float32) and no data."""
+    with torch.device("meta"):
+        sd = CodexModel(cfg).state_dict()
+    header, pos = {}, 0
+    for k, t in sd.items():
+        n = t.numel() * 4
+        header[k] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [pos, pos + n]}
+        pos += n
+    raw = json.dumps(header).encode()
+    (ck / W).write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * max(0, 4096 - 8 - len(raw)))
+
+
+def test_small_file_declaring_gigabytes_is_refused_before_allocation(good, tmp_path):
+    """A ~4 KiB weights file whose header declares 2.5 GiB: one line naming it; the loader's peak
+    memory stays far below 2.5 GiB (measured in a child process, which reports its own peak RSS)."""
+    import subprocess
+    import sys
+
+    ck = copy(good, tmp_path / "ck")
+    cfg = json.loads((ck / C).read_text())
+    cfg.update(vocab_size=512, d_model=4096, n_layer=3, n_head=32, ffn_hidden=16384)
+    (ck / C).write_text(json.dumps(cfg))
+    mc = ModelConfig.from_dict(cfg)
+    with torch.device("meta"):
+        declared = sum(t.numel() for t in CodexModel(mc).state_dict().values()) * 4
+    assert declared > 2.5 * 2**30
+    _header_only_weights(ck, mc)
+    assert (ck / W).stat().st_size < 64 << 10
+    code = ("import resource, sys\nfrom codex_lab.training.checkpoint import load_checkpoint\n"
+            "from codex_lab.errors import InputError\n"
+            "try:\n    load_checkpoint(sys.argv[1])\nexcept InputError as e:\n    print('ERR', e)\n"
+            "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(ck)], capture_output=True, text=True, timeout=300)
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert "ERR" in lines and str(ck / W) in lines["ERR"] and "bytes of data" in lines["ERR"], r.stdout + r.stderr
+    # importing torch alone is ~0.3-0.5 GB of RSS; allocating the declared model would add 2.5 GiB
+    assert int(lines["PEAK"]) < 1.5 * 2**30, lines
+
+
+@pytest.mark.parametrize("kind", ["range past the end", "range of the wrong length", "gap", "overlap", "trailing bytes"])
+def test_safetensors_header_entries_must_match_the_file(good, tmp_path, kind):
+    from codex_lab.data.weights_file import read_safetensors_header
+
+    ck = copy(good, tmp_path / "ck")
+    raw = (ck / W).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    data = raw[8 + n :]
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    first, second = header[names[0]], header[names[1]]
+    if kind == "range past the end":
+        last = header[names[-1]]
+        last["data_offsets"] = [last["data_offsets"][0] + 4096, last["data_offsets"][1] + 4096]
+    elif kind == "range of the wrong length":
+        first["data_offsets"][1] += 4
+    elif kind == "gap":
+        data = data[: second["data_offsets"][0]] + b"\0" * 4 + data[second["data_offsets"][0] :]
+        for k in names[1:]:
+            header[k]["data_offsets"] = [o + 4 for o in header[k]["data_offsets"]]
+    elif kind == "overlap":
+        second["data_offsets"] = [o - 4 for o in second["data_offsets"]]
+    else:
+        data += b"\0" * 16
+    h = json.dumps(header).encode()
+    (ck / W).write_bytes(struct.pack("<Q", len(h)) + h + data)
+    with pytest.raises(InputError) as ei:
+        read_safetensors_header(ck / W)
+    assert str(ck / W) in str(ei.value) and "\n" not in str(ei.value)
+    with pytest.raises(InputError, match="model.safetensors"):
+        load_checkpoint(ck)
+
+
+def test_config_over_the_memory_budget_is_refused(good, tmp_path, monkeypatch):
+    from codex_lab.data.weights_file import config_param_estimate
+
+    ck = copy(good, tmp_path / "ck")
+    need = 4 * config_param_estimate(load_checkpoint(good).config)
+    monkeypatch.setenv("CODEX_LAB_MAX_LOAD_BYTES", str(need - 1))
+    with pytest.raises(InputError) as ei:
+        load_checkpoint(ck)
+    assert str(ck / C) in str(ei.value) and "CODEX_LAB_MAX_LOAD_BYTES" in str(ei.value)
+    monkeypatch.setenv("CODEX_LAB_MAX_LOAD_BYTES", str(need))
+    assert load_checkpoint(ck).config.d_model == 32
+    # the largest config the per-field limits allow is refused by the budget on any machine
+    monkeypatch.delenv("CODEX_LAB_MAX_LOAD_BYTES")
+    edit_config(vocab_size=1 << 22, d_model=1 << 12, n_layer=1024, n_head=32)(ck)
+    with pytest.raises(InputError, match="memory budget"):
+        load_checkpoint(ck)
+
+
+@pytest.mark.parametrize("kw", [{}, {"tie_embeddings": False, "n_kv_head": 2, "qkv_bias": True},
+                                {"moe_layers": [1], "n_experts": 4, "moe_top_k": 2, "n_shared_experts": 1},
+                                {"moe_layers": [0, 1], "moe_ffn_hidden": 48, "ffn_hidden": 100}])
+def test_config_param_estimate_equals_the_model(kw):
+    """The budget's parameter count (from the config alone) equals the built model's, exactly."""
+    from codex_lab.data.weights_file import config_param_estimate
+
+    cfg = ModelConfig(vocab_size=512, d_model=64, n_layer=2, n_head=4, max_seq_len=64, **kw)
+    with torch.device("meta"):
+        assert config_param_estimate(cfg) == CodexModel(cfg).num_params()
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory) -> Path:
+    """A tiny Llama save_pretrained folder with a byte-level tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    d = tmp_path_factory.mktemp("hf")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["def f(x):\n    return x\n"] * 4, trainers.BpeTrainer(
+        vocab_size=280, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=288, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                                   eos_token_id=fast.eos_token_id)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(d)
+    fast.save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("kind", ["4 KiB declaring 2.5 GiB", "config bigger than its weights", "config over the budget"])
+def test_hf_folder_sizes_checked_before_allocation(hf_folder, tmp_path, kind, monkeypatch):
+    from codex_lab.hf.folder import load_hf_folder
+
+    d = copy(hf_folder, tmp_path / "hf")
+    named = d / "model.safetensors"
+    if kind == "4 KiB declaring 2.5 GiB":
+        header = {"model.embed_tokens.weight": {"dtype": "F32", "shape": [655360, 1024],
+                                                "data_offsets": [0, 655360 * 1024 * 4]}}
+        raw = json.dumps(header).encode()
+        named.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * (4096 - 8 - len(raw)))
+    elif kind == "config bigger than its weights":
+        cfg = json.loads((d / C).read_text())
+        cfg.update(num_hidden_layers=400, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32)
+        (d / C).write_text(json.dumps(cfg))
+        named = d / C
+    else:
+        monkeypatch.setenv("CODEX_LAB_MAX_LOAD_BYTES", "1000")
+        named = d / C
+    with pytest.raises(InputError) as ei:
+        load_hf_folder(d)
+    msg = str(ei.value)
+    assert str(named) in msg and "\n" not in msg, msg
+    monkeypatch.delenv("CODEX_LAB_MAX_LOAD_BYTES", raising=False)
+    assert load_hf_folder(hf_folder).config.d_model == 32  # the untouched folder still loads

@@ -17,6 +17,7 @@ methods the engine and ``generate`` call (``encode``, ``encode_batch``, ``decode
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import torch
 from tokenizers import Tokenizer
 
 from codex_lab.data.tokenizer import CodeTokenizer
+from codex_lab.data.weights_file import check_budget, read_safetensors_header
 from codex_lab.errors import InputError, MissingFileError
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
@@ -110,6 +112,48 @@ def load_tokenizer(path: str | Path) -> HFTokenizer:
     return HFTokenizer(tok, eos, _first_id(cfg.get("pad_token_id")))
 
 
+def hf_param_estimate(hf_cfg: Any) -> int:
+    """Parameters a Llama / Qwen2 / Mixtral config describes (from the config alone).
+
+    ``V * h`` (twice when untied) + per layer: attention ``2 * h * (heads * hd) + 2 * h * (kv * hd)``,
+    SwiGLU ``3 * h * I`` per expert (one expert when dense) plus a router ``h * E``, two norms.
+    """
+    h, n_layer, n_head = int(hf_cfg.hidden_size), int(hf_cfg.num_hidden_layers), int(hf_cfg.num_attention_heads)
+    n_kv = int(getattr(hf_cfg, "num_key_value_heads", None) or n_head)
+    hd = int(getattr(hf_cfg, "head_dim", None) or h // max(n_head, 1))
+    experts = int(getattr(hf_cfg, "num_local_experts", None) or 1)
+    tied = bool(getattr(hf_cfg, "tie_word_embeddings", False))
+    ffn = int(hf_cfg.intermediate_size)
+    # params = V*h*(1 + untied) + L * (attention + experts * 3*h*I + router + 2 norms) + final norm
+    per_layer = 2 * h * n_head * hd + 2 * h * n_kv * hd + experts * 3 * h * ffn + (h * experts if experts > 1 else 0) + 2 * h
+    return int(hf_cfg.vocab_size) * h * (1 if tied else 2) + n_layer * per_layer + h
+
+
+def check_hf_weights(path: Path, hf_cfg: Any, dtype: torch.dtype) -> None:
+    """Refuse a folder before transformers allocates anything for it: every ``*.safetensors``
+    header must match its file (declared sizes within the file), the weights must cover the
+    model ``config.json`` describes (else transformers would allocate and randomly fill the
+    rest), and the two copies that exist during conversion must fit the memory budget.
+
+    Raises:
+        InputError: one line naming the file and the fix.
+    """
+    numel = 0
+    for f in sorted(path.glob("*.safetensors")):
+        numel += sum(math.prod(shape) for shape, _ in read_safetensors_header(f).values())
+    try:
+        n_params = hf_param_estimate(hf_cfg)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise InputError(f"{path / 'config.json'}: {exc}; re-save the folder with save_pretrained") from None
+    if numel < 0.98 * n_params:  # 2%: biases and norms the estimate leaves out only add to numel
+        raise InputError(f"{path / 'config.json'}: describes {n_params:,} parameters but the *.safetensors files "
+                         f"hold {numel:,}; the config and weights come from different models, re-save the folder")
+    per = torch.empty(0, dtype=dtype).element_size()
+    # the Hugging Face model and the converted one are both in memory during the conversion
+    check_budget(2 * per * max(n_params, numel), path / "config.json",
+                 f"loading and converting this model ({max(n_params, numel):,} parameters, two copies)")
+
+
 def load_hf_folder(path: str | Path, device: torch.device | str | None = None, *, dtype: torch.dtype = torch.float32,
                    max_seq_len: int | None = None) -> HFCheckpoint:
     """Convert a Llama / Qwen2 / Mixtral ``save_pretrained`` folder into an :class:`HFCheckpoint`.
@@ -142,6 +186,7 @@ def load_hf_folder(path: str | Path, device: torch.device | str | None = None, *
     arch = getattr(hf_cfg, "model_type", None)
     if arch not in ARCHS:
         raise InputError(f"{path}: model_type={arch!r} is not supported; --hf converts {ARCHS}")
+    check_hf_weights(path, hf_cfg, dtype)
     seq = max_seq_len or min(int(hf_cfg.max_position_embeddings), DEFAULT_MAX_SEQ_LEN)
     hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
     try:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 
 from codex_lab.errors import InputError, MissingFileError
@@ -26,6 +25,7 @@ from codex_lab.errors import InputError, MissingFileError
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.data.tokenizer import CodeTokenizer
+from codex_lab.data.weights_file import check_budget, config_param_estimate, read_safetensors_header
 
 WEIGHTS, CONFIG, TOKENIZER, META = "model.safetensors", "config.json", "tokenizer.json", "meta.json"
 
@@ -212,26 +212,25 @@ def load_config(path: str | Path) -> ModelConfig:
     # RoPE tables hold max_seq_len * head_dim floats each: keep them under 2**25 (128 MiB)
     if cfg.max_seq_len * cfg.head_dim > 1 << 25:
         raise InputError(f"{path}: max_seq_len * head_dim = {cfg.max_seq_len * cfg.head_dim:,} is over 2**25; {fix}")
+    # the model is built in float32 before its weights are read: 4 bytes per parameter
+    n_params = config_param_estimate(cfg)
+    check_budget(4 * n_params, path, f"the model it describes ({n_params:,} parameters in float32)")
     return cfg
 
 
 def check_weights_header(path: str | Path, cfg: ModelConfig) -> None:
     """Compare a safetensors file's header (names, shapes, dtypes) with the model ``cfg`` describes.
 
-    The model is built on the meta device (no memory), so a config that does not match the
+    Every declared tensor must lie inside the file with the byte size its shape implies
+    (:func:`~codex_lab.data.weights_file.read_safetensors_header`). The model is built on the meta device (no memory), so a config that does not match the
     weights is refused before anything is allocated.
 
     Raises:
         InputError: the file is truncated/garbage, or names/shapes do not match (names the file).
     """
     path = Path(path)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            header = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
-    except FileNotFoundError:
-        raise MissingFileError(f"{path}: no such file; point at a checkpoint folder with model.safetensors") from None
-    except Exception as exc:  # SafetensorError (Rust) for truncated or garbage files
-        raise InputError(f"{path}: not a readable safetensors file ({_one_line(exc)}); {_REDO}") from None
+    # declared sizes against the file's size, before anything is allocated for them
+    header = read_safetensors_header(path)
     try:
         with torch.device("meta"):
             shape_model = CodexModel(cfg)
