@@ -59,9 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         other = "full" if info.fast else "fast"
         print(f"[codex-lab {args.command}] {info.mode} mode: {info.reason} (--mode {other} for {other} mode)",
               file=sys.stderr, flush=True)
+    from codex_lab.sandbox import SandboxUnavailable
+
     try:
         return int(args._main(args) or 0)
-    except (FileNotFoundError, ValueError, KeyError) as exc:
+    except (FileNotFoundError, ValueError, KeyError, SandboxUnavailable) as exc:
+        # one line naming the problem and the fix (a sandbox that cannot start here included)
         print(f"codex-lab {args.command}: error: {exc}", file=sys.stderr)
         return 2
     finally:

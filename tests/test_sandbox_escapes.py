@@ -267,3 +267,16 @@ def test_as_a_normal_user_the_callers_home_cache_and_sockets_are_out_of_reach():
     # the cache path may be created inside the sandbox's own /tmp (the home sat under /tmp), never on the host
     assert not planted_on_host and f"DENIED {course}/codex_lab/planted.py" in r.stdout, out
     assert "REFUSED" in r.stdout and "CONNECTED" not in r.stdout, out
+
+
+@needs_root
+def test_the_command_line_says_why_the_sandbox_cannot_start(monkeypatch, capsys):
+    """Wherever the sandbox is needed (here HumanEval's canonical run), a setup failure is one
+    line naming the cause and the fix, not 1/164 or a crash further down."""
+    from codex_lab.cli import main
+
+    monkeypatch.setattr(sb, "_cgroups", lambda memory_mb, nproc: ["/nonexistent/codex-lab-cgroup"])
+    rc = main(["eval", "humaneval", "--canonical", "--limit", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and any("setup failed" in ln and "CODEX_LAB_SANDBOX=plain" in ln for ln in err), err
+    assert not any("Traceback" in ln for ln in err), err
