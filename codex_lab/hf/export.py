@@ -1,0 +1,88 @@
+"""Export a codex_lab model as a Hugging Face folder that ``transformers`` loads on its own.
+
+``export_hf_folder(model, tokenizer, out)`` writes::
+
+    out/config.json               LlamaConfig (or Qwen2Config for q/k/v biases), eos / pad ids
+    out/generation_config.json    greedy by default, eos / pad ids, max_length = the context
+    out/model.safetensors         the weights (tied embeddings stay tied)
+    out/tokenizer.json            the course tokenizer, byte for byte
+    out/tokenizer_config.json     model_max_length = the context; eos, pad and every reserved
+                                  token (FIM sentinels, task tags, <|answer|>) listed as special
+    out/special_tokens_map.json
+    out/codex_lab_meta.json       where the weights came from (the checkpoint's meta)
+
+so ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.from_pretrained(out)``
+need nothing else (no network, no codex_lab). The tokenizer config names
+``PreTrainedTokenizerFast`` and ``additional_special_tokens``, which transformers 4.x and
+5.x both read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from codex_lab.data.tokenizer import EOT, PAD, SPECIAL_TOKENS, CodeTokenizer
+from codex_lab.hf.llama import to_hf
+from codex_lab.nn.model import CodexModel
+
+TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+
+
+def special_tokens_of(tokenizer: CodeTokenizer) -> tuple[str, str | None, list[str]]:
+    """(eos, pad, other special tokens) as strings, for the course tokenizer or a foreign one."""
+    vocab = tokenizer.tok
+    eos = vocab.id_to_token(tokenizer.eot_id)
+    pad = vocab.id_to_token(tokenizer.pad_id)
+    reserved = [s for s in SPECIAL_TOKENS if vocab.token_to_id(s) is not None and s not in (eos, pad)]
+    # a foreign tokenizer's own added special tokens (e.g. Qwen's) are kept special too
+    added = [t.content for t in vocab.get_added_tokens_decoder().values() if t.special and t.content not in (eos, pad)]
+    return eos, pad, list(dict.fromkeys(reserved + added))
+
+
+def tokenizer_files(tokenizer: CodeTokenizer, out: Path, max_len: int) -> None:
+    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into ``out``."""
+    eos, pad, others = special_tokens_of(tokenizer)
+    tokenizer.tok.save(str(out / "tokenizer.json"))
+    cfg: dict[str, Any] = {
+        "tokenizer_class": TOKENIZER_CLASS, "model_max_length": int(max_len), "eos_token": eos, "pad_token": pad,
+        "bos_token": None, "unk_token": None, "additional_special_tokens": others,
+        "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    smap = {"eos_token": eos, "pad_token": pad, "additional_special_tokens": others}
+    (out / "special_tokens_map.json").write_text(json.dumps(smap, indent=2) + "\n")
+
+
+def export_hf_folder(model: CodexModel, tokenizer: CodeTokenizer, out: str | Path, *, meta: dict[str, Any] | None = None,
+                     arch: str | None = None) -> Path:
+    """Write ``model`` and ``tokenizer`` as a transformers folder at ``out`` (created; files replaced).
+
+    Args:
+        model: a dense codex_lab model (:func:`~codex_lab.hf.llama.to_hf` names what it refuses).
+        tokenizer: its tokenizer (:class:`~codex_lab.data.tokenizer.CodeTokenizer` or an HF one).
+        meta: the checkpoint's metadata, kept in ``codex_lab_meta.json`` (provenance only).
+        arch: "llama" or "qwen2" (default: qwen2 when the model has q/k/v biases, else llama).
+
+    Returns:
+        The folder.
+    """
+    from transformers import GenerationConfig
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = model.cfg.max_seq_len
+    hf = to_hf(model, arch=arch, eos_token_id=tokenizer.eot_id, pad_token_id=tokenizer.pad_id)
+    hf.generation_config = GenerationConfig(eos_token_id=tokenizer.eot_id, pad_token_id=tokenizer.pad_id,
+                                            bos_token_id=None, do_sample=False, max_length=ctx)
+    hf.save_pretrained(str(out), safe_serialization=True)
+    conf = json.loads((out / "config.json").read_text())
+    conf.setdefault("rope_theta", float(model.cfg.rope_theta))  # transformers 4.x reads this key (5.x: rope_parameters)
+    (out / "config.json").write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
+    tokenizer_files(tokenizer, out, ctx)
+    (out / "codex_lab_meta.json").write_text(json.dumps(meta or {}, indent=2, sort_keys=True, default=str) + "\n")
+    return out
+
+
+__all__ = ["EOT", "PAD", "export_hf_folder", "special_tokens_of", "tokenizer_files"]

@@ -1,0 +1,143 @@
+"""codex-lab export: a folder transformers loads alone (greedy tokens equal codex-lab generate), and a
+llama-architecture GGUF that gguf's reader reads back, held to the model by a NumPy forward pass that
+uses llama.cpp's RoPE convention (adjacent pairs)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from codex_lab.cli import main as cli
+from codex_lab.data.tokenizer import EOT, PAD, SPECIAL_TOKENS
+from codex_lab.infer.generate import generate
+from codex_lab.infer.sampling import SamplingParams
+from codex_lab.training.checkpoint import load_pretrained
+
+transformers = pytest.importorskip("transformers")
+
+PROMPTS = ["def fibonacci(n):\n", "import os\n\nclass Config:\n", "for i in range(10):\n    print("]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "hf"
+    gguf_ok = True
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        gguf_ok = False
+    assert cli(["export", str(out)] + (["--gguf"] if gguf_ok else [])) == 0
+    return out, load_pretrained("cpu")
+
+
+def test_folder_has_the_files_and_tokenizer_config(exported):
+    out, ck = exported
+    for f in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (out / f).is_file(), f
+    tc = json.loads((out / "tokenizer_config.json").read_text())
+    assert tc["model_max_length"] == ck.model.cfg.max_seq_len
+    tok = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert tok.model_max_length == ck.model.cfg.max_seq_len
+    assert tok.eos_token == EOT and tok.pad_token == PAD
+    assert tok.eos_token_id == ck.tokenizer.eot_id and tok.pad_token_id == ck.tokenizer.pad_id
+    assert set(SPECIAL_TOKENS) <= set(tok.all_special_tokens)
+    for text in PROMPTS + ["<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>", "x = '\u00e9\U0001F600'\n"]:
+        assert tok(text).input_ids == ck.tokenizer.encode(text)
+    ids = ck.tokenizer.encode(PROMPTS[0]) + [ck.tokenizer.eot_id]
+    assert tok.decode(ids, skip_special_tokens=True) == PROMPTS[0]
+    gc = json.loads((out / "generation_config.json").read_text())
+    assert gc["eos_token_id"] == ck.tokenizer.eot_id and gc["max_length"] == ck.model.cfg.max_seq_len
+
+
+def test_transformers_greedy_equals_codex_lab_generate(exported, capsys):
+    out, ck = exported
+    tok = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
+    n = 24
+    for prompt in PROMPTS:
+        x = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            y = hf.generate(x, max_new_tokens=n, do_sample=False)[0, x.shape[1]:].tolist()
+        if y and y[-1] == tok.eos_token_id:  # transformers keeps the end-of-text token; codex-lab stops before it
+            y = y[:-1]
+        g = generate(ck.model, ck.tokenizer, prompt, SamplingParams(max_tokens=n))
+        assert y == g.ids, prompt
+        capsys.readouterr()
+        assert cli(["generate", prompt, "--max-new-tokens", str(n)]) == 0
+        printed = capsys.readouterr().out
+        assert printed.startswith(prompt + tok.decode(y, skip_special_tokens=True) + "\n")
+
+
+def test_gguf_reads_back_with_the_tensors_and_metadata(exported):
+    gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (pip install 'codex_lab[gguf]')")
+    from codex_lab.hf.gguf_export import gguf_tensors
+
+    out, ck = exported
+    cfg = ck.model.cfg
+    r = gguf.GGUFReader(str(out / "model.gguf"))
+    f = {k: v.contents() for k, v in r.fields.items() if not k.startswith("GGUF.")}
+    assert f["general.architecture"] == "llama"
+    assert f["llama.context_length"] == cfg.max_seq_len and f["llama.block_count"] == cfg.n_layer
+    assert f["llama.embedding_length"] == cfg.d_model and f["llama.feed_forward_length"] == cfg.ffn_hidden
+    assert f["llama.attention.head_count"] == cfg.n_head and f["llama.attention.head_count_kv"] == cfg.n_kv_head
+    assert f["llama.rope.freq_base"] == cfg.rope_theta and f["llama.rope.dimension_count"] == cfg.head_dim
+    assert abs(f["llama.attention.layer_norm_rms_epsilon"] - cfg.norm_eps) < 1e-12
+    assert f["tokenizer.ggml.model"] == "gpt2" and f["tokenizer.ggml.pre"] == "gpt-2"
+    assert f["tokenizer.ggml.eos_token_id"] == ck.tokenizer.eot_id
+    vocab = ck.tokenizer.tok
+    assert f["tokenizer.ggml.tokens"] == [vocab.id_to_token(i) for i in range(cfg.vocab_size)]
+    control = {i for i, t in enumerate(f["tokenizer.ggml.token_type"]) if t == gguf.TokenType.CONTROL}
+    assert control == {vocab.token_to_id(s) for s in SPECIAL_TOKENS}
+    want = gguf_tensors(ck.model)
+    got = {t.name: np.asarray(t.data) for t in r.tensors}
+    assert got.keys() == want.keys()  # tied embeddings: no output.weight, llama.cpp reuses token_embd
+    for name, arr in want.items():
+        assert got[name].dtype == np.float32 and np.array_equal(got[name], arr), name
+    # the tensors compute the model: a llama forward with llama.cpp's RoPE (adjacent pairs) on the
+    # GGUF's own tensors gives the codex model's logits (float32 rounding: 1e-4 on logits of size ~10)
+    ids = ck.tokenizer.encode(PROMPTS[0])
+    with torch.no_grad():
+        ref = ck.model(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(llama_cpp_style_forward(got, ids, f) - ref).max() < 1e-3
+
+
+def llama_cpp_style_forward(t: dict, ids: list[int], f: dict) -> np.ndarray:
+    """Logits (T, V) of a Llama as llama.cpp computes it from GGUF tensors (float64, no cache)."""
+    H, Hkv, eps = f["llama.attention.head_count"], f["llama.attention.head_count_kv"], f["llama.attention.layer_norm_rms_epsilon"]
+    theta, L = f["llama.rope.freq_base"], f["llama.block_count"]
+    g = {k: v.astype(np.float64) for k, v in t.items()}
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    def rope(x):  # (T, h, hd), pairs (2i, 2i+1) rotated by pos * theta^(-2i/hd): llama.cpp's "normal" mode
+        T, _, hd = x.shape
+        ang = np.arange(T)[:, None] * theta ** (-np.arange(0, hd, 2) / hd)[None]  # (T, hd/2)
+        c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c
+        return out
+
+    x = g["token_embd.weight"][ids]  # (T, d)
+    T = len(ids)
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for i in range(L):
+        p = f"blk.{i}."
+        h = rms(x, g[p + "attn_norm.weight"])
+        q, k, v = (h @ g[p + n + ".weight"].T for n in ("attn_q", "attn_k", "attn_v"))
+        hd = q.shape[1] // H
+        q, k, v = rope(q.reshape(T, H, hd)), rope(k.reshape(T, Hkv, hd)), v.reshape(T, Hkv, hd)
+        k, v = np.repeat(k, H // Hkv, axis=1), np.repeat(v, H // Hkv, axis=1)
+        att = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + mask
+        att = np.exp(att - att.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        x = x + np.einsum("hts,shd->thd", att, v).reshape(T, H * hd) @ g[p + "attn_output.weight"].T
+        h = rms(x, g[p + "ffn_norm.weight"])
+        gate, up = h @ g[p + "ffn_gate.weight"].T, h @ g[p + "ffn_up.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ g[p + "ffn_down.weight"].T
+    x = rms(x, g["output_norm.weight"])
+    return x @ g.get("output.weight", g["token_embd.weight"]).T
