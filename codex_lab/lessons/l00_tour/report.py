@@ -16,7 +16,7 @@ def run(ctx: Any) -> str:
     import matplotlib.pyplot as plt
 
     from codex_lab.runtime import pick
-    from codex_lab.infer.syntax import function_prompts, syntax_validity
+    from codex_lab.infer.syntax import function_prompts
     from codex_lab.data.tokenizer import tokenizer_summary
 
     corpus = ctx.corpus()
@@ -47,10 +47,12 @@ def run(ctx: Any) -> str:
     ax.legend()
     lines += [ctx.savefig(fig, "l00_training_curve"), ""]
 
-    n = pick(3, 32)
-    prompts = function_prompts(corpus.texts("val"), n)
-    rep = syntax_validity(ck.model, ck.tokenizer, prompts, max_new_tokens=pick(32, 96), progress=ctx.progress)
-    lines += ["### Samples", "", f"{rep.rate:.0%} of {rep.n} generated functions parse in this run.", ""]
-    for prompt, body, ok in rep.samples[:3]:
+    from codex_lab.lessons.l00_tour.experiments import syntax_rate
+
+    prompts = function_prompts(corpus.texts("val"), pick(40, 200))
+    rate = syntax_rate(ck.model, ck.tokenizer, prompts, max_new_tokens=pick(48, 96))
+    lines += ["### Samples", "", f"{rate.share.describe()} of generated functions parse in this run (greedy, "
+              f"Wilson 95% interval): {rate.verdict()}.", ""]
+    for prompt, body, ok in rate.samples[:3]:
         lines += ["```python", (prompt + body).rstrip(), "```", f"parses: {ok}", ""]
     return "\n".join(lines)
