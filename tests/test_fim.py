@@ -174,3 +174,31 @@ def test_pretrain_records_fim_contract_and_warm_starts(tmp_path: Path):
     bad = preset_config("tiny", out=str(tmp_path / "c"), steps=1, max_files=20, d_model=32, init_from=str(src.path))
     with pytest.raises(ValueError, match="another model shape"):
         train(bad, progress=False)
+
+
+def test_ship_script_rerecords_the_greedy_fixture(tmp_path: Path):
+    import json
+    import sys
+
+    from codex_lab.infer.generate import generate_ids
+    from codex_lab.training.checkpoint import load_pretrained, pretrained_path
+
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        from ship_checkpoint import GREEDY_FIXTURE, record_greedy_fixture
+    finally:
+        sys.path.remove(scripts)
+    fixture = tmp_path / "greedy.json"
+    old = json.loads(GREEDY_FIXTURE.read_text())
+    stale = {**old, "max_new_tokens": 3, "cases": [{**c, "new_ids": [0], "prompt_ids": [0]} for c in old["cases"][:2]]}
+    fixture.write_text(json.dumps(stale))
+    record_greedy_fixture(pretrained_path(), fixture, note="test")
+    new = json.loads(fixture.read_text())
+    assert new["note"] == "test" and new["max_new_tokens"] == 3 and len(new["cases"]) == 2
+    ck = load_pretrained()
+    for case in new["cases"]:  # what tests/test_greedy_fixture.py checks, on the re-recorded file
+        assert case["prompt_ids"] == ck.tokenizer.encode(case["prompt"])
+        with torch.no_grad():
+            ids, reason = generate_ids(ck.model.eval(), case["prompt_ids"], max_new_tokens=3, temperature=0.0)
+        assert (ids, reason) == (case["new_ids"], case["finish_reason"]) and len(ids) == 3
