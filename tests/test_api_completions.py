@@ -110,6 +110,20 @@ def test_logit_bias_bans_and_forces_tokens(served):
     assert abs(forced["logprobs"]["token_logprobs"][0] - float(forward_logp(model, ids)[-1, 42])) < TOL
 
 
+def test_an_ending_end_of_text_is_listed_with_its_logprob(served):
+    bg, _, tok, model = served
+    ids = tok.encode("x = 1\n")
+    body = {"model": NAME, "prompt": ids, "max_tokens": 4, "temperature": 0, "logprobs": 1, "echo": True,
+            "logit_bias": {str(tok.eot_id): 100}}
+    c = post(bg, body).json()["choices"][0]
+    assert c["finish_reason"] == "stop" and c["text"] == tok.decode(ids)  # nothing generated but the end
+    lp = c["logprobs"]
+    assert len(lp["tokens"]) == len(ids) + 1 and lp["tokens"][-1] == tok.decode([tok.eot_id])
+    assert abs(lp["token_logprobs"][-1] - float(forward_logp(model, ids)[-1, tok.eot_id])) < TOL
+    streamed = [c for ch in sse(bg, body) for c in ch["choices"]]
+    assert sum(len(c["logprobs"]["tokens"]) for c in streamed) == len(ids) + 1
+
+
 # ---- logprobs and echo against a forward pass ------------------------------------------------
 def test_logprobs_and_echo_equal_forward_log_softmax(served):
     bg, _, tok, model = served

@@ -134,8 +134,9 @@ class Engine:
     ) -> int:
         """Queue a request; return its id. ``deadline_s``: seconds after arrival at which it
         is stopped with "deadline". ``logprobs``: with ``params.logprobs`` set, the list that
-        receives one :class:`~codex_lab.infer.sampling.TokenLogprob` per output token, each
-        appended before that token's ``on_token`` call. Raises ValueError for an empty prompt,
+        receives one :class:`~codex_lab.infer.sampling.TokenLogprob` per sampled token (an
+        end-of-text that ends the request included), each appended before that token's
+        ``on_token`` call. Raises ValueError for an empty prompt,
         unknown token ids, or prompt + max_tokens past max_seq_len or past the whole KV pool."""
         params = params or SamplingParams()
         params.validate()
@@ -345,11 +346,11 @@ class Engine:
         else:
             tok = self._sample(req, logits)
         now = self.clock()
+        if req.params.logprobs is not None:  # the model's own distribution (raw logits); a final eot too
+            req.logprobs.append(token_logprobs(raw, tok, req.params.logprobs))
         if tok == self.eot_id and not req.params.ignore_eos:
             return self._finish(req, "stop", notify_tok=tok)
         req.output.append(tok)
-        if req.params.logprobs is not None:  # the model's own distribution: raw logits
-            req.logprobs.append(token_logprobs(raw, tok, req.params.logprobs))
         req.token_times.append(now)
         if req.first_token_time is None:
             req.first_token_time = now

@@ -73,7 +73,8 @@ class Request:
     emitted: str = ""  # text already passed to on_token
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
-    # with params.logprobs set: one TokenLogprob per output token (a list the caller may own)
+    # with params.logprobs set: one TokenLogprob per sampled token, the end-of-text that ended the
+    # request included (so one more than the output then); a list the caller may own
     logprobs: list = field(default_factory=list)
 
 

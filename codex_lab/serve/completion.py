@@ -94,6 +94,7 @@ class Run:
                  index: int = 0) -> None:
         self.server, self.worker, self.live, self.receive, self.index = server, worker, live, receive, index
         self.lp_done, self.offset = 0, 0  # tokens whose logprobs were sent; text offset of the next one
+        self.eot_scored = False  # ended at end-of-text, whose logprob is reported as the last token
         self.req, self.tok, self.cfg = live.req, server.tokenizer, server.config
         self.cid, self.created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         self.ids: list[int] = []
@@ -131,6 +132,8 @@ class Run:
                     text = safe_text(self.tok.decode(self.ids), self.req.stop)[0]
                     break
                 if kind == "token":
+                    if val == self.tok.eot_id:  # the engine's end notice (held-back text), not an output token
+                        continue
                     self.ids.append(val)
                     text, hit = safe_text(self.tok.decode(self.ids), self.req.stop)
                     if hit:
@@ -143,6 +146,8 @@ class Run:
                 elif kind == "done":
                     if len(val.output_ids) >= len(self.ids):
                         self.ids = list(val.output_ids)
+                    # the engine's end-of-text has a logprob entry but is not an output token
+                    self.eot_scored = len(self.live.logprobs) == len(val.output_ids) + 1
                     text = self._end_text(val.finish_reason)
                     break
                 elif kind == "disconnect":
@@ -186,8 +191,9 @@ class Run:
         """The ``logprobs`` object of the tokens received and not yet reported (None when not asked)."""
         if self.req.logprobs is None:
             return None
-        n = min(len(self.ids), len(self.live.logprobs))  # a trailing end-of-text has no entry
-        out = wire_logprobs(self.tok, self.ids[self.lp_done:n], self.live.logprobs[self.lp_done:n], self.offset)
+        ids = self.ids + [self.tok.eot_id] * self.eot_scored  # as vLLM, an ending end-of-text is listed
+        n = min(len(ids), len(self.live.logprobs))
+        out = wire_logprobs(self.tok, ids[self.lp_done:n], self.live.logprobs[self.lp_done:n], self.offset)
         self.lp_done = max(self.lp_done, n)
         if out["tokens"]:
             self.offset = out["text_offset"][-1] + len(out["tokens"][-1])
@@ -195,7 +201,7 @@ class Run:
 
     def score(self) -> float:
         """Cumulative logprob of the sampled tokens (``best_of`` keeps the highest)."""
-        return cumulative_logprob(self.live.logprobs[: len(self.ids)])
+        return cumulative_logprob(self.live.logprobs[: len(self.ids) + int(self.eot_scored)])
 
     def choice(self, text: str, final: bool, logprobs: dict[str, list[Any]] | None = None) -> dict[str, Any]:
         c: dict[str, Any] = {"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": None}
