@@ -426,3 +426,87 @@ def test_hf_folder_sizes_checked_before_allocation(hf_folder, tmp_path, kind, mo
     assert str(named) in msg and "\n" not in msg, msg
     monkeypatch.delenv("CODEX_LAB_MAX_LOAD_BYTES", raising=False)
     assert load_hf_folder(hf_folder).config.d_model == 32  # the untouched folder still loads
+
+
+def _tokenizer_edit(small_tokenizer, tmp_path: Path, fn) -> Path:
+    p = tmp_path / "tokenizer.json"
+    small_tokenizer.save(p)
+    d = json.loads(p.read_text())
+    fn(d)
+    p.write_text(json.dumps(d))
+    return p
+
+
+def _set(d, key, value):
+    d[key] = value
+
+
+# A Split pre-tokenizer with a catastrophically backtracking regex ((a+)+$ on "aaa...b"), a
+# normalizer that doubles the text 40 times (2**40 x: the Rust library aborts the process), and
+# ids past the vocabulary: none of them is handed to the Rust library, let alone run.
+HOSTILE_TOKENIZERS = {
+    "backtracking regex": lambda d: _set(d, "pre_tokenizer", {"type": "Split", "pattern": {"Regex": "(a+)+$"},
+                                                              "behavior": "Isolated", "invert": False}),
+    "regex inside a Sequence": lambda d: _set(d, "pre_tokenizer", {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(\\w+\\s*)+$"}, "behavior": "Isolated", "invert": False},
+        d["pre_tokenizer"]]}),
+    "multiplying normalizer": lambda d: _set(d, "normalizer", {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": "a"}, "content": "aa"}] * 40}),
+    "vocab id past the vocabulary": lambda d: d["model"]["vocab"].update({"zz_evil": 99_999}),
+    "vocab id duplicated": lambda d: d["model"]["vocab"].update({"zz_evil": 3}),
+    "added token past the vocabulary": lambda d: d["added_tokens"].append(
+        {"id": 70_000, "content": "<|evil|>", "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True}),
+    "padding to a million": lambda d: _set(d, "padding", {"strategy": {"Fixed": 1_000_000}, "direction": "Right",
+                                                          "pad_to_multiple_of": None, "pad_id": 1, "pad_type_id": 0,
+                                                          "pad_token": "<|pad|>"}),
+    "WordPiece model": lambda d: d["model"].update(type="WordPiece"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_TOKENIZERS))
+def test_hostile_tokenizer_is_one_line_never_run(kind, small_tokenizer, good, tmp_path, capsys):
+    p = _tokenizer_edit(small_tokenizer, tmp_path, HOSTILE_TOKENIZERS[kind])
+    with pytest.raises(InputError) as ei:
+        CodeTokenizer.load(p)
+    msg = str(ei.value)
+    assert "\n" not in msg and str(p) in msg and "CodeTokenizer.save" in msg, msg
+    # the same file in a checkpoint, through the CLI: exit 2, one line naming it
+    from codex_lab.cli import main
+
+    ck = copy(good, tmp_path / "ck")
+    (ck / T).write_bytes(p.read_bytes())
+    assert main(["generate", "def f():", "--checkpoint", str(ck)]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if " error: " in line]
+    assert len(errors) == 1 and str(ck / T) in errors[0] and "Traceback" not in err, err
+
+
+def test_decode_refuses_ids_outside_the_vocabulary(small_tokenizer):
+    n = small_tokenizer.vocab_size
+    ids = small_tokenizer.encode("def f(x):\n    return x\n")
+    assert small_tokenizer.decode(ids) == "def f(x):\n    return x\n"
+    assert small_tokenizer.decode([n - 1]) == small_tokenizer.tok.decode([n - 1])  # the last id is fine
+    for bad in ([n], [*ids, n + 7], [-1], [10**12]):
+        with pytest.raises(InputError, match=f"outside this tokenizer's vocabulary 0..{n - 1}"):
+            small_tokenizer.decode(bad)
+
+
+def test_hf_tokenizer_normalizer_growth_is_bounded(hf_folder, tmp_path):
+    from codex_lab.hf.folder import load_tokenizer, normalizer_growth
+
+    llama_like = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                                                      {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+    assert normalizer_growth(llama_like) == 2 and normalizer_growth(None) == 1
+    d = copy(hf_folder, tmp_path / "hf")
+    tj = json.loads((d / T).read_text())
+    tj["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": "a"}, "content": "aa"}] * 40}
+    (d / T).write_text(json.dumps(tj))
+    with pytest.raises(InputError) as ei:
+        load_tokenizer(d)
+    assert str(d / T) in str(ei.value) and "normalizer" in str(ei.value)
+    tok = load_tokenizer(hf_folder)
+    with pytest.raises(InputError):
+        tok.decode([-1])
+    assert tok.decode([tok.vocab_size + 3]) == ""  # a padding row of the model: no text

@@ -7,6 +7,7 @@ reserved up front so every checkpoint shares the same ids for them.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -32,6 +33,81 @@ TASK_TAGS = {
 }
 ANSWER = "<|answer|>"
 SPECIAL_TOKENS: list[str] = [EOT, PAD, FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, *TASK_TAGS.values(), ANSWER]
+
+
+_FLAGS = ("add_prefix_space", "trim_offsets", "use_regex")
+_TOP_KEYS = {"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer", "post_processor",
+             "decoder", "model"}
+_ADDED_KEYS = {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"}
+_BPE_KEYS = {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk",
+             "byte_fallback", "ignore_merges", "vocab", "merges"}
+
+
+def _byte_level(d: object) -> bool:
+    """Whether ``d`` is a ByteLevel component (pre-tokenizer, decoder, post-processor) with only
+    its boolean options: its split regex is the library's built-in one, never a file's."""
+    return isinstance(d, dict) and d.get("type") == "ByteLevel" and set(d) <= {"type", *_FLAGS} and all(
+        isinstance(d[k], bool) for k in _FLAGS if k in d)
+
+
+def check_tokenizer_json(d: object, path: str | Path) -> None:
+    """Refuse a ``tokenizer.json`` that is not the shape :func:`train_tokenizer` writes, before
+    the Rust library builds it: byte-level BPE, no normalizer, the ByteLevel pre-tokenizer and
+    decoder with their built-in regex, a dense vocabulary ``0..n-1`` and added tokens inside it.
+
+    A file's own regex (e.g. a catastrophically backtracking ``Split`` pattern) or normalizer
+    (a ``Replace`` that multiplies the text until the process aborts) is never run, and no id
+    past the vocabulary can reach a model.
+
+    Raises:
+        InputError: one line naming the file, the part that differs, and the fix.
+    """
+    fix = "use a tokenizer.json written by CodeTokenizer.save (re-train it: codex-lab train)"
+
+    def bad(what: str) -> InputError:
+        return InputError(f"{path}: {what}, not the course's byte-level BPE tokenizer; {fix}")
+
+    if not isinstance(d, dict):
+        raise bad(f"a JSON {type(d).__name__}, not an object")
+    extra = sorted(set(d) - _TOP_KEYS)
+    if extra:
+        raise bad(f"unknown keys {extra[:3]}")
+    for key in ("truncation", "padding", "normalizer"):
+        if d.get(key) is not None:
+            kind = d[key].get("type") if isinstance(d[key], dict) else type(d[key]).__name__
+            raise bad(f"has a {key} ({str(kind)[:40]})")
+    if not _byte_level(d.get("pre_tokenizer")):
+        kind = d["pre_tokenizer"].get("type") if isinstance(d.get("pre_tokenizer"), dict) else d.get("pre_tokenizer")
+        raise bad(f"pre_tokenizer is {str(kind)[:40]!r} (only ByteLevel with its built-in regex is read)")
+    for key in ("decoder", "post_processor"):
+        if d.get(key) is not None and not _byte_level(d[key]):
+            raise bad(f"{key} is not ByteLevel")
+    m = d.get("model")
+    if not (isinstance(m, dict) and m.get("type") == "BPE" and set(m) <= _BPE_KEYS):
+        raise bad("model is not a BPE model")
+    if any(m.get(k) is not None for k in ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix")):
+        raise bad("model sets dropout/unk_token/prefix/suffix")
+    vocab, merges = m.get("vocab"), m.get("merges")
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) and not isinstance(i, bool) for i in vocab.values()):
+        raise bad("model.vocab is not a mapping of tokens to integer ids")
+    n = len(vocab)
+    if sorted(vocab.values()) != list(range(n)):
+        far = max(vocab.values(), default=-1)
+        raise bad(f"model.vocab ids are not 0..{n - 1} each once (largest {far})")
+    pair = lambda x: (isinstance(x, str) and x.count(" ") == 1) or (  # noqa: E731
+        isinstance(x, list) and len(x) == 2 and all(isinstance(t, str) for t in x))
+    if not isinstance(merges, list) or len(merges) > n or not all(pair(x) for x in merges):
+        raise bad("model.merges is not a list of token pairs")
+    added = d.get("added_tokens", [])
+    if not isinstance(added, list):
+        raise bad("added_tokens is not a list")
+    for a in added:
+        ok = (isinstance(a, dict) and set(a) <= _ADDED_KEYS and isinstance(a.get("content"), str)
+              and isinstance(a.get("id"), int) and not isinstance(a.get("id"), bool))
+        if not ok:
+            raise bad("an added_tokens entry is malformed")
+        if not 0 <= a["id"] < n or vocab.get(a["content"]) != a["id"]:
+            raise bad(f"added token {a['content'][:30]!r} has id {a['id']}, not its id in the vocabulary 0..{n - 1}")
 
 
 class CodeTokenizer:
@@ -74,8 +150,18 @@ class CodeTokenizer:
         return [e.ids for e in self.tok.encode_batch(list(texts))]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        """Text of ``ids``; byte-level, so ``decode(encode(s)) == s`` for any string."""
-        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """Text of ``ids``; byte-level, so ``decode(encode(s)) == s`` for any string.
+
+        Raises:
+            InputError: an id outside ``0..vocab_size-1`` (names it and the vocabulary size).
+        """
+        ids = list(ids)
+        n = self.vocab_size
+        bad = next((i for i in ids if not (isinstance(i, int) and 0 <= i < n)), None) if ids else None
+        if bad is not None:
+            raise InputError(f"token id {bad!r} is outside this tokenizer's vocabulary 0..{n - 1}; "
+                             "decode ids produced by this tokenizer or a model of the same vocabulary")
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def save(self, path: str | Path) -> None:
         """Write ``tokenizer.json`` (the standard format ``transformers`` also reads)."""
@@ -99,6 +185,7 @@ class CodeTokenizer:
             if size > MAX_TOKENIZER_BYTES:
                 raise InputError(f"{path}: {size:,} bytes is over the {MAX_TOKENIZER_BYTES >> 20} MiB limit for a tokenizer; {fix}")
             text = path.read_text(encoding="utf-8")
+            check_tokenizer_json(json.loads(text), path)  # the course's own shape, before Rust sees it
             tok = Tokenizer.from_str(text)
         except InputError:
             raise

@@ -20,12 +20,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from tokenizers import Tokenizer
 
-from codex_lab.data.tokenizer import CodeTokenizer
+from codex_lab.data.tokenizer import MAX_TOKENIZER_BYTES, CodeTokenizer
 from codex_lab.data.weights_file import check_budget, read_safetensors_header
 from codex_lab.errors import InputError, MissingFileError
 from codex_lab.nn.config import ModelConfig
@@ -64,6 +64,18 @@ class HFTokenizer(CodeTokenizer):
         """The padding id (the eos id when the folder names none)."""
         return self._pad
 
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``. Ids past the tokenizer's vocabulary are the model's padding rows
+        (real checkpoints pad the embedding, e.g. 151,646 tokenizer ids in 151,936 rows): they
+        have no text and are skipped, as the Rust library does; a negative or non-integer id is
+        an InputError."""
+        ids = list(ids)
+        bad = next((i for i in ids if not (isinstance(i, int) and i >= 0)), None)
+        if bad is not None:
+            raise InputError(f"token id {bad!r} is not a token id (0 or more); decode ids produced by this model")
+        n = self.vocab_size
+        return self.tok.decode([i for i in ids if i < n], skip_special_tokens=skip_special_tokens)
+
 
 @dataclass
 class HFCheckpoint:
@@ -89,12 +101,47 @@ def _read_json(p: Path) -> dict:
         raise InputError(f"{p}: not readable JSON ({exc}); re-save the folder with save_pretrained") from None
 
 
+MAX_NORMALIZER_GROWTH = 8  # Llama's " " -> "▁" and Prepend("▁") grow a text by at most 2x
+
+
+def normalizer_growth(d: Any) -> int:
+    """An upper bound on how many times a tokenizer.json normalizer can multiply a text's length
+    (a ``Replace`` writes ``len(content)`` characters per match of at least one; a ``Sequence``
+    multiplies its steps' bounds; ``Prepend`` at most doubles a one-character text), so a
+    normalizer that multiplies the text until the process aborts is refused before it runs."""
+    if d is None:
+        return 1
+    if not isinstance(d, dict):
+        return 1 << 30
+    kind = d.get("type")
+    if kind == "Sequence":
+        out = 1
+        for step in d.get("normalizers") or []:
+            out = min(out * normalizer_growth(step), 1 << 30)
+        return out
+    if kind == "Replace":
+        pat = d.get("pattern") if isinstance(d.get("pattern"), dict) else {}
+        content, lit = len(str(d.get("content", ""))), pat.get("String")
+        if isinstance(lit, str) and lit:  # ceil(len(content) / len(pattern)) per character
+            return max(1, -(-content // len(lit)))
+        return 1 + content  # a Regex may match one character, or none (then content goes between characters)
+    if kind == "Prepend":
+        return 1 + len(str(d.get("prepend", "")))
+    return 1  # NFC/NFKC/Lowercase/Strip...: at most a small constant factor per character
+
+
 def load_tokenizer(path: str | Path) -> HFTokenizer:
     """The folder's ``tokenizer.json`` with its eos/pad ids (see :class:`HFTokenizer`)."""
     path = Path(path)
     tj = path / "tokenizer.json"
     if not tj.is_file():
         raise MissingFileError(f"{path}: no tokenizer.json; save the tokenizer with tokenizer.save_pretrained({str(path)!r})")
+    if tj.stat().st_size > MAX_TOKENIZER_BYTES:
+        raise InputError(f"{tj}: over the {MAX_TOKENIZER_BYTES >> 20} MiB limit for a tokenizer; re-save the folder")
+    growth = normalizer_growth(_read_json(tj).get("normalizer"))
+    if growth > MAX_NORMALIZER_GROWTH:
+        raise InputError(f"{tj}: its normalizer can multiply a text's length by {growth:,} (limit "
+                         f"{MAX_NORMALIZER_GROWTH}); remove the Replace/Prepend steps that grow it, or re-save the tokenizer")
     try:
         tok = Tokenizer.from_file(str(tj))
     except Exception as exc:  # the Rust library raises plain Exception
