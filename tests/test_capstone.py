@@ -127,13 +127,20 @@ def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer,
     ok, why = gate_decision(worse, reports["baseline"].scores())
     assert not ok and why[0].startswith("style")
     # the seed claims of the run: verdicts follow the numbers
-    abl = [{"variant": "plain", "batch": 8, "tokens_per_s": 100.0}, {"variant": "MoE layers [2, 3]", "batch": 8, "tokens_per_s": 50.0},
-           {"variant": "all", "batch": 8, "tokens_per_s": 80.0}]
+    abl = [{"variant": v, "batch": 8, "tokens_per_s": t, "vs_plain_median": t / 100.0, "vs_plain_lo": t / 100.0 - 0.05,
+            "vs_plain_hi": t / 100.0 + 0.05} for v, t in (("plain", 100.0), ("MoE layers [2, 3]", 50.0), ("all", 80.0))]
     claims = {c["claim"].split(":")[0].split(" cuts")[0]: c for c in cap.capstone_claims(
         models=models, log=log, finetunes=fts, reports=reports, passed=passed, reasons=reasons, ablation=abl, kv_tokens=64)}
     assert len(claims) == 6 and all(c["verdict"] in cap.VERDICTS for c in claims.values())
     assert "= 50%" in claims["GQA"]["measured"] and claims["GQA"]["verdict"] == "holds with a correction"  # 2 of 4 K/V heads
     assert "MoE alone 0.50x" in claims["MoE"]["measured"] and claims["MoE"]["verdict"] == "holds with a correction"
+    # faster in every interleaved round -> holds; a range that includes 1.0 does not
+    fast = [dict(r, vs_plain_median=1.3, vs_plain_lo=1.1, vs_plain_hi=1.5) if r["variant"].startswith("MoE") else r for r in abl]
+    mixed = [dict(r, vs_plain_median=1.3, vs_plain_lo=0.9, vs_plain_hi=1.5) if r["variant"].startswith("MoE") else r for r in abl]
+    for ab, want in ((fast, "holds"), (mixed, "holds with a correction")):
+        moe = next(c for c in cap.capstone_claims(models=models, log=log, finetunes=fts, reports=reports, passed=passed,
+                                                  reasons=reasons, ablation=ab, kv_tokens=64) if c["claim"].startswith("MoE"))
+        assert moe["verdict"] == want and "rounds" in moe["measured"], moe
     table = cap.summary_table(log)
     assert "baseline" in table and "candidate" in table and "gate_syntax" in table
     assert "| gate_style |" in cap.summary_table(log, markdown=True)
@@ -145,3 +152,14 @@ def test_canary_release_refuses_a_candidate_that_failed_its_gates(tmp_path):
     with pytest.raises(ValueError, match="failed its release gates"):
         cap.canary_release(base, cand, None, str(tmp_path), gates={"passed": False})
     assert not any(tmp_path.iterdir())  # refused before anything was registered or served
+
+
+def test_speed_ablation_times_variants_in_interleaved_rounds():
+    base = plain()
+    recs = cap.speed_ablation(base, small_cand_cfg(base.cfg), batches=(1, 2), prompt_len=8, new_tokens=2, repeats=3)
+    assert [r["variant"] for r in recs if r["batch"] == 1] == list(cap.ablation_configs(base.cfg, small_cand_cfg(base.cfg)))
+    for r in recs:
+        assert len(r["step_ms"]) == 3 and r["tokens_per_s"] > 0  # one decode timing per round, warm-up excluded
+        assert r["vs_plain_lo"] <= r["vs_plain_median"] <= r["vs_plain_hi"]
+        if r["variant"] == "plain":  # each round against itself
+            assert r["vs_plain_lo"] == r["vs_plain_hi"] == 1.0

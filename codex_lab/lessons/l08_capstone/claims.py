@@ -10,7 +10,7 @@ from codex_lab.nn.accounting import measured_cache_bytes
 from codex_lab.nn.model import CodexModel
 from codex_lab.nn.patterns import parse_pattern
 
-VERDICTS = ("holds", "holds with a correction", "does not hold", "not reproduced at this scale")
+VERDICTS = ("holds", "holds with a correction", "does not hold", "not reproduced at this scale", "fails", "not resolved")
 
 
 def capstone_claims(
@@ -52,16 +52,20 @@ def capstone_claims(
     add("GQA cuts the KV cache by about 40%",
         f"group size {g}: {kv['baseline']:,} -> {kv['candidate']:,} bytes at {kv_tokens} tokens = {save:.0%} (1 - 1/g = {1 - 1 / g:.0%})",
         "holds" if abs(save - 0.4) < 0.05 else "holds with a correction")
-    speeds = {(r["variant"], r["batch"]): r["tokens_per_s"] for r in ablation}
-    b = max(bb for (v, bb) in speeds if v == "all")
-    ratio = speeds[("all", b)] / speeds[("plain", b)]
-    moe_name = next((v for (v, _) in speeds if v.startswith("MoE")), None)
-    moe_ratio = speeds[(moe_name, b)] / speeds[("plain", b)] if moe_name else math.nan
+    recs = {(r["variant"], r["batch"]): r for r in ablation}
+    b = max(bb for (v, bb) in recs if v == "all")
+    moe_name = next((v for (v, _) in recs if v.startswith("MoE")), None)
+
+    def rel(v: str) -> str:  # speed-up over plain, median and per-round range (interleaved rounds)
+        r = recs[(v, b)]
+        return f"{r['vs_plain_median']:.2f}x (rounds {r['vs_plain_lo']:.2f}-{r['vs_plain_hi']:.2f}x)"
+
     total, active = log.rows["candidate"]["params"], log.rows["candidate"]["active_params"]
+    moe_faster = moe_name is not None and recs[(moe_name, b)]["vs_plain_lo"] > 1.0
     add("MoE: the capacity of a big model at the compute of a small one",
         f"{total:,} params, {active:,} active per token ({total / active:.1f}x); decode speed at batch {b}: MoE alone "
-        f"{moe_ratio:.2f}x, full candidate {ratio:.2f}x the plain model on this machine",
-        "holds" if moe_ratio >= 1.0 else "holds with a correction")
+        f"{rel(moe_name) if moe_name else 'n/a'}, full candidate {rel('all')} the plain model on this machine",
+        "holds" if moe_faster else "holds with a correction")
     tasks = list(finetunes["candidate"].config.tasks)
     small = min(tasks, key=lambda t: finetunes["candidate"].train_sizes[t])
     gains = {n: float(r.rel_improvement[tasks.index(small)]) for n, r in finetunes.items()}

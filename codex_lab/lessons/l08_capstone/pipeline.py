@@ -204,19 +204,45 @@ def run_capstone(
 
 def speed_ablation(base: CodexModel, cand_cfg: ModelConfig, *, batches: Sequence[int] = (1, 8), prompt_len: int = 64,
                    new_tokens: int = 16, repeats: int = 3) -> list[dict[str, Any]]:
-    """Cached greedy decode speed (tokens/s, :func:`codex_lab.lessons.l03_gqa.bench.decode_tokens_per_s`) of
-    ``base`` converted to each config of :func:`ablation_configs`, per batch size.
+    """Cached greedy decode speed of ``base`` converted to each config of :func:`ablation_configs`,
+    per batch size, the variants timed in interleaved rounds (:func:`codex_lab.runtime.interleaved_times`).
 
-    Speed does not depend on the weights' values, so untrained conversions are timed.
-    Returns one record per (variant, batch): variant, batch, tokens_per_s, kv_bytes_per_token.
+    Speed does not depend on the weights' values, so untrained conversions are timed. Each
+    round prefills ``prompt_len`` random tokens (untimed) and times ``new_tokens`` decode steps.
+    Returns one record per (variant, batch): variant, batch, tokens_per_s (median round),
+    step_ms (every round's ms per decode step), kv_bytes_per_token, active_params, and
+    vs_plain_median / vs_plain_lo / vs_plain_hi: the speed-up over "plain" per round (median,
+    smallest, largest; 1.0 inside [lo, hi] means no difference was measured).
     """
-    from codex_lab.lessons.l03_gqa.bench import decode_tokens_per_s
+    import statistics
 
+    import torch
+
+    from codex_lab.lessons.l03_gqa.bench import _decode_ms
+    from codex_lab.runtime import interleaved_times
+    from codex_lab.stats import timing_ratio
+
+    models = {name: (base if cfg is base.cfg else convert(base, cfg)).eval()
+              for name, cfg in ablation_configs(base.cfg, cand_cfg).items()}
+    device = next(base.parameters()).device
     out = []
-    for name, cfg in ablation_configs(base.cfg, cand_cfg).items():
-        m = (base if cfg is base.cfg else convert(base, cfg)).eval()
-        for b in batches:
-            tps = decode_tokens_per_s(m, batch=b, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats)
-            out.append({"variant": name, "batch": b, "tokens_per_s": tps, "kv_bytes_per_token": kv_bytes_per_token(cfg),
-                        "active_params": active_params(m)})
+    for b in batches:
+        prompt = torch.randint(0, base.cfg.vocab_size, (b, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
+        ms: dict[str, list[float]] = {name: [] for name in models}
+
+        def run(name: str) -> None:
+            with torch.no_grad():
+                ms[name].append(_decode_ms(models[name], prompt, new_tokens, device))
+
+        for name in models:  # warm-up, not recorded
+            with torch.no_grad():
+                _decode_ms(models[name], prompt, new_tokens, device)
+        interleaved_times({name: (lambda name=name: run(name)) for name in models}, max(2, repeats))
+        for name, m in models.items():
+            # tokens/s = batch * 1000 ms / ms per decode step
+            rel = timing_ratio(ms["plain"], ms[name], a="plain", b=name)
+            out.append({"variant": name, "batch": b, "tokens_per_s": b * 1000.0 / statistics.median(ms[name]),
+                        "step_ms": list(ms[name]), "kv_bytes_per_token": kv_bytes_per_token(m.cfg),
+                        "active_params": active_params(m), "vs_plain_median": rel.speedup,
+                        "vs_plain_lo": rel.lo, "vs_plain_hi": rel.hi})
     return out
