@@ -224,3 +224,28 @@ def test_model_fast_moba_equals_reference_with_gradients(native) -> None:
     o_fast.loss.backward()
     for (name, a), (_, b) in zip(ref.named_parameters(), fast.named_parameters()):
         torch.testing.assert_close(b.grad, a.grad, atol=ATOL, rtol=0, msg=name)
+
+
+def test_native_gate_and_torch_rounds_choose_the_same_blocks_ties_to_the_lower(native, monkeypatch) -> None:
+    import codex_lab.nn.moba_fast as mf
+
+    q, k, _ = _qkv(2, 4, 2, 77, 8, seed=11)
+    q, k = q.detach(), k.detach()
+    pat = MoBA(6, 3)
+    native_sel = moba_select(q, k, pat)  # plain positions: the native gate
+    # the last 10 queries against all keys (a decode step's layout): torch scores, native top-k
+    tail = moba_select(q[:, :, -10:], k, pat, q_pos=torch.arange(67, 77).expand(2, 10), k_pos=torch.arange(77).expand(2, 77))
+    torch.testing.assert_close(tail, native_sel[:, :, -10:], atol=0, rtol=0)
+    monkeypatch.setattr(mf, "moba_gate", lambda *a: None)
+    monkeypatch.setattr(mf, "moba_topk", lambda *a: None)
+    torch_sel = moba_select(q, k, pat)  # torch scores, K rounds of argmax
+    torch.testing.assert_close(native_sel, torch_sel, atol=0, rtol=0)
+    # exact ties (every block has the same mean): the lowest earlier blocks win, in order
+    k_tied = torch.ones(1, 1, 40, 4)
+    q1 = torch.ones(1, 1, 40, 4)
+    monkeypatch.undo()
+    sel = moba_select(q1, k_tied, MoBA(4, 2))
+    assert sel[0, 0, 39].tolist() == [0, 1] and sel[0, 0, 5].tolist() == [0, -1] and sel[0, 0, 2].tolist() == [-1, -1]
+    monkeypatch.setattr(mf, "moba_gate", lambda *a: None)
+    monkeypatch.setattr(mf, "moba_topk", lambda *a: None)
+    torch.testing.assert_close(moba_select(q1, k_tied, MoBA(4, 2)), sel, atol=0, rtol=0)

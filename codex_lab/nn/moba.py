@@ -13,13 +13,14 @@ Choices, as in MoBA's reference code:
   queries) would let a token's keys depend on the queries *after* it in its block: a leak
   of future tokens into causal training. Per token, the selection at t uses q_t and keys
   at positions < block start only, so it is causal, and decoding with a KV cache selects
-  exactly what training selected.
+  what training selected (up to the float rounding of the scores, which the two compute
+  with different products: only a near-exact tie could go the other way).
 - **The selection is not differentiable.** Top-k is a hard choice; gradients flow through
   the attention over the chosen blocks only (and through the own block), never into the
   gate's scores. The gate reads q and k themselves: it has no parameters of its own and
   learns through what attention over the chosen blocks teaches q and k.
-- Ties between equal scores go to the lower block index (``torch.topk`` on CPU picks one;
-  every path here uses the same :func:`moba_select`, so they agree).
+- Ties between equal scores go to the lower block index; every path uses the same
+  :func:`moba_select`, so they agree.
 
 Paths, held equal by tests/test_moba.py: ``"reference"`` (the (B, H, T, S) mask of the
 selection and explicit-scores attention: any positions, a KV cache, any device) and
@@ -75,21 +76,49 @@ def moba_select(q: Tensor, k: Tensor, pattern: MoBA | str, q_pos: Tensor | None 
     valid = k_pos >= 0  # (B, S)
     n_blocks = max(int(q_pos.max()), int(k_pos.max())) // bs + 1
     kb = torch.div(k_pos.clamp(min=0), bs, rounding_mode="floor")  # (B, S) key block ids
-    kf = k.float() * valid[:, None, :, None]  # (B, Hkv, S, D), empty slots zeroed
-    sums = kf.new_zeros(B, Hkv, n_blocks, D).scatter_add_(2, kb[:, None, :, None].expand(B, Hkv, -1, D), kf)
-    counts = kf.new_zeros(B, n_blocks).scatter_add_(1, kb, valid.float())  # (B, nb) keys per block
+    S = k.shape[2]
+    plain = bool((k_pos == torch.arange(S, device=k.device)).all())
+    if plain:
+        # keys at 0..S-1 (training, a prefill): block sums by a reshape, the last block apart
+        full = S // bs
+        sums = k.float()[:, :, : full * bs].reshape(B, Hkv, full, bs, D).sum(3)  # (B, Hkv, S // bs, D)
+        if full < n_blocks:
+            tail = k.float()[:, :, full * bs :].sum(2, keepdim=True) if full * bs < S else k.new_zeros(B, Hkv, 1, D)
+            sums = torch.cat([sums, tail, sums.new_zeros(B, Hkv, n_blocks - full - 1, D)], 2)  # (B, Hkv, nb, D)
+        counts = (S - torch.arange(n_blocks, device=k.device) * bs).clamp(0, bs).float().expand(B, n_blocks)
+    else:  # any positions (a KV cache): sums by scatter, empty slots left out
+        kf = k.float() * valid[:, None, :, None]  # (B, Hkv, S, D), empty slots zeroed
+        sums = kf.new_zeros(B, Hkv, n_blocks, D).scatter_add_(2, kb[:, None, :, None].expand(B, Hkv, -1, D), kf)
+        counts = kf.new_zeros(B, n_blocks).scatter_add_(1, kb, valid.float())  # (B, nb) keys per block
     # kbar_j = mean of the keys of block j
     kbar = sums / counts.clamp(min=1)[:, None, :, None]  # (B, Hkv, nb, D)
-    # score(t, j) = q_t . kbar_j, the g query heads of a group against their K/V head's means
-    scores = (q.float().view(B, Hkv, g, T, D) @ kbar[:, :, None].transpose(-2, -1)).view(B, H, T, n_blocks)
     qb = torch.div(q_pos, bs, rounding_mode="floor")  # (B, T)
+    kk = min(pat.top_k, n_blocks)
+    from codex_lab.nn.moba_fast import moba_gate, moba_topk
+
+    if plain and T == S and bool((q_pos == k_pos).all()):
+        # training / a prefill: the native gate scores each query against earlier blocks only
+        native = moba_gate(q.float(), kbar, bs, kk)
+        if native is not None:
+            return native
+    # score(t, j) = q_t . kbar_j, the g query heads of a group (rows of one product) against
+    # their K/V head's means
+    scores = (q.float().reshape(B, Hkv, g * T, D) @ kbar.transpose(-2, -1)).view(B, H, T, n_blocks)
     blk = torch.arange(n_blocks, device=q.device)
     # candidates: blocks strictly before the query's own block that hold a key
     cand = (blk[None, None, :] < qb[:, :, None]) & (counts > 0)[:, None, :]  # (B, T, nb)
     scores = scores.masked_fill(~cand[:, None], float("-inf"))
-    kk = min(pat.top_k, n_blocks)
-    top, idx = torch.topk(scores, kk, dim=-1, sorted=False)  # (B, H, T, K')
-    return torch.where(torch.isfinite(top), idx, torch.full_like(idx, -1))
+    native = moba_topk(scores, kk)  # the same choice, in one pass (CPU, fp32)
+    if native is not None:
+        return native
+    # top-k as K rounds of argmax (the first maximum: ties go to the lower block, on every
+    # path and device); for K << blocks faster than torch.topk on a CPU
+    picks = []
+    for _ in range(kk):
+        idx = scores.argmax(-1, keepdim=True)  # (B, H, T, 1)
+        picks.append(torch.where(scores.gather(-1, idx) > float("-inf"), idx, -1))
+        scores.scatter_(-1, idx, float("-inf"))
+    return torch.cat(picks, -1)  # (B, H, T, K')
 
 
 def moba_mask(q: Tensor, k: Tensor, pattern: MoBA | str, q_pos: Tensor | None = None, k_pos: Tensor | None = None,

@@ -31,7 +31,7 @@ from torch import Tensor
 from codex_lab.nn.native_build import load_native
 from codex_lab.nn.patterns import MoBA
 
-__all__ = ["moba_fast_ok", "moba_fast", "moba_native_status"]
+__all__ = ["moba_fast_ok", "moba_fast", "moba_gate", "moba_native_status", "moba_topk"]
 
 # query rows one task gathers at a time (its buffers are rows x max(D, block) floats)
 MAX_ROWS = 256
@@ -43,15 +43,50 @@ _I = ctypes.c_int64
 def _lib() -> tuple[ctypes.CDLL | None, str]:
     lib, why = load_native("sparse_attention")
     if lib is not None:
-        for fn in (lib.moba_fwd, lib.moba_bwd):
+        for fn in (lib.moba_fwd, lib.moba_bwd, lib.moba_gate):
             fn.restype = ctypes.c_int
-        lib.moba_table.restype = None
+        lib.moba_table.restype = lib.moba_topk.restype = None
     return lib, why
 
 
 def moba_native_status() -> str:
     """"" when the native kernel is built and loaded, else why not (then the reference runs)."""
     return _lib()[1]
+
+
+def moba_topk(scores: Tensor, k: int) -> Tensor | None:
+    """The gate's top-k on the native kernel: scores (..., nb) fp32 on a CPU (non-candidates
+    -inf) -> (..., k) int64 block indices in descending score order, ties to the lower block,
+    -1 past a row's candidates (what k rounds of argmax give); None where the kernel is
+    unavailable or k > 64 (then the caller runs those rounds itself)."""
+    lib = _lib()[0]
+    if lib is None or k > 64 or scores.device.type != "cpu" or scores.dtype != torch.float32:
+        return None
+    scores = scores.contiguous()
+    nb = scores.shape[-1]
+    sel = torch.empty(*scores.shape[:-1], k, dtype=torch.int64)
+    lib.moba_topk(_ptr(scores), _I(scores.numel() // max(1, nb)), _I(nb), _I(k), _ptr(sel),
+                  ctypes.c_int(torch.get_num_threads()))
+    return sel
+
+
+def moba_gate(q: Tensor, kbar: Tensor, block: int, k: int) -> Tensor | None:
+    """The whole gate on the native kernel for positions 0..N-1: q (B, H, N, D), kbar
+    (B, H_kv, nb, D) the block means, fp32 on a CPU -> (B, H, N, k) as :func:`moba_topk`
+    gives it, each query scoring only the blocks before its own (one BLAS product per
+    (head, query block)); None where the kernel is unavailable or k > 64."""
+    lib = _lib()[0]
+    if lib is None or k > 64 or q.device.type != "cpu" or q.dtype != torch.float32 or kbar.dtype != torch.float32:
+        return None
+    B, H, N, D = q.shape
+    Hkv, nb = kbar.shape[1], kbar.shape[2]
+    q3, kb = q.reshape(B * Hkv, H // Hkv * N, D).contiguous(), kbar.contiguous()
+    sel = torch.empty(B, H, N, k, dtype=torch.int64)
+    rc = lib.moba_gate(_ptr(q3), _ptr(kb), _ptr(sel), _I(B * Hkv), _I(H // Hkv), _I(N), _I(nb), _I(block), _I(D),
+                       _I(k), ctypes.c_int(torch.get_num_threads()))
+    if rc:
+        raise MemoryError("the native MoBA gate could not allocate its per-thread buffers")
+    return sel
 
 
 def moba_fast_ok(q: Tensor, k: Tensor, q_pos: Tensor | None, k_pos: Tensor | None) -> bool:

@@ -487,3 +487,57 @@ int moba_bwd(const float *q, const float *k, const float *v, const float *dout, 
     }
     return 0;
 }
+
+/* the k_sel highest of s[0..n-1] into idx, in descending order, ties to the lower index (as
+ * k_sel rounds of "first maximum" pick them), non-finite-below (-inf, NaN) skipped, -1 past
+ * the candidates; k_sel <= 64 */
+static void topk_row(const float *s, int64_t n, int64_t k_sel, int64_t *idx) {
+    float best[64];
+    int64_t have = 0;
+    for (int64_t j = 0; j < n; j++) {
+        float val = s[j];
+        if (!(val > -__builtin_inff())) continue;
+        if (have == k_sel && !(val > best[have - 1])) continue;
+        /* insert after every kept score >= val (earlier blocks win ties) */
+        int64_t at = have < k_sel ? have : k_sel - 1;
+        while (at > 0 && best[at - 1] < val) { best[at] = best[at - 1]; idx[at] = idx[at - 1]; at--; }
+        best[at] = val;
+        idx[at] = j;
+        if (have < k_sel) have++;
+    }
+    for (int64_t a = have; a < k_sel; a++) idx[a] = -1;
+}
+
+/* MoBA's top-k on given scores (n_rows, nb) (non-candidates -inf): sel (n_rows, k_sel). */
+void moba_topk(const float *scores, int64_t n_rows, int64_t nb, int64_t k_sel, int64_t *sel, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t x = 0; x < n_rows; x++) topk_row(scores + x * nb, nb, k_sel, sel + x * k_sel);
+}
+
+/* MoBA's whole gate for queries and keys at positions 0..n-1: q (BK, g*n, D) as moba_fwd
+ * takes it, kbar (BK, nb, D) the block means; query t of block i scores the earlier blocks
+ * only, score(t, j) = q_t . kbar_j for j < i (one BLAS product per (head, query block)),
+ * and keeps their top k_sel: sel (BK, g*n, k_sel). Returns 0, or 1 on a failed allocation. */
+int moba_gate(const float *q, const float *kbar, int64_t *sel, int64_t bk, int64_t g, int64_t n, int64_t nb,
+              int64_t bs, int64_t d, int64_t k_sel, int threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *s = (float *)malloc(sizeof(float) * bs * (nb > 0 ? nb : 1));
+        if (!s) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < bk * g * nb; t++) {
+            if (failed) continue;
+            int64_t b = t / (g * nb), h = (t / nb) % g, i = t % nb;
+            int64_t r = (i + 1) * bs <= n ? bs : n - i * bs;
+            int64_t row = b * g * n + h * n + i * bs;
+            if (i > 0) mm_abt(q + row * d, kbar + b * nb * d, s, (int)r, (int)i, (int)d, (int)i, 1.0f);
+            for (int64_t a = 0; a < r; a++) topk_row(s + a * i, i, k_sel, sel + (row + a) * k_sel);
+        }
+        free(s);
+    }
+    return failed;
+}
