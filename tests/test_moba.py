@@ -249,3 +249,27 @@ def test_native_gate_and_torch_rounds_choose_the_same_blocks_ties_to_the_lower(n
     monkeypatch.setattr(mf, "moba_gate", lambda *a: None)
     monkeypatch.setattr(mf, "moba_topk", lambda *a: None)
     torch.testing.assert_close(moba_select(q1, k_tied, MoBA(4, 2)), sel, atol=0, rtol=0)
+
+
+def test_bench_attention_has_moba_rows_at_the_fixed_patterns_density(native) -> None:
+    import argparse
+
+    from codex_lab.lessons.l02_sparse_attention import bench
+
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    fixed = "window:64+blockstride:64:3"
+    args = p.parse_args(["--sizes", "512", "--impls", "fast", "moba", "--heads", "2", "--head-dim", "16", "--repeats", "1",
+                         "--pattern", fixed, "--moba-block", "64", "--backward", "--device", "cpu"])
+    rows = {r["impl"]: r for r in bench.run(args)}
+    m, f = rows["moba"], rows["fast"]
+    d = parse_pattern(fixed).density(512)
+    kk = moba_top_k_for_density(512, 64, d)
+    assert m["pattern"] == f"moba:64:{kk}" and m["kernel"] == "native"
+    assert m["density"] == pytest.approx(MoBA(64, kk).density(512)) and m["fixed_density"] == pytest.approx(d)
+    # K is the closest density there is: one more or one fewer block is further from the fixed one
+    assert all(abs(m["density"] - d) <= abs(MoBA(64, j).density(512) - d) for j in (kk - 1, kk + 1) if j >= 1)
+    assert m["vs_fixed_fast"] == pytest.approx(m["median_ms"] / f["median_ms"])
+    assert m["fwd_bwd_vs_fixed_fast"] == pytest.approx(m["fwd_bwd_ms"] / f["fwd_bwd_ms"])
+    assert m["density"] <= m["computed_fraction"] <= 1 and m["goal_vs_fixed"] == 1.3
+    assert all(isinstance(v, (int, float, str)) for v in m.values())  # flat, JSON-ready

@@ -8,7 +8,11 @@ fraction of causal (query, key) pairs each sparse kernel actually computes
 (``computed_fraction``: whole tiles for blocks and flex; for fast, full tiles plus its
 half-size masked units), whose inverse bounds its speed-up at equal per-pair cost; for
 fast, ``kernel`` names the path that ran (its fused native kernel, or its flash calls and
-why), and ``fast-flash`` times the flash-call path beside it. With ``--backward`` (default
+why), and ``fast-flash`` times the flash-call path beside it. ``moba`` is the learned pattern
+``"moba:B:K"`` (:mod:`codex_lab.nn.moba`) on its fast path, the gate's selection included,
+with K chosen per N so that its density matches ``--pattern``'s (``--moba-block`` sets B);
+its record gives ``vs_fixed_fast``, its time over the fixed pattern's ``fast`` time in the same
+run (goal ``goal_vs_fixed`` = 1.3 or less), forward and forward+backward. With ``--backward`` (default
 in full mode) also forward + backward (a training step of the attention) against SDPA's forward
 + backward, with its goal 0.5/density; impls without a CPU backward (flex) skip it.
 
@@ -31,17 +35,20 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from codex_lab.nn.patterns import causal_pairs, parse_pattern
+from codex_lab.nn.moba import moba_attention, moba_top_k_for_density
+from codex_lab.nn.patterns import MoBA, causal_pairs, parse_pattern
 from codex_lab.nn.sparse import sparse_attention, tiles_computed
 from codex_lab.runtime import get_device, interleaved_times, median_ms, pick
 
 NAME = "attention"
 HELP = ("time and peak memory of dense SDPA vs sparse attention (reference, blocks, flex, fast, fast-flash) "
-        "against N, forward and forward+backward")
+        "and the learned moba pattern at equal density, against N, forward and forward+backward")
 DEFAULT_PATTERN = "window:128+blockstride:128:12"  # ~10% of causal pairs at N=8192
 # "fast-flash": the fast kernel's flash-call path (what "fast" runs where its native kernel
 # cannot be built), to show what the native kernel gains in the same run
-IMPLS = ("sdpa", "reference", "blocks", "flex", "fast", "fast-flash")
+# "moba": the learned pattern at the fixed pattern's density (its own spec per N, see run)
+IMPLS = ("sdpa", "reference", "blocks", "flex", "fast", "fast-flash", "moba")
+GOAL_VS_FIXED = 1.3  # moba's time at most 1.3x the fixed pattern's fast kernel at equal density
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequence lengths N (default: fast 1024 2048 4096, full 1024 .. 8192)")
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS, help="implementations to time")
     p.add_argument("--pattern", default=DEFAULT_PATTERN, help="sparse pattern spec (see codex_lab.nn.patterns)")
+    p.add_argument("--moba-block", type=int, default=128, help="block size B of the 'moba' rows")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--batch", type=int, default=1)
@@ -116,6 +124,8 @@ def _attend(impl: str, pattern: str, dev: torch.device) -> Callable[[Any, Any, A
 
         pat = parse_pattern(pattern)
         return lambda q, k, v: sparse_fast(q, k, v, pat, 128, native=False)
+    if impl == "moba":  # the gate's selection runs inside every call
+        return lambda q, k, v: moba_attention(q, k, v, pattern, "fast")
     return lambda q, k, v: sparse_attention(q, k, v, pattern, impl="fast" if impl == "fast-flash" else impl)
 
 
@@ -144,10 +154,19 @@ def prepare(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, 
     mem = peak_mib(fn, dev)
     pat = parse_pattern("dense" if impl == "sdpa" else pattern)
     nb = -(-n // 128)
-    rec: dict[str, Any] = {"impl": impl, "pattern": pat.spec, "N": n, "peak_mib": mem,
-                           "first_call_s": setup_s, "tiles": tiles_computed(pat, n),
-                           # fraction of the causal tiles nb (nb + 1) / 2 that a block kernel computes
-                           "tile_fraction": tiles_computed(pat, n) / (nb * (nb + 1) / 2)}
+    rec: dict[str, Any] = {"impl": impl, "pattern": pat.spec, "N": n, "peak_mib": mem, "first_call_s": setup_s}
+    if isinstance(pat, MoBA):
+        from codex_lab.nn.moba_fast import moba_fast_ok, moba_native_status
+
+        bs, r = pat.block, [min(pat.block, n - i * pat.block) for i in range(-(-n // pat.block))]
+        # computed: the chosen whole blocks, plus each own block's full (masked) square
+        rec["computed_fraction"] = sum(ri * (bs * min(pat.top_k, i) + ri) for i, ri in enumerate(r)) / causal_pairs(n)
+        ok = moba_fast_ok(q, k, None, None)
+        rec["kernel"] = "native" if ok else f"reference ({moba_native_status() or 'not fp32 on a CPU'})"
+    else:
+        rec.update({"tiles": tiles_computed(pat, n),
+                    # fraction of the causal tiles nb (nb + 1) / 2 that a block kernel computes
+                    "tile_fraction": tiles_computed(pat, n) / (nb * (nb + 1) / 2)})
     if impl in ("blocks", "flex"):
         rec["computed_fraction"] = tiles_computed(pat, n) * 128 * 128 / causal_pairs(n)
     elif impl in ("fast", "fast-flash"):
@@ -205,8 +224,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
     for n in sizes:
         density = pattern.density(n)
-        ready = {impl: prepare(impl, pattern.spec, n, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                               device=dev, backward=backward)
+        # the learned pattern at the fixed one's density: K from the exact counts
+        moba = MoBA(args.moba_block, moba_top_k_for_density(n, args.moba_block, density))
+        ready = {impl: prepare(impl, moba.spec if impl == "moba" else pattern.spec, n, batch=args.batch, heads=args.heads,
+                               head_dim=args.head_dim, device=dev, backward=backward)
                  for impl in impls if not (impl == "reference" and n > args.max_reference_n)}
         # round-robin: one call of each impl per round, so the machine's slow and fast spells
         # fall on every impl alike and the ratios to SDPA stay fair on a shared machine
@@ -219,7 +240,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 r["fwd_bwd_ms"] = statistics.median(fb[impl])
         base_ms, base_fb = ready["sdpa"][0]["median_ms"], ready["sdpa"][0].get("fwd_bwd_ms")
         for impl, (r, _, _) in ready.items():
-            d = 1.0 if impl == "sdpa" else density
+            d = 1.0 if impl == "sdpa" else moba.density(n) if impl == "moba" else density
+            if impl == "moba" and "fast" in ready:
+                fixed = ready["fast"][0]
+                r.update({"fixed_pattern": pattern.spec, "fixed_density": density, "goal_vs_fixed": GOAL_VS_FIXED,
+                          "vs_fixed_fast": r["median_ms"] / fixed["median_ms"]})
+                if "fwd_bwd_ms" in r and "fwd_bwd_ms" in fixed:
+                    r["fwd_bwd_vs_fixed_fast"] = r["fwd_bwd_ms"] / fixed["fwd_bwd_ms"]
             r.update({"density": d, "speedup_vs_sdpa": base_ms / r["median_ms"],
                       "limit_1_over_d": 1.0 / d, "goal_0_6_over_d": 0.6 / d, "device": str(dev)})
             if "fwd_bwd_ms" in r and base_fb is not None:
