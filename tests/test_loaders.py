@@ -510,3 +510,38 @@ def test_hf_tokenizer_normalizer_growth_is_bounded(hf_folder, tmp_path):
     with pytest.raises(InputError):
         tok.decode([-1])
     assert tok.decode([tok.vocab_size + 3]) == ""  # a padding row of the model: no text
+
+
+def test_corpus_never_reads_out_of_its_root(tmp_path):
+    """*.py links to a file outside the corpus, to /proc/self/environ, and a folder link out:
+    skipped unread and counted; links that stay inside the root are still read."""
+    import os
+
+    from codex_lab.data.corpus import load_corpus
+
+    root, outside = tmp_path / "corpus", tmp_path / "secret"
+    (root / "pkg").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "key.py").write_text("API_KEY = 'sk-do-not-read'\n")
+    (root / "good.py").write_text("x = 1\n")
+    (root / "pkg" / "inner.py").write_text("y = 2\n")
+    (root / "to_key.py").symlink_to(outside / "key.py")
+    (root / "environ.py").symlink_to("/proc/self/environ")
+    (root / "relative_escape.py").symlink_to("../secret/key.py")
+    (root / "pkg" / "up.py").symlink_to("../../secret/key.py")
+    (root / "inside_link.py").symlink_to("pkg/inner.py")  # stays in the root: read (then a duplicate)
+    (root / "outdir").symlink_to(outside, target_is_directory=True)  # folder links are never walked
+    os.environ["CODEX_LAB_TEST_SECRET"] = "environ-secret-value"
+    try:
+        c = load_corpus(root)
+    finally:
+        del os.environ["CODEX_LAB_TEST_SECRET"]
+    text = "\n".join(c.texts())
+    assert "sk-do-not-read" not in text and "environ-secret-value" not in text
+    # inside_link.py comes first in sorted order; pkg/inner.py is then its exact duplicate
+    assert sorted(f.path for f in c.files) == ["good.py", "inside_link.py"] and c.skipped_duplicates == 1
+    assert sorted(c.skipped_outside) == ["environ.py", "pkg/up.py", "relative_escape.py", "to_key.py"]
+    assert c.stats()["skipped_outside_root"] == 4
+    # the corpus root itself may be a link (e.g. a symlinked checkout): files inside it still read
+    (tmp_path / "alias").symlink_to(root, target_is_directory=True)
+    assert sorted(f.path for f in load_corpus(tmp_path / "alias").files) == sorted(f.path for f in c.files)

@@ -8,8 +8,10 @@ stable hash of the relative path, so it never changes between runs or machines.
 
 Hostile folders are safe to read: special files (FIFOs, devices, sockets) are skipped
 without being read (files are opened non-blocking and checked with ``fstat``), symlink loops
-and dangling links are skipped, files over ``max_file_bytes`` are skipped without reading
-past the cap, and unreadable files are skipped; every kind is counted in :meth:`Corpus.stats`.
+and dangling links are skipped, a link (or a path) that leads out of the corpus root (to
+``/proc/self/environ``, a key file, another project) is skipped unread, files over
+``max_file_bytes`` are skipped without reading past the cap, and unreadable files are skipped;
+every kind is counted in :meth:`Corpus.stats`.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Corpus:
     skipped_links: list[str] = field(default_factory=list)  # symlink loops and dangling links
     skipped_too_large: list[str] = field(default_factory=list)  # over max_file_bytes
     skipped_unreadable: list[str] = field(default_factory=list)  # permission denied, I/O errors
+    skipped_outside: list[str] = field(default_factory=list)  # links leading out of the corpus root
 
     @property
     def train(self) -> list[SourceFile]:
@@ -79,6 +82,7 @@ class Corpus:
         out["skipped_links"] = len(self.skipped_links)
         out["skipped_too_large"] = len(self.skipped_too_large)
         out["skipped_unreadable"] = len(self.skipped_unreadable)
+        out["skipped_outside_root"] = len(self.skipped_outside)
         return out
 
 
@@ -123,15 +127,29 @@ def _candidates(root: Path, extensions: tuple[str, ...], include_tests: bool, un
     return out
 
 
-def read_source_bytes(path: Path, max_bytes: int) -> tuple[str, bytes | None]:
+def read_source_bytes(path: Path, max_bytes: int, root: Path | None = None) -> tuple[str, bytes | None]:
     """Read one candidate file safely: ``(kind, data)`` where kind is ``"ok"``, ``"special"``,
-    ``"link"`` (loop or dangling), ``"large"`` or ``"unreadable"`` and data is set only for ``"ok"``.
+    ``"link"`` (loop or dangling), ``"outside"`` (it leads out of ``root``), ``"large"`` or
+    ``"unreadable"`` and data is set only for ``"ok"``.
 
-    The file is opened with ``O_NONBLOCK`` (a FIFO never blocks the open) and checked with
+    Links are resolved first and the real path must lie inside ``root`` (itself resolved);
+    that real path is then opened with ``O_NOFOLLOW`` (a link swapped in after the check is
+    refused, not followed), ``O_NONBLOCK`` (a FIFO never blocks the open) and checked with
     ``fstat`` on the open descriptor (no race between the check and the read); at most
     ``max_bytes + 1`` bytes are ever read, whatever the file claims its size is.
     """
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    if root is not None:
+        try:
+            real = Path(os.path.realpath(path, strict=True))
+        except OSError as exc:
+            if exc.errno == errno.ELOOP or os.path.islink(path):
+                return "link", None
+            return "unreadable", None
+        base = Path(os.path.realpath(root))
+        if real != base and base not in real.parents:
+            return "outside", None
+        path, flags = real, flags | getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
@@ -200,14 +218,14 @@ def load_corpus(
 
     corpus = Corpus(root=str(root), files=[])
     rel_paths = sorted(_candidates(root, extensions, include_tests, corpus.skipped_unreadable))
-    skipped = {"special": corpus.skipped_special, "link": corpus.skipped_links,
+    skipped = {"special": corpus.skipped_special, "link": corpus.skipped_links, "outside": corpus.skipped_outside,
                "large": corpus.skipped_too_large, "unreadable": corpus.skipped_unreadable}
     seen: set[str] = set()
     for rel in rel_paths:
         if max_files is not None and len(corpus.files) >= max_files:
             corpus.skipped_by_limit += 1
             continue
-        kind, raw = read_source_bytes(root / rel, max_file_bytes)
+        kind, raw = read_source_bytes(root / rel, max_file_bytes, root)  # never out of the root
         if raw is None:
             skipped[kind].append(rel)
             continue
@@ -230,7 +248,7 @@ def load_corpus(
         n_skipped = sum(len(v) for v in skipped.values()) + len(corpus.skipped_undecodable)
         raise InputError(
             f"no readable {'/'.join(extensions)} files under {str(root)!r} ({n_skipped} skipped: special, "
-            f"broken links, over {max_file_bytes:,} bytes, undecodable or unreadable); point --corpus "
+            f"broken links, links out of the folder, over {max_file_bytes:,} bytes, undecodable or unreadable); point --corpus "
             "at a folder that contains source code."
         )
     return corpus
