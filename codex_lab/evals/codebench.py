@@ -7,7 +7,7 @@ on problems made from short templates, one family per task of the article:
 
 - ``completion``: signature + docstring -> the body (``    return x + 3``);
 - ``bugfix``: a function with one seeded bug (an operator changed against its docstring)
-  -> the fixed function;
+  -> the fixed line (the program is the function's header + that line);
 - ``testgen``: a function -> one assertion that passes on it and fails on a hidden mutant
   (the seeded bug of ``bugfix``): a generated test must *detect* a bug, not only run;
 - ``fim``: fill in the middle (Bavarian et al. 2022): prefix and suffix of a two-line body
@@ -184,7 +184,7 @@ class Problem:
         if self.family == "fim":
             return f"{self.prefix}{body}{self.suffix}\n\n{self.test}"
         if self.family == "bugfix":
-            return f"{body}\n\n{self.test}"
+            return f"{self.prefix}{body}\n\n{self.test}"
         # testgen: the answer must pass on the reference, then fail (raise) on the mutant
         indented = "".join("    " + ln + "\n" for ln in body.splitlines())
         return (f"{self.code}\n{body}\n\n{self.mutant}\n"
@@ -202,9 +202,10 @@ def make_problem(fn: Function, family: str) -> Problem:
         code = fn.header()
         answer = fn.code()[len(code):]
         return Problem(tid, family, f"{TASK_TAGS['completion']}{code}{ANSWER}", code, answer, **common)
-    if family == "bugfix":
+    if family == "bugfix":  # the answer is the fixed line: the program is header + answer
         code = fn.code(mutant=True)
-        return Problem(tid, family, f"{TASK_TAGS['bugfix']}{code}{ANSWER}", code, fn.code(), **common)
+        return Problem(tid, family, f"{TASK_TAGS['bugfix']}{code}{ANSWER}", code, fn.code()[len(fn.header()):],
+                       prefix=fn.header(), **common)
     if family == "testgen":
         code = fn.code()
         return Problem(tid, family, f"{TASK_TAGS['testgen']}{code}{ANSWER}", code, fn.assertion(),
@@ -262,7 +263,7 @@ def wrong_completions(problem: Problem) -> list[str]:
     if problem.family == "completion":
         return [*common, mutant_body, "    while True:\n        pass\n"]
     if problem.family == "bugfix":
-        return [problem.code, fn.header() + "    pass\n", fn.header() + "    return (\n", ""]
+        return [*common, mutant_body, "    return (\n"]
     if problem.family == "testgen":
         x = fn.probe()
         return ["assert True\n", f"assert {fn.name}({x!r}) == {fn.name}({x!r})\n",
