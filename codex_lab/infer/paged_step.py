@@ -21,12 +21,19 @@ of 16 from 128 tokens) and replayed for every later step that falls in it;
 The step is :func:`~codex_lab.infer.generate.decode_step` itself, so its tokens equal the
 eager engine's. If compiling fails (no C++ compiler, an op Inductor lacks), the same
 function runs eagerly and :attr:`CompiledPagedStep.compile_error` says why.
+
+A server need not wait for the compiler: :meth:`CompiledPagedStep.warmup_background`
+compiles every bucket in a thread of its own while every step runs the same padded step
+eagerly (identical tokens), and switches all steps to the graphs at once when the last
+bucket is compiled (so the serving thread never runs a graph while dynamo is still adding
+to its cache). ``codex-lab serve`` answers within seconds of loading the model this way.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -75,6 +82,8 @@ class CompiledPagedStep:
         self._graphs_at_start: int | None = None  # dynamo's graph count before the first bucket compiled
         self._bucket_graphs = 0  # graphs compiled by the buckets' first calls
         self._fn = None
+        self._background = False  # True while warmup_background compiles: every step runs eagerly
+        self.ready = threading.Event()  # set when the compiled graphs serve (or compiling gave up)
         sparse_flex = model.cfg.attn_impl == "flex" and any(not layer.attn.pattern.is_dense for layer in model.layers)
         if compile and sparse_flex:
             # FlexAttention compiles its own kernel for every new block mask (every decode
@@ -125,10 +134,15 @@ class CompiledPagedStep:
         idx = torch.tensor([[t] for t in tokens] + [[0]] * pad, device=self.device)  # (Bmax, 1)
         pos = torch.tensor([[p] for p in positions] + [[0]] * pad, device=self.device)  # (Bmax, 1)
         tab = torch.tensor(rows, device=self.device)  # (Bmax, NB)
-        if self._fn is None or nb > self.max_compiled_blocks:
-            return self._step(idx, pos, tab)[:B]  # (B, V) eager: no compiler, or past the compiled buckets
+        if self._fn is None or nb > self.max_compiled_blocks or (self._background and not self.ready.is_set()):
+            # (B, V) eager: no compiler, past the compiled buckets, or the graphs still compiling in the background
+            return self._step(idx, pos, tab)[:B]
+        return self._compiled(idx, pos, tab, nb)[:B]
+
+    def _compiled(self, idx: Tensor, pos: Tensor, tab: Tensor, nb: int) -> Tensor:
+        """The padded step through its bucket's graph, compiling it on its first call; (Bmax, V)."""
         if nb in self.compile_s:
-            return self._fn(idx, pos, tab)[:B]  # (B, V) a graph compiled before
+            return self._fn(idx, pos, tab)  # (Bmax, V) a graph compiled before
         t0 = time.perf_counter()
         before = graphs_compiled()
         if self._graphs_at_start is None:
@@ -138,10 +152,10 @@ class CompiledPagedStep:
         except Exception as exc:  # no C++ compiler, unsupported op: the same step, eager
             self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
             self._fn = None
-            return self._step(idx, pos, tab)[:B]
+            return self._step(idx, pos, tab)
         self.compile_s[nb] = time.perf_counter() - t0
         self._bucket_graphs += graphs_compiled() - before
-        return logits[:B]
+        return logits
 
     def warmup(self, buckets: Sequence[int] | None = None) -> dict[int, float]:
         """Compile the buckets holding tables of the given block counts (default: every bucket
@@ -150,8 +164,36 @@ class CompiledPagedStep:
         nbs = sorted({nb for nb in map(self.bucket, buckets or self.buckets) if nb <= self.max_compiled_blocks})
         for nb in nbs:
             if nb not in self.compile_s and self._fn is not None:
-                self([0], [0], [[self.scratch] * nb])
+                # one real row in the scratch block, the rest padding (also the scratch block)
+                idx = torch.zeros(self.max_batch_size, 1, dtype=torch.long, device=self.device)  # (Bmax, 1)
+                tab = torch.full((self.max_batch_size, nb), self.scratch, dtype=torch.long, device=self.device)
+                with torch.no_grad():  # as __call__: dynamo guards on the grad mode at entry
+                    self._compiled(idx, torch.zeros_like(idx), tab, nb)
         return {nb: self.compile_s.get(nb, 0.0) for nb in nbs}
+
+    def warmup_background(self, on_done: Callable[[dict[int, float]], None] | None = None) -> threading.Thread:
+        """Compile every bucket in a daemon thread; until it is done every step runs eagerly
+        (the same padded step: the same tokens), then all steps switch to the graphs at once.
+        ``on_done`` gets :meth:`warmup`'s result (seconds per bucket) when it finishes; if
+        compiling fails, steps stay eager and :attr:`compile_error` says why."""
+        self._background = True
+        self.ready.clear()
+
+        def work() -> None:
+            per: dict[int, float] = {}
+            try:
+                per = self.warmup()
+            except Exception as exc:  # noqa: BLE001 - never take the server down: stay eager
+                self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                self._fn = None
+            finally:
+                self.ready.set()
+            if on_done is not None:
+                on_done(per)
+
+        t = threading.Thread(target=work, name="codex-lab-compile", daemon=True)
+        t.start()
+        return t
 
 
 def bucket_sizes(min_blocks: int, max_blocks: int) -> tuple[int, ...]:

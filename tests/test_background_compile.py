@@ -1,0 +1,83 @@
+"""The server's decode step compiles in the background: until every bucket is built, steps run
+the same padded step eagerly (the same tokens), then all switch to the graphs at once; a
+compile that fails leaves the steps eager and says why. `codex-lab serve` uses this so its
+first answer does not wait for the compiler (issue: a server that answers in seconds)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from codex_lab.infer.engine import Engine, SamplingParams
+from codex_lab.infer.generate import generate_ids
+from codex_lab.nn.model import CodexModel
+
+from conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from codex_lab.data.corpus import load_corpus
+    from codex_lab.data.tokenizer import train_tokenizer
+
+    return train_tokenizer(load_corpus(max_files=10).texts("train"), vocab_size=300)
+
+
+def _model(tok) -> CodexModel:
+    torch.manual_seed(0)
+    return CodexModel(tiny_config(vocab_size=tok.vocab_size)).eval()
+
+
+def _run(eng: Engine, prompts: list[list[int]], n: int = 10) -> list[list[int]]:
+    for p in prompts:
+        eng.submit(p, SamplingParams(max_tokens=n, ignore_eos=True))
+    done = {}
+    while eng.has_work():
+        done.update({f.rid: f.output_ids for f in eng.step()})
+    return [done[r] for r in sorted(done)]
+
+
+def test_steps_stay_eager_until_every_bucket_is_compiled_then_switch(tok):
+    model = _model(tok)
+    eng = Engine(model, tok, max_batch_size=2, compile=True, compile_backend="eager")
+    step = eng.fast_step
+    gate = threading.Event()
+    calls = {"graph": 0}
+    compiled = step._compiled
+
+    def slow_compiled(*a, **kw):  # hold the background compile until the first requests are done
+        if not gate.is_set() and threading.current_thread().name == "codex-lab-compile":
+            gate.wait(60)
+        if threading.current_thread().name != "codex-lab-compile":
+            calls["graph"] += 1
+        return compiled(*a, **kw)
+
+    step._compiled = slow_compiled
+    finished: list[dict] = []
+    step.warmup_background(finished.append)
+    prompts = [[5, 9, 2, 7], [11, 3]]
+    want = [generate_ids(model, p, max_new_tokens=10)[0] for p in prompts]
+    assert _run(eng, prompts) == want and calls["graph"] == 0  # served while compiling: eager steps
+    assert not step.ready.is_set()
+    gate.set()
+    assert step.ready.wait(120) and finished and sorted(finished[0]) == list(step.buckets[: len(finished[0])])
+    assert _run(eng, prompts) == want and calls["graph"] > 0  # now through the graphs, same tokens
+    assert step.recompiles == 0
+
+
+def test_a_failed_background_compile_stays_eager_and_says_why(tok):
+    model = _model(tok)
+    eng = Engine(model, tok, max_batch_size=2, compile=True, compile_backend="eager")
+    step = eng.fast_step
+
+    def broken(*a, **kw):
+        raise RuntimeError("no C++ compiler here")
+
+    step._fn = broken
+    step.warmup_background()
+    assert step.ready.wait(60)
+    assert not step.compiled and "no C++ compiler" in step.compile_error
+    prompts = [[5, 9, 2, 7]]
+    assert _run(eng, prompts) == [generate_ids(model, prompts[0], max_new_tokens=10)[0]]
