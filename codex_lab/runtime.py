@@ -326,14 +326,44 @@ def expected_seconds(kind: str, keys: Iterable[str], mode: str | None = None, de
     return Estimate(recorded * f, f"{format_seconds(recorded)} {source}, x{f:.2f} for this machine by a matmul calibration")
 
 
+def compute_threads() -> int:
+    """The math threads every lesson and report section uses (the one place that decides).
+
+    ``CODEX_LAB_THREADS=N`` wins; otherwise 1 on a machine with at most 2 cores (the engine,
+    server and clients, or pytest's two workers, share them: two OpenMP threads each ran
+    lesson 05's fine-tunes 11x slower on a loaded machine), else all cores but one."""
+    env = os.environ.get("CODEX_LAB_THREADS", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"CODEX_LAB_THREADS={env!r}: give a positive whole number of threads, e.g. 1")
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 1 if cores <= 2 else cores - 1
+
+
+@contextmanager
+def use_compute_threads() -> Iterator[int]:
+    """Run the block with :func:`compute_threads` math threads; restore the previous count after."""
+    before = torch.get_num_threads()
+    n = compute_threads()
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
+
+
 def lesson_header(lesson: str) -> bool:
-    """Print the mode, why, this lesson's expected time here and how to switch; return fast mode.
+    """Print the mode, why, this lesson's expected time here and how to switch; set the math
+    threads (:func:`compute_threads`); return fast mode.
 
     A notebook's first code cell calls it: ``FAST = cl.lesson_header("05")``."""
     key = f"{int(str(lesson).lower().lstrip('l')):02d}"
+    torch.set_num_threads(compute_threads())
     info = mode_info()
     est = expected_seconds("lesson", [key], info.mode, info.device)
-    print(f"lesson {key} | {info.mode} mode: {info.reason}")
+    print(f"lesson {key} | {info.mode} mode: {info.reason} | {torch.get_num_threads()} math thread(s) "
+          "(codex_lab.runtime.compute_threads; CODEX_LAB_THREADS=N to change)")
     print(f"expected time of this notebook on this machine: {est.text()}")
     if est.seconds is None and not info.fast and info.device != "cuda":
         fast = expected_seconds("lesson", [key], "fast", info.device)

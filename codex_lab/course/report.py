@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from typing import Any, Sequence
 from codex_lab.course.plugins import lesson_modules
 from codex_lab.errors import InputError
 from codex_lab.runtime import (ModeInfo, calibrate_ms, describe_environment, expected_seconds, format_seconds,
-                               mode_info, mode_override, progress, speed_factor, timing_table)
+                               mode_info, mode_override, progress, speed_factor, timing_table, use_compute_threads)
 
 VERDICTS = ("holds", "holds with a correction", "does not hold", "not reproduced at this scale",
             "fails", "not resolved")  # the last two: codex_lab.stats.compare on seeds, with the interval
@@ -237,8 +238,11 @@ def run_report(out_dir: str | Path | None = None, *, sections: list[str] | None 
             if progress:
                 bar.write(f"[report] {key}: {title}")
             t0 = time.perf_counter()
+            expected = expected_seconds("report", [key], plan[key], info.device).seconds
+            beat = Heartbeat(key, expected, bar.write if progress else print)
             try:
-                with mode_override(plan[key], f"the report's {'CPU plan' if plan[key] != info.mode else 'mode'}"):
+                with mode_override(plan[key], f"the report's {'CPU plan' if plan[key] != info.mode else 'mode'}"), \
+                        use_compute_threads(), beat:
                     ctx.fast = plan[key] == "fast"
                     body = mod.run(ctx)
             except KeyboardInterrupt:
@@ -270,6 +274,51 @@ def run_report(out_dir: str | Path | None = None, *, sections: list[str] | None 
     if failures:
         raise RuntimeError(f"report written to {path}, but these sections failed: {failures}")
     return path
+
+
+class Heartbeat:
+    """While a section runs past ``first_s`` (20 s), a line every ``every_s`` seconds: elapsed
+    against expected, the load average, and "this machine is busier than expected" when the
+    section overruns on a loaded machine, so a long section never looks frozen."""
+
+    def __init__(self, key: str, expected_s: float | None, write: Any, *, first_s: float = 20.0,
+                 every_s: float = 20.0) -> None:
+        self.key, self.expected_s, self.write = key, expected_s, write
+        self.first_s, self.every_s = first_s, every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lines: list[str] = []
+
+    def line(self, elapsed: float) -> str:
+        """The progress line after ``elapsed`` seconds."""
+        cores = os.cpu_count() or 1
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        exp = f"expected ~{format_seconds(self.expected_s)}" if self.expected_s else "no recorded time"
+        text = f"[report] {self.key}: still running, {format_seconds(elapsed)} elapsed ({exp}; load average {load:.1f} on {cores} cores)"
+        if self.expected_s and elapsed > self.expected_s:
+            busy = load > cores
+            text += ("; this machine is busier than expected" if busy else
+                     "; past the recorded time on a machine that is not busy: slower hardware, or a larger size")
+        return text
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        wait = self.first_s
+        while not self._stop.wait(wait):
+            msg = self.line(time.perf_counter() - t0)
+            self.lines.append(msg)
+            self.write(msg)
+            wait = self.every_s
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread = threading.Thread(target=self._run, name=f"report-heartbeat-{self.key}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
 
 
 def _section_bar(keys: list[str], plan: dict[str, str], info: ModeInfo, enabled: bool) -> Any:
