@@ -76,6 +76,7 @@ class Results:
     other: str = ""
     selection: dict[str, float] = field(default_factory=dict)  # candidate -> mean final val loss
     runs: dict[str, list[Any]] = field(default_factory=dict)  # arm -> FinetuneResult per seed
+    model: Any = None  # the CoBa model of the first seed (for further measurements)
 
     def values(self, arm: str, family: str) -> list[float]:
         """pass@1 of ``arm`` on ``family`` (or ``"all"``: the mean over families), one per seed."""
@@ -117,7 +118,12 @@ def score_model(model: Any, tok: Any, problems: Sequence[cb.Problem]) -> dict[st
 
 
 def select_other(base: Any, tok: Any, taskset: Any, setup: Setup) -> tuple[str, dict[str, float]]:
-    """The candidate balancer with the lowest mean final validation loss on ``setup.select_seed``."""
+    """The candidate balancer with the lowest mean final validation loss on ``setup.select_seed``.
+
+    With a single candidate nothing is chosen and no run is made (``{}`` losses).
+    """
+    if len(setup.candidates) == 1:
+        return setup.candidates[0], {}
     losses = {}
     for name in setup.candidates:
         r = finetune(_fresh(base), tok, taskset, setup.config(setup.select_seed, balance=name, mix="uniform"), progress=False)
@@ -148,6 +154,8 @@ def run_experiment(base: Any, tok: Any, setup: Setup, *, problems: Sequence[cb.P
             r = finetune(m, tok, taskset, setup.config(seed, **change), progress=False)
             res.runs.setdefault(arm, []).append(r)
             res.scores[arm].append(score_model(m, tok, problems))
+            if arm == "coba" and res.model is None:
+                res.model = m
         if log:
             log(f"seed {seed}: " + "; ".join(f"{a} " + " ".join(f"{f}={v[-1][f]:.2f}" for f in setup.families)
                                              for a, v in res.scores.items()))
