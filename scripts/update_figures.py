@@ -1,0 +1,65 @@
+"""Rewrite the figures the README and the notebook headers state from the one record
+(codex_lab/assets/timings.json), after re-timing (scripts/time_notebooks.py --json, a report's
+timings.json) or a full test run.
+
+    python scripts/update_figures.py                      # rewrite from the record, re-pair notebooks
+    python scripts/update_figures.py --suite --ci-seconds 900   # also count the tests (pytest --collect-only)
+    python scripts/update_figures.py --check              # list disagreements, exit 1 if any (what the test does)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from codex_lab.course import figures  # noqa: E402
+
+
+def count_tests() -> int:
+    """Tests the README's test command runs (pytest's own count, nbval cells included)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0"], cwd=ROOT,
+                         capture_output=True, text=True).stdout
+    m = re.search(r"(\d+) tests? collected", out) or re.search(r"^(\d+) tests?", out, re.M)
+    if m is None:
+        raise SystemExit(f"could not read pytest's count from:\n{out[-2000:]}")
+    return int(m.group(1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="only list disagreements (exit 1 if any)")
+    ap.add_argument("--suite", action="store_true", help="count the tests and record the count")
+    ap.add_argument("--ci-seconds", type=float, default=None, help="record the duration of a CI run")
+    args = ap.parse_args()
+    if args.check:
+        bad = figures.mismatches()
+        print("\n".join(bad) or "every figure agrees with the record")
+        return 1 if bad else 0
+    rec = figures.record()
+    if args.suite or args.ci_seconds is not None:
+        suite = rec.setdefault("suite", {})
+        if args.suite:
+            suite["tests"] = count_tests()
+        if args.ci_seconds is not None:
+            suite["ci_s"] = round(args.ci_seconds)
+        suite["measured"] = date.today().isoformat()
+        figures.RECORD.write_text(json.dumps(rec, indent=2) + "\n", encoding="utf-8")
+    changed = figures.apply(rec)
+    for rel in changed:
+        if rel.endswith(".py") and rel.startswith("notebooks/"):
+            subprocess.run([sys.executable, "-m", "jupytext", "--sync", str(ROOT / rel)], check=True,
+                           capture_output=True)
+    print("rewrote: " + (", ".join(changed) or "nothing (already in agreement)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
