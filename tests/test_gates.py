@@ -82,3 +82,44 @@ def test_gates_through_the_engine_catch_a_perturbed_candidate(small_tokenizer):
     assert slow.tbt_attainment == 0.0  # every gap >= 30 ms > 20 ms
     ok, why = gate_decision(slow.scores(), {**base.scores(), "tbt_attainment": 1.0})
     assert not ok and any("tbt" in w for w in why)
+
+
+def test_functional_gate_scores_codebench_answers() -> None:
+    from codex_lab.evals import codebench as cb
+    from codex_lab.serve.gates import bench_problems
+
+    probs = bench_problems(2)
+    good = [Sample(GOOD[p.name]) for p in SUITE]
+    right = score(good, bench=probs, bench_answers=[p.canonical_solution for p in probs])
+    assert right.functional == 1.0 and right.syntax == 1.0
+    wrong = score(good, bench=probs, bench_answers=[cb.wrong_completions(p)[-1] for p in probs])
+    assert wrong.functional == 0.0 and wrong.syntax == 1.0  # the suite's answers do not count any more
+    half = [p.canonical_solution if i % 2 else "    pass\n" for i, p in enumerate(probs)]
+    assert score(good, bench=probs, bench_answers=half).functional == 0.5
+    with pytest.raises(ValueError, match="both"):
+        score(good, bench=probs)
+
+
+def test_functional_gate_tells_a_tuned_model_from_a_damaged_copy() -> None:
+    """The shipped model, fine-tuned as in lesson 05, against the same weights with noise added.
+
+    No score of a particular checkpoint is assumed: only that fine-tuning lifts codebench
+    pass@1 above zero and that noise of the weights' own size destroys it."""
+    import copy
+
+    from codex_lab.lessons.l05_multitask.experiments import tune_for_codebench
+    from codex_lab.training.checkpoint import load_pretrained
+
+    ck = load_pretrained()
+    tuned = tune_for_codebench(ck.model, ck.tokenizer, steps=40, seed=0)
+    damaged = copy.deepcopy(tuned)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in damaged.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * p.float().std().clamp(min=1e-3))  # noise as large as the weights
+    good = run_gates(engine_completer(tuned, ck.tokenizer), max_tokens=24)
+    bad = run_gates(engine_completer(damaged, ck.tokenizer), max_tokens=24)
+    assert good.functional > 0.0, good.functional
+    assert bad.functional < good.functional, (bad.functional, good.functional)
+    ok, why = gate_decision(bad.scores(), good.scores())
+    assert not ok and any(w.startswith("functional") for w in why), why
