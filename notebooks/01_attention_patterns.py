@@ -94,8 +94,9 @@ assert diff < 1e-5  # fp32 probabilities; only the summation order differs
 
 # %% [markdown]
 # ## Every layer and head on one function
-# Bright = high weight. The diagonal band is attention to the last few tokens; vertical
-# stripes are keys that many later queries read (often the first token, or punctuation).
+# Bright = high weight. A diagonal band is attention to the last few tokens; a vertical
+# stripe is a key that many later queries read (in large models often the first token, an
+# "attention sink"; section "The share within a window" measures it for this model).
 
 # %%
 L, H = maps.shape[:2]
@@ -161,15 +162,28 @@ elif s128 > base[128]:
     verdict = "holds with a correction"
 else:
     verdict = "does not hold"
-# the first token is a common "attention sink"; a global token (pattern "global:1") keeps it
+# large models often use the first token as an "attention sink"; a global token (pattern
+# "global:1") keeps it. Does this model? Against a uniform reader's weight on key 0:
 sink = all_maps[:, :, :, 128:, 0].mean(dim=(0, 3))  # (L, H): weight on key 0 from queries >= 128
-print("weight on the first token per layer (head mean): " + ", ".join(f"{v:.3f}" for v in sink.mean(1).tolist()))
+uniform_first = (1.0 / torch.arange(129, T + 1, dtype=torch.float64)).mean().item()  # mean of 1/(i+1), i >= 128
+sink_heads = int((sink > 10 * uniform_first).sum())
+print("weight on the first token per layer (head mean): " + ", ".join(f"{v:.3f}" for v in sink.mean(1).tolist())
+      + f"; a uniform reader: {uniform_first:.4f}")
+sink_text = (f"{sink_heads} of {L * H} heads put more than 10x a uniform reader's weight on the first token "
+             + ("(this model has attention sinks)" if sink_heads else "(no head uses it as an attention sink)"))
+print(sink_text)
 print(f"within 128 or on the first token: {(shares[128] + sink).mean():.0%}")
 print(f"VERDICT on 'code has local scope, a 64-128 token window suffices': {verdict} "
       f"(mass within 128 = {s128:.0%}, least local head {shares[128].min():.0%}; a window alone drops the rest, "
       "which is why the article adds strided global links)")
 
 # %% [markdown]
+# **Exercises.** You now have everything `exercises/01_attention_patterns.ipynb` grades:
+# causal attention probabilities (the from-scratch layer-0 maps above), the mean weight at
+# each distance (`mass_by_distance`) and the share of attention within a window for queries
+# past a minimum position (`share_within`). Grade it with
+# `codex-lab grade exercises/01_attention_patterns.py`.
+#
 # ## Explore
 # Pick a layer, a head and a snippet. The right panel lists, for the last query, the keys it
 # weighs most, with their distance: do the far ones make sense (an opening bracket, the
@@ -195,16 +209,16 @@ widgets.interactive(show, layer=widgets.IntSlider(0, 0, L - 1), head=widgets.Int
 
 # %% [markdown]
 # ## What we measured
-# On this model and these snippets (a small model trained on 256-token windows is more
-# local than a large model reading whole repositories, so treat the shares as an upper
-# bound for long-context models):
+# On this model and these snippets (a model trained on 256-token windows may be more local
+# than one reading whole repositories: the shares describe this model, not code in general):
 
 # %%
 print(f"- The from-scratch attention maps equal the package's hooks to {diff:.1e} (layer 0, {H} heads).")
 print(f"- Attention mass within 64 tokens: {s64:.0%}, within 128: {s128:.0%}, against {base[64]:.0%} / "
       f"{base[128]:.0%} for a uniform reader over the same queries.")
 print(f"- Least local head: layer {worst_l} head {worst_h}, {shares[128][worst_l, worst_h]:.0%} of its mass within "
-      f"128 tokens; the first token alone takes {sink.mean():.1%} of the mass of queries past position 128.")
+      f"128 tokens; the first token takes {sink.mean():.1%} of the mass of queries past position 128 "
+      f"(a uniform reader: {uniform_first:.1%}); {sink_text}.")
 print(f"- Mean weight on the previous token (d=1) {profile[:, :, 1].mean():.3f} vs {profile[:, :, 128].mean():.4f} at "
       f"d=128; head entropy ranges {entropy.min():.2f}..{entropy.max():.2f} nats (log T = {math.log(T):.2f}).")
 print(f"- Verdict on 'code has local scope, a 64-128 token window suffices': {verdict}. A window alone drops "
@@ -214,9 +228,10 @@ print(f"- Verdict on 'code has local scope, a 64-128 token window suffices': {ve
 # ## Questions to think about
 # 1. Why count only queries with more than `w` tokens behind them when measuring the share
 #    within a window? What would the share look like if early queries were included?
-# 2. Many heads put a large weight on the first token. What does a "sink" like that do for
-#    a softmax that must put its mass somewhere, and what does a pure window lose by
-#    dropping it?
+# 2. Large models often put a large weight on the first token (an "attention sink", Xiao
+#    et al. 2023); this run printed how many of this model's heads do. What does a sink do
+#    for a softmax that must put its mass somewhere, and what would a pure window lose by
+#    dropping it in a model that has one?
 # 3. The model was trained on 256-token windows. Would you expect the share within 128 to
 #    rise or fall for a model trained on 4,096-token files, and which experiment here would
 #    tell you?
@@ -232,6 +247,4 @@ print(f"- Verdict on 'code has local scope, a 64-128 token window suffices': {ve
 # - Xiao et al. (2023), *Efficient Streaming Language Models with Attention Sinks*: why the
 #   first token soaks up attention, and why keeping it matters for windowed attention.
 #
-# Exercises: `exercises/01_attention_patterns.ipynb` (causal attention probabilities, the
-# weight at each distance, the share within a window); grade with
-# `codex-lab grade exercises/01_attention_patterns.py`.
+# Exercises: `exercises/01_attention_patterns.ipynb` (pointed to before "Explore").
