@@ -341,3 +341,116 @@ def test_guard_helpers():
     assert not bearer_ok("Bearer k", "k1") and not bearer_ok("k1", "k1") and not bearer_ok(None, "k1")
     assert is_json("application/json") and is_json("application/json; charset=utf-8")
     assert not is_json("application/json-seq") and not is_json(None) and not is_json("text/plain")
+
+
+def _metric(bg, kind: str) -> float:
+    text = httpx.get(bg.url + "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("codex_lab:request_errors_total{") and f'kind="{kind}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_trickling_bodies_get_408_and_lose_their_connection(small_tokenizer, model):
+    """16 clients trickling a body a byte at a time on --max-connections 16: each gets 408 after
+    the body timeout AND its connection is closed, so normal requests then get 200, not 503."""
+    import threading
+
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name=NAME, max_connections=16, body_timeout_s=1.0,
+                                                    header_timeout_s=5.0, keep_alive_s=30.0))
+    srv.add_version("v0001", model)
+    bg = serve_in_background(srv)
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 4000\r\n\r\n{\"model\": ")
+    socks = [_open(bg, head) for _ in range(16)]
+    stop = threading.Event()
+
+    def trickle() -> None:  # one byte per connection every 0.1 s, for as long as the server lets it
+        while not stop.is_set():
+            for s in socks:
+                try:
+                    s.send(b" ")
+                except OSError:
+                    pass
+            time.sleep(0.1)
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        answers = []
+        for s in socks:
+            s.settimeout(5.0)
+            got = b""
+            try:
+                while True:  # until the server closes the connection (EOF) or 5 s pass
+                    b = s.recv(4096)
+                    if not b:
+                        answers.append((got, "closed"))
+                        break
+                    got += b
+            except (socket.timeout, TimeoutError):
+                answers.append((got, "open"))
+            except ConnectionResetError:
+                answers.append((got, "closed"))
+        assert all(a.startswith(b"HTTP/1.1 408") for a, _ in answers), [a[:40] for a, _ in answers]
+        assert all(state == "closed" for _, state in answers), Counter(state for _, state in answers)
+        # the trickling clients still push bytes; normal requests get through
+        codes = [httpx.post(bg.url + "/v1/completions", json={"model": NAME, "prompt": "a", "max_tokens": 1},
+                            timeout=10).status_code for _ in range(4)]
+        assert codes == [200] * 4, codes
+    finally:
+        stop.set()
+        t.join(5)
+        for s in socks:
+            s.close()
+        bg.stop()
+
+
+def test_client_hanging_up_mid_body_is_not_an_internal_error(served, caplog):
+    """A client that closes its connection halfway through the body: counted as disconnected,
+    never as internal, and nothing is logged with a traceback."""
+    import logging
+
+    bg, _ = served
+    before_internal, before_disc = _metric(bg, "internal"), _metric(bg, "disconnected")
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 400\r\n\r\n{\"model\": \"tiny\", \"prompt\": ")
+    with caplog.at_level(logging.INFO):
+        for _ in range(5):
+            s = _open(bg, head)
+            time.sleep(0.05)
+            s.close()
+        deadline = time.time() + 5
+        while _metric(bg, "disconnected") < before_disc + 5 and time.time() < deadline:
+            time.sleep(0.05)
+    assert _metric(bg, "disconnected") == before_disc + 5
+    assert _metric(bg, "internal") == before_internal
+    tracebacks = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert not tracebacks, [r.getMessage()[:200] for r in tracebacks]
+    assert httpx.post(bg.url + "/v1/completions", json={"model": NAME, "prompt": "a", "max_tokens": 1}).status_code == 200
+
+
+def test_refused_large_body_trickling_after_its_413_is_cut(served):
+    """A body declared over the limit gets 413 at once; if the client then trickles the rest,
+    the connection is closed after one more body timeout (1 s here) instead of held for ever."""
+    bg, _ = served
+    s = _open(bg, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 10000000\r\n\r\n{")
+    s.settimeout(5.0)
+    assert s.recv(4096).startswith(b"HTTP/1.1 413")
+    t0, closed = time.time(), False
+    while time.time() - t0 < 6.0:
+        try:
+            s.send(b" ")
+            s.settimeout(0.2)
+            if s.recv(4096) == b"":
+                closed = True
+                break
+        except (socket.timeout, TimeoutError):
+            continue
+        except OSError:
+            closed = True
+            break
+    s.close()
+    assert closed and time.time() - t0 < 4.0, time.time() - t0

@@ -10,7 +10,8 @@ header and body read timeouts, and a connection cap.
     form or text/plain POST never reaches the JSON parser).
   Every refusal has OpenAI's error shape.
 - :func:`read_body`: the request body, at most ``max_body_bytes`` (413) within
-  ``body_timeout_s`` seconds (408).
+  ``body_timeout_s`` seconds (408); either refusal closes the connection, and a client that
+  hangs up mid-body is counted as ``disconnected`` (never an internal error).
 - :func:`hardened_protocol`: uvicorn's h11 protocol with a header timeout (a connection
   that has not sent complete request headers within ``header_timeout_s`` is closed: no
   slowloris) and a cap on open connections (one more gets 503 + ``Retry-After`` and is
@@ -119,8 +120,20 @@ class Guard:
         await self.app(scope, receive, send)
 
 
+# A 408 ends the connection: the unread rest of the body would otherwise keep it open (a client
+# trickling a byte a second holds a connection slot for ever; 16 of them fill --max-connections 16).
+# A 413 does not (a client that sends its big body at full speed reads its answer; closing with
+# unread data makes the kernel reset the connection): the protocol gives the rest of that body
+# one more body timeout, then closes (hardened_protocol).
+CLOSE = {"Connection": "close"}
+
+
 async def read_body(request: Any, max_bytes: int, timeout_s: float) -> bytes:
-    """The body of a Starlette ``request``: 413 past ``max_bytes``, 408 after ``timeout_s`` seconds."""
+    """The body of a Starlette ``request``: 413 past ``max_bytes``, 408 after ``timeout_s`` seconds
+    (a 408 closes the connection), and a client that hangs up mid-body is an ApiError of kind
+    ``"disconnected"`` (status 499, as nginx logs it): the client's doing, not an internal error."""
+    from starlette.requests import ClientDisconnect
+
     try:
         declared = int(request.headers.get("content-length") or 0)
     except ValueError:
@@ -142,15 +155,21 @@ async def read_body(request: Any, max_bytes: int, timeout_s: float) -> bytes:
         return await asyncio.wait_for(read(), timeout_s)
     except asyncio.TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s", code="timeout",
-                       kind="timeout") from None
+                       kind="timeout", headers=CLOSE) from None
+    except ClientDisconnect:
+        raise ApiError(499, "the client closed the connection before sending the whole body", code="disconnected",
+                       kind="disconnected", headers=CLOSE) from None
 
 
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
          b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
 
 
-def hardened_protocol(header_timeout_s: float, max_connections: int) -> type:
-    """uvicorn's h11 protocol plus a header timeout and a connection cap (see module docstring)."""
+def hardened_protocol(header_timeout_s: float, max_connections: int, body_timeout_s: float | None = None) -> type:
+    """uvicorn's h11 protocol plus a header timeout and a connection cap (see module docstring),
+    and a drain limit: a connection whose answer went out before its request body was all in
+    (413) is closed when the rest has not arrived within ``body_timeout_s`` seconds."""
+    drain_s = header_timeout_s if body_timeout_s is None else body_timeout_s
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -159,6 +178,7 @@ def hardened_protocol(header_timeout_s: float, max_connections: int) -> type:
 
     class HardenedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _drain_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -182,10 +202,19 @@ def hardened_protocol(header_timeout_s: float, max_connections: int) -> type:
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._arm()  # the next request on this connection gets its own header time
+                if self.conn.their_state is h11.SEND_BODY and self._drain_timer is None:
+                    self._drain_timer = self.loop.call_later(drain_s, self._drain_timeout)
+
+        def _drain_timeout(self) -> None:
+            self._drain_timer = None
+            # still SEND_BODY: the refused body is still trickling in after its answer
+            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
+            for timer in (self._header_timer, self._drain_timer):
+                if timer is not None:
+                    timer.cancel()
             super().connection_lost(exc)
 
     return HardenedH11Protocol
@@ -196,6 +225,6 @@ def uvicorn_config(app: Any, cfg: Any, *, host: str = "127.0.0.1", port: int = 8
     import uvicorn
 
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", timeout_graceful_shutdown=2,
-                          http=hardened_protocol(cfg.header_timeout_s, cfg.max_connections),
+                          http=hardened_protocol(cfg.header_timeout_s, cfg.max_connections, cfg.body_timeout_s),
                           timeout_keep_alive=max(1, int(cfg.keep_alive_s)), limit_concurrency=cfg.max_connections + 1,
                           h11_max_incomplete_event_size=16 * 1024)
