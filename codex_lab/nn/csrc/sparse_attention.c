@@ -330,8 +330,8 @@ int moba_fwd(const float *q, const float *k, const float *v, float *out, float *
              int threads) {
     int failed = 0;
     int64_t n_rows = g * n, own = n_slots - 1, own_rows = OWN_ROWS(bs);
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t x = 0; x < bk * n_rows * n_slots; x++) lpart[x] = NEG;
+    /* one parallel region, its loops separated by the barriers at their ends (one start of
+     * the threads instead of three) */
 #pragma omp parallel num_threads(threads)
     {
         float *qb = (float *)malloc(sizeof(float) * max_rows * d);
@@ -343,6 +343,8 @@ int moba_fwd(const float *q, const float *k, const float *v, float *out, float *
 #pragma omp atomic write
             failed = 1;
         }
+#pragma omp for schedule(static)
+        for (int64_t x = 0; x < bk * n_rows * n_slots; x++) lpart[x] = NEG;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < bk * nb; t++) {
             if (failed) continue;
@@ -384,28 +386,27 @@ int moba_fwd(const float *q, const float *k, const float *v, float *out, float *
                 }
         }
         free(qb); free(s); free(ob); free(lr); free(inv);
-    }
-    if (failed) return 1;
-    /* merge: lse = log sum_s exp(lpart_s); out = sum_s exp(lpart_s - lse) opart_s (unused slots: NEG) */
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t x = 0; x < bk * n_rows; x++) {
-        const float *lp = lpart + x * n_slots;
-        float mx = NEG;
-        for (int64_t sl = 0; sl < n_slots; sl++) mx = lp[sl] > mx ? lp[sl] : mx;
-        float sum = 0.0f;
-        for (int64_t sl = 0; sl < n_slots; sl++) if (lp[sl] > NONE) sum += exp_neg(lp[sl] - mx);
-        float l = mx + __builtin_logf(sum);
-        lse[x] = l;
-        float *o = out + x * d;
-        for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
-        for (int64_t sl = 0; sl < n_slots; sl++) {
-            if (lp[sl] <= NONE) continue;
-            float w = exp_neg(lp[sl] - l);
-            const float *op = opart + (x * n_slots + sl) * d;
-            for (int64_t c = 0; c < d; c++) o[c] += w * op[c];
+        /* merge: lse = log sum_s exp(lpart_s); out = sum_s exp(lpart_s - lse) opart_s (unused slots: NEG) */
+#pragma omp for schedule(static)
+        for (int64_t x = 0; x < (failed ? 0 : bk * n_rows); x++) {
+            const float *lp = lpart + x * n_slots;
+            float mx = NEG;
+            for (int64_t sl = 0; sl < n_slots; sl++) mx = lp[sl] > mx ? lp[sl] : mx;
+            float sum = 0.0f;
+            for (int64_t sl = 0; sl < n_slots; sl++) if (lp[sl] > NONE) sum += exp_neg(lp[sl] - mx);
+            float l = mx + __builtin_logf(sum);
+            lse[x] = l;
+            float *o = out + x * d;
+            for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
+            for (int64_t sl = 0; sl < n_slots; sl++) {
+                if (lp[sl] <= NONE) continue;
+                float w = exp_neg(lp[sl] - l);
+                const float *op = opart + (x * n_slots + sl) * d;
+                for (int64_t c = 0; c < d; c++) o[c] += w * op[c];
+            }
         }
     }
-    return 0;
+    return failed;
 }
 
 /* One chunk's backward (FlashAttention-2 with the merged lse): r rows of q (qb), dout (gb),
@@ -483,19 +484,19 @@ int moba_bwd(const float *q, const float *k, const float *v, const float *dout, 
                 }
         }
         free(qb); free(gb); free(dqb); free(lb); free(db); free(p); free(dp);
-    }
-    if (failed) return 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t x = 0; x < bk * n_rows; x++) {
-        float *o = dq + x * d;
-        for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
-        for (int64_t sl = 0; sl < n_slots; sl++) {
-            if (lpart[x * n_slots + sl] <= NONE) continue;
-            const float *src = dq_part + (x * n_slots + sl) * d;
-            for (int64_t c = 0; c < d; c++) o[c] += src[c];
+        /* dq = the sum of the row's used slots (after the barrier ending the tasks) */
+#pragma omp for schedule(static)
+        for (int64_t x = 0; x < (failed ? 0 : bk * n_rows); x++) {
+            float *o = dq + x * d;
+            for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
+            for (int64_t sl = 0; sl < n_slots; sl++) {
+                if (lpart[x * n_slots + sl] <= NONE) continue;
+                const float *src = dq_part + (x * n_slots + sl) * d;
+                for (int64_t c = 0; c < d; c++) o[c] += src[c];
+            }
         }
     }
-    return 0;
+    return failed;
 }
 
 /* the k_sel highest of s[0..n-1] into idx, in descending order, ties to the lower index (as
