@@ -141,3 +141,91 @@ def llama_cpp_style_forward(t: dict, ids: list[int], f: dict) -> np.ndarray:
         x = x + (gate / (1 + np.exp(-gate)) * up) @ g[p + "ffn_down.weight"].T
     x = rms(x, g["output_norm.weight"])
     return x @ g.get("output.weight", g["token_embd.weight"]).T
+
+
+def http_completer(url: str, model: str):
+    """A gates completer over any OpenAI-compatible server: greedy streaming completions, token times."""
+    import time
+
+    import httpx
+
+    from codex_lab.serve.gates import Sample
+
+    def complete(prompts, max_tokens):
+        out = []
+        for p in prompts:
+            s = Sample(body="", arrival=time.perf_counter())
+            body = {"model": model, "prompt": p, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        text = json.loads(line[6:])["choices"][0]["text"]
+                        if text:
+                            s.body += text
+                            s.token_times.append(time.perf_counter())
+            out.append(s)
+        return out
+
+    return complete
+
+
+def test_llama_cpp_server_runs_the_gguf(exported):
+    """llama.cpp's OpenAI-compatible server (llama-cpp-python) on the exported GGUF: its greedy text
+    equals codex-lab generate's, then the course's load test and gates are driven against it once."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip builds llama.cpp from source: "
+                                            "pip install 'llama-cpp-python[server]'); the GGUF was not run by llama.cpp")
+    pytest.importorskip("sse_starlette", reason="llama-cpp-python's server extra is not installed")
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from codex_lab.serve.gates import run_gates
+    from codex_lab.serve.loadtest import run_load
+
+    out, ck = exported
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(out / "model.gguf"),
+                             "--model_alias", "codex-lab-tiny", "--port", str(port), "--n_ctx",
+                             str(ck.model.cfg.max_seq_len), "--n_threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        t0 = time.time()
+        while True:
+            try:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.time() - t0 > 120:
+                proc.kill()
+                pytest.fail("llama.cpp's server did not start: " + (proc.stdout.read()[-3000:] if proc.stdout else ""))
+            time.sleep(0.5)
+        for prompt in PROMPTS:
+            r = httpx.post(url + "/v1/completions", json={"model": "codex-lab-tiny", "prompt": prompt, "max_tokens": 24,
+                                                          "temperature": 0}, timeout=120).json()
+            ref = generate(ck.model, ck.tokenizer, prompt, SamplingParams(max_tokens=24)).text
+            assert r["choices"][0]["text"] == ref, prompt
+        rep = run_load(url, concurrency=2, requests=8, max_tokens=16, progress=False)
+        print("\nllama.cpp load test:", rep.summary())
+        assert rep.ok == 8
+        gates = run_gates(http_completer(url, "codex-lab-tiny"), bench=None)
+        print("llama.cpp gates:", gates.scores())
+        ours = run_gates(http_completer_inproc(ck), bench=None)
+        # the same weights: the quality gates agree (latency differs by server)
+        for k in ("syntax", "functional", "style"):
+            assert abs(gates.scores()[k] - ours.scores()[k]) < 1e-9, k
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def http_completer_inproc(ck):
+    from codex_lab.serve.gates import engine_completer
+
+    return engine_completer(ck.model, ck.tokenizer)
