@@ -454,3 +454,65 @@ def test_refused_large_body_trickling_after_its_413_is_cut(served):
             break
     s.close()
     assert closed and time.time() - t0 < 4.0, time.time() - t0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_api_key_flag_is_not_left_in_proc_cmdline(tmp_path):
+    """`codex-lab serve --api-key VALUE`: once the server runs, /proc/<pid>/cmdline (readable by
+    every local user) does not hold the key; the key still guards the API, and a warning names
+    the safer ways."""
+    import os
+    import subprocess
+    import sys
+
+    if not os.path.exists("/proc/self/cmdline"):
+        pytest.skip("needs /proc")
+    secret, port = "k3y-" + os.urandom(8).hex(), _free_port()
+    err = (tmp_path / "err.txt").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "codex_lab.cli", "serve", "--api-key", secret, "--port", str(port),
+                             "--no-compile"], stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        line = proc.stdout.readline()  # "serving ..." once the model is loaded and the key scrubbed
+        assert line.startswith("serving"), line + (tmp_path / "err.txt").read_text()
+        cmdline = open(f"/proc/{proc.pid}/cmdline", "rb").read()
+        assert secret.encode() not in cmdline and b"--api-key" in cmdline, cmdline
+        url = f"http://127.0.0.1:{port}/v1/models"
+        deadline = time.time() + 30
+        while True:
+            try:
+                r = httpx.get(url, timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.time() < deadline
+                time.sleep(0.2)
+        assert r.status_code == 401
+        assert httpx.get(url, headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        err.close()
+    warning = (tmp_path / "err.txt").read_text()
+    assert "CODEX_LAB_API_KEY" in warning and "--api-key-file" in warning and secret not in warning, warning
+
+
+def test_api_key_file(tmp_path, capsys):
+    from codex_lab.cli import build_parser, main
+    from codex_lab.commands.serve import build_config
+
+    f = tmp_path / "key"
+    f.write_text("from-file-key\n")
+    f.chmod(0o600)
+    assert build_config(build_parser().parse_args(["serve", "--api-key-file", str(f)])).api_key == "from-file-key"
+    f.chmod(0o644)  # readable by others: refused, with the fix
+    assert main(["serve", "--api-key-file", str(f)]) == 2
+    assert "chmod 600" in capsys.readouterr().err
+    f.chmod(0o600)
+    assert main(["serve", "--api-key-file", str(f), "--api-key", "x"]) == 2
+    assert "--api-key-file" in capsys.readouterr().err
+    assert main(["serve", "--api-key-file", str(tmp_path / "nope")]) == 2
+    assert "no such file" in capsys.readouterr().err

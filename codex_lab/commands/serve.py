@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 NAME = "serve"
@@ -32,7 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated names accepted in the Host header ('*' = any; default: loopback names)")
     p.add_argument("--api-key", default=None,
                    help=f"require 'Authorization: Bearer KEY' (default: the {API_KEY_ENV} environment variable; "
-                        "none = no key)")
+                        "none = no key). Prefer the variable or --api-key-file: a flag is visible to every local "
+                        "user in /proc/PID/cmdline until the server blanks it out at start")
+    p.add_argument("--api-key-file", default=None, metavar="FILE",
+                   help="read the API key from FILE (first line; the file must not be readable by group or others)")
     p.add_argument("--header-timeout-s", type=float, default=10.0, help="seconds to send request headers")
     p.add_argument("--body-timeout-s", type=float, default=10.0, help="seconds to send a request body (else 408)")
     p.add_argument("--max-connections", type=int, default=256, help="open connections at most (one more: 503)")
@@ -41,6 +45,72 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(the compiled step is compiled in the background while the eager one serves: 7 graphs for the shipped model, "
                         "about 36 s on 2 CPU cores with Inductor's cache warm, longer the very first time)")
     p.add_argument("--device", default=None)
+
+
+def read_key_file(path: str) -> str:
+    """The API key in ``path`` (its first line); InputError naming the file and the fix when it is
+    missing, empty, too long, or readable by group or others."""
+    import stat
+
+    from codex_lab.errors import InputError, MissingFileError
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise MissingFileError(f"--api-key-file {path}: no such file; write the key into it (chmod 600)") from None
+    except OSError as exc:
+        raise InputError(f"--api-key-file {path}: cannot read it ({exc.strerror}); check the path") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"--api-key-file {path}: not a regular file; write the key into a file (chmod 600)")
+        if st.st_mode & 0o077:
+            raise InputError(f"--api-key-file {path}: readable or writable by group or others "
+                             f"(mode {stat.S_IMODE(st.st_mode):o}); run chmod 600 {path}")
+        raw = f.read(4097)
+    key = raw.decode("utf-8", "replace").splitlines()[0].strip() if raw.strip() else ""
+    if not key or len(raw) > 4096:
+        raise InputError(f"--api-key-file {path}: expected one line holding the key (at most 4 KiB), "
+                         f"got {'nothing' if not key else 'more'}; write the key alone into it")
+    return key
+
+
+def api_key_of(args: argparse.Namespace) -> str | None:
+    """The key from --api-key, --api-key-file or $CODEX_LAB_API_KEY (in that order; None = no key)."""
+    from codex_lab.errors import InputError
+
+    if args.api_key is not None and getattr(args, "api_key_file", None):
+        raise InputError("--api-key and --api-key-file both given; keep --api-key-file (a flag is visible to other users)")
+    if getattr(args, "api_key_file", None):
+        return read_key_file(args.api_key_file)
+    return args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+
+
+def scrub_argv(secret: str) -> bool:
+    """Overwrite every copy of ``secret`` in this process's original argv memory (what
+    /proc/PID/cmdline shows to every local user) with ``*``; True when it was found and blanked.
+
+    Linux only: the argv area's bounds are fields 48-49 of /proc/self/stat (arg_start, arg_end),
+    and the bytes are written in place with the same length, so the rest of the command line
+    keeps its shape. Elsewhere it does nothing and returns False.
+    """
+    import ctypes
+
+    try:
+        fields = open("/proc/self/stat", "rb").read().rsplit(b")", 1)[1].split()
+        # fields after "(comm)" start at field 3: arg_start is field 48, arg_end field 49
+        start, end = int(fields[45]), int(fields[46])
+        if not 0 < start < end or end - start > 1 << 20:
+            return False
+        area = ctypes.string_at(start, end - start)
+    except (OSError, ValueError, IndexError):
+        return False
+    needle = secret.encode()
+    found, at = False, area.find(needle)
+    while needle and at >= 0:
+        ctypes.memmove(start + at, b"*" * len(needle), len(needle))
+        found, at = True, area.find(needle, at + len(needle))
+    return found
 
 
 def build_config(args: argparse.Namespace) -> "ServerConfig":  # noqa: F821
@@ -52,7 +122,7 @@ def build_config(args: argparse.Namespace) -> "ServerConfig":  # noqa: F821
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must be in 0..65535, got {args.port}")
     hosts = LOOPBACK if args.allowed_hosts is None else tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
-    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    key = api_key_of(args)
     cfg = ServerConfig(model_name=args.model_name, max_batch_size=args.max_batch_size, max_waiting=args.max_waiting,
                        deadline_s=args.deadline_s, limits=Limits(max_tokens=args.max_tokens), allowed_hosts=hosts,
                        api_key=key, header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
@@ -108,6 +178,13 @@ def main(args: argparse.Namespace) -> int:
 
     check_loopback(args.host)
     cfg = build_config(args)
+    if args.api_key is not None:  # visible to every local user in /proc/PID/cmdline: blank it at once
+        where = f"/proc/{os.getpid()}/cmdline"
+        state = f"blanked out of {where} now; it was readable there until this line" if scrub_argv(args.api_key) \
+            else f"it stays readable in {where} on this system"
+        print(f"[codex-lab serve] warning: --api-key on the command line is visible to other local users ({state}, "
+              f"and it is in your shell history); use {API_KEY_ENV}=... or --api-key-file FILE instead",
+              file=sys.stderr, flush=True)
     device = get_device(args.device)
     if args.registry:
         reg = Registry(args.registry)
