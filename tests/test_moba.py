@@ -270,6 +270,7 @@ def test_bench_attention_has_moba_rows_at_the_fixed_patterns_density(native) -> 
     # K is the closest density there is: one more or one fewer block is further from the fixed one
     assert all(abs(m["density"] - d) <= abs(MoBA(64, j).density(512) - d) for j in (kk - 1, kk + 1) if j >= 1)
     assert m["vs_fixed_fast"] == pytest.approx(m["median_ms"] / f["median_ms"])
+    assert m["vs_fixed_fast_density_scaled"] == pytest.approx(m["vs_fixed_fast"] * d / m["density"])
     assert m["fwd_bwd_vs_fixed_fast"] == pytest.approx(m["fwd_bwd_ms"] / f["fwd_bwd_ms"])
     assert m["density"] <= m["computed_fraction"] <= 1 and m["goal_vs_fixed"] == 1.3
     assert all(isinstance(v, (int, float, str)) for v in m.values())  # flat, JSON-ready
