@@ -57,8 +57,9 @@ class Template:
     """One operation: ``{c}`` is the constant, ``{a}`` the argument name.
 
     ``expr`` is the canonical body expression, ``mutant`` the seeded bug (it must differ
-    from ``expr`` on ``probe``, the input the canonical test uses), ``kind`` the
-    argument's type (a key of :data:`ARG_NAMES`).
+    from ``expr`` on ``probe``, the input the canonical test uses; a string probe for the
+    sequence templates keeps that test short), ``kind`` the argument's type (a key of
+    :data:`ARG_NAMES`).
     """
 
     key: str
@@ -77,9 +78,9 @@ TEMPLATES: tuple[Template, ...] = (
     Template("gt", "int", "above_{c}", "Return True if {a} is greater than {c}.", "{a} > {c}", "{a} < {c}", 20),
     Template("lt", "int", "below_{c}", "Return True if {a} is less than {c}.", "{a} < {c}", "{a} > {c}", 0),
     Template("eq", "int", "is_{c}", "Return True if {a} equals {c}.", "{a} == {c}", "{a} != {c}", "{c}"),
-    Template("item", "list", "item_{c}", "Return item {c} of {a}.", "{a}[{c}]", "{a}[{c} - 1]", list(range(14))),
-    Template("head", "list", "head_{c}", "Return the first {c} items of {a}.", "{a}[:{c}]", "{a}[{c}:]", list(range(1, 15))),
-    Template("repeat", "str", "repeat_{c}", "Return {a} repeated {c} times.", "{a} * {c}", "{a} * {c} + {a}", "ab"),
+    Template("item", "list", "item_{c}", "Return item {c} of {a}.", "{a}[{c}]", "{a}[{c} - 1]", "abcdefghijklmnop"),
+    Template("head", "list", "head_{c}", "Return the first {c} items of {a}.", "{a}[:{c}]", "{a}[{c}:]", "abcdefghijklmnop"),
+    Template("repeat", "str", "repeat_{c}", "Return {a} repeated {c} times.", "{a} * {c}", "{a} * {c} + {a}", "a"),
 )
 
 

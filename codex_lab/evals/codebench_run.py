@@ -28,7 +28,7 @@ from codex_lab.evals.codebench import FAMILIES, Problem
 from codex_lab.sandbox import run_python
 
 SampleResult = he.SampleResult
-MAX_NEW_TOKENS = 48  # the longest canonical answer (a bugfix function) is ~30 tokens
+MAX_NEW_TOKENS = 32  # the longest canonical answer (a testgen assertion) is ~20 tokens
 
 _MARK = "@@codebench-results@@"
 _DRIVER = r'''
