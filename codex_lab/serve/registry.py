@@ -8,7 +8,8 @@ Layout under ``root``::
     journal.log      one JSON state per line, appended (and fsynced) before state.json is replaced
     .lock            writers hold an exclusive ``flock`` on it
 
-- Version ids are the registry's own (``v`` + at least 4 digits); anything else (``../../x``,
+- Version ids are the registry's own (``v`` + 4 to 18 digits, sorted by number:
+  ``v999999999`` < ``v1000000000``); anything else (``../../x``,
   an absolute path, a separator, an empty name) is refused with :class:`InputError`.
 - Writers (add, promote, rollback, prune, set_gates, repair) serialise on the file lock, so
   concurrent processes never pick the same version number or interleave state updates.
@@ -43,7 +44,7 @@ from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.errors import InputError, MissingFileError
 from codex_lab.nn.model import CodexModel
 from codex_lab.serve.registry_files import (  # noqa: F401 - re-exported: the registry's public names
-    HASHED, JOURNAL, LOCK, MANIFEST, STATE, VERSION_RE, ChecksumError, Manifest, RegistryFileError, WriterLock,
+    HASHED, JOURNAL, LOCK, MANIFEST, MAX_VERSION, STATE, VERSION_RE, ChecksumError, Manifest, RegistryFileError, WriterLock,
     atomic_write_text, check_version, clean_debris, combined_sha256, file_sha256, journal_append, journal_last,
     os_error, read_json, read_manifest, valid_state, vnum,
 )
@@ -169,6 +170,9 @@ class Registry:
             files = {name: file_sha256(staging / name) for name in HASHED}
             with self._locked():
                 taken = [vnum(v) for v in [*self._version_dirs(), *self._state()["history"]]]
+                if max(taken, default=0) >= MAX_VERSION:
+                    raise InputError(f"registry {str(self.root)!r} has used every version id up to v{MAX_VERSION}; "
+                                     "start a new registry folder")
                 version = f"v{max(taken, default=0) + 1:04d}"
                 man = Manifest(version=version, parent=parent or self.current(), created=time.time(), files=files,
                                sha256=combined_sha256(files), gates=gates or {}, note=note)
@@ -187,7 +191,15 @@ class Registry:
             atomic_write_text(self.path(version) / MANIFEST, json.dumps(man.to_dict(), indent=2, default=str) + "\n")
 
     def verify(self, version: str) -> Manifest:
-        """Re-hash the files of ``version``; raise :class:`ChecksumError` naming what differs."""
+        """Re-hash the files of ``version``; raise :class:`ChecksumError` naming what differs.
+
+        Holds the writer lock: a prune or promote in another thread or process cannot move the
+        folder away mid-hash (which read as a false checksum failure or a raw FileNotFoundError);
+        a version pruned before the lock was taken is a MissingFileError naming the known ones."""
+        with self._locked():
+            return self._verify(version)
+
+    def _verify(self, version: str) -> Manifest:
         p, man = self.path(version), self.manifest(version)
         bad = []
         for name in HASHED:
@@ -204,11 +216,12 @@ class Registry:
 
     def load(self, version: str | None = None, device: Any = None) -> Checkpoint:
         """Verify then load ``version`` (default: the current one)."""
-        version = self.current() if version is None else check_version(version)
-        if version is None:
-            raise InputError(f"registry {str(self.root)!r} has no current version; promote one first")
-        self.verify(version)
-        ck = load_checkpoint(self.path(version), device=device)
+        with self._locked():  # verified and read under one lock: a prune cannot come in between
+            version = self.current() if version is None else check_version(version)
+            if version is None:
+                raise InputError(f"registry {str(self.root)!r} has no current version; promote one first")
+            self.verify(version)
+            ck = load_checkpoint(self.path(version), device=device)
         ck.meta = {**ck.meta, "version": version}
         return ck
 

@@ -29,7 +29,10 @@ except ImportError:  # pragma: no cover
 
 MANIFEST, STATE, JOURNAL, LOCK = "manifest.json", "state.json", "journal.log", ".lock"
 HASHED = ("model.safetensors", "config.json", "tokenizer.json")
-VERSION_RE = re.compile(r"v[0-9]{4,9}")
+# "v" and 4 to 18 digits: zero-padded to 4 below v10000, wider after (v999999999 is followed by
+# v1000000000); ids sort by their number (vnum), never as strings; 18 digits keep int() cheap
+VERSION_RE = re.compile(r"v[0-9]{4,18}")
+MAX_VERSION = 10**18 - 1
 _DEBRIS_RE = re.compile(r"^\.(?:staging|trash)-(\d+)-|^\.[^/]*\.tmp-(\d+)$|\.staging-(\d+)$")
 STALE_AFTER_S = 24 * 3600  # debris of a live-looking pid older than this is cleaned too (pid reuse)
 MAX_JSON_BYTES = 1 << 20
@@ -48,7 +51,7 @@ def check_version(version: Any) -> str:
     """``version`` if it is one of this registry's ids (``v0001``...); InputError otherwise."""
     if not isinstance(version, str) or not VERSION_RE.fullmatch(version):
         raise InputError(
-            f"{str(version)[:80]!r} is not a registry version id (v0001, v0002, ...: 'v' and 4-9 digits, "
+            f"{str(version)[:80]!r} is not a registry version id (v0001, v0002, ...: 'v' and 4-18 digits, "
             "no paths); see `codex-lab registry list`"
         )
     return version
@@ -91,9 +94,15 @@ def combined_sha256(files: dict[str, str]) -> str:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old or the new file, never half."""
+    """Write ``text`` to ``path`` so that readers see the old or the new file, never half.
+
+    The temporary file is created afresh (a symlink planted under its name is removed, never
+    followed) and renamed over ``path`` (a symlink at ``path`` is replaced, not written through)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # debris of an earlier crash of this pid, or a planted link
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -103,11 +112,15 @@ def atomic_write_text(path: Path, text: str) -> None:
 def read_json(path: Path) -> Any:
     """JSON of a small file; ValueError (short reason) when unreadable, too large or not JSON."""
     try:
+        if path.is_symlink():
+            raise ValueError("a symbolic link (the registry reads only real files inside its folder)")
         if not path.is_file():
             raise ValueError("not a regular file")
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise ValueError(f"{path.stat().st_size:,} bytes, over the 1 MiB limit")
-        return json.loads(path.read_text(encoding="utf-8"))
+        with open(_open_regular(path, os.O_RDONLY), "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
+        if len(raw) > MAX_JSON_BYTES:
+            raise ValueError("over the 1 MiB limit")
+        return json.loads(raw.decode("utf-8"))
     except (OSError, UnicodeError, RecursionError, ValueError) as exc:
         raise ValueError(" ".join(str(exc).split())[:160] or type(exc).__name__) from None
 
@@ -160,7 +173,7 @@ class WriterLock:
         with self._tlock:
             if self._depth == 0:
                 try:
-                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                    fd = _open_regular(self.path, os.O_RDWR | os.O_CREAT)
                 except OSError as exc:
                     raise os_error(exc, f"remove {self.path} if it is not a file, or fix the permissions") from None
                 if fcntl is not None:
@@ -208,9 +221,20 @@ def clean_debris(places: list[Path]) -> list[str]:
     return removed
 
 
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
 def _open_regular(path: Path, flags: int) -> int:
-    """``os.open`` that never blocks on a FIFO and refuses anything but a regular file (OSError)."""
-    fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o644)
+    """``os.open`` that never blocks on a FIFO, never follows a symlink (a ``journal.log`` or
+    ``.lock`` planted as a link to a file elsewhere is refused, nothing is written through it) and
+    refuses anything but a regular file (OSError naming the file)."""
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0) | NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (NOFOLLOW and os.path.islink(path)):
+            raise OSError(errno.ELOOP, "a symbolic link, refused (the registry writes only real files in its "
+                                       "folder)", str(path)) from None
+        raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise IsADirectoryError(errno.EINVAL, "not a regular file", str(path))
