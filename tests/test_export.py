@@ -229,3 +229,37 @@ def http_completer_inproc(ck):
     from codex_lab.serve.gates import engine_completer
 
     return engine_completer(ck.model, ck.tokenizer)
+
+
+def test_export_from_checkpoint_and_registry_version(tmp_path, small_tokenizer, capsys):
+    from codex_lab.nn.config import ModelConfig
+    from codex_lab.nn.model import CodexModel
+    from codex_lab.serve.registry import Registry
+    from codex_lab.training.checkpoint import save_checkpoint
+
+    tok = small_tokenizer
+    torch.manual_seed(1)
+    a = CodexModel(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layer=1, n_head=2, n_kv_head=1, max_seq_len=64)).eval()
+    torch.manual_seed(2)
+    b = CodexModel(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layer=1, n_head=2, n_kv_head=1, max_seq_len=64)).eval()
+    save_checkpoint(tmp_path / "ck", a, tok, {"note": "a"})
+    reg = Registry(tmp_path / "reg")
+    v1, v2 = reg.add(a, tok), reg.add(b, tok)
+    reg.promote(v1)
+    x = torch.tensor([tok.encode("def f(x):\n    return x")])
+    for args, model in ((["--checkpoint", str(tmp_path / "ck")], a), (["--registry", str(tmp_path / "reg")], a),
+                        (["--registry", str(tmp_path / "reg"), "--version", v2], b)):
+        out = tmp_path / ("out" + "_".join(args[-1:]).replace("/", "_"))
+        assert cli(["export", str(out), *args]) == 0
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
+        with torch.no_grad():  # the exported weights compute the chosen model (grouped-query attention too)
+            assert torch.allclose(hf(x).logits, model(x).logits, atol=1e-5)
+        assert transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True).model_max_length == 64
+    capsys.readouterr()
+    assert cli(["export", str(tmp_path / "bad"), "--version", v2]) == 2  # --version needs --registry
+    assert "--registry" in capsys.readouterr().err
+    moe = CodexModel(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layer=1, n_head=2, max_seq_len=64,
+                                 moe_layers=[0])).eval()
+    save_checkpoint(tmp_path / "moe", moe, tok)
+    assert cli(["export", str(tmp_path / "moe_out"), "--checkpoint", str(tmp_path / "moe")]) == 2
+    assert "mixture-of-experts" in capsys.readouterr().err
