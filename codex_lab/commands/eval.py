@@ -144,9 +144,13 @@ def _codebench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
+        from codex_lab.stats import wilson_interval
+
         for r in rows:
-            h = cr.half_width(r["pass_at_k"], r["problems"]) if r["k"] == 1 else None
-            ci = f" (95% half-width {h:.3f})" if h is not None else ""
+            ci = ""
+            if r["k"] == 1 and r["samples"] == 1:  # one greedy answer per problem: a binomial proportion
+                w = wilson_interval(r["passed_samples"], r["problems"])
+                ci = f" (95% Wilson [{w.lo:.3f}, {w.hi:.3f}])"
             print(f"codebench {r['source']} {r['family']:<10}: pass@{r['k']} = {r['pass_at_k']:.4f}{ci} over "
                   f"{r['problems']} problems ({r['samples']} samples each, {r['time_s']:.1f} s)")
     return 0
