@@ -29,7 +29,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "infer.engine": ('Engine', 'Finished'),
     "course.exercises": ('generate_exercises', 'load_definitions', 'strip_solutions'),
     "training.finetune": ('FinetuneConfig', 'FinetuneResult'),
-    "serve.gates": ('GateReport', 'SUITE', 'engine_completer', 'gate_decision', 'run_gates'),
+    "serve.gates": ('GateReport', 'SUITE', 'bench_problems', 'engine_completer', 'functional_score', 'gate_decision', 'run_gates'),
     "infer.generate": ('Generation', 'generate', 'generate_batch_cached', 'generate_ids', 'generate_ids_cached'),
     "lessons.l03_gqa.experiments": ('group_size_experiment',),
     "lessons.l03_gqa.bench": ('decode_tokens_per_s',),
