@@ -206,7 +206,7 @@ def test_cached_attention_wrong_answers():
         return _attn(q, kb[:, :, : n + 1], vb[:, :, : n + 1], dim=-2)
 
     _assert_wrong("06", "cached_attention", {
-        "attends to empty slots": (all_slots, "empty ones"),
+        "attends to empty slots": (all_slots, "past `length`"),
         "leaves out the new token": (without_new, "new token is left out"),
         "never writes the buffer": (no_write, "in place"),
         "writes slot length + 1": (off_by_one, "next free one"),

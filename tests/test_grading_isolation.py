@@ -53,6 +53,21 @@ HOSTILE = {
                 f"    exec(open({str(ROOT / 'solutions' / '00_tour.py')!r}).read(), ns)\n"
                 "    return ns['chars_per_token'](tok, texts)\n"),
     "bigprint": "import sys\n\n\ndef chars_per_token(tok, texts):\n    sys.__stdout__.write('x' * 100_000_000)\n    return 1.0\n",
+    # forging a result: walk the stack to the grader's emitter, patch every check through gc, fake equality
+    "frames": ("import sys\n\n\ndef chars_per_token(tok, texts):\n    f = sys._getframe()\n    while f is not None:\n"
+               "        for v in list(f.f_locals.values()) + list(f.f_globals.values()):\n"
+               "            if callable(v) and getattr(v, '__name__', '') == 'emit':\n"
+               "                v('RESULT', {'key': ['00', 'chars_per_token', 'public'], 'status': 'passed', 'message': 'ok',"
+               " 'points': 1})\n        f = f.f_back\n    raise NotImplementedError\n"),
+    "gcpatch": ("import gc\n\n\nclass Patch:\n    for o in gc.get_objects():\n"
+                "        if type(o).__name__ == 'Exercise':\n            object.__setattr__(o, 'check', lambda fn: None)\n\n\n"
+                "def chars_per_token(tok, texts):\n    raise NotImplementedError\n"),
+    "alwayseq": ("class Yes(float):\n    def __eq__(self, o):\n        return True\n\n    def __sub__(self, o):\n        return 0.0\n\n"
+                 "    __rsub__ = __sub__\n\n\ndef chars_per_token(tok, texts):\n    return Yes(0.0)\n"),
+    "checksimport": ("def chars_per_token(tok, texts):\n    from codex_lab.lessons.l00_tour import checks\n"
+                     "    return checks._SAMPLES and 1.0\n"),
+    "gitread": ("def chars_per_token(tok, texts):\n"
+                f"    return float(len(open({str(ROOT / '.git' / 'HEAD')!r}).read()))\n"),
     "forks": ("import posix\nimport time\n\n\ndef chars_per_token(tok, texts):\n    for _ in range(50):\n        try:\n"
               "            if posix.fork() == 0:\n                time.sleep(1000)\n        except OSError:\n            pass\n"
               "    return 1.0\n"),
@@ -81,6 +96,14 @@ def test_hostile_folder_run(tmp_path):
     for name, src in HOSTILE.items():
         (subs / name).mkdir()
         (subs / name / "00_tour.py").write_text(src)
+    (subs / "peer").mkdir()  # another submission's file, by its absolute path
+    (subs / "peer" / "00_tour.py").write_text(
+        "def chars_per_token(tok, texts):\n    ns = {}\n"
+        f"    exec(open({str(subs / 'solved' / '00_tour.py')!r}).read(), ns)\n    return ns['chars_per_token'](tok, texts)\n")
+    (subs / "link").mkdir()  # a link to the answers
+    (subs / "link" / "00_tour.py").symlink_to(ROOT / "solutions" / "00_tour.py")
+    (subs / "deepnb").mkdir()  # a notebook nested 200,000 levels deep: that row fails, the others are graded
+    (subs / "deepnb" / "00_tour.ipynb").write_text("[" * 200_000 + "]" * 200_000)
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
     writes = [victim, ROOT / "PWNED_BY_SUBMISSION", ROOT / "codex_lab" / "course" / "checks.py"]
@@ -101,7 +124,7 @@ def test_hostile_folder_run(tmp_path):
     score: dict[str, dict[str, int]] = {}
     for r in rows:
         score.setdefault(r["submission"].split("/")[0], {})[r["visibility"]] = int(r["points"])
-    assert set(score) == set(HOSTILE) | {"solved", "untouched", "notebook", "lessonnb", "writer"}, score
+    assert set(score) == set(HOSTILE) | {"solved", "untouched", "notebook", "lessonnb", "writer", "link", "deepnb", "peer"}, score
     assert score["solved"] == {"public": 1, "hidden": 2}
     assert score["notebook"] == {"public": 1, "hidden": 2}  # an .ipynb grades like its .py
     assert score["untouched"] == {"public": 0, "hidden": 0}
@@ -110,11 +133,19 @@ def test_hostile_folder_run(tmp_path):
     assert "timed out" in by_sub["loop/public"]["message"] and "timed out" in by_sub["loop/hidden"]["message"]
     assert "sys.exit" in by_sub["exit/public"]["message"]
     assert "ended" in by_sub["osexit/public"]["message"]
-    assert "output cap" in by_sub["bigprint/public"]["message"]
-    assert by_sub["patch/public"]["status"] == "not yet done"  # its grader patch changed nothing, not even its own grade
+    # the learner's code has no way to the run's output: 100 MB written to fd 1 vanish (the answer 1.0 is wrong)
+    assert by_sub["bigprint/public"]["status"] == "failed"
+    for name in ("patch", "frames", "gcpatch"):  # the grader is another process: patches change nothing
+        assert by_sub[f"{name}/public"]["status"] == "not yet done", (name, by_sub[f"{name}/public"])
+    assert "cannot be graded" in by_sub["alwayseq/public"]["message"]
+    assert "checks" in by_sub["checksimport/public"]["message"]
+    assert "link to a file outside" in by_sub["link/public"]["message"]
+    assert "could not read" in by_sub["deepnb/public"]["message"]
     assert "FileNotFoundError" in by_sub["solread/public"]["message"]  # solutions/ is hidden from submissions
-    for name in HOSTILE:
+    for name in [*HOSTILE, "link", "deepnb", "peer"]:
         assert score[name]["public"] == 0, (name, score[name])
+    for name in ("frames", "gcpatch", "alwayseq", "checksimport", "gitread", "peer", "link", "deepnb"):
+        assert score[name]["hidden"] == 0, (name, score[name])
     # returning 1.0 earns exactly the hidden case it satisfies: partial credit, per submission
     assert score["forks"] == {"public": 0, "hidden": 1} and score["writer"] == {"public": 0, "hidden": 1}
     assert by_sub["writer/hidden"]["status"] == "partial"

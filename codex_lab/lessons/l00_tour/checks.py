@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from codex_lab.course.check_tools import as_float, pyrng
 from codex_lab.course.checks import exercise
 
 _SAMPLES = ["def f(x):\n    return x + 1\n", "import os\nprint(os.getcwd())\n", "    # indented comment\n",
@@ -30,12 +31,13 @@ def check_chars_per_token(fn: Callable[..., Any]) -> None:
     tokens = [len(tok.encode(s)) for s in _SAMPLES]
     # ratio = sum_i len(text_i) / sum_i len(tokens_i), pooled over all texts
     expected = sum(chars) / sum(tokens)
-    got = fn(tok, list(_SAMPLES))
+    got = as_float(fn(tok, list(_SAMPLES)))
     if isinstance(got, int):
         raise AssertionError(f"got the int {got}: `//` is floor division and drops the fraction; use `/` for a float")
     assert isinstance(got, float), f"return a float, got {type(got).__name__}"
     if abs(got - expected) < 1e-9:
-        assert fn(tok, ["a"]) == 1.0, "one character, one token: the ratio is 1.0"
+        assert as_float(fn(tok, ["a"])) == 1.0, "one character, one token: the ratio is 1.0"
+        _drawn(fn, tok)
         return
     per_text = sum(c / t for c, t in zip(chars, tokens)) / len(chars)
     if abs(got - 1 / expected) < 1e-9:
@@ -55,3 +57,18 @@ def check_chars_per_token(fn: Callable[..., Any]) -> None:
     if abs(got - sum(chars) / words) < 1e-9:
         raise AssertionError("that divides by words (str.split); count tokens with tokenizer.encode(text)")
     raise AssertionError(f"got {got:.4f}, expected {expected:.4f}: sum(len(text)) / sum(len(tokenizer.encode(text)))")
+
+
+def _drawn(fn: Callable[..., Any], tok: Any) -> None:
+    """Texts drawn for this grading run (lines of the samples, shuffled and cut): a ratio
+    hard-coded for the fixed samples fails here."""
+    r = pyrng("00.chars_per_token")
+    lines = [ln for s in _SAMPLES for ln in s.splitlines(keepends=True)]
+    for _ in range(3):
+        texts = ["".join(r.sample(lines, r.randint(1, 4)))[: r.randint(5, 60)] or "x" for _ in range(r.randint(2, 5))]
+        # ratio = sum_i len(text_i) / sum_i len(tokens_i)
+        want = sum(len(t) for t in texts) / sum(len(tok.encode(t)) for t in texts)
+        got = as_float(fn(tok, list(texts)))
+        assert isinstance(got, float) and abs(got - want) < 1e-9, (
+            f"on {len(texts)} other texts drawn for this run: got {got!r}, expected {want:.4f}; the answer must "
+            "hold for any texts, not only the examples")

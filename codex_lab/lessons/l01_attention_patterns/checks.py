@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from codex_lab.course.check_tools import OVERFLOW, as_float, overflow, pure_call, rng
 from codex_lab.course.checks import case, exercise
 
 # fp32 probabilities in [0, 1]; learner code may sum in another order: 1e-5 (CONTRIBUTING.md)
@@ -38,12 +39,12 @@ def _probs(q: Tensor, k: Tensor, scale: float, fill: float = float("-inf"), dim:
 @exercise("01", "causal_attention_probs", points=2, forbid=("codex_lab.attention_reference", "codex_lab.attention_sdpa"))
 def check_causal_attention_probs(fn: Callable[..., Any]) -> None:
     """fn(q, k) with q, k (H, T, D) (RoPE already applied) -> (H, T, T) causal probabilities."""
-    gen = torch.Generator().manual_seed(1)
+    gen = rng("01.causal_attention_probs")
     runs = []
     for H, T, D in [(2, 6, 16), (3, 9, 4), (1, 1, 8)]:
         q = 2 * torch.randn(H, T, D, generator=gen)  # scores of a few units: a missing scale shows
         k = 2 * torch.randn(H, T, D, generator=gen)
-        runs.append((q, k, fn(q.clone(), k.clone())))
+        runs.append((q, k, pure_call(fn, ("q", "k"), q, k)))
     with case(1, "causal rows that sum to 1"):
         for q, k, got in runs:
             (H, T, D) = q.shape
@@ -79,6 +80,12 @@ def check_causal_attention_probs(fn: Callable[..., Any]) -> None:
             diff = float((got.float() - want).abs().max()) if isinstance(got, Tensor) and got.shape == want.shape else float("nan")
             raise AssertionError(f"H={H}, T={T}, D={D}: max difference {diff:.3g} from softmax(q k^T / sqrt(D)) with keys "
                                  "after the query masked")
+        # large scores (a trained model's, in fp32): a softmax without the row max overflows to inf / NaN
+        q = 30 * torch.randn(2, 7, 8, generator=gen)
+        k = q + torch.randn(2, 7, 8, generator=gen)  # q_i . k_i ~ |q|^2 / sqrt(D): far past exp's float32 limit 88.7
+        got, want = fn(q.clone(), k.clone()), _probs(q, k, 1 / math.sqrt(8))
+        assert not overflow(got, want), OVERFLOW
+        assert _close(got, want), "with large scores (|q . k| / sqrt(D) in the hundreds) the probabilities differ from softmax"
 
 
 def _causal_map(T: int, gen: torch.Generator) -> Tensor:
@@ -91,12 +98,12 @@ def _causal_map(T: int, gen: torch.Generator) -> Tensor:
 def check_distance_profile(fn: Callable[..., Any]) -> None:
     """fn(p) with p (T, T) one head's probabilities -> (T,): entry d is the mean of p[i, i - d]
     over the T - d queries i >= d."""
-    gen = torch.Generator().manual_seed(2)
+    gen = rng("01.distance_profile")
     for T in (7, 12, 1):
         p = _causal_map(T, gen)
         # profile[d] = mean_{i >= d} p[i, i - d]
         want = torch.stack([torch.diagonal(p, offset=-d).mean() for d in range(T)])  # (T,)
-        got = fn(p.clone())
+        got = pure_call(fn, ("p",), p)
         assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"
         got = got.reshape(-1) if got.numel() == T else got
         assert got.shape == want.shape, f"T={T}: expected shape ({T},), got {tuple(got.shape)}"
@@ -122,7 +129,7 @@ def check_distance_profile(fn: Callable[..., Any]) -> None:
 def check_window_share(fn: Callable[..., Any]) -> None:
     """fn(p, window, min_query) with p (T, T) -> float: mean over queries i >= min_query of the
     weight on keys with 0 <= i - j < window."""
-    gen = torch.Generator().manual_seed(3)
+    gen = rng("01.window_share")
     for T, w, mq in [(20, 4, 8), (16, 1, 3), (10, 3, 3), (12, 12, 11)]:
         p = _causal_map(T, gen)
         i = torch.arange(T)
@@ -133,7 +140,7 @@ def check_window_share(fn: Callable[..., Any]) -> None:
             return float((p * near).sum(-1)[start:].mean())
 
         want = share((dist >= 0) & (dist < w), mq)
-        got = fn(p.clone(), w, mq)
+        got = as_float(pure_call(fn, ("p", "window", "min_query"), p, w, mq))
         if isinstance(got, Tensor) and got.numel() == 1:
             raise AssertionError("return a Python float (float(x)), not a tensor")
         assert isinstance(got, float), f"return a float, got {type(got).__name__}"

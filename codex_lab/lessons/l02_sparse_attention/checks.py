@@ -14,12 +14,19 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from codex_lab.course.check_tools import as_float, pure_call, pyrng, rng
 from codex_lab.course.checks import case, exercise
 
 # the package's patterns answer these exercises: blocked for the learner's code while a check runs
 _PATTERNS = ("codex_lab.parse_pattern", "codex_lab.union", "codex_lab.LocalWindow.allowed", "codex_lab.Strided.allowed",
              "codex_lab.Union.allowed", "codex_lab.BlockStrided.allowed")  # block 1 = a token stride
 _CASES = [(16, 4, 3), (33, 8, 5), (40, 1, 7), (20, 30, 4), (12, 3, 1), (1, 4, 2)]  # (n, window, stride)
+
+
+def _drawn_cases(tag: str) -> list[tuple[int, int, int]]:
+    """Three (n, window, stride) drawn for this grading run: hard-coded answers fail."""
+    r = pyrng(tag)
+    return [(r.randint(2, 48), r.randint(1, 12), r.randint(1, 9)) for _ in range(3)]
 
 
 def _ws(q: Tensor, k: Tensor, window: int, stride: int, *, le: bool = False, both: bool = False,
@@ -37,11 +44,11 @@ def _ws(q: Tensor, k: Tensor, window: int, stride: int, *, le: bool = False, bot
 def check_window_strided_allowed(fn: Callable[..., Any]) -> None:
     """fn(q_pos, k_pos, window, stride) -> bool tensor, broadcasting like ``==``."""
     with case(1, "the (n, n) rule for positions 0..n-1"):
-        for n, w, s in _CASES:
+        for n, w, s in _CASES + _drawn_cases("02.window_strided_allowed"):
             pos = torch.arange(n)
             q, k = pos[:, None], pos[None, :]
             want = _ws(q, k, w, s)  # (n, n)
-            got = fn(q.clone(), k.clone(), w, s)
+            got = pure_call(fn, ("q_pos", "k_pos", "window", "stride"), q, k, w, s)
             assert isinstance(got, Tensor) and got.dtype == torch.bool, "return a bool tensor (comparisons combined with & and |)"
             assert got.shape == want.shape, f"broadcast q_pos (n, 1) against k_pos (1, n): got shape {tuple(got.shape)}"
             if torch.equal(got, want):
@@ -65,6 +72,12 @@ def check_window_strided_allowed(fn: Callable[..., Any]) -> None:
         got = fn(q, k, 4, 10)
         assert isinstance(got, Tensor) and torch.equal(got, _ws(q, k, 4, 10)), (
             "query at position 100, keys at 0, 90, 96, 97, 100, 101: work from the positions' differences, not from indices")
+        g = rng("02.window_strided_allowed.cache")
+        q = torch.randint(50, 500, (5, 1), generator=g)
+        k = torch.randint(0, 500, (1, 9), generator=g)
+        got = fn(q.clone(), k.clone(), 6, 7)
+        assert isinstance(got, Tensor) and torch.equal(got, _ws(q, k, 6, 7)), (
+            "positions drawn for this run (a cache that starts past 0): work from q_pos - k_pos, not from indices")
 
 
 def _count(n: int, w: int, s: int, **variant: bool) -> int:
@@ -75,7 +88,7 @@ def _count(n: int, w: int, s: int, **variant: bool) -> int:
 @exercise("02", "pairs_and_density", points=2, forbid=_PATTERNS)
 def check_pairs_and_density(fn: Callable[..., Any]) -> None:
     """fn(n, window, stride) -> (attended pairs: int, density vs causal pairs: float)."""
-    outs = [(n, w, s, fn(n, w, s)) for n, w, s in _CASES]
+    outs = [(n, w, s, fn(n, w, s)) for n, w, s in _CASES + _drawn_cases("02.pairs_and_density")]
     for n, w, s, got in outs:
         assert isinstance(got, tuple) and len(got) == 2, "return a tuple (pairs, density)"
     with case(1, "the number of allowed pairs"):
@@ -103,7 +116,8 @@ def check_pairs_and_density(fn: Callable[..., Any]) -> None:
             causal = n * (n + 1) // 2  # sum_{i<n} (i + 1) causal pairs
             # density = pairs / (n (n + 1) / 2)
             dens = want / causal
-            if abs(float(density) - dens) < 1e-9:
+            density = as_float(density)
+            if isinstance(density, float) and abs(density - dens) < 1e-9:
                 continue
             if abs(float(density) - want / (n * n)) < 1e-9:
                 raise AssertionError(f"density {float(density):.4f}: divide by the n(n+1)/2 causal pairs, not n*n")
@@ -131,11 +145,12 @@ def _mask(kind: str, n: int, a: int, b: int = 0) -> Tensor:
     return causal
 
 
-def _tiles(mask: Tensor, block: int) -> list[tuple[int, int]]:
+def _tiles(mask: Tensor, block: int, short: int = 0) -> list[tuple[int, int]]:
+    """Tiles holding an allowed pair; ``short=1`` builds the wrong slices that stop a row and a column early."""
     n = mask.shape[0]
     nb = -(-n // block)  # ceil(n / block): the last block may be partial
     return [(a, b) for a in range(nb) for b in range(nb)
-            if bool(mask[a * block : (a + 1) * block, b * block : (b + 1) * block].any())]
+            if bool(mask[a * block : (a + 1) * block - short, b * block : (b + 1) * block - short].any())]
 
 
 @exercise("02", "touched_tiles", forbid=_PATTERNS + ("codex_lab.AttentionPattern.tiles", "codex_lab.tiles_computed"))
@@ -144,11 +159,16 @@ def check_touched_tiles(fn: Callable[..., Any]) -> None:
     at least one True."""
     cases = [("window:4+blockstride:4:3", _mask("window+blockstride", 24, 4, 3), 4), ("window:5", _mask("window", 21, 5), 8),
              ("strided:8", _mask("strided", 32, 8), 8), ("fixed:6:2", _mask("fixed", 30, 6, 2), 6),
-             ("dense", _mask("dense", 5, 0), 8), ("window:3", _mask("window", 13, 3), 4)]
+             ("dense", _mask("dense", 5, 0), 8), ("window:3", _mask("window", 13, 3), 4),
+             # window 2 touches tile (a, a - 1) only at its first row and last column
+             ("window:2", _mask("window", 16, 2), 4), ("window:2", _mask("window", 13, 2), 4)]
+    g = pyrng("02.touched_tiles")
+    n, a = g.randint(9, 40), g.randint(2, 6)
+    cases.append((f"window:{a} (drawn)", _mask("window", n, a), g.randint(2, 8)))
     for spec, mask, bs in cases:
         n = mask.shape[0]
         want = _tiles(mask, bs)
-        got = fn(mask.clone(), bs)
+        got = pure_call(fn, ("mask", "block"), mask, bs)
         assert isinstance(got, list), "return a list of (i, j) tuples"
         got = [tuple(int(x) for x in t) for t in got]
         if sorted(set(got)) == want:
@@ -161,6 +181,10 @@ def check_touched_tiles(fn: Callable[..., Any]) -> None:
         if set(got) == set(full) and len(full) < len(want):
             raise AssertionError(f"{spec}, n={n}: you kept only tiles where *every* pair is allowed; a kernel must "
                                  "compute a tile if *any* pair in it is allowed (.any(), not .all())")
+        if set(got) == set(_tiles(mask, bs, short=1)):
+            raise AssertionError(f"{spec}, n={n}, block={bs}: tiles touched only at their last row or column are missing: "
+                                 "the slice mask[a * block : (a + 1) * block] already stops before (a + 1) * block (the end "
+                                 "is exclusive), so no - 1")
         missing = sorted(set(want) - set(got))
         extra = sorted(set(got) - set(want))
         if missing:

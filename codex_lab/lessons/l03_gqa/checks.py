@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from codex_lab.course.check_tools import OVERFLOW, overflow, pure_call, pyrng, rng
 from codex_lab.course.checks import case, exercise
 
 # fp32 attention outputs of O(1); learner code may sum in another order: 1e-5 (CONTRIBUTING.md)
@@ -40,7 +41,7 @@ def _decode(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *, tile: bool = Fa
 @exercise("03", "grouped_decode_attention", points=3, forbid=("codex_lab.attention_reference", "codex_lab.attention_sdpa"))
 def check_grouped_decode_attention(fn: Callable[..., Any]) -> None:
     """fn(q (B, H, D), k (B, H_kv, S, D), v (B, H_kv, S, D), lengths (B,)) -> (B, H, D)."""
-    gen = torch.Generator().manual_seed(3)
+    gen = rng("03.grouped_decode_attention")
     runs = []
     for h, h_kv in [(4, 4), (4, 2), (6, 3), (8, 1)]:
         B, S, D = 3, 7, 8
@@ -51,7 +52,7 @@ def check_grouped_decode_attention(fn: Callable[..., Any]) -> None:
         for b, n in enumerate(lengths.tolist()):  # padding slots hold junk, as a reused cache would
             k[b, :, n:] = 5.0
             v[b, :, n:] = 100.0
-        runs.append((h, h_kv, q, k, v, lengths, fn(q.clone(), k.clone(), v.clone(), lengths.clone())))
+        runs.append((h, h_kv, q, k, v, lengths, pure_call(fn, ("q", "k", "v", "lengths"), q, k, v, lengths)))
     with case(1, "a (B, H, D) tensor"):
         for h, h_kv, q, k, v, lengths, got in runs:
             assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"
@@ -74,6 +75,13 @@ def check_grouped_decode_attention(fn: Callable[..., Any]) -> None:
                 raise AssertionError("the scores are not scaled: divide q . k by sqrt(D)")
             raise AssertionError(f"H={h}, H_kv={h_kv}: max difference {float((got - want).abs().max()):.3g} from the "
                                  "reference; check the 1/sqrt(D) scale, the length mask and the softmax axis (cached positions)")
+        # large scores, as a trained model's can be: a softmax without the row max overflows
+        q, k, v = 30 * torch.randn(2, 4, 8, generator=gen), 30 * torch.randn(2, 2, 5, 8, generator=gen), torch.randn(2, 2, 5, 8, generator=gen)
+        k[:, :, 0] = q[:, ::2]  # query head 2j reads K/V head j: its score at slot 0 is |q|^2 / sqrt(D), past 88.7
+        lengths = torch.tensor([5, 3])
+        got, want = fn(q.clone(), k.clone(), v.clone(), lengths.clone()), _decode(q, k, v, lengths)
+        assert not overflow(got, want), OVERFLOW
+        assert torch.allclose(got, want, atol=1e-4, rtol=0), "with large scores (|q . k| / sqrt(D) in the hundreds) the output differs"
 
 
 @exercise("03", "kv_cache_bytes",
@@ -81,6 +89,9 @@ def check_grouped_decode_attention(fn: Callable[..., Any]) -> None:
 def check_kv_cache_bytes(fn: Callable[..., Any]) -> None:
     """fn(n_layer, n_kv_head, head_dim, seq_len, batch, bytes_per_elem) -> int bytes."""
     cases = [(6, 3, 64, 1000, 5, 4), (4, 4, 64, 1024, 3, 4), (24, 2, 64, 32768, 2, 2), (28, 4, 128, 32768, 8, 2), (1, 1, 2, 3, 5, 1)]
+    r = pyrng("03.kv_cache_bytes")  # drawn for this run: a table of the cases above fails
+    cases += [(r.randint(1, 48), r.randint(1, 16), r.choice([32, 64, 80, 128]), r.randint(1, 65536), r.randint(1, 32),
+               r.choice([1, 2, 4])) for _ in range(3)]
     for n_layer, n_kv, hd, seq, batch, nb in cases:
         # bytes = 2 (K and V) * layers * kv_heads * head_dim * seq_len * batch * bytes_per_elem
         want = 2 * n_layer * n_kv * hd * seq * batch * nb
@@ -105,9 +116,9 @@ def check_kv_cache_bytes(fn: Callable[..., Any]) -> None:
 @exercise("03", "mean_pool_kv", points=2, forbid=("codex_lab.mean_pool_heads", "codex_lab.mha_to_gqa"))
 def check_mean_pool_kv(fn: Callable[..., Any]) -> None:
     """fn(w, n_heads, n_groups) -> (n_groups*head_dim, d_in): head j = mean of heads j*g..j*g+g-1."""
-    w = torch.randn(8 * 3, 5, generator=torch.Generator().manual_seed(4))  # 8 heads of width 3, d_in 5
+    w = torch.randn(8 * 3, 5, generator=rng("03.mean_pool_kv"))  # 8 heads of width 3, d_in 5
     heads = w.reshape(8, 3, 5)  # (heads, head_dim, d_in)
-    outs = {n_groups: fn(w.clone(), 8, n_groups) for n_groups in (8, 4, 2, 1)}
+    outs = {n_groups: pure_call(fn, ("w", "n_heads", "n_groups"), w, 8, n_groups) for n_groups in (8, 4, 2, 1)}
     with case(1, "shape (n_groups * head_dim, d_in)"):
         for n_groups, got in outs.items():
             assert isinstance(got, Tensor), f"return a tensor, got {type(got).__name__}"

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from codex_lab.course.check_tools import OVERFLOW, overflow, pure_call, rng
 from codex_lab.course.checks import case, exercise
 
 
@@ -21,12 +22,13 @@ def _scatter(idx: Tensor, w: Tensor, E: int) -> Tensor:
     return torch.zeros(idx.shape[0], E).scatter(1, idx.long(), w.float())
 
 
-@exercise("04", "top_k_route", points=3, forbid=("codex_lab.route",))
+@exercise("04", "top_k_route", points=4, forbid=("codex_lab.route",))
 def check_top_k_route(fn: Callable[..., Any]) -> None:
     """fn(logits (N, E), k) -> (expert_idx (N, k) int64, weights (N, k) float), weights renormalised."""
-    logits = 2 * torch.randn(12, 6, generator=torch.Generator().manual_seed(0))
+    gen = rng("04.top_k_route")
+    logits = 2 * torch.randn(12, 6, generator=gen)
     probs = torch.softmax(logits, dim=-1)  # (N, E)
-    outs = {k: fn(logits.clone(), k) for k in (1, 2, 4)}
+    outs = {k: pure_call(fn, ("logits", "k"), logits, k) for k in (1, 2, 4)}
     with case(1, "int64 (N, k) indices and (N, k) weights"):
         for k, out in outs.items():
             assert isinstance(out, tuple) and len(out) == 2, "return a tuple (expert_idx, weights)"
@@ -64,6 +66,28 @@ def check_top_k_route(fn: Callable[..., Any]) -> None:
                 raise AssertionError(f"k={k}: the right weights in the wrong columns: weights[n, j] must belong to "
                                      "expert_idx[n, j] (keep topk's values and indices together)")
             raise AssertionError(f"k={k}: weights differ from the renormalised softmax probabilities p_e / sum_(chosen) p")
+        # large router logits: a softmax without the row max overflows
+        big = 60 * torch.randn(5, 6, generator=gen)
+        big[:, 0] = 200.0  # exp(200) overflows float32
+        idx, w = fn(big.clone(), 2)
+        top = torch.softmax(big, -1).topk(2, dim=-1)
+        assert not overflow(w, top.values), OVERFLOW
+    with case(1, "the weights keep the router's graph"):
+        leaf = logits.clone().requires_grad_(True)
+        idx, w = fn(leaf, 2)
+        assert isinstance(w, Tensor) and w.requires_grad, (
+            "the weights are detached from the router logits (.detach(), .item(), torch.no_grad or a new tensor built "
+            "from numbers): the MoE loss could not train the router; compute them with tensor ops on the logits")
+        (got,) = torch.autograd.grad((w * torch.arange(1.0, 3.0)).sum(), leaf)
+        ref = logits.clone().requires_grad_(True)
+        top = torch.softmax(ref, -1).topk(2, dim=-1)
+        # same weighted sum through the reference weights; columns matched by expert index
+        order = (idx.long().unsqueeze(-1) == top.indices.unsqueeze(-2)).float()  # (N, k_got, k_ref)
+        coef = torch.einsum("nij,j->ni", order.transpose(-1, -2), torch.arange(1.0, 3.0))  # (N, k_ref)
+        (want,) = torch.autograd.grad((top.values / top.values.sum(-1, keepdim=True) * coef).sum(), ref)
+        assert torch.allclose(got, want, atol=1e-5), (
+            "the gradient of the weights w.r.t. the logits is not that of the renormalised softmax: keep the weights "
+            "one tensor computation from the logits (softmax, topk values, divide by their sum)")
 
 
 def _switch(probs: Tensor, idx: Tensor, *, per_token: bool = False, times_e: bool = True, f_from_probs: bool = False) -> Tensor:
@@ -81,10 +105,10 @@ def _switch(probs: Tensor, idx: Tensor, *, per_token: bool = False, times_e: boo
 @exercise("04", "balancing_loss", points=3, forbid=("codex_lab.load_balancing_loss",))
 def check_balancing_loss(fn: Callable[..., Any]) -> None:
     """fn(probs (N, E), expert_idx (N, k)) -> scalar E * sum_e f_e * P_e (f over N*k assignments)."""
-    logits = torch.randn(20, 5, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    logits = torch.randn(20, 5, generator=rng("04.balancing_loss"), requires_grad=True)
     probs = torch.softmax(logits, -1)  # (N, E)
     idx = probs.topk(2, -1).indices  # (N, 2)
-    loss = fn(probs, idx.clone())
+    loss = pure_call(fn, ("probs", "expert_idx"), probs, idx)
     with case(2, "the value E * sum_e f_e P_e"):
         assert isinstance(loss, Tensor) and loss.numel() == 1, "return a scalar tensor"
         want = _switch(probs.detach(), idx)
@@ -141,10 +165,10 @@ def _keep(idx: Tensor, E: int, capacity: int, *, token_major: bool = False, late
 @exercise("04", "capacity_mask", points=3, forbid=("codex_lab.capacity_keep_mask",))
 def check_capacity_mask(fn: Callable[..., Any]) -> None:
     """fn(expert_idx (N, k), n_experts, capacity) -> bool (N, k): first choices served first."""
-    g = torch.Generator().manual_seed(2)
+    g = rng("04.capacity_mask")
     cases = [(torch.tensor([[0, 1], [1, 0], [0, 1]]), 2, 1)]
     cases += [(torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(15)]), 6, cap) for cap in (1, 3, 5)]
-    outs = [fn(idx.clone(), E, cap) for idx, E, cap in cases]
+    outs = [pure_call(fn, ("expert_idx", "n_experts", "capacity"), idx, E, cap) for idx, E, cap in cases]
     with case(1, "a bool (N, k) mask"):
         for (idx, _, _), got in zip(cases, outs):
             assert isinstance(got, Tensor) and got.dtype == torch.bool and got.shape == idx.shape, (

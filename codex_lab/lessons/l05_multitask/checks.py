@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from codex_lab.course.check_tools import pure_call, rng
 from codex_lab.course.checks import case, exercise
 
 _BAL = "codex_lab.training.balancing."
@@ -54,7 +55,7 @@ def _nll(logits: Tensor, targets: Tensor) -> Tensor:
     "token_losses", "task_stats", "Balancer.forward", "SampleMean.forward")))
 def check_masked_token_loss(fn: Callable[..., Any]) -> None:
     """fn(logits (B, T, V), targets (B, T)) -> mean cross-entropy over targets != -100."""
-    g = torch.Generator().manual_seed(5)
+    g = rng("05.masked_token_loss")
     B, T, V = 3, 6, 11
     logits = (torch.randn(B, T, V, generator=g) * 2).requires_grad_(True)
     targets = torch.randint(0, V, (B, T), generator=g)
@@ -84,7 +85,7 @@ def check_masked_token_loss(fn: Callable[..., Any]) -> None:
         mistakes["targets are already the next tokens (y = x shifted by one): do not shift logits and targets again"] = (sh * vs).sum() / vs.sum()
     full = torch.randint(0, V, (B, T), generator=g)
     with case(2, "prompt and padding masked"):
-        got = _scalar(fn(logits, targets), "masked_token_loss")
+        got = _scalar(pure_call(fn, ("logits", "targets"), logits, targets), "masked_token_loss")
         assert got.requires_grad, "masked_token_loss: the loss is detached from the logits (no .item(), .detach() or numpy), so training could not backpropagate through it"
         _diagnose(got.detach(), want, mistakes, "masked_token_loss")
     with case(1, "no masked position"):  # all-valid rows: plain cross-entropy
@@ -116,10 +117,10 @@ def check_task_token_mean_loss(fn: Callable[..., Any]) -> None:
             torch.tensor(6.0),
     }
     with case(2, "hand-checked batch, one task absent"):
-        got = _scalar(fn(loss, targets, task, 3), "task_token_mean_loss")
+        got = _scalar(pure_call(fn, ("token_loss", "targets", "task", "n_tasks"), loss, targets, task, 3), "task_token_mean_loss")
         _diagnose(got, torch.tensor(3.0), mistakes, "task_token_mean_loss (task 0: (1+2+3+2+2)/5 = 2, task 1: 4, so (2 + 4) / 2 = 3)")
 
-    g = torch.Generator().manual_seed(1)
+    g = rng("05.task_token_mean_loss")
     tl = torch.rand(6, 7, generator=g) * 5
     tg = torch.randint(0, 9, (6, 7), generator=g)
     tg[torch.rand(6, 7, generator=g) < 0.4] = -100
@@ -162,9 +163,14 @@ def check_convergence_weights(fn: Callable[..., Any]) -> None:
         # four tasks, a curved history (least squares != last - first), floor 0.1
         (torch.tensor([[5.0, 3.0, 2.0, 1.0], [3.0, 2.9, 1.5, 0.99], [2.8, 2.8, 1.2, 0.98], [2.7, 2.5, 1.0, 0.97]]), 0.1),
     ]
+    g = rng("05.convergence_weights")  # a history drawn for this run: decaying losses, one task rising
+    drawn = 3.0 * torch.exp(-torch.rand(1, 5, generator=g) * torch.arange(4.0)[:, None]) + 0.1
+    drawn[:, 4] = torch.linspace(1.0, 1.2, 4)
     for (h, floor), pts, label in zip(cases, (2, 1), ("three tasks, one diverging", "four tasks, a curved history")):
         with case(pts, label):
             _check_weights(fn, h, floor)
+            if pts == 1:
+                _check_weights(fn, drawn, 0.05)
 
 
 def _check_weights(fn: Callable[..., Any], h: Tensor, floor: float) -> None:
@@ -188,6 +194,6 @@ def _check_weights(fn: Callable[..., Any], h: Tensor, floor: float) -> None:
         "the slope is a least-squares fit over the whole window, not (last - first) / (W - 1)":
             _weights(ends, floor),
     }
-    got = fn(h.clone(), floor)
+    got = pure_call(fn, ("history", "floor"), h, floor)
     assert isinstance(got, Tensor) and got.shape == (K,), f"convergence_weights: return a (K,) = ({K},) tensor, got {getattr(got, 'shape', type(got).__name__)}"
     _diagnose(got, want, mistakes, f"convergence_weights on a {W}x{K} history, floor {floor}")

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from codex_lab.course.check_tools import OVERFLOW, overflow, pyrng, rng
 from codex_lab.course.checks import case, exercise
 
 
@@ -40,32 +41,42 @@ def check_cached_attention(fn: Callable[..., Any]) -> None:
 
 
 def _decode_six(fn: Callable[..., Any], check_output: bool) -> None:
-    """Six decode steps on fresh buffers: the writes, or (check_output) the attention outputs."""
-    g = torch.Generator().manual_seed(0)
+    """Six decode steps into a *reused* cache (slots past ``length`` hold an earlier sequence's
+    keys and values, as a cache slot handed to a new request does): the writes, or
+    (check_output) the attention outputs; then one step with large scores."""
+    g = rng("06.cached_attention")
     B, H, L, D = 2, 3, 10, 8
-    k_buf, v_buf = torch.zeros(B, H, L, D), torch.zeros(B, H, L, D)
+    k_buf, v_buf = torch.randn(B, H, L, D, generator=g), torch.randn(B, H, L, D, generator=g)  # stale contents
     keys, values = torch.randn(B, H, 6, D, generator=g), torch.randn(B, H, 6, D, generator=g)
+    stale_k, stale_v = k_buf.clone(), v_buf.clone()
     for t in range(6):  # decode six tokens one at a time
         q = torch.randn(B, H, 1, D, generator=g) * 2
-        out = fn(k_buf, v_buf, t, q, keys[:, :, t : t + 1], values[:, :, t : t + 1])
+        q0, kn, vn = q.clone(), keys[:, :, t : t + 1].clone(), values[:, :, t : t + 1].clone()
+        out = fn(k_buf, v_buf, t, q, kn, vn)
         assert isinstance(out, Tensor) and out.shape == (B, H, 1, D), (
             f"cached_attention: return the attention output of shape (B, H, 1, D) = {(B, H, 1, D)}, got "
             f"{getattr(out, 'shape', type(out).__name__)}")
+        assert torch.equal(q, q0), ("cached_attention: your function changed the caller's q in place (e.g. q *= scale): "
+                                    "the model still uses it; scale the scores or a new tensor instead")
+        assert torch.equal(kn, keys[:, :, t : t + 1]) and torch.equal(vn, values[:, :, t : t + 1]), (
+            "cached_attention: your function changed k_new / v_new in place; only k_buf / v_buf are written")
         if not check_output:
             if not (torch.equal(k_buf[:, :, t], keys[:, :, t]) and torch.equal(v_buf[:, :, t], values[:, :, t])):
                 if t + 1 < L and torch.equal(k_buf[:, :, t + 1], keys[:, :, t]):
                     raise AssertionError(f"cached_attention: step {t} wrote slot {t + 1}; slot `length` = {t} is the next free one (positions start at 0)")
                 raise AssertionError(f"cached_attention: step {t} did not write the new key/value into slot {t} of k_buf/v_buf in place "
                                      "(assign into the buffer, e.g. k_buf[:, :, length] = ...; a new tensor is lost after the call)")
-            assert not k_buf[:, :, t + 1 :].any() and not v_buf[:, :, t + 1 :].any(), (
-                "cached_attention: write only slot `length`; later slots must stay empty")
+            assert torch.equal(k_buf[:, :, t + 1 :], stale_k[:, :, t + 1 :]) and torch.equal(v_buf[:, :, t + 1 :], stale_v[:, :, t + 1 :]), (
+                "cached_attention: write only slot `length`; later slots must stay as they were")
             continue
         # fp32, outputs O(1): another summation order differs by ~1e-7
         want = _attention(q, keys[:, :, : t + 1], values[:, :, : t + 1])
         if torch.allclose(out, want, atol=1e-5):
             continue
+        nonzero = (stale_k.abs().sum(-1) != 0)[0, 0]  # a reused cache's later slots are not zero
         mistakes = {
-            f"the query attended to all {L} slots, including empty ones: use only slots 0..length (k_buf[:, :, :length + 1])":
+            f"the query attended to all {L} slots, including ones past `length` that hold an earlier sequence's keys: "
+            "use only slots 0..length (k_buf[:, :, :length + 1]); a slot is not empty because it is zero":
                 _attention(q, k_buf, v_buf),
             "the new token is left out: attend to slots 0..length inclusive (the new key is its own first key)":
                 _attention(q, keys[:, :, :t], values[:, :, :t]),
@@ -77,7 +88,19 @@ def _decode_six(fn: Callable[..., Any], check_output: bool) -> None:
         for msg, val in mistakes.items():
             if torch.allclose(out, val, atol=1e-5):
                 raise AssertionError(f"cached_attention, step {t}: {msg}")
+        if bool(nonzero.all()):
+            raise AssertionError(f"cached_attention, step {t}: the output is not softmax(q k^T / sqrt(D)) v over slots "
+                                 f"0..{t}; this cache is reused, so slots past `length` hold old keys, not zeros: find "
+                                 "the valid slots from `length`, never from the buffer's contents")
         raise AssertionError(f"cached_attention, step {t}: the output is not softmax(q k^T / sqrt(D)) v over slots 0..{t}")
+    if check_output:  # large scores (a trained model's): a softmax without the row max overflows
+        k_big, v_big = torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 4, 8)
+        k_big[:, :, :2] = 30 * torch.randn(1, 1, 2, 8, generator=g)
+        q = 30 * torch.randn(1, 1, 1, 8, generator=g)
+        kn, vn = q.clone(), torch.randn(1, 1, 1, 8, generator=g)  # q . k_new = |q|^2 / sqrt(D): far past 88.7
+        want = _attention(q, torch.cat([k_big[:, :, :2], kn], 2), torch.cat([v_big[:, :, :2], vn], 2))
+        out = fn(k_big, v_big, 2, q.clone(), kn.clone(), vn.clone())
+        assert not overflow(out, want), f"cached_attention: {OVERFLOW}"
 
 
 # ------------------------------------------------------------------ exercise 2
@@ -95,7 +118,7 @@ def _top_p_keep(logits: Tensor, p: float, *, cross: bool = True, keep_top: bool 
 @exercise("06", "nucleus_filter", points=2, forbid=("codex_lab.infer.sampling.top_p_filter", "codex_lab.infer.sampling.sample_next"))
 def check_nucleus_filter(fn: Callable[..., Any]) -> None:
     """fn(logits (B, V), p) keeps the smallest set of most likely tokens with mass >= p."""
-    g = torch.Generator().manual_seed(1)
+    g = rng("06.nucleus_filter")
     rand = torch.randn(5, 50, generator=g) * 3
     with case(1, "one hand-checked row"):  # probs ~ .64 .09 .24 .03
         _check_nucleus(fn, [(torch.tensor([[3.0, 1.0, 2.0, 0.0]]), p) for p in (0.7, 0.5, 0.9, 1.0)])
@@ -107,7 +130,10 @@ def _check_nucleus(fn: Callable[..., Any], cases: list[tuple[Tensor, float]]) ->
     """Kept sets for each (logits, p); on a mismatch, the mistake consistent with every case."""
     kept = []
     for logits, p in cases:
-        out = fn(logits.clone(), p)
+        before = logits.clone()
+        out = fn(logits, p)
+        assert torch.equal(logits, before), ("nucleus_filter: your function changed the caller's logits in place "
+                                             "(masked_fill_ or an indexed assignment): return a new tensor")
         assert isinstance(out, Tensor) and out.shape == logits.shape, (
             f"nucleus_filter: return filtered logits of the same shape {tuple(logits.shape)}, got {getattr(out, 'shape', type(out).__name__)}")
         if not torch.isinf(out).any() and bool((out == 0).any()) and not bool((logits == 0).any()):
@@ -182,6 +208,12 @@ def check_schedule_step(fn: Callable[..., Any]) -> None:
         ([(1, 20), (2, 20), (3, 20)], 0, 4, 8, 16),
         ([(1, 10), (2, 10)], 0, 1, 8, 16),
     ]
+    r = pyrng("06.schedule_step")  # drawn for this run: a table of the cases above fails
+    for _ in range(4):  # each admits at least its first request: an empty answer cannot pass
+        waiting = [(rid, r.randint(1, 70)) for rid in r.sample(range(1, 100), r.randint(2, 6))]
+        block = r.choice([8, 16])
+        first = -(-waiting[0][1] // block)
+        cases.append((waiting, r.randint(0, 2), first + r.randint(0, 10), r.randint(3, 8), block))
     got_all = []
     for args in cases:
         got = fn(list(args[0]), *args[1:])

@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from codex_lab.course.check_tools import as_bool, as_float, pyrng
 from codex_lab.course.checks import case, exercise
 
 
 def _close(a: Any, b: float) -> bool:
+    a = as_float(a)
     return isinstance(a, (int, float)) and not isinstance(a, bool) and math.isclose(a, b, abs_tol=1e-9)
 
 
@@ -36,6 +38,19 @@ def check_ttft_tbt(fn: Callable[..., Any]) -> None:
         none = fn(0.0, [])
         assert none[0] is None and list(none[1]) == [], (
             f"no tokens: return (None, []); there is no first token, so TTFT is unknown, not 0 (got {none!r})")
+        r = pyrng("07.ttft_tbt")  # timestamps drawn for this run: answers hard-coded for the ones above fail
+        for _ in range(3):
+            arrival = round(r.uniform(0, 1000), 3)
+            times = [arrival + r.uniform(0.01, 0.3)]
+            for _ in range(r.randint(1, 6)):
+                times.append(times[-1] + r.uniform(0.005, 0.05))
+            got = fn(arrival, list(times))
+            # ttft = t_0 - arrival; gaps_i = t_{i+1} - t_i
+            want = (times[0] - arrival, [b - a for a, b in zip(times, times[1:])])
+            ok = (isinstance(got, tuple) and len(got) == 2 and _close(got[0], want[0]) and isinstance(got[1], list)
+                  and len(got[1]) == len(want[1]) and all(_close(a, b) for a, b in zip(got[1], want[1])))
+            assert ok, (f"on timestamps drawn for this run ({len(times)} tokens): got {got!r}, expected {want!r}; the "
+                        "answer must hold for any arrival and token times")
 
 
 def _check_ttft(ttft: Any) -> None:
@@ -104,26 +119,40 @@ def check_passes_gates(fn: Callable[..., Any]) -> None:
     """fn(candidate, baseline, tolerance) -> True iff candidate[g] >= baseline[g] - tolerance.get(g, 0) for all g."""
     base = {"syntax": 0.5, "functional": 0.25, "style": 0.9, "tbt_attainment": 0.8}
     tol = {"tbt_attainment": 0.1}
-    cases = [  # (candidate, expected, the bug a wrong answer here shows)
-        (dict(base), True, "a candidate equal to the baseline is no worse: use >=, not >"),
-        ({**base, "syntax": 0.75}, True, "better on one gate and equal elsewhere passes"),
-        ({**base, "functional": 0.125}, False, "worse on one gate fails"),
-        ({**base, "functional": 0.125, "syntax": 1.0, "style": 1.0}, False,
+    zero = {**base, "security": 0.0}  # a gate whose baseline is 0.0: a missing number must still fail
+    B = (base, tol)
+    cases = [  # (candidate, (baseline, tolerance), expected, the bug a wrong answer here shows)
+        (dict(base), B, True, "a candidate equal to the baseline is no worse: use >=, not >"),
+        ({**base, "syntax": 0.75}, B, True, "better on one gate and equal elsewhere passes"),
+        ({**base, "functional": 0.125}, B, False, "worse on one gate fails"),
+        ({**base, "functional": 0.125, "syntax": 1.0, "style": 1.0}, B, False,
          "a regression on one gate must not hide behind gains on others: check EVERY gate, do not average"),
-        ({**base, "tbt_attainment": 0.75}, True, "tbt_attainment 0.75 is within its tolerance 0.1 of 0.8: subtract the "
-                                                  "tolerance from the baseline"),
-        ({**base, "tbt_attainment": 0.6}, False, "tbt_attainment 0.6 is beyond its tolerance (0.8 - 0.1 = 0.7)"),
-        ({**base, "style": 0.85}, False, "style has no tolerance (tolerance.get(g, 0)): 0.85 < 0.9 fails"),
-        ({k: v for k, v in base.items() if k != "style"}, False, "a gate the candidate has no number for fails"),
-        ({**base, "functional": float("nan")}, False,
+        ({**base, "tbt_attainment": 0.75}, B, True, "tbt_attainment 0.75 is within its tolerance 0.1 of 0.8: subtract the "
+                                                     "tolerance from the baseline"),
+        ({**base, "tbt_attainment": 0.6}, B, False, "tbt_attainment 0.6 is beyond its tolerance (0.8 - 0.1 = 0.7)"),
+        ({**base, "style": 0.85}, B, False, "style has no tolerance (tolerance.get(g, 0)): 0.85 < 0.9 fails"),
+        ({**base, "tbt_attainment": 0.71}, B, True, "the tolerance is absolute: tbt_attainment 0.71 >= 0.8 - 0.1 = 0.7 "
+                                                     "passes; baseline * (1 - tolerance) = 0.72 reads it as relative"),
+    ]
+    r = pyrng("07.passes_gates")  # scores drawn for this run: a table of the cases above fails
+    for _ in range(4):
+        b = {g: round(r.uniform(0.2, 0.9), 3) for g in ("syntax", "functional", "style")}
+        t = {"style": round(r.uniform(0.0, 0.1), 3)}
+        c = {g: round(v + r.uniform(-0.15, 0.1), 3) + 0.0005 for g, v in b.items()}  # never a tie with b - t
+        # passes = all_g candidate[g] >= baseline[g] - tolerance.get(g, 0)
+        cases.append((c, (b, t), all(c[g] >= b[g] - t.get(g, 0.0) for g in b), "scores drawn for this run"))
+    edge = [
+        ({k: v for k, v in base.items() if k != "style"}, B, False, "a gate the candidate has no number for fails"),
+        ({k: v for k, v in base.items()}, (zero, tol), False, "a gate the candidate has no number for fails, even when "
+         "the baseline scored 0.0 there: a missing gate is not a score of 0.0 (do not use candidate.get(g, 0.0))"),
+        ({**base, "functional": float("nan")}, B, False,
          "a NaN score (a gate that did not run) fails: every comparison with NaN is False, so `cand < base - tol` "
          "lets it through; test that the candidate is >= the bar instead, or check math.isnan"),
-        ({**base, "extra_gate": 0.0}, True, "only the baseline's gates count; an extra number on the candidate is ignored"),
+        ({**base, "extra_gate": 0.0}, B, True, "only the baseline's gates count; an extra number on the candidate is ignored"),
     ]
-    parts = ((2, "every gate, each with its tolerance", cases[:7]), (1, "missing, NaN and extra gates", cases[7:]))
-    for points, label, group in parts:
+    for points, label, group in ((2, "every gate, each with its tolerance", cases), (1, "missing, NaN and extra gates", edge)):
         with case(points, label):
-            for cand, want, why in group:
-                got = fn(dict(cand), dict(base), dict(tol))
+            for cand, (bl, tl), want, why in group:
+                got = as_bool(fn(dict(cand), dict(bl), dict(tl)))
                 assert isinstance(got, bool), f"return True or False, got {got!r}"
-                assert got == want, f"candidate {cand} vs baseline {base} (tolerance {tol}): expected {want}, got {got}: {why}"
+                assert got == want, f"candidate {cand} vs baseline {bl} (tolerance {tl}): expected {want}, got {got}: {why}"
