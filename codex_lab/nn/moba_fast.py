@@ -153,7 +153,7 @@ class _MobaNative(torch.autograd.Function):
         assert lib is not None
         scale = 1.0 / math.sqrt(d)
         out, lse = torch.empty_like(q), q.new_empty(q.shape[:2])  # (BK, g*N, D), (BK, g*N)
-        opart = _scratch(bk * g * n * n_slots * d)  # (BK, g*N, slots, D): each row's partial outputs
+        opart = _scratch(g * n * n_slots * d)  # (g*N, slots, D): one K/V head's rows' partial outputs
         lpart = q.new_empty(bk, g * n, n_slots)  # and their log-sum-exps (unused slots: -1e30)
         rc = lib.moba_fwd(_ptr(q), _ptr(k), _ptr(v), _ptr(out), _ptr(lse), _ptr(opart), _ptr(lpart),
                           *(_I(x) for x in shape), ctypes.c_float(scale), *table.args(), _I(max(MAX_ROWS, bs)),
@@ -173,7 +173,7 @@ class _MobaNative(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         # delta = rowsum(dO * out): (BK, g*N)
         delta = (grad_out * out).sum(-1)
-        dq, dq_part = torch.empty_like(q), _scratch(bk * g * n * n_slots * d)  # (BK, g*N, slots, D)
+        dq, dq_part = torch.empty_like(q), _scratch(g * n * n_slots * d)  # (g*N, slots, D), one K/V head
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         rc = lib.moba_bwd(_ptr(q), _ptr(k), _ptr(v), _ptr(grad_out), _ptr(lse), _ptr(delta), _ptr(lpart), _ptr(dq),
                           _ptr(dq_part), _ptr(dk), _ptr(dv), *(_I(x) for x in ctx.shape), ctypes.c_float(ctx.scale),

@@ -263,9 +263,10 @@ int sparse_bwd(const float *q, const float *k, const float *v, const float *dout
  * organised by key block (MoBA's own scheme): task (bk, j) = K/V head bk, key block j takes
  * every query row that chose block j (listed in a table built by moba_table) plus the rows
  * of block j itself (causally), and writes each row's partial result into that row's slot:
- * opart (rows, n_slots, D), lpart (rows, n_slots) (slot n_slots-1 = the own block). The
- * slots of a row are then merged exactly through log-sum-exp. No two tasks write the same
- * (row, slot) or the same key block's gradients: no races, no atomics.
+ * opart (n_rows, n_slots, D) for the K/V head being worked on (one head at a time, so that
+ * it stays in cache until merged), lpart (BK, n_rows, n_slots) (slot n_slots-1 = the own
+ * block). The slots of a row are then merged exactly through log-sum-exp. No two tasks write
+ * the same (row, slot) or the same key block's gradients: no races, no atomics.
  *
  * Layout: q, out, dout, dq (BK, n_rows, D) with n_rows = g*n (the g query heads of K/V head
  * bk, each n tokens: row r is head r / n, token r % n); k, v, dk, dv (BK, n, D); block j =
@@ -345,10 +346,13 @@ int moba_fwd(const float *q, const float *k, const float *v, float *out, float *
         }
 #pragma omp for schedule(static)
         for (int64_t x = 0; x < bk * n_rows * n_slots; x++) lpart[x] = NEG;
+        /* one K/V head at a time: its partials (opart, one head's worth) stay in cache between
+         * the tasks that write them and the merge that reads them */
+        for (int64_t b = 0; b < bk; b++) {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < bk * nb; t++) {
+        for (int64_t j = 0; j < nb; j++) {
             if (failed) continue;
-            int64_t b = t / nb, j = t % nb;
+            int64_t t = b * nb + j;
             int64_t len = (j + 1) * bs <= n ? bs : n - j * bs;
             const float *kj = k + (b * n + j * bs) * d, *vj = v + (b * n + j * bs) * d;
             const float *qh = q + b * n_rows * d;
@@ -362,7 +366,7 @@ int moba_fwd(const float *q, const float *k, const float *v, float *out, float *
                 mm_ab(s, vj, ob, (int)r, (int)len, (int)d, (int)len, 0.0f);
                 for (int64_t a = 0; a < r; a++) {
                     int64_t at = (b * n_rows + row_idx[i + a]) * n_slots + row_slot[i + a];
-                    float *o = opart + at * d;
+                    float *o = opart + (at - b * n_rows * n_slots) * d;
                     for (int64_t c = 0; c < d; c++) o[c] = ob[a * d + c] * inv[a];
                     lpart[at] = lr[a];
                 }
@@ -379,16 +383,15 @@ int moba_fwd(const float *q, const float *k, const float *v, float *out, float *
                     mm_ab(s, vj, ob, (int)r, (int)kl, (int)d, (int)kl, 0.0f);
                     for (int64_t a = 0; a < r; a++) {
                         int64_t at = (b * n_rows + r0 + a) * n_slots + own;
-                        float *o = opart + at * d;
+                        float *o = opart + (at - b * n_rows * n_slots) * d;
                         for (int64_t c = 0; c < d; c++) o[c] = ob[a * d + c] * inv[a];
                         lpart[at] = lr[a];
                     }
                 }
         }
-        free(qb); free(s); free(ob); free(lr); free(inv);
         /* merge: lse = log sum_s exp(lpart_s); out = sum_s exp(lpart_s - lse) opart_s (unused slots: NEG) */
 #pragma omp for schedule(static)
-        for (int64_t x = 0; x < (failed ? 0 : bk * n_rows); x++) {
+        for (int64_t x = b * n_rows; x < (failed ? b * n_rows : (b + 1) * n_rows); x++) {
             const float *lp = lpart + x * n_slots;
             float mx = NEG;
             for (int64_t sl = 0; sl < n_slots; sl++) mx = lp[sl] > mx ? lp[sl] : mx;
@@ -401,10 +404,12 @@ int moba_fwd(const float *q, const float *k, const float *v, float *out, float *
             for (int64_t sl = 0; sl < n_slots; sl++) {
                 if (lp[sl] <= NONE) continue;
                 float w = exp_neg(lp[sl] - l);
-                const float *op = opart + (x * n_slots + sl) * d;
+                const float *op = opart + ((x - b * n_rows) * n_slots + sl) * d;
                 for (int64_t c = 0; c < d; c++) o[c] += w * op[c];
             }
         }
+        }
+        free(qb); free(s); free(ob); free(lr); free(inv);
     }
     return failed;
 }
@@ -429,7 +434,7 @@ static void moba_bwd_chunk(const float *qb, const float *gb, const float *lb, co
 }
 
 /* Backward: dk, dv (zeroed by the caller) get every task's share (task (bk, j) owns key
- * block j of bk), dq_part (rows, n_slots, D) each row's share per slot, summed into dq over
+ * block j of bk), dq_part (n_rows, n_slots, D) each row of head bk's share per slot, summed into dq over
  * the slots the forward used (lpart > NONE). Returns 0, or 1 on a failed allocation. */
 int moba_bwd(const float *q, const float *k, const float *v, const float *dout, const float *lse,
              const float *delta, const float *lpart, float *dq, float *dq_part, float *dk, float *dv,
@@ -451,10 +456,11 @@ int moba_bwd(const float *q, const float *k, const float *v, const float *dout, 
 #pragma omp atomic write
             failed = 1;
         }
+        for (int64_t b = 0; b < bk; b++) {  /* one K/V head at a time, as the forward */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < bk * nb; t++) {
+        for (int64_t j = 0; j < nb; j++) {
             if (failed) continue;
-            int64_t b = t / nb, j = t % nb;
+            int64_t t = b * nb + j;
             int64_t len = (j + 1) * bs <= n ? bs : n - j * bs;
             int64_t base = b * n_rows;
             const float *kj = k + (b * n + j * bs) * d, *vj = v + (b * n + j * bs) * d;
@@ -470,7 +476,7 @@ int moba_bwd(const float *q, const float *k, const float *v, const float *dout, 
                 }
                 moba_bwd_chunk(qb, gb, lb, db, r, kj, vj, dkj, dvj, len, d, scale, -1, 0, p, dp, dqb);
                 for (int64_t a = 0; a < r; a++)
-                    memcpy(dq_part + ((base + row_idx[i + a]) * n_slots + row_slot[i + a]) * d, dqb + a * d,
+                    memcpy(dq_part + (row_idx[i + a] * n_slots + row_slot[i + a]) * d, dqb + a * d,
                            sizeof(float) * d);
             }
             for (int64_t h = 0; h < g; h++)
@@ -480,21 +486,22 @@ int moba_bwd(const float *q, const float *k, const float *v, const float *dout, 
                     moba_bwd_chunk(q + row * d, dout + row * d, lse + row, delta + row, r, kj, vj, dkj, dvj, a0 + r,
                                    d, scale, j * bs + a0, j * bs, p, dp, dqb);
                     for (int64_t a = 0; a < r; a++)
-                        memcpy(dq_part + ((row + a) * n_slots + own) * d, dqb + a * d, sizeof(float) * d);
+                        memcpy(dq_part + ((row - base + a) * n_slots + own) * d, dqb + a * d, sizeof(float) * d);
                 }
         }
-        free(qb); free(gb); free(dqb); free(lb); free(db); free(p); free(dp);
         /* dq = the sum of the row's used slots (after the barrier ending the tasks) */
 #pragma omp for schedule(static)
-        for (int64_t x = 0; x < (failed ? 0 : bk * n_rows); x++) {
+        for (int64_t x = b * n_rows; x < (failed ? b * n_rows : (b + 1) * n_rows); x++) {
             float *o = dq + x * d;
             for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
             for (int64_t sl = 0; sl < n_slots; sl++) {
                 if (lpart[x * n_slots + sl] <= NONE) continue;
-                const float *src = dq_part + (x * n_slots + sl) * d;
+                const float *src = dq_part + ((x - b * n_rows) * n_slots + sl) * d;
                 for (int64_t c = 0; c < d; c++) o[c] += src[c];
             }
         }
+        }
+        free(qb); free(gb); free(dqb); free(lb); free(db); free(p); free(dp);
     }
     return failed;
 }
