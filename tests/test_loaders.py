@@ -313,6 +313,8 @@ def test_small_file_declaring_gigabytes_is_refused_before_allocation(good, tmp_p
     lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
     assert "ERR" in lines and str(ck / W) in lines["ERR"] and "bytes of data" in lines["ERR"], r.stdout + r.stderr
     # importing torch alone is ~0.3-0.5 GB of RSS; allocating the declared model would add 2.5 GiB
+    print(f"\n{(ck / W).stat().st_size:,}-byte file declaring {declared / 2**30:.2f} GiB: refused, "
+          f"loader peak RSS {int(lines['PEAK']) / 2**20:.0f} MiB")
     assert int(lines["PEAK"]) < 1.5 * 2**30, lines
 
 

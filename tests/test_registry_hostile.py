@@ -120,6 +120,9 @@ def test_verify_racing_prune_never_gives_false_errors(tmp_path, small_tokenizer)
             t.join()
         _, status = os.waitpid(pid, 0)
     child = json.loads(out.read_text())
+    print(f"\nverify racing prune: {promotions} promotions (each pruning), {counts['ok'] + child['ok']} verifies passed, "
+          f"{counts['gone'] + child['gone']} found their version already pruned (a clean InputError), "
+          f"{len(bad) + len(child['bad'])} false errors")
     assert status == 0 and child["bad"] == [], child
     assert bad == [], bad[:5]
     # the race really ran: versions were pruned under the verifiers' feet and verifies passed
