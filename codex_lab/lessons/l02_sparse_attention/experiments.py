@@ -90,7 +90,7 @@ class RecallConfig:
     d_model: int = 64
     n_head: int = 2
     batch: int = 4  # batch at the task's length
-    steps: int = 30
+    steps: int = 20
     lr: float = 3e-3
     eval_sequences: int = 32
     seeds: tuple[int, ...] = (0, 1, 2)
