@@ -25,6 +25,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "nn.config": ('ModelConfig',),
     "data.corpus": ('Corpus', 'SourceFile', 'load_corpus'),
     "data.batches": ('fixed_batches', 'random_batch', 'tokenize_texts'),
+    "data.longrange": ('RecallBatch', 'RecallTask', 'RecallVocab', 'filler_lines', 'make_recall_batch', 'recall_vocab', 'window_baseline', 'window_reach'),
     "data.fim": ('fim_prompt_ids', 'fim_token_stream', 'fim_transform'),
     "infer.engine": ('Engine', 'Finished'),
     "course.exercises": ('generate_exercises', 'load_definitions', 'strip_solutions'),

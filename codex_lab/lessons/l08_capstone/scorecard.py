@@ -32,10 +32,21 @@ KEYS = ("sparse_layers", "pattern", "n_kv_head", "moe_layers", "n_experts", "top
 # The stated margins, per mode.
 KV_RATIO = 0.6  # candidate KV bytes per token <= 0.6 x the baseline's
 SPEED_RATIO = 0.6  # candidate decode tokens/s >= 0.6 x the baseline's (batch 8, median of interleaved rounds)
-VAL_MARGIN = {"fast": 0.5, "full": 0.10}  # nats/token: val loss after the same brief pre-training <= baseline + margin
-GATE_TOLERANCE = {"fast": 0.25, "full": 0.0}  # per quality gate (2 of the 8 suite prompts in fast mode)
-QUALITY_GATES = ("syntax", "style")  # the functional gate needs a subprocess sandbox: reported, not scored
-MAX_DENSITY = 0.9  # a "sparse" pattern attending to more than 90% of pairs at the model's length is dense in disguise
+# Validation loss: the margin is measured, not stated: SPREAD_FACTOR x the seed-to-seed standard deviation of
+# the validation loss (pooled over both arms, SEEDS pre-training seeds each, paired by seed). A mean gap inside two
+# standard deviations of what changing the seed alone does cannot be told from noise; a fixed 0.5 nats/token was
+# larger than the whole effect of the conversions. VAL_MARGIN is the fallback when one seed per arm is all there is
+# (the lesson notebook's single run), and says so in the detail.
+SEEDS = (0, 1, 2)
+SPREAD_FACTOR = 2.0
+VAL_MARGIN = {"fast": 0.5, "full": 0.10}
+# Gates: the release gates' own rule (serve.gates.gate_decision: no worse than the baseline on any gate, tolerance 0),
+# so a design the release refuses cannot score full marks.
+GATE_TOLERANCE = {"fast": 0.0, "full": 0.0}
+QUALITY_GATES = ("syntax", "style")  # the functional gate runs generated code in a sandbox: reported, not scored
+MAX_DENSITY = 0.9  # a "sparse" pattern attending to more than 90% of pairs at a scored length is dense in disguise
+SCORED_LEN = 256  # validation sequences the scorecard measures (tokens): the longest scored pairs
+DECODE_ROUNDS = 6  # interleaved decode-speed rounds, order alternating (ABBA), median ratio
 
 
 @dataclass(frozen=True)
@@ -53,9 +64,11 @@ def criteria(mode: str = "fast") -> tuple[Criterion, ...]:
         Criterion("kv_bytes", 2, f"KV-cache bytes per token <= {KV_RATIO:g} x the baseline's"),
         Criterion("decode_speed", 2, f"greedy decode tokens/s at batch 8 >= {SPEED_RATIO:g} x the baseline's "
                                      "(median ratio of interleaved rounds)"),
-        Criterion("val_loss", 3, f"validation loss after conversion and the same brief pre-training <= baseline + "
-                                 f"{VAL_MARGIN[mode]:g} nats/token"),
-        Criterion("gates", 3, f"syntax and style gates (lesson 07 suite, greedy) each >= baseline - {GATE_TOLERANCE[mode]:g}"),
+        Criterion("val_loss", 3, f"validation loss at {SCORED_LEN} tokens after conversion and the same brief pre-training, "
+                                 f"mean over {len(SEEDS)} seeds: gap to the baseline <= {SPREAD_FACTOR:g} x the measured "
+                                 "seed-to-seed standard deviation"),
+        Criterion("gates", 3, "the release gates' rule on the syntax and style gates (lesson 07 suite, greedy): each "
+                              f">= baseline - {GATE_TOLERANCE[mode]:g}"),
     )
 
 
@@ -73,8 +86,12 @@ class CriterionResult:
     detail: str
 
 
-def validate_design(design: Any, base_cfg: Any) -> list[str]:
-    """Problems with ``design`` for a model of config ``base_cfg`` (empty list: valid)."""
+def validate_design(design: Any, base_cfg: Any, scored_len: int = SCORED_LEN) -> list[str]:
+    """Problems with ``design`` for a model of config ``base_cfg`` (empty list: valid).
+
+    A pattern is dense in disguise when it keeps more than :data:`MAX_DENSITY` of the causal
+    pairs at the model's length *or* at ``scored_len`` (the longest sequence the scorecard
+    measures): a window longer than every scored sequence is dense attention there."""
     from codex_lab.nn.patterns import parse_pattern
     from codex_lab.training.balancing import STRATEGIES
 
@@ -92,9 +109,12 @@ def validate_design(design: Any, base_cfg: Any) -> list[str]:
             out.append(f"{key}={list(layers)}: layers are numbered 0..{n - 1} (counting from 0)")
     try:
         pat = parse_pattern(str(design["pattern"]))
-        if pat.is_dense or pat.density(base_cfg.max_seq_len) > MAX_DENSITY:
-            out.append(f"pattern {design['pattern']!r} attends to {pat.density(base_cfg.max_seq_len):.0%} of the pairs at "
-                       f"{base_cfg.max_seq_len} tokens: that is dense attention in disguise; use a window smaller than the context")
+        for n in sorted({base_cfg.max_seq_len, min(scored_len, base_cfg.max_seq_len)}):
+            if pat.is_dense or pat.density(n) > MAX_DENSITY:
+                out.append(f"pattern {design['pattern']!r} attends to {pat.density(n):.0%} of the pairs at {n} tokens"
+                           f"{' (the scored length)' if n == scored_len else ''}: that is dense attention in disguise; "
+                           "use a window well below the sequence length")
+                break
     except (ValueError, KeyError, TypeError) as exc:
         out.append(f"pattern {design['pattern']!r} does not parse: {exc}")
     kv, heads = design["n_kv_head"], base_cfg.n_head
@@ -148,47 +168,82 @@ def _quality_gates(model: Any, tokenizer: Any, max_tokens: int) -> dict[str, flo
     return {"syntax": sum(syntax) / len(syntax), "style": sum(style) / len(style)}
 
 
-def measure(design: dict[str, Any], *, rounds: int = 3, seed: int = 0) -> dict[str, Any]:
-    """The scorecard's numbers for ``design`` against the plain baseline.
+def _val_loss(model: Any, tokenizer: Any, corpus: Any, sz: Any) -> float:
+    """Validation loss (nats/token) on fixed batches of :data:`SCORED_LEN` tokens."""
+    from codex_lab.data.batches import fixed_batches, tokenize_texts
+    from codex_lab.training.evaluate import val_loss
 
-    Both models get the same brief pre-training (the capstone's pre-training stage at the
-    mode's sizes: convert, then the same batches); then validation loss, the syntax and
-    style gates, and decode speed (the two models alternate, so a change in the machine's
-    load hits both). No subprocess, about 10 s in fast mode on 2 quiet cores, so the grader
-    can run it. Cached per design and mode within the process (the notebook measures once,
-    the check reads the same numbers).
+    val = fixed_batches(tokenize_texts(tokenizer, corpus.texts("val")), sz.batch_size, SCORED_LEN, sz.val_batches)
+    return float(val_loss(model, val))
+
+
+def measure(design: dict[str, Any], *, rounds: int = DECODE_ROUNDS, seeds: tuple[int, ...] = SEEDS,
+            cache: bool = True) -> dict[str, Any]:
+    """The scorecard's numbers for ``design`` against the plain baseline, measured here from
+    the design alone (nothing else of the submission is read).
+
+    For each seed both models get the same brief pre-training (the capstone's pre-training
+    stage at the mode's sizes: convert, then the same batches) and their validation loss at
+    :data:`SCORED_LEN` tokens is measured; with the first seed's models, the syntax and style
+    gates and decode speed (``rounds`` rounds, the two models alternating in ABBA order, so a
+    change of the machine's load hits both). No subprocess. ``cache``: reuse an earlier
+    measurement of the same design in this process (the notebook's; the grader's checker
+    process holds only its own).
     """
     import codex_lab as cl
     from codex_lab.lessons.l08_capstone import pipeline as cap
 
     mode = "fast" if cl.fast_mode() else "full"
-    key = json.dumps({"design": design, "mode": mode, "rounds": rounds, "seed": seed}, sort_keys=True, default=str)
-    if key in _CACHE:
+    key = json.dumps({"design": design, "mode": mode, "rounds": rounds, "seeds": list(seeds)}, sort_keys=True, default=str)
+    if cache and key in _CACHE:
         return _CACHE[key]
     ckpt = cl.load_pretrained()
     base, tok = ckpt.model.eval(), ckpt.tokenizer
     problems = validate_design(design, base.cfg)
     if problems:
         raise ValueError("; ".join(problems))
-    sizes = cap.default_sizes()
-    log = cap.StageLog()
-    models = cap.build_models(base, design_config(base.cfg, design), seed=seed, log=log)
-    cap.pretrain_stage(models, tok, cl.load_corpus(), sizes, log, seed=seed)
-    out: dict[str, Any] = {"mode": mode, "design": dict(design), "log": log}
-    for name, m in models.items():
-        out[name] = {"kv_bytes_per_token": cl.kv_bytes_per_token(m.cfg), "val_loss": float(log.rows[name]["val_loss_pretrained"]),
-                     "gates": _quality_gates(m, tok, sizes.gate_tokens)}
-    ratios, tps = [], {"baseline": [], "candidate": []}
-    for _ in range(rounds):
+    sizes, corpus = cap.default_sizes(), cl.load_corpus()
+    out: dict[str, Any] = {"mode": mode, "design": dict(design), "seeds": list(seeds)}
+    losses: dict[str, list[float]] = {"baseline": [], "candidate": []}
+    first: dict[str, Any] = {}
+    for seed in seeds:
+        log = cap.StageLog()
+        models = cap.build_models(base, design_config(base.cfg, design), seed=seed, log=log)
+        cap.pretrain_stage(models, tok, corpus, sizes, log, seed=seed)
         for name, m in models.items():
-            tps[name].append(cl.decode_tokens_per_s(m.eval(), batch=8, prompt_len=64, new_tokens=8, repeats=1))
+            losses[name].append(_val_loss(m, tok, corpus, sizes))
+        if not first:
+            first, out["log"] = models, log
+    for name, m in first.items():
+        out[name] = {"kv_bytes_per_token": cl.kv_bytes_per_token(m.cfg), "val_loss": sum(losses[name]) / len(seeds),
+                     "val_losses": losses[name], "gates": _quality_gates(m, tok, sizes.gate_tokens)}
+    ratios, tps = [], {"baseline": [], "candidate": []}
+    for i in range(rounds):
+        order = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")  # ABBA: neither always first
+        for name in order:
+            tps[name].append(cl.decode_tokens_per_s(first[name].eval(), batch=8, prompt_len=64, new_tokens=8, repeats=1))
         # ratio = candidate tokens/s / baseline tokens/s, in the same round
         ratios.append(tps["candidate"][-1] / tps["baseline"][-1])
-    for name in models:
+    for name in first:
         out[name]["decode_tokens_per_s"] = sorted(tps[name])[rounds // 2]
     out["speed_ratio"] = sorted(ratios)[rounds // 2]
     _CACHE[key] = out
     return out
+
+
+def val_margin(m: dict[str, Any]) -> tuple[float, str]:
+    """(margin in nats/token, how it was obtained) for :func:`score`'s validation criterion."""
+    b, c = m["baseline"].get("val_losses"), m["candidate"].get("val_losses")
+    if not b or not c or len(b) < 2 or len(c) < 2:
+        return VAL_MARGIN[m["mode"]], "stated margin (one seed per arm: no spread measured)"
+
+    def var(x: list[float]) -> float:
+        mu = sum(x) / len(x)
+        return sum((v - mu) ** 2 for v in x) / (len(x) - 1)
+
+    # spread = sqrt((var_baseline + var_candidate) / 2), pooled seed-to-seed standard deviation
+    spread = math.sqrt((var(b) + var(c)) / 2)
+    return SPREAD_FACTOR * spread, f"{SPREAD_FACTOR:g} x seed-to-seed sd {spread:.4f} over {len(b)} seeds"
 
 
 def score(m: dict[str, Any]) -> list[CriterionResult]:
@@ -207,8 +262,9 @@ def score(m: dict[str, Any]) -> list[CriterionResult]:
                       f"{m['speed_ratio']:.2f}x (under load)")
         elif cr.key == "val_loss":
             gap = c["val_loss"] - b["val_loss"]
-            ok = math.isfinite(gap) and gap <= VAL_MARGIN[mode]
-            detail = f"{c['val_loss']:.3f} vs {b['val_loss']:.3f} nats/token ({gap:+.3f}, margin {VAL_MARGIN[mode]:g})"
+            margin, how = val_margin(m)
+            ok = math.isfinite(gap) and math.isfinite(margin) and gap <= margin
+            detail = f"{c['val_loss']:.3f} vs {b['val_loss']:.3f} nats/token ({gap:+.4f}, margin {margin:.4f}: {how})"
         else:
             tol = GATE_TOLERANCE[mode]
             worse = [f"{g} {c['gates'].get(g, math.nan):.2f} < {b['gates'][g]:.2f} - {tol:g}" for g in QUALITY_GATES
