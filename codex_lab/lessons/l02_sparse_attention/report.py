@@ -105,7 +105,7 @@ def long_range(ctx: Any) -> str:
     arms["sparse early, dense deep"] = [spec["window"], "dense"]
     res = lr.run_arms(arms, cfg)
     rf = window_reach(L, w)
-    chance = 1 / 8
+    chance = 1 / len(lr.task_data(cfg.corpus_files)[0].pools[0])  # one of the key's pool
     far = {k: [lr.far_accuracy(r, rf) for r in runs] for k, runs in res.items()}
     dists = [str(d) for d in cfg.task.distances]
     lines = ["| arm | patterns | " + " | ".join(dists) + " | far (> %d) |" % rf, "|---|---|" + "---|" * (len(dists) + 1)]
