@@ -203,12 +203,13 @@ def hardened_protocol(header_timeout_s: float, max_connections: int, body_timeou
             if not self.transport.is_closing():
                 self._arm()  # the next request on this connection gets its own header time
                 if self.conn.their_state is h11.SEND_BODY and self._drain_timer is None:
-                    self._drain_timer = self.loop.call_later(drain_s, self._drain_timeout)
+                    self._drain_timer = self.loop.call_later(drain_s, self._drain_timeout, self.cycle)
 
-        def _drain_timeout(self) -> None:
+        def _drain_timeout(self, cycle: Any) -> None:
             self._drain_timer = None
-            # still SEND_BODY: the refused body is still trickling in after its answer
-            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            # the same request (not a later one on this connection) still in SEND_BODY: its
+            # refused body is still trickling in after its answer
+            if self.cycle is cycle and self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
                 self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
