@@ -248,16 +248,17 @@ def test_scorecard_points_per_criterion():
 
 
 def test_scorecard_margin_comes_from_the_seed_spread():
-    # per-seed losses: the baseline's and the candidate's move by ~0.01 from seed to seed
+    # per-seed losses: every arm moves by ~0.01 from seed to seed; the reference design is +0.40 behind the baseline
     m = _measured()
     m["baseline"] = {**m["baseline"], "val_losses": [3.30, 3.31, 3.29], "val_loss": 3.30}
-    near = {**m, "candidate": {**m["candidate"], "val_losses": [3.31, 3.32, 3.30], "val_loss": 3.31}}
-    far = {**m, "candidate": {**m["candidate"], "val_losses": [3.40, 3.41, 3.39], "val_loss": 3.40}}
+    m["reference"] = {"val_losses": [3.70, 3.71, 3.69], "val_loss": 3.70}
+    near = {**m, "candidate": {**m["candidate"], "val_losses": [3.71, 3.72, 3.70], "val_loss": 3.71}}
+    far = {**m, "candidate": {**m["candidate"], "val_losses": [3.80, 3.81, 3.79], "val_loss": 3.80}}
     margin, how = sc.val_margin(near)
-    assert abs(margin - 2 * 0.01) < 1e-9 and "seed-to-seed" in how  # 2 x the pooled sd 0.01
+    assert abs(margin - (0.40 + 2 * 0.01)) < 1e-9 and "seed-to-seed" in how  # reference gap + 2 x pooled sd 0.01
     by_key = lambda mm: {r.key: r for r in sc.score(mm)}  # noqa: E731
-    assert by_key(near)["val_loss"].passed  # +0.01: inside two seed-to-seed sds
-    assert not by_key(far)["val_loss"].passed  # +0.10: five sds, yet far inside the old fixed 0.5 nats
+    assert by_key(near)["val_loss"].passed  # 0.01 behind the reference: inside two seed-to-seed sds
+    assert not by_key(far)["val_loss"].passed  # 0.10 behind the reference: five sds, inside the old fixed 0.5 nats
     assert "seed-to-seed" in by_key(far)["val_loss"].detail
 
 

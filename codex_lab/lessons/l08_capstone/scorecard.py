@@ -32,12 +32,17 @@ KEYS = ("sparse_layers", "pattern", "n_kv_head", "moe_layers", "n_experts", "top
 # The stated margins, per mode.
 KV_RATIO = 0.6  # candidate KV bytes per token <= 0.6 x the baseline's
 SPEED_RATIO = 0.6  # candidate decode tokens/s >= 0.6 x the baseline's (batch 8, median of interleaved rounds)
-# Validation loss: the margin is measured, not stated: SPREAD_FACTOR x the seed-to-seed standard deviation of
-# the validation loss (pooled over both arms, SEEDS pre-training seeds each, paired by seed). A mean gap inside two
-# standard deviations of what changing the seed alone does cannot be told from noise; a fixed 0.5 nats/token was
-# larger than the whole effect of the conversions. VAL_MARGIN is the fallback when one seed per arm is all there is
-# (the lesson notebook's single run), and says so in the detail.
+# Validation loss. The brief pre-training cannot win back what conversion costs (the reference design below is
+# about 0.4 nats/token behind the baseline at 256 tokens after it, 3 seeds, fast mode, measured under load), so the
+# bar is the course's reference design measured in the same run: the candidate's gap to the baseline may exceed
+# the reference's gap by at most SPREAD_FACTOR x the seed-to-seed standard deviation (pooled over the arms, SEEDS
+# pre-training seeds each). A difference inside two standard deviations of what changing the seed alone does
+# cannot be told from noise; the old fixed 0.5 nats/token was larger than the whole effect of the conversions.
+# VAL_MARGIN is the fallback when one seed per arm is all there is (the lesson notebook's single run), and the
+# detail says so.
 SEEDS = (0, 1, 2)
+REFERENCE = {"sparse_layers": [3], "pattern": "window:128+blockstride:64:2", "n_kv_head": 2, "moe_layers": [3],
+             "n_experts": 4, "top_k": 2, "balance": "coba"}  # the project's reference answer (solutions/08)
 SPREAD_FACTOR = 2.0
 VAL_MARGIN = {"fast": 0.5, "full": 0.10}
 # Gates: the release gates' own rule (serve.gates.gate_decision: no worse than the baseline on any gate, tolerance 0),
@@ -65,8 +70,8 @@ def criteria(mode: str = "fast") -> tuple[Criterion, ...]:
         Criterion("decode_speed", 2, f"greedy decode tokens/s at batch 8 >= {SPEED_RATIO:g} x the baseline's "
                                      "(median ratio of interleaved rounds)"),
         Criterion("val_loss", 3, f"validation loss at {SCORED_LEN} tokens after conversion and the same brief pre-training, "
-                                 f"mean over {len(SEEDS)} seeds: gap to the baseline <= {SPREAD_FACTOR:g} x the measured "
-                                 "seed-to-seed standard deviation"),
+                                 f"mean over {len(SEEDS)} seeds: gap to the baseline <= the reference design's gap + "
+                                 f"{SPREAD_FACTOR:g} x the measured seed-to-seed standard deviation"),
         Criterion("gates", 3, "the release gates' rule on the syntax and style gates (lesson 07 suite, greedy): each "
                               f">= baseline - {GATE_TOLERANCE[mode]:g}"),
     )
@@ -204,16 +209,24 @@ def measure(design: dict[str, Any], *, rounds: int = DECODE_ROUNDS, seeds: tuple
         raise ValueError("; ".join(problems))
     sizes, corpus = cap.default_sizes(), cl.load_corpus()
     out: dict[str, Any] = {"mode": mode, "design": dict(design), "seeds": list(seeds)}
-    losses: dict[str, list[float]] = {"baseline": [], "candidate": []}
+    from codex_lab.nn.surgery import convert
+
+    same = design_config(base.cfg, design).to_dict() == design_config(base.cfg, REFERENCE).to_dict()
+    losses: dict[str, list[float]] = {"baseline": [], "candidate": [], "reference": []}
     first: dict[str, Any] = {}
     for seed in seeds:
         log = cap.StageLog()
         models = cap.build_models(base, design_config(base.cfg, design), seed=seed, log=log)
-        cap.pretrain_stage(models, tok, corpus, sizes, log, seed=seed)
-        for name, m in models.items():
+        arms = dict(models) if same else {**models, "reference": convert(base, design_config(base.cfg, REFERENCE), seed=seed)}
+        cap.pretrain_stage(arms, tok, corpus, sizes, log, seed=seed)
+        for name, m in arms.items():
             losses[name].append(_val_loss(m, tok, corpus, sizes))
+        if same:
+            losses["reference"].append(losses["candidate"][-1])
         if not first:
             first, out["log"] = models, log
+    out["reference"] = {"design": dict(REFERENCE), "val_losses": losses["reference"],
+                        "val_loss": sum(losses["reference"]) / len(seeds)}
     for name, m in first.items():
         out[name] = {"kv_bytes_per_token": cl.kv_bytes_per_token(m.cfg), "val_loss": sum(losses[name]) / len(seeds),
                      "val_losses": losses[name], "gates": _quality_gates(m, tok, sizes.gate_tokens)}
@@ -232,18 +245,24 @@ def measure(design: dict[str, Any], *, rounds: int = DECODE_ROUNDS, seeds: tuple
 
 
 def val_margin(m: dict[str, Any]) -> tuple[float, str]:
-    """(margin in nats/token, how it was obtained) for :func:`score`'s validation criterion."""
+    """(allowed gap to the baseline in nats/token, how it was obtained) for :func:`score`'s
+    validation criterion: the reference design's measured gap + SPREAD_FACTOR x the pooled
+    seed-to-seed sd; with one seed per arm, the stated :data:`VAL_MARGIN`."""
     b, c = m["baseline"].get("val_losses"), m["candidate"].get("val_losses")
-    if not b or not c or len(b) < 2 or len(c) < 2:
+    ref = (m.get("reference") or {}).get("val_losses")
+    if not b or not c or not ref or min(len(b), len(c), len(ref)) < 2:
         return VAL_MARGIN[m["mode"]], "stated margin (one seed per arm: no spread measured)"
 
     def var(x: list[float]) -> float:
         mu = sum(x) / len(x)
         return sum((v - mu) ** 2 for v in x) / (len(x) - 1)
 
-    # spread = sqrt((var_baseline + var_candidate) / 2), pooled seed-to-seed standard deviation
-    spread = math.sqrt((var(b) + var(c)) / 2)
-    return SPREAD_FACTOR * spread, f"{SPREAD_FACTOR:g} x seed-to-seed sd {spread:.4f} over {len(b)} seeds"
+    # spread = sqrt(mean of the arms' seed-to-seed variances), pooled standard deviation
+    spread = math.sqrt((var(b) + var(c) + var(ref)) / 3)
+    # allowed = (mean(reference) - mean(baseline)) + SPREAD_FACTOR * spread
+    ref_gap = sum(ref) / len(ref) - sum(b) / len(b)
+    return (ref_gap + SPREAD_FACTOR * spread,
+            f"reference design's gap {ref_gap:+.4f} + {SPREAD_FACTOR:g} x seed-to-seed sd {spread:.4f}, {len(b)} seeds")
 
 
 def score(m: dict[str, Any]) -> list[CriterionResult]:
@@ -264,7 +283,7 @@ def score(m: dict[str, Any]) -> list[CriterionResult]:
             gap = c["val_loss"] - b["val_loss"]
             margin, how = val_margin(m)
             ok = math.isfinite(gap) and math.isfinite(margin) and gap <= margin
-            detail = f"{c['val_loss']:.3f} vs {b['val_loss']:.3f} nats/token ({gap:+.4f}, margin {margin:.4f}: {how})"
+            detail = f"{c['val_loss']:.3f} vs {b['val_loss']:.3f} nats/token (gap {gap:+.4f}, allowed {margin:+.4f}: {how})"
         else:
             tol = GATE_TOLERANCE[mode]
             worse = [f"{g} {c['gates'].get(g, math.nan):.2f} < {b['gates'][g]:.2f} - {tol:g}" for g in QUALITY_GATES
