@@ -547,3 +547,30 @@ def test_corpus_never_reads_out_of_its_root(tmp_path):
     # the corpus root itself may be a link (e.g. a symlinked checkout): files inside it still read
     (tmp_path / "alias").symlink_to(root, target_is_directory=True)
     assert sorted(f.path for f in load_corpus(tmp_path / "alias").files) == sorted(f.path for f in c.files)
+
+
+QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+LLAMA3_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+
+def test_hf_tokenizer_backtracking_regex_is_refused_before_it_runs(hf_folder, tmp_path):
+    """A --hf tokenizer.json whose Split regex repeats a group ((a+)+$: the Rust library panics
+    with retry-limit-in-match on "aaa...b") is one line naming the file; the real models'
+    pre-tokenizer patterns (Qwen2, Llama 3) pass."""
+    from codex_lab.hf.folder import load_tokenizer, quantified_group
+
+    assert quantified_group(QWEN2_SPLIT) is None and quantified_group(LLAMA3_SPLIT) is None
+    for bad in ("(a+)+$", r"(\w+\s*)+$", "(a|aa)*$", "(ab){2,}"):
+        assert quantified_group(bad), bad
+    assert quantified_group(r"\(a+\)+") is None and quantified_group("[(]a+[)]+") is None  # literal parentheses
+    d = copy(hf_folder, tmp_path / "hf")
+    tj = json.loads((d / T).read_text())
+    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}, tj["pre_tokenizer"]]}
+    (d / T).write_text(json.dumps(tj))
+    with pytest.raises(InputError) as ei:
+        load_tokenizer(d)
+    assert str(d / T) in str(ei.value) and "(a+)+" in str(ei.value) and "\n" not in str(ei.value)
+    tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = QWEN2_SPLIT
+    (d / T).write_text(json.dumps(tj))
+    assert load_tokenizer(d).encode("def f(x): return x")  # a real model's pattern loads and runs

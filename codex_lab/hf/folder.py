@@ -130,6 +130,45 @@ def normalizer_growth(d: Any) -> int:
     return 1  # NFC/NFKC/Lowercase/Strip...: at most a small constant factor per character
 
 
+def quantified_group(pattern: str) -> str | None:
+    """The first group of ``pattern`` that is itself repeated (``(...)+``, ``(...)*``,
+    ``(...){n,}``), or None. A repeated group holding a repeat or an alternation (``(a+)+$``,
+    ``(a|aa)*$``) backtracks exponentially on a near-match, and the Rust library panics on it
+    (``retry-limit-in-match over``); the pre-tokenizer patterns of GPT-2, Llama 3 and Qwen2
+    repeat no group at all, so a tokenizer that does is refused rather than analysed."""
+    starts: list[int] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern[i + 1 : i + 2] == "]":  # "[]...]": a leading ] is literal
+                i += 1
+        elif c == "(":
+            starts.append(i)
+        elif c == ")" and starts:
+            start = starts.pop()
+            if pattern[i + 1 : i + 2] in ("+", "*") or (pattern[i + 1 : i + 2] == "{" and "," in pattern[i + 1 : i + 12]):
+                return pattern[start : i + 2]
+        i += 1
+    return None
+
+
+def _regexes(d: Any) -> list[str]:
+    """Every ``{"Regex": ...}`` pattern anywhere in a tokenizer.json component."""
+    if isinstance(d, dict):
+        out = [d["Regex"]] if isinstance(d.get("Regex"), str) else []
+        return out + [r for v in d.values() for r in _regexes(v)]
+    if isinstance(d, list):
+        return [r for v in d for r in _regexes(v)]
+    return []
+
+
 def load_tokenizer(path: str | Path) -> HFTokenizer:
     """The folder's ``tokenizer.json`` with its eos/pad ids (see :class:`HFTokenizer`)."""
     path = Path(path)
@@ -138,7 +177,13 @@ def load_tokenizer(path: str | Path) -> HFTokenizer:
         raise MissingFileError(f"{path}: no tokenizer.json; save the tokenizer with tokenizer.save_pretrained({str(path)!r})")
     if tj.stat().st_size > MAX_TOKENIZER_BYTES:
         raise InputError(f"{tj}: over the {MAX_TOKENIZER_BYTES >> 20} MiB limit for a tokenizer; re-save the folder")
-    growth = normalizer_growth(_read_json(tj).get("normalizer"))
+    spec = _read_json(tj)
+    for part in ("normalizer", "pre_tokenizer"):
+        bad = next((g for g in map(quantified_group, _regexes(spec.get(part))) if g), None)
+        if bad:
+            raise InputError(f"{tj}: the {part} regex repeats the group {bad[:60]!r}, which backtracks "
+                             "exponentially on some inputs; use the model's original tokenizer.json")
+    growth = normalizer_growth(spec.get("normalizer"))
     if growth > MAX_NORMALIZER_GROWTH:
         raise InputError(f"{tj}: its normalizer can multiply a text's length by {growth:,} (limit "
                          f"{MAX_NORMALIZER_GROWTH}); remove the Replace/Prepend steps that grow it, or re-save the tokenizer")
