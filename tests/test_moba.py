@@ -292,3 +292,16 @@ def test_bench_attention_has_moba_rows_at_the_fixed_patterns_density(native) -> 
     assert m["fwd_bwd_vs_fixed_fast"] == pytest.approx(m["fwd_bwd_ms"] / f["fwd_bwd_ms"])
     assert m["density"] <= m["computed_fraction"] <= 1 and m["goal_vs_fixed"] == 1.3
     assert all(isinstance(v, (int, float, str)) for v in m.values())  # flat, JSON-ready
+
+
+def test_sparse_attention_and_registry_kernels_run_moba_patterns(native) -> None:
+    from codex_lab.nn.attention import get_attention_impl
+    from codex_lab.nn.sparse import sparse_attention
+
+    q, k, v = (t.detach() for t in _qkv(2, 4, 2, 45, 8, seed=4))
+    want = moba_attention(q, k, v, "moba:8:2")
+    for impl in ("reference", "blocks", "fast", "flex"):
+        torch.testing.assert_close(sparse_attention(q, k, v, "moba:8:2", impl=impl), want, atol=ATOL, rtol=0, msg=impl)
+    pos = torch.arange(45).expand(2, 45)
+    got = get_attention_impl("fast")(q, k, v, None, pattern=MoBA(8, 2), q_pos=pos, k_pos=pos)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from codex_lab.nn.attention import attention_reference, register_attention_impl
-from codex_lab.nn.patterns import AttentionPattern, parse_pattern
+from codex_lab.nn.moba import moba_attention
+from codex_lab.nn.patterns import AttentionPattern, MoBA, parse_pattern
 
 IMPLS = ("reference", "blocks", "flex", "fast")
 DEFAULT_BLOCK = 128
@@ -260,7 +261,9 @@ def sparse_attention(
     Args:
         q: queries (B, H, N, D).
         k, v: keys and values (B, H_kv, N, D); H_kv must divide H (grouped heads).
-        pattern: an :class:`AttentionPattern` or a spec string (``"window:128+strided:32"``).
+        pattern: an :class:`AttentionPattern` or a spec string (``"window:128+strided:32"``);
+            a learned ``"moba:B:K"`` runs :func:`codex_lab.nn.moba.moba_attention` (its
+            reference for ``impl="reference"``, its native path otherwise).
         impl: ``"reference"``, ``"blocks"``, ``"flex"`` or ``"fast"`` (see the module docstring).
         block: tile size in tokens for ``"blocks"`` and ``"flex"``.
 
@@ -273,6 +276,8 @@ def sparse_attention(
         raise ValueError(f"block must be >= 1, got {block}")
     _check_shapes(q, k, v)
     pat = parse_pattern(pattern)
+    if isinstance(pat, MoBA):  # content-based: its own reference and native paths
+        return moba_attention(q, k, v, pat, "reference" if impl == "reference" else "fast")
     if impl == "reference":
         return _reference(q, k, v, pat)
     if impl == "blocks":
@@ -303,6 +308,8 @@ def _model_kernel(impl: str) -> Callable[..., Tensor]:
         """Model hook: block-sparse for a plain 0..N-1 batch, masked reference otherwise
         (KV-cache decode, padded or shifted positions)."""
         pat = AttentionPattern() if pattern is None else pattern
+        if isinstance(pat, MoBA) and mask is None:  # content-based: positions, not a mask
+            return moba_attention(q, k, v, pat, "fast", q_pos=q_pos, k_pos=k_pos)
         n = q.shape[2]
         no_positions = q_pos is None and k_pos is None  # called directly: positions 0..N-1
         if mask is None and k.shape[2] == n and (no_positions or _plain_layout(q_pos, k_pos, n)):
