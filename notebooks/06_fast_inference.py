@@ -19,7 +19,7 @@
 # # Lesson 06: fast inference
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/06_fast_inference.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 25 s (2 idle cores, one math thread, measured with `scripts/time_notebooks.py` on 2026-12-01); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: about 36 s (the CPU time of one run under nbval with one math thread, measured under load (other jobs running) on 2026-12-01; not yet re-timed on idle cores); full mode on one GPU: not yet measured.
 #
 # The article (section 3) names the levers: a KV cache that "grows linearly with sequence
 # length", grouped KV heads, and better batch scheduling, with targets of TTFT < 100 ms and
@@ -218,21 +218,26 @@ print(f"same model with 1 KV head (MQA): {cl.kv_bytes_per_token(mqa):,} B/token,
 # %% [markdown]
 # ### The cache ladder
 # Tokens per second of decoding after a short and a long prompt: no cache, the
-# concatenating cache (re-allocates every step), and the package's preallocated static cache
-# (the table: one run each; the comparison after it: alternating rounds).
+# concatenating cache (re-allocates every step), and the package's preallocated static cache,
+# in alternating rounds (the range of each is printed).
 
 # %%
-ladder = bench.bench_cache(model, cl.pick(fast=[32, 256], full=[32, 256, 768]), cl.pick(fast=16, full=64))
-for r in ladder:
-    print(f"prompt {r['prompt_len']:4d}  {r['impl']:14s} {r['tokens_per_s']:8.1f} tokens/s")
-by = {(r["prompt_len"], r["impl"]): r["tokens_per_s"] for r in ladder}
-long = max(r["prompt_len"] for r in ladder)
-long_prompt = torch.randint(0, cfg.vocab_size, (long,), generator=torch.Generator().manual_seed(long)).tolist()
-wall, _ = cl.interleaved_times({  # the comparison itself: alternating rounds at the long prompt
-    "no_cache": lambda: cl.generate_ids(model, long_prompt, max_new_tokens=cl.pick(fast=16, full=64)),
-    "static_cache": lambda: cl.generate_ids_cached(model, long_prompt, max_new_tokens=cl.pick(fast=16, full=64))},
-    repeats=3)
-cache_cmp = cl.timing_ratio(wall["no_cache"], wall["static_cache"], a="no cache", b="the static cache")
+NEW_TOK = cl.pick(fast=16, full=64)
+cache_cmps = {}
+for n in cl.pick(fast=[32, 256], full=[32, 256, 768]):
+    p_n = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    impls = {"no_cache": lambda: cl.generate_ids(model, p_n, max_new_tokens=NEW_TOK),
+             "dynamic_cache": lambda: cl.generate_ids_cached(model, p_n, max_new_tokens=NEW_TOK, cache="dynamic"),
+             "static_cache": lambda: cl.generate_ids_cached(model, p_n, max_new_tokens=NEW_TOK)}
+    outs = {k: f()[0] for k, f in impls.items()}  # warm-up, and the same tokens from all three
+    assert outs["no_cache"] == outs["dynamic_cache"] == outs["static_cache"], "cached != uncached tokens"
+    wall, _ = cl.interleaved_times(impls, repeats=2)
+    for k, ms in wall.items():
+        print(f"prompt {n:4d}  {k:14s} {NEW_TOK * 1000 / float(np.median(ms)):8.1f} tokens/s "
+              f"(rounds {min(ms):.0f}-{max(ms):.0f} ms)")
+    cache_cmps[n] = cl.timing_ratio(wall["no_cache"], wall["static_cache"], a="no cache", b="the static cache")
+long = max(cache_cmps)
+cache_cmp = cache_cmps[long]
 cache_speedup = cache_cmp.speedup
 print(f"at {long} tokens: {cache_cmp.describe()}")
 assert cache_cmp.lo > 1.5
@@ -581,7 +586,7 @@ steps_fns = {"target": step_fn(model), "draft": step_fn(draft)}
 steps_fns.update({f"verify{g + 1}": step_fn(model, g + 1) for g, _, _ in spec_rows})
 for fn in steps_fns.values():
     fn()  # warm-up
-step_wall, _ = cl.interleaved_times(steps_fns, repeats=cl.pick(fast=15, full=50))
+step_wall, _ = cl.interleaved_times(steps_fns, repeats=cl.pick(fast=9, full=50))
 # costs in target steps: the median over rounds of (this forward's time / the target step's time in the same round)
 rel_cost = {k: cl.timing_ratio(v, step_wall["target"]).speedup for k, v in step_wall.items()}
 c_draft = rel_cost["draft"]
