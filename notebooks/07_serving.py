@@ -19,7 +19,7 @@
 # # Lesson 07: a monitored server, release gates, canary and rollback
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/07_serving.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 47 s (2 idle cores, one math thread, measured with `scripts/time_notebooks.py` on 2026-12-01); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: 43 s (2 idle cores, one math thread, measured with `scripts/time_notebooks.py` on 2026-12-01); full mode on one GPU: not yet measured.
 #
 # The article (section 4 of the seed) asks a code model in production for: time to first
 # token (TTFT) under 100 ms, time between tokens (TBT) under 20 ms, every request done within
