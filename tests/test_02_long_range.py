@@ -105,3 +105,32 @@ def test_lesson_02_words_its_conclusions_from_computed_values():
         assert computed in code, f"lesson 02 should compute {computed!r}"
     for word in ("not resolved", "the claim holds", "the claim fails", "strided links keep", "dense early wins"):
         assert word not in md.lower(), f"a verdict in lesson 02's fixed markdown: {word!r}"
+
+
+def test_report_claims_carry_their_intervals(monkeypatch, tmp_path):
+    """The report section on a tiny configuration: both quality claims are recorded with a 95%
+    interval in the measured text and a verdict from the stats rule."""
+    from codex_lab.course.report import VERDICTS
+    from codex_lab.lessons.l02_sparse_attention import report
+
+    task = RecallTask(seq_len=256, n_keys=4, distances=(24, 200), per_distance=1)
+    tiny = lr.RecallConfig(task=task, warm_stages=((task, 2, 2),), warm_from_asset=False, d_model=32, batch=2,
+                           steps=1, eval_sequences=4, seeds=(0, 1, 2), corpus_files=10)
+    monkeypatch.setattr(lr, "fast_config", lambda: tiny)
+
+    class Ctx:
+        fast = True
+        claims: list[dict] = []
+
+        def claim(self, claim, measured, verdict, lesson=""):
+            assert verdict in VERDICTS
+            self.claims.append({"claim": claim, "measured": measured, "verdict": verdict})
+
+        def savefig(self, fig, name):
+            return f"![{name}]({name}.png)"
+
+    ctx = Ctx()
+    text = report.long_range(ctx)
+    assert len(ctx.claims) == 2 and all("95% CI [" in c["measured"] for c in ctx.claims)
+    assert all(c["verdict"] in ("holds", "fails", "not resolved") for c in ctx.claims)
+    assert "| window+stride |" in text and "cliff" in text
