@@ -8,9 +8,11 @@ yourself"); a call from the check itself (its oracle) goes through. Swapping ``_
 ``codex_lab.route``, a default argument. Functions with closures, classes and builtins fall
 back to replacing the module attributes that point at them.
 
-In-process, this is a rule the learner's code could tamper with, like any Python grader;
-the grader runs each submission in its own sandboxed process so tampering costs only that
-submission's own grade.
+This in-process gate serves the notebook's ``check`` and trusted in-process grading; the
+learner's code could tamper with it, like with any in-process Python grader. The grader
+(``codex-lab grade``) does not rely on it: there the submission runs in a process of its own
+where the forbidden functions' code is replaced *before* the file loads and an audit hook
+refuses every copy (:mod:`codex_lab.course.submission_server`).
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ check's assertion failed), ``error`` (the function or the file crashed, timed ou
 the process or printed too much), ``missing`` (no function of that name).
 Wording is honest: passing means the *checks* passed, nothing more.
 
-``grade_file`` / ``grade_folder`` run every submission in its own sandboxed child process
-(:mod:`codex_lab.course.grade_runner` over :func:`codex_lab.sandbox.run_python`); ``check``
-runs in the caller's own process (the learner's notebook kernel).
+``grade_file`` / ``grade_folder`` grade every submission in its own sandboxed run in which
+the checks and the learner's code are two processes that exchange only data
+(:mod:`codex_lab.course.grade_runner`; docs/INSTRUCTORS.md states the threat model); ``check``
+runs in the caller's own process (the learner's notebook kernel: a self-check, not a grade).
 """
 
 from __future__ import annotations
