@@ -206,3 +206,41 @@ def test_a_verbatim_copy_of_a_forbidden_function_refuses(tmp_path):
             p.function("route")(torch.randn(3, 4), 2)
     finally:
         p.close()
+
+
+def test_copies_made_while_the_file_loads_refuse_too(tmp_path):
+    src = textwrap.dedent('''
+        import importlib
+
+        import codex_lab.nn.moe as m
+
+
+        class AtLoad:  # runs while the file loads, before any call
+            try:
+                importlib.reload(m)
+                outcome = "reloaded"
+            except PermissionError as exc:
+                outcome = str(exc)
+            try:
+                source = open("/proc/self/cwd/../" + m.__file__).read()
+            except (PermissionError, OSError) as exc:
+                source = str(exc)
+
+
+        def outcome():
+            return AtLoad.outcome
+
+
+        def route(logits, k):
+            return m.route(logits, k)
+        ''')
+    (tmp_path / "sub.py").write_text(src)
+    p = SubmissionProcess("sub.py", ["codex_lab.nn.moe.route"], cwd=str(tmp_path), guard=False)
+    try:
+        assert p.load_error is None, p.load_error
+        p.budget(60)
+        assert "write this one yourself" in p.function("outcome")()
+        with pytest.raises(ForbiddenCall):
+            p.function("route")(torch.randn(3, 4), 2)
+    finally:
+        p.close()

@@ -133,7 +133,7 @@ def _hidden_paths(extra: list[Path]) -> list[str]:
     keep = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), Path(sys.executable).resolve(), PKG}
     # a folder holding the interpreter or the package stays (hiding it would hide them too)
     hide = [p for p in list(ROOT.iterdir()) + extra if not any(p.resolve() == k or p.resolve() in k.parents for k in keep)]
-    hide += sorted(PKG.glob("lessons/*/checks.py"))
+    hide += sorted(PKG.glob("lessons/*/checks.py")) + sorted(PKG.glob("lessons/*/__pycache__/checks.*"))
     return sorted({str(p) for p in hide if p.exists()})
 
 

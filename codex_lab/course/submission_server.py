@@ -31,6 +31,7 @@ from codex_lab.course import wire
 from codex_lab.course.forbid import ForbiddenCall, message, package_origin, resolve
 
 _CHECKS_MODULE = re.compile(r"codex_lab\.lessons\.[^.]+\.checks$")
+_CHECKS_FILE = re.compile(r".*/codex_lab/lessons/[^/]+/(__pycache__/)?checks(\.[^/]*)?\.py[c]?$")
 _SPAWN = ("os.system", "os.exec", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "subprocess.Popen",
           "os.kill", "os.killpg", "signal.pthread_kill", "os.symlink", "os.link", "sys.addaudithook", "pty.spawn")
 
@@ -94,7 +95,7 @@ class Forbidden:
 
     def blocks_path(self, path: str) -> bool:
         real = os.path.realpath(path)
-        if real in self.files or re.fullmatch(r"/proc/[^/]+/(task/[^/]+/)?mem", real):
+        if real in self.files or re.fullmatch(r"/proc/[^/]+/(task/[^/]+/)?mem", real) or _CHECKS_FILE.fullmatch(real):
             return True
         folder, base = os.path.split(real)
         if os.path.basename(folder) == "__pycache__":
@@ -141,11 +142,13 @@ def install_forbid(names: list[str]) -> Forbidden:
     return fb
 
 
-def install_hook(fb: Forbidden) -> dict[str, bool]:
-    """The audit hook of the module docstring; returns its switch (``armed``)."""
+def install_hook(fb: Forbidden, own_file: str = "") -> dict[str, bool]:
+    """The audit hook of the module docstring; returns its switches (``armed``; ``busy``
+    while the server itself works). The exec of the submission's own module (``own_file``)
+    is let through: its verbatim copies are refused one by one afterwards (:func:`_copies`)."""
     import marshal
 
-    state = {"armed": False, "busy": False}
+    state = {"armed": False, "busy": False, "own": True}
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
         if not state["armed"] or state["busy"]:
@@ -159,6 +162,9 @@ def install_hook(fb: Forbidden) -> dict[str, bool]:
         elif event == "object.__setattr__" and len(args) > 1 and args[1] in ("__code__", "__globals__"):
             raise PermissionError("setting __code__ is disabled while a submission is graded")
         elif event == "exec" and args and isinstance(args[0], types.CodeType):
+            if state["own"] and args[0].co_filename == own_file:  # once: the file itself being loaded
+                state["own"] = False
+                return
             hit = fb.match(args[0])
             if hit:
                 raise _refusal(hit)
@@ -226,23 +232,26 @@ def main() -> None:
     init, _ = chan.recv()
     import torch  # noqa: F401  (warm; the exercises need it)
 
+    from codex_lab.course.exercises import load_definitions
+
     fb = install_forbid(list(init.get("forbid", [])))
-    state = install_hook(fb)
+    state = install_hook(fb, str(init["submission"]))
     if init.get("guard", True):
         from codex_lab.sandbox.guard import install
 
         install(os.getcwd())
     sys.stdout = sys.stderr = _Sink()  # type: ignore[assignment]
-    from codex_lab.course.exercises import load_definitions
-
+    linecache.clearcache()
+    state["armed"] = True  # before the file loads: code in class bodies and default arguments runs now
     try:
         module = load_definitions(init["submission"])
+        state["busy"] = True
         _copies(module, fb)
+        state["busy"] = False
     except BaseException as exc:  # noqa: BLE001 - a broken submission, whatever it raised
+        state["busy"] = True
         chan.send({"op": "ready", "ok": False, "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
         os._exit(0)
-    linecache.clearcache()
-    state["armed"] = True
     names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("__")]
     chan.send({"op": "ready", "ok": True, "names": names})
     Server(chan, module, package_origin).serve()
