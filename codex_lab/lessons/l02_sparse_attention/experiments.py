@@ -28,6 +28,7 @@ from codex_lab.data.longrange import (RecallBatch, RecallTask, RecallVocab, cand
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.nn.patterns import parse_pattern
+from codex_lab.runtime import get_device
 from codex_lab.stats import Comparison, compare
 
 # window w = 32 (16 with global tokens) plus one far-reaching part, densities 0.116-0.150 at
@@ -158,14 +159,22 @@ def build_model(patterns: Sequence[str], cfg: RecallConfig, vocab_size: int, att
     return CodexModel(mcfg)
 
 
+def _on_device(batch: RecallBatch, vocab: RecallVocab, model: CodexModel) -> tuple[RecallBatch, Tensor]:
+    """The batch and its candidates (B, Q, P) on the model's device."""
+    dev = next(model.parameters()).device
+    cand = candidates(vocab, batch.key)  # (B, Q, P), built on the CPU
+    moved = replace(batch, **{f: getattr(batch, f).to(dev) for f in
+                              ("tokens", "targets", "query_pos", "source_pos", "distance", "answer", "key")})
+    return moved, cand.to(dev)
+
+
 def _train(model: CodexModel, task: RecallTask, steps: int, batch_size: int, cfg: RecallConfig,
            gen: torch.Generator) -> None:
     """``steps`` AdamW steps on fresh recall batches (cosine decay to 10% of ``cfg.lr``)."""
     vocab, _, train_lines, _ = task_data(cfg.corpus_files)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     for step in range(steps):
-        batch = make_recall_batch(train_lines, vocab, task, batch_size, gen)
-        cand = candidates(vocab, batch.key)  # (B, Q, P)
+        batch, cand = _on_device(make_recall_batch(train_lines, vocab, task, batch_size, gen), vocab, model)
         logits = query_logits(model, batch, cand)  # (B, Q, P)
         target = (cand == batch.answer[..., None]).float().argmax(-1)  # (B, Q) index of the answer
         # loss = mean over queries of -log p(value | sequence up to the query, value in the key's pool)
@@ -184,7 +193,7 @@ def train_warm(cfg: RecallConfig, seed: int) -> CodexModel:
     """The warm-up: a dense model trained through ``cfg.warm_stages`` (seeded)."""
     _, vocab_size, _, _ = task_data(cfg.corpus_files)
     torch.manual_seed(seed)
-    model = build_model(["dense"] * cfg.n_layer, cfg, vocab_size)
+    model = build_model(["dense"] * cfg.n_layer, cfg, vocab_size).to(get_device())
     gen = torch.Generator().manual_seed(500 + seed)
     for task, steps, batch in cfg.warm_stages:
         _train(model, task, steps, batch, cfg, gen)
@@ -201,7 +210,7 @@ def warm_state(cfg: RecallConfig, seed: int) -> dict[str, Tensor]:
         return torch.load(WARM_ASSET, map_location="cpu", weights_only=True)
     key = (cfg, seed)
     if key not in _WARM:
-        _WARM[key] = {k: v.detach().clone() for k, v in train_warm(cfg, seed).state_dict().items()}
+        _WARM[key] = {k: v.detach().cpu().clone() for k, v in train_warm(cfg, seed).state_dict().items()}
     return _WARM[key]
 
 
@@ -214,7 +223,7 @@ def train_recall(patterns: Sequence[str], cfg: RecallConfig, seed: int) -> dict[
     vocab, vocab_size, _, val_lines = task_data(cfg.corpus_files)
     if len(patterns) != cfg.n_layer:
         raise ValueError(f"{len(patterns)} patterns for {cfg.n_layer} layers; give one spec per layer")
-    model = build_model(patterns, cfg, vocab_size)
+    model = build_model(patterns, cfg, vocab_size).to(get_device())
     model.load_state_dict(warm_state(cfg, seed))
     _train(model, cfg.task, cfg.steps, cfg.batch, cfg, torch.Generator().manual_seed(1000 + seed))
     return evaluate_recall(model, vocab, val_lines, cfg)
@@ -227,8 +236,7 @@ def evaluate_recall(model: CodexModel, vocab: RecallVocab, lines: Sequence[list[
     gen = torch.Generator().manual_seed(12345)  # the same evaluation sequences for every arm and seed
     hits: dict[int, list[float]] = {d: [] for d in cfg.task.distances}
     for _ in range(max(1, cfg.eval_sequences // cfg.batch)):
-        batch = make_recall_batch(lines, vocab, cfg.task, cfg.batch, gen)
-        cand = candidates(vocab, batch.key)  # (B, Q, P)
+        batch, cand = _on_device(make_recall_batch(lines, vocab, cfg.task, cfg.batch, gen), vocab, model)
         pred = cand.gather(-1, query_logits(model, batch, cand).argmax(-1, keepdim=True)).squeeze(-1)  # (B, Q)
         for d in cfg.task.distances:
             hits[d] += (pred == batch.answer)[batch.distance == d].float().tolist()
@@ -337,7 +345,7 @@ if __name__ == "__main__":  # rebuild the shipped warm start: python -m codex_la
     model = train_warm(cfg, 0)
     vocab_, _, _, val_ = task_data(cfg.corpus_files)
     acc = evaluate_recall(model, vocab_, val_, cfg)
-    torch.save(model.state_dict(), WARM_ASSET)
+    torch.save({k: v.cpu() for k, v in model.state_dict().items()}, WARM_ASSET)
     meta = {"seed": 0, "stages": [[t.seq_len, s, b] for t, s, b in cfg.warm_stages], "accuracy": acc,
             "seconds": round(time.time() - t0, 1), "command": "python -m codex_lab.lessons.l02_sparse_attention.experiments"}
     WARM_ASSET.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
