@@ -38,7 +38,7 @@ STARTUP_S = 120.0  # importing torch and the checks, twice (checker and submissi
 CHECK_S = 600.0  # the checker's own work per exercise (lesson 08's scorecard: 295 s measured under heavy load)
 MEMORY_MB = 3072  # per process: torch alone maps ~700 MiB of address space; the checks build small models
 MAX_SUBMISSION_BYTES = 5 * 1024 * 1024
-MAX_NESTING = 200  # brackets deep in a notebook's JSON or a cell's code; real ones stay under 20
+MAX_NESTING = 100  # arrays/objects deep in a notebook's JSON (nbformat is about 5); deeper code fails to parse in the run
 _BOOT = "from codex_lab.course.checker import child_main\nchild_main()\n"
 
 
@@ -62,22 +62,32 @@ def submissions_in(folder: Path) -> list[Path]:
     return found
 
 
-def nesting(text: str) -> int:
-    """The deepest nesting of brackets in ``text`` (strings not parsed: an upper bound)."""
+def json_nesting(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON ``text`` (brackets inside strings ignored)."""
     depth = top = 0
+    in_str = escape = False
     for ch in text:
-        if ch in "([{":
+        if in_str:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
             depth += 1
             top = max(top, depth)
-        elif ch in ")]}":
-            depth = max(0, depth - 1)
+        elif ch in "]}":
+            depth -= 1
     return top
 
 
 def notebook_code(text: str, name: str = "notebook") -> str:
     """The code cells of an ``.ipynb`` as percent-format Python (magics and shell lines commented out)."""
-    if nesting(text) > MAX_NESTING:
-        raise ValueError(f"{name} nests brackets more than {MAX_NESTING} levels deep; a notebook does not")
+    if json_nesting(text) > MAX_NESTING:
+        raise ValueError(f"{name} nests JSON more than {MAX_NESTING} levels deep; a notebook is about 5 deep")
     nb = json.loads(text)
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError(f"{name} is not a Jupyter notebook (no cells list)")
@@ -97,10 +107,7 @@ def submission_text(path: Path) -> str:
     if path.stat().st_size > MAX_SUBMISSION_BYTES:
         raise ValueError(f"{path.name} is over {MAX_SUBMISSION_BYTES // 2**20} MiB")
     text = path.read_text(encoding="utf-8", errors="replace")
-    code = notebook_code(text, path.name) if path.suffix == ".ipynb" else text
-    if nesting(code) > MAX_NESTING:
-        raise ValueError(f"{path.name} nests brackets more than {MAX_NESTING} levels deep")
-    return code
+    return notebook_code(text, path.name) if path.suffix == ".ipynb" else text
 
 
 def _code_lines(text: str) -> list[str]:
@@ -175,10 +182,11 @@ def grade_isolated(path: Path, hidden: str | Path | None = None, timeout_s: floa
         e = by_key[key]
         return Result(e.lesson, e.name, ERROR, msg, 0, e.points, e.visibility)
 
-    home = folder if folder is not None else path.parent
-    if outside(path, home):
-        return [err(k, f"{path.name} is a link to a file outside {'the submissions folder' if folder else 'its folder'}: "
-                       "not graded (submit the file itself)") for k in keys]
+    if outside(path, path.parent):
+        return [err(k, f"{path.name} is a link to a file outside its own folder: not graded (submit the file itself)")
+                for k in keys]
+    if not path.is_file():
+        return [err(k, f"{path.name} is not a regular file: not graded") for k in keys]
     try:
         text = submission_text(path)
         if is_lesson_notebook(text, lesson):
