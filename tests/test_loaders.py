@@ -274,6 +274,10 @@ def test_resume_refuses_a_pickle_payload_in_train_state(tmp_path, capsys):
     errors = [line for line in err.splitlines() if " error: " in line]
     assert not marker.exists(), "the pickle payload ran"
     assert len(errors) == 1 and str(state) in errors[0] and "without --resume" in errors[0] and "Traceback" not in err, err
+    assert "system" in errors[0] and "weights_only" not in errors[0], err  # names what it asked for, no unsafe advice
+    state.write_bytes(state.read_bytes()[:100])  # truncated: one line too
+    assert main([*argv[:4], "4", *argv[5:], "--resume"]) == 2
+    assert str(state) in capsys.readouterr().err
 
 
 def _header_only_weights(ck: Path, cfg: ModelConfig) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import types
@@ -292,7 +293,10 @@ def load_train_state(path: str | Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError for a payload, RuntimeError/EOFError for a truncated file
-        raise InputError(f"{path}: refused, not a plain training state ({_one_line(exc)[:120]}); {fix}") from None
+        # torch's message is a page of advice; the line that matters names the object the file asked for
+        found = re.search(r"unsupported (?:global|operand|class)[^\n]*", str(exc), re.I)
+        why = found.group(0).strip().rstrip(".") if found else _one_line(exc).split(". ")[0][:120]
+        raise InputError(f"{path}: refused, not a training state of plain tensors and numbers ({why}); {fix}") from None
     missing = [k for k in ("optimizer", "step", "history", "elapsed_s", "generator") if not isinstance(state, dict) or k not in state]
     if missing:
         raise InputError(f"{path}: not a training state (missing {missing}); {fix}")
