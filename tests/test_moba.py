@@ -206,7 +206,7 @@ def test_fast_chunks_rows_and_is_thread_count_independent(native, monkeypatch, m
     monkeypatch.setattr(mf, "MAX_ROWS", max_rows)
     threads = torch.get_num_threads()
     try:
-        for n_threads in (1, 3):
+        for n_threads in (1, 2, 3):  # 1 and 2: a thread per whole K/V head (4 heads); 3: threads share each head
             torch.set_num_threads(n_threads)
             got = _fwd_bwd(lambda *a: moba_attention(*a, "moba:8:3", "fast"), q, k, v)
             for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):

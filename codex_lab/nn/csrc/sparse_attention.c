@@ -325,14 +325,85 @@ static void partial_softmax(float *s, int64_t r, int64_t len, float *lrow, float
     }
 }
 
+/* task (b, j) of the forward: the rows that chose block j of K/V head b, and block j's own
+ * rows, into their slots: lpart (global) and op (head b's opart). Buffers: qb, ob (max_rows x
+ * d), s (max_rows x bs), lr, inv (max_rows). */
+static void moba_fwd_task(const float *q, const float *k, const float *v, float *op, float *lpart, int64_t b,
+                          int64_t j, int64_t g, int64_t n, int64_t nb, int64_t bs, int64_t d, int64_t n_slots,
+                          float scale, const int64_t *task_ptr, const int64_t *row_idx, const int64_t *row_slot,
+                          int64_t max_rows, float *qb, float *s, float *ob, float *lr, float *inv) {
+    int64_t n_rows = g * n, own = n_slots - 1, own_rows = OWN_ROWS(bs), t = b * nb + j;
+    int64_t len = (j + 1) * bs <= n ? bs : n - j * bs;
+    const float *kj = k + (b * n + j * bs) * d, *vj = v + (b * n + j * bs) * d;
+    const float *qh = q + b * n_rows * d;
+    float *lp = lpart + b * n_rows * n_slots;
+    /* the rows that chose block j (always a whole block), in chunks of max_rows */
+    for (int64_t i = task_ptr[t]; i < task_ptr[t + 1]; i += max_rows) {
+        int64_t r = task_ptr[t + 1] - i < max_rows ? task_ptr[t + 1] - i : max_rows;
+        for (int64_t a = 0; a < r; a++) memcpy(qb + a * d, qh + row_idx[i + a] * d, sizeof(float) * d);
+        /* S = scale Q K_j^T; P = exp(S - m); O = P V_j / sum */
+        mm_abt(qb, kj, s, (int)r, (int)len, (int)d, (int)len, scale);
+        partial_softmax(s, r, len, lr, inv);
+        mm_ab(s, vj, ob, (int)r, (int)len, (int)d, (int)len, 0.0f);
+        for (int64_t a = 0; a < r; a++) {
+            int64_t at = row_idx[i + a] * n_slots + row_slot[i + a];
+            float *o = op + at * d;
+            for (int64_t c = 0; c < d; c++) o[c] = ob[a * d + c] * inv[a];
+            lp[at] = lr[a];
+        }
+    }
+    /* block j's own tokens, each head: causal inside the block, slot `own`; in two halves,
+     * the first against the first half of the keys only (a quarter less work) */
+    for (int64_t h = 0; h < g; h++)
+        for (int64_t a0 = 0; a0 < len; a0 += own_rows) {
+            int64_t r = len - a0 < own_rows ? len - a0 : own_rows, kl = a0 + r;
+            int64_t r0 = h * n + j * bs + a0;
+            mm_abt(qh + r0 * d, kj, s, (int)r, (int)kl, (int)d, (int)kl, scale);
+            mask_future(s, j * bs + a0, r, j * bs, kl);
+            partial_softmax(s, r, kl, lr, inv);
+            mm_ab(s, vj, ob, (int)r, (int)kl, (int)d, (int)kl, 0.0f);
+            for (int64_t a = 0; a < r; a++) {
+                int64_t at = (r0 + a) * n_slots + own;
+                float *o = op + at * d;
+                for (int64_t c = 0; c < d; c++) o[c] = ob[a * d + c] * inv[a];
+                lp[at] = lr[a];
+            }
+        }
+}
+
+/* merge of global row x (head b, op its opart): lse = log sum_s exp(lpart_s);
+ * out = sum_s exp(lpart_s - lse) opart_s (unused slots: NEG, skipped) */
+static void moba_merge_row(int64_t x, int64_t b, int64_t n_rows, int64_t n_slots, int64_t d, const float *op,
+                           const float *lpart, float *out, float *lse) {
+    const float *lp = lpart + x * n_slots;
+    float mx = NEG;
+    for (int64_t sl = 0; sl < n_slots; sl++) mx = lp[sl] > mx ? lp[sl] : mx;
+    float sum = 0.0f;
+    for (int64_t sl = 0; sl < n_slots; sl++) if (lp[sl] > NONE) sum += exp_neg(lp[sl] - mx);
+    float l = mx + __builtin_logf(sum);
+    lse[x] = l;
+    float *o = out + x * d;
+    for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
+    for (int64_t sl = 0; sl < n_slots; sl++) {
+        if (lp[sl] <= NONE) continue;
+        float w = exp_neg(lp[sl] - l);
+        const float *src = op + ((x - b * n_rows) * n_slots + sl) * d;
+        for (int64_t c = 0; c < d; c++) o[c] += w * src[c];
+    }
+}
+
+/* Forward. One K/V head at a time, so that its partials (opart: one head's rows) stay in
+ * cache between the tasks that write them and the merge that reads them. per_thread = 1
+ * (the caller's choice when there are enough heads: bk a multiple of threads, or >= 4x):
+ * each thread takes whole heads, tasks and merge, into its own opart + thread * head size,
+ * with no barrier; else the threads share each head's tasks, a barrier before its merge.
+ * Returns 0, or 1 when a buffer could not be allocated. */
 int moba_fwd(const float *q, const float *k, const float *v, float *out, float *lse, float *opart, float *lpart,
              int64_t bk, int64_t g, int64_t n, int64_t nb, int64_t bs, int64_t d, int64_t n_slots, float scale,
              const int64_t *task_ptr, const int64_t *row_idx, const int64_t *row_slot, int64_t max_rows,
-             int threads) {
+             int threads, int per_thread) {
     int failed = 0;
-    int64_t n_rows = g * n, own = n_slots - 1, own_rows = OWN_ROWS(bs);
-    /* one parallel region, its loops separated by the barriers at their ends (one start of
-     * the threads instead of three) */
+    int64_t n_rows = g * n, head = n_rows * n_slots;
 #pragma omp parallel num_threads(threads)
     {
         float *qb = (float *)malloc(sizeof(float) * max_rows * d);
@@ -344,70 +415,31 @@ int moba_fwd(const float *q, const float *k, const float *v, float *out, float *
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(static)
-        for (int64_t x = 0; x < bk * n_rows * n_slots; x++) lpart[x] = NEG;
-        /* one K/V head at a time: its partials (opart, one head's worth) stay in cache between
-         * the tasks that write them and the merge that reads them */
-        for (int64_t b = 0; b < bk; b++) {
+#pragma omp barrier
+        if (per_thread) {
+            float *op = opart + (int64_t)omp_get_thread_num() * head * d;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t j = 0; j < nb; j++) {
-            if (failed) continue;
-            int64_t t = b * nb + j;
-            int64_t len = (j + 1) * bs <= n ? bs : n - j * bs;
-            const float *kj = k + (b * n + j * bs) * d, *vj = v + (b * n + j * bs) * d;
-            const float *qh = q + b * n_rows * d;
-            /* the rows that chose block j (always a whole block), in chunks of max_rows */
-            for (int64_t i = task_ptr[t]; i < task_ptr[t + 1]; i += max_rows) {
-                int64_t r = task_ptr[t + 1] - i < max_rows ? task_ptr[t + 1] - i : max_rows;
-                for (int64_t a = 0; a < r; a++) memcpy(qb + a * d, qh + row_idx[i + a] * d, sizeof(float) * d);
-                /* S = scale Q K_j^T; P = exp(S - m); O = P V_j / sum */
-                mm_abt(qb, kj, s, (int)r, (int)len, (int)d, (int)len, scale);
-                partial_softmax(s, r, len, lr, inv);
-                mm_ab(s, vj, ob, (int)r, (int)len, (int)d, (int)len, 0.0f);
-                for (int64_t a = 0; a < r; a++) {
-                    int64_t at = (b * n_rows + row_idx[i + a]) * n_slots + row_slot[i + a];
-                    float *o = opart + (at - b * n_rows * n_slots) * d;
-                    for (int64_t c = 0; c < d; c++) o[c] = ob[a * d + c] * inv[a];
-                    lpart[at] = lr[a];
-                }
+            for (int64_t b = 0; b < bk; b++) {
+                if (failed) continue;
+                for (int64_t x = b * head; x < (b + 1) * head; x++) lpart[x] = NEG;
+                for (int64_t j = 0; j < nb; j++)
+                    moba_fwd_task(q, k, v, op, lpart, b, j, g, n, nb, bs, d, n_slots, scale, task_ptr, row_idx,
+                                  row_slot, max_rows, qb, s, ob, lr, inv);
+                for (int64_t x = b * n_rows; x < (b + 1) * n_rows; x++)
+                    moba_merge_row(x, b, n_rows, n_slots, d, op, lpart, out, lse);
             }
-            /* block j's own tokens, each head: causal inside the block, slot `own`; in two
-             * halves, the first against the first half of the keys only (a quarter less work) */
-            for (int64_t h = 0; h < g; h++)
-                for (int64_t a0 = 0; a0 < len; a0 += own_rows) {
-                    int64_t r = len - a0 < own_rows ? len - a0 : own_rows, kl = a0 + r;
-                    int64_t r0 = h * n + j * bs + a0;
-                    mm_abt(qh + r0 * d, kj, s, (int)r, (int)kl, (int)d, (int)kl, scale);
-                    mask_future(s, j * bs + a0, r, j * bs, kl);
-                    partial_softmax(s, r, kl, lr, inv);
-                    mm_ab(s, vj, ob, (int)r, (int)kl, (int)d, (int)kl, 0.0f);
-                    for (int64_t a = 0; a < r; a++) {
-                        int64_t at = (b * n_rows + r0 + a) * n_slots + own;
-                        float *o = opart + (at - b * n_rows * n_slots) * d;
-                        for (int64_t c = 0; c < d; c++) o[c] = ob[a * d + c] * inv[a];
-                        lpart[at] = lr[a];
-                    }
-                }
-        }
-        /* merge: lse = log sum_s exp(lpart_s); out = sum_s exp(lpart_s - lse) opart_s (unused slots: NEG) */
+        } else if (!failed) {
 #pragma omp for schedule(static)
-        for (int64_t x = b * n_rows; x < (failed ? b * n_rows : (b + 1) * n_rows); x++) {
-            const float *lp = lpart + x * n_slots;
-            float mx = NEG;
-            for (int64_t sl = 0; sl < n_slots; sl++) mx = lp[sl] > mx ? lp[sl] : mx;
-            float sum = 0.0f;
-            for (int64_t sl = 0; sl < n_slots; sl++) if (lp[sl] > NONE) sum += exp_neg(lp[sl] - mx);
-            float l = mx + __builtin_logf(sum);
-            lse[x] = l;
-            float *o = out + x * d;
-            for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
-            for (int64_t sl = 0; sl < n_slots; sl++) {
-                if (lp[sl] <= NONE) continue;
-                float w = exp_neg(lp[sl] - l);
-                const float *op = opart + ((x - b * n_rows) * n_slots + sl) * d;
-                for (int64_t c = 0; c < d; c++) o[c] += w * op[c];
+            for (int64_t x = 0; x < bk * head; x++) lpart[x] = NEG;
+            for (int64_t b = 0; b < bk; b++) {
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t j = 0; j < nb; j++)
+                    moba_fwd_task(q, k, v, opart, lpart, b, j, g, n, nb, bs, d, n_slots, scale, task_ptr, row_idx,
+                                  row_slot, max_rows, qb, s, ob, lr, inv);
+#pragma omp for schedule(static)
+                for (int64_t x = b * n_rows; x < (b + 1) * n_rows; x++)
+                    moba_merge_row(x, b, n_rows, n_slots, d, opart, lpart, out, lse);
             }
-        }
         }
         free(qb); free(s); free(ob); free(lr); free(inv);
     }
@@ -433,16 +465,65 @@ static void moba_bwd_chunk(const float *qb, const float *gb, const float *lb, co
     mm_atb(p, qb, dkj, (int)r, (int)len, (int)d, (int)len);
 }
 
-/* Backward: dk, dv (zeroed by the caller) get every task's share (task (bk, j) owns key
- * block j of bk), dq_part (n_rows, n_slots, D) each row of head bk's share per slot, summed into dq over
- * the slots the forward used (lpart > NONE). Returns 0, or 1 on a failed allocation. */
+/* task (b, j) of the backward: key block j of K/V head b's gradients (dk, dv: owned), and
+ * the query gradient shares of its rows into their slots of dqp (head b's dq_part). */
+static void moba_bwd_task(const float *q, const float *k, const float *v, const float *dout, const float *lse,
+                          const float *delta, float *dqp, float *dk, float *dv, int64_t b, int64_t j, int64_t g,
+                          int64_t n, int64_t nb, int64_t bs, int64_t d, int64_t n_slots, float scale,
+                          const int64_t *task_ptr, const int64_t *row_idx, const int64_t *row_slot, int64_t max_rows,
+                          float *qb, float *gb, float *dqb, float *lb, float *db, float *p, float *dp) {
+    int64_t n_rows = g * n, own = n_slots - 1, own_rows = OWN_ROWS(bs), t = b * nb + j;
+    int64_t len = (j + 1) * bs <= n ? bs : n - j * bs;
+    int64_t base = b * n_rows;
+    const float *kj = k + (b * n + j * bs) * d, *vj = v + (b * n + j * bs) * d;
+    float *dkj = dk + (b * n + j * bs) * d, *dvj = dv + (b * n + j * bs) * d;
+    for (int64_t i = task_ptr[t]; i < task_ptr[t + 1]; i += max_rows) {
+        int64_t r = task_ptr[t + 1] - i < max_rows ? task_ptr[t + 1] - i : max_rows;
+        for (int64_t a = 0; a < r; a++) {
+            int64_t row = base + row_idx[i + a];
+            memcpy(qb + a * d, q + row * d, sizeof(float) * d);
+            memcpy(gb + a * d, dout + row * d, sizeof(float) * d);
+            lb[a] = lse[row];
+            db[a] = delta[row];
+        }
+        moba_bwd_chunk(qb, gb, lb, db, r, kj, vj, dkj, dvj, len, d, scale, -1, 0, p, dp, dqb);
+        for (int64_t a = 0; a < r; a++)
+            memcpy(dqp + (row_idx[i + a] * n_slots + row_slot[i + a]) * d, dqb + a * d, sizeof(float) * d);
+    }
+    for (int64_t h = 0; h < g; h++)
+        for (int64_t a0 = 0; a0 < len; a0 += own_rows) {
+            int64_t r = len - a0 < own_rows ? len - a0 : own_rows;
+            int64_t row = base + h * n + j * bs + a0;
+            moba_bwd_chunk(q + row * d, dout + row * d, lse + row, delta + row, r, kj, vj, dkj, dvj, a0 + r, d, scale,
+                           j * bs + a0, j * bs, p, dp, dqb);
+            for (int64_t a = 0; a < r; a++)
+                memcpy(dqp + ((row - base + a) * n_slots + own) * d, dqb + a * d, sizeof(float) * d);
+        }
+}
+
+/* dq of global row x (head b) = the sum of its used slots (lpart > NONE) in dqp */
+static void moba_dq_row(int64_t x, int64_t b, int64_t n_rows, int64_t n_slots, int64_t d, const float *dqp,
+                        const float *lpart, float *dq) {
+    float *o = dq + x * d;
+    for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
+    for (int64_t sl = 0; sl < n_slots; sl++) {
+        if (lpart[x * n_slots + sl] <= NONE) continue;
+        const float *src = dqp + ((x - b * n_rows) * n_slots + sl) * d;
+        for (int64_t c = 0; c < d; c++) o[c] += src[c];
+    }
+}
+
+/* Backward: dk, dv (zeroed by the caller) get every task's share (task (b, j) owns key
+ * block j of head b), dq_part (one head's rows, n_slots, D; per thread with per_thread, as in
+ * the forward) each row's share per slot, summed into dq over the slots the forward used.
+ * Returns 0, or 1 on a failed allocation. */
 int moba_bwd(const float *q, const float *k, const float *v, const float *dout, const float *lse,
              const float *delta, const float *lpart, float *dq, float *dq_part, float *dk, float *dv,
              int64_t bk, int64_t g, int64_t n, int64_t nb, int64_t bs, int64_t d, int64_t n_slots, float scale,
              const int64_t *task_ptr, const int64_t *row_idx, const int64_t *row_slot, int64_t max_rows,
-             int threads) {
+             int threads, int per_thread) {
     int failed = 0;
-    int64_t n_rows = g * n, own = n_slots - 1, own_rows = OWN_ROWS(bs);
+    int64_t n_rows = g * n;
 #pragma omp parallel num_threads(threads)
     {
         float *qb = (float *)malloc(sizeof(float) * max_rows * d);
@@ -456,50 +537,28 @@ int moba_bwd(const float *q, const float *k, const float *v, const float *dout, 
 #pragma omp atomic write
             failed = 1;
         }
-        for (int64_t b = 0; b < bk; b++) {  /* one K/V head at a time, as the forward */
+#pragma omp barrier
+        if (per_thread) {
+            float *dqp = dq_part + (int64_t)omp_get_thread_num() * n_rows * n_slots * d;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t j = 0; j < nb; j++) {
-            if (failed) continue;
-            int64_t t = b * nb + j;
-            int64_t len = (j + 1) * bs <= n ? bs : n - j * bs;
-            int64_t base = b * n_rows;
-            const float *kj = k + (b * n + j * bs) * d, *vj = v + (b * n + j * bs) * d;
-            float *dkj = dk + (b * n + j * bs) * d, *dvj = dv + (b * n + j * bs) * d;
-            for (int64_t i = task_ptr[t]; i < task_ptr[t + 1]; i += max_rows) {
-                int64_t r = task_ptr[t + 1] - i < max_rows ? task_ptr[t + 1] - i : max_rows;
-                for (int64_t a = 0; a < r; a++) {
-                    int64_t row = base + row_idx[i + a];
-                    memcpy(qb + a * d, q + row * d, sizeof(float) * d);
-                    memcpy(gb + a * d, dout + row * d, sizeof(float) * d);
-                    lb[a] = lse[row];
-                    db[a] = delta[row];
-                }
-                moba_bwd_chunk(qb, gb, lb, db, r, kj, vj, dkj, dvj, len, d, scale, -1, 0, p, dp, dqb);
-                for (int64_t a = 0; a < r; a++)
-                    memcpy(dq_part + (row_idx[i + a] * n_slots + row_slot[i + a]) * d, dqb + a * d,
-                           sizeof(float) * d);
+            for (int64_t b = 0; b < bk; b++) {
+                if (failed) continue;
+                for (int64_t j = 0; j < nb; j++)
+                    moba_bwd_task(q, k, v, dout, lse, delta, dqp, dk, dv, b, j, g, n, nb, bs, d, n_slots, scale,
+                                  task_ptr, row_idx, row_slot, max_rows, qb, gb, dqb, lb, db, p, dp);
+                for (int64_t x = b * n_rows; x < (b + 1) * n_rows; x++)
+                    moba_dq_row(x, b, n_rows, n_slots, d, dqp, lpart, dq);
             }
-            for (int64_t h = 0; h < g; h++)
-                for (int64_t a0 = 0; a0 < len; a0 += own_rows) {
-                    int64_t r = len - a0 < own_rows ? len - a0 : own_rows;
-                    int64_t row = base + h * n + j * bs + a0;
-                    moba_bwd_chunk(q + row * d, dout + row * d, lse + row, delta + row, r, kj, vj, dkj, dvj, a0 + r,
-                                   d, scale, j * bs + a0, j * bs, p, dp, dqb);
-                    for (int64_t a = 0; a < r; a++)
-                        memcpy(dq_part + ((row - base + a) * n_slots + own) * d, dqb + a * d, sizeof(float) * d);
-                }
-        }
-        /* dq = the sum of the row's used slots (after the barrier ending the tasks) */
+        } else if (!failed) {
+            for (int64_t b = 0; b < bk; b++) {
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t j = 0; j < nb; j++)
+                    moba_bwd_task(q, k, v, dout, lse, delta, dq_part, dk, dv, b, j, g, n, nb, bs, d, n_slots, scale,
+                                  task_ptr, row_idx, row_slot, max_rows, qb, gb, dqb, lb, db, p, dp);
 #pragma omp for schedule(static)
-        for (int64_t x = b * n_rows; x < (failed ? b * n_rows : (b + 1) * n_rows); x++) {
-            float *o = dq + x * d;
-            for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
-            for (int64_t sl = 0; sl < n_slots; sl++) {
-                if (lpart[x * n_slots + sl] <= NONE) continue;
-                const float *src = dq_part + ((x - b * n_rows) * n_slots + sl) * d;
-                for (int64_t c = 0; c < d; c++) o[c] += src[c];
+                for (int64_t x = b * n_rows; x < (b + 1) * n_rows; x++)
+                    moba_dq_row(x, b, n_rows, n_slots, d, dq_part, lpart, dq);
             }
-        }
         }
         free(qb); free(gb); free(dqb); free(lb); free(db); free(p); free(dp);
     }
