@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from codex_lab.nn.config import ModelConfig
-from codex_lab.nn.kv_cache import make_dynamic_caches
+from codex_lab.nn.kv_cache import make_dynamic_caches, make_static_caches
 from codex_lab.nn.model import CodexModel
 from codex_lab.nn.moba import moba_attention, moba_density, moba_mask, moba_select, moba_top_k_for_density
 from codex_lab.nn.patterns import MoBA, causal_pairs, parse_pattern
@@ -146,6 +146,11 @@ def test_model_moba_layer_equals_oracle_and_kv_cache_decode_equals_full() -> Non
         first = model(x[:, :29], caches=caches).logits  # prefill ends inside a block
         steps = [model(x[:, t : t + 1], caches=caches).logits for t in range(29, 40)]
     # decoding selects exactly what the full pass selected: the gate at t reads q_t and complete earlier blocks
+    torch.testing.assert_close(torch.cat([first, *steps], 1), full, atol=ATOL, rtol=0)
+    with torch.no_grad():  # a preallocated cache: empty slots (position -1) are no block's keys
+        caches = make_static_caches(model.cfg, 2, 64)
+        first = model(x[:, :29], caches=caches).logits
+        steps = [model(x[:, t : t + 1], caches=caches).logits for t in range(29, 40)]
     torch.testing.assert_close(torch.cat([first, *steps], 1), full, atol=ATOL, rtol=0)
 
 
