@@ -45,7 +45,7 @@ import torch
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.generate import decode_step
 from codex_lab.infer.paged_step import CompiledPagedStep
-from codex_lab.infer.sampling import GREEDY_BELOW, SamplingParams, sample_next, token_logprobs
+from codex_lab.infer.sampling import GREEDY_BELOW, SamplingParams, batched_probs, sample_next, token_logprobs
 from codex_lab.infer.scheduler import (FINISH_REASONS, Finished, Request, TokenCallback, admit, cut_at_stop, expired,
                                        grow, streamable)
 from codex_lab.nn.kv_cache import PagedKVPool
@@ -325,9 +325,18 @@ class Engine:
                 return out
             ok, logits = [r for r, _ in rows], torch.cat([lg for _, lg in rows])  # (B', V)
         greedy = logits.argmax(dim=-1).tolist()  # (B,)
+        # rows that sample (and have no penalty to apply first): one batched distribution
+        batch = [i for i, r in enumerate(ok) if r.params.temperature >= GREEDY_BELOW and not r.params.penalized]
+        probs: dict[int, torch.Tensor] = {}
+        if len(batch) > 1:
+            ps = [ok[i].params for i in batch]
+            rows = batched_probs(logits[batch], [p.temperature for p in ps], [p.top_k for p in ps],
+                                 [p.top_p for p in ps])  # (b, V)
+            probs = {i: rows[j : j + 1] for j, i in enumerate(batch)}
         for i, r in enumerate(ok):
             r.cached += 1
-            done = self._guarded(r, self._emit, r, logits[i : i + 1], greedy[i])
+            extra = (probs[i],) if i in probs else ()  # overrides of _emit (tests) may take three arguments
+            done = self._guarded(r, self._emit, r, logits[i : i + 1], greedy[i], *extra)
             if done:
                 out.append(done)
         return out
@@ -336,13 +345,18 @@ class Engine:
         p = req.params
         return int(sample_next(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, generator=req.gen).item())
 
-    def _emit(self, req: Request, logits: torch.Tensor, greedy: int | None = None) -> Finished | None:
-        """Pick the next token of ``req`` from its logits (1, V), stream it, maybe finish it."""
+    def _emit(self, req: Request, logits: torch.Tensor, greedy: int | None = None,
+              probs: torch.Tensor | None = None) -> Finished | None:
+        """Pick the next token of ``req`` from its logits (1, V), stream it, maybe finish it.
+        ``probs`` (1, V): its sampling distribution when the step computed it for the batch."""
         raw = logits
         if req.params.penalized:  # presence / frequency penalties over the output so far
             logits, greedy = req.params.penalize(logits, req.output), None
         if req.params.temperature < GREEDY_BELOW:  # greedy (tiny temperatures too: 1/T would overflow)
             tok = greedy if greedy is not None else int(logits.argmax(dim=-1).item())
+        elif probs is not None:  # the batched distribution, sampled with this request's own generator
+            tok = int(torch.multinomial(probs if req.gen is None or req.gen.device == probs.device else probs.cpu(),
+                                        1, generator=req.gen).item())
         else:
             tok = self._sample(req, logits)
         now = self.clock()
