@@ -408,6 +408,17 @@ print(f"\npass@1 per family: mean over {len(setup.seeds)} seeds ± 95% half-widt
 print(bench.table())
 
 # %% [markdown]
+# What the CoBa model of seed 0 actually wrote: the first two held-out problems of each
+# family, its answer and whether the hidden test passed.
+
+# %%
+_, answers = cr.evaluate(bench.model, tok, held)
+for fam in cb.FAMILIES:
+    for p, rs in [(p, rs) for p, rs in zip(held, answers) if p.family == fam][:2]:
+        print(f"{fam:<11} {'pass' if rs[0].passed else 'FAIL'}  wrote {rs[0].completion.strip()[:60]!r}  "
+              f"(canonical {p.canonical_solution.strip()[:50]!r})")
+
+# %% [markdown]
 # What the balancers did, seed 0: the per-task validation table of the naive and the CoBa run.
 # Its last column, `weight`, is the weight the balancer gave each task **in the last step
 # only**; a task with no example in that batch gets 0 (the naive run's last batch below shows
