@@ -18,9 +18,9 @@
 # GENERATED from solutions/ by `codex-lab exercises generate`: do not edit by hand.
 
 # %% [markdown]
-# # Lesson 00 exercises: the warm-up
+# # Lesson 00 exercises: the warm-ups
 #
-# Write the function between the markers, then run the `check(...)` cell below it.
+# Write each function between the markers, then run the `check(...)` cell below it.
 # `check` runs the *public* checks and prints `passed`, `not yet done` or the failure.
 # Cells that use your function run only once its check passes; until then they say so.
 # Grade the whole file from a terminal with `codex-lab grade exercises/00_tour.py`.
@@ -62,3 +62,26 @@ if check(chars_per_token).status == "passed":
     print(f"characters per token on json/decoder.py: {chars_per_token(tok, [sample]):.2f}")
 else:
     print("skipped: this cell needs chars_per_token (write it above)")
+
+
+# %% [markdown]
+# ## Exercise 2: where a generated function ends
+# The lesson's syntax check generates a body after a function's signature, then cuts it where
+# the function ends before parsing. The rule: the text up to the completion's first newline
+# continues the prompt's last line and is always kept; after it, keep every line until the
+# first **non-blank line that starts at column 0** (a new `def`, `class`, decorator or
+# statement: the function is over). Blank lines and lines indented by spaces or tabs stay.
+# Return the kept text exactly, newlines included.
+
+# %%
+def cut_at_function_end(completion):
+    """The completion up to (not including) the first non-blank line at column 0 after its first line."""
+    raise NotImplementedError("exercise cut_at_function_end: not yet done")
+
+
+# %%
+if check(cut_at_function_end).status == "passed":
+    sample = "\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\ndef main():\n    pass\n"
+    print("def fib(n):" + cut_at_function_end(sample))
+else:
+    print("skipped: this cell needs cut_at_function_end (write it above)")

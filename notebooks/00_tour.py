@@ -267,8 +267,10 @@ assert diff < 1e-3  # fp32 logits of size ~10; summation order differs between t
 # Fill in each function, run its `check(...)` cell, and grade the whole file with
 # `codex-lab grade exercises/00_tour.py`. A pass means the *public checks* passed; the
 # package's own function that answers an exercise is blocked while its check runs.
-# `exercises/00_tour.ipynb` grades one warm-up, `chars_per_token`: the tokenizer's
-# compression pooled over several texts (section "The tokenizer" above has all it needs).
+# `exercises/00_tour.ipynb` grades two warm-ups: `chars_per_token`, the tokenizer's
+# compression pooled over several texts (section "The tokenizer" above has all it needs), and
+# `cut_at_function_end`, the rule the syntax check above uses to cut a generated body where
+# the function ends (`cl.cut_function` is the package's; write your own).
 #
 # ## What we measured
 # Every number below was computed by this run; timings are interleaved rounds with their spread.

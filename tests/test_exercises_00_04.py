@@ -54,6 +54,32 @@ def test_chars_per_token_wrong_answers():
     assert _run("00", "chars_per_token", right).status == PASSED
 
 
+def _cut(completion, *, keep_stop=False, blank_ends=False, test_first=False, spaces_only=False):
+    """Variants of the lesson's cut rule, each with one plausible mistake switched on."""
+    first, nl, rest = completion.partition("\n")
+    out = "" if test_first else first + nl
+    lines = completion.splitlines(keepends=True) if test_first else rest.splitlines(keepends=True)
+    for line in lines:
+        indented = line.startswith(" ") if spaces_only else line[:1].isspace()
+        if (blank_ends and not line.strip()) or (line.strip() and not indented):
+            if keep_stop:
+                out += line
+            break
+        out += line
+    return out
+
+
+def test_cut_at_function_end_wrong_answers():
+    _assert_fails("00", "cut_at_function_end", {
+        "keeps the top-level line": (lambda c: _cut(c, keep_stop=True), "starts the next statement"),
+        "a blank line ends it": (lambda c: _cut(c, blank_ends=True), "blank line does not end"),
+        "tests the first line too": (lambda c: _cut(c, test_first=True), "continues the prompt"),
+        "tabs are not indentation": (lambda c: _cut(c, spaces_only=True), "tab"),
+        "drops the final newline": (lambda c: _cut(c).rstrip("\n"), "keep the newlines"),
+    })
+    assert _run("00", "cut_at_function_end", lambda c: _cut(c)).status == PASSED
+
+
 # ---------------------------------------------------------------- lesson 01
 
 
@@ -377,7 +403,7 @@ def test_no_answer_stands_verbatim_in_the_lesson(lesson):
 def test_exercise_files_do_not_import_the_answers(lesson):
     (ex,) = sorted((ROOT / "exercises").glob(f"{lesson}_*.py"))
     text = ex.read_text()
-    forbidden = {"00": ["tokenizer_summary"], "01": ["mass_by_distance", "share_within", "attention_entropy"],
+    forbidden = {"00": ["tokenizer_summary", "cut_function"], "01": ["mass_by_distance", "share_within", "attention_entropy"],
                  "02": ["parse_pattern", "LocalWindow", "Strided", "tiles_computed"],
                  "03": ["mean_pool_heads", "mha_to_gqa", "kv_cache_bytes(cfg", "attention_reference", "attention_sdpa"],
                  "04": ["route(", "load_balancing_loss", "capacity_keep_mask", "MoEFeedForward"]}[lesson]
@@ -397,6 +423,7 @@ def _shortcuts() -> dict[tuple[str, str], Callable[..., Any]]:
 
     return {
         ("00", "chars_per_token"): lambda tok, texts: tokenizer_summary(tok, texts)["chars_per_token"],
+        ("00", "cut_at_function_end"): lambda c: cl.cut_function(c),
         ("01", "causal_attention_probs"): lambda q, k: cl.attention_reference(
             q[None], k[None], torch.eye(q.shape[-2]).expand(1, q.shape[0], -1, -1), None, is_causal=True)[0],
         ("01", "distance_profile"): lambda p: cl.mass_by_distance(p[None, None])[0, 0],

@@ -1,4 +1,5 @@
-"""Lesson 00 warm-up: characters per token, the tokenizer's compression.
+"""Lesson 00 warm-ups: characters per token (the tokenizer's compression) and where a generated
+function ends (the cut the lesson's syntax check makes before parsing).
 
 The check computes the expected value itself (no package helper), and when the answer is
 wrong it recognises the usual mistakes (the ratio upside down, the mean of per-text ratios,
@@ -72,3 +73,70 @@ def _drawn(fn: Callable[..., Any], tok: Any) -> None:
         assert isinstance(got, float) and abs(got - want) < 1e-9, (
             f"on {len(texts)} other texts drawn for this run: got {got!r}, expected {want:.4f}; the answer must "
             "hold for any texts, not only the examples")
+
+
+# ---------------------------------------------------------------- exercise 2: where the function ends
+
+# (completion, what survives): the lesson's syntax check cuts a generated body where the function ends
+_CUT_CASES = [
+    ("\n    return x + 1\n\ndef g():\n    pass\n", "\n    return x + 1\n\n"),  # stop at the next top-level def
+    ("    y = 2\n    return y\nprint(f(1))\n", "    y = 2\n    return y\n"),  # the first piece is part of the prompt's line
+    ("x + 1\n", "x + 1\n"),  # nothing at column 0 after the first line: all kept
+    ("\n\tif x:\n\t\treturn 1\n\n\treturn 0\nclass A:\n", "\n\tif x:\n\t\treturn 1\n\n\treturn 0\n"),  # tabs indent too
+    ("\n    a = 1\n\n\n    b = 2", "\n    a = 1\n\n\n    b = 2"),  # blank lines inside the body, no final newline
+    ("", ""),
+]
+
+
+def _cut_reference(completion: str) -> str:
+    # keep the text up to the first newline (it continues the prompt's last line), then every line
+    # until the first non-blank one that starts at column 0
+    first, nl, rest = completion.partition("\n")
+    out = first + nl
+    for line in rest.splitlines(keepends=True):
+        if line.strip() and not line[0].isspace():
+            break
+        out += line
+    return out
+
+
+def _drawn_completions(n: int) -> list[str]:
+    r = pyrng("00.cut_at_function_end")
+    body = ["    x = 1\n", "\tx += 2\n", "\n", "    # note\n", "        return x\n", "  \n"]
+    top = ["def h():\n", "class K:\n", "print(1)\n", "@decorator\n", "x = 3\n"]
+    out = []
+    for _ in range(n):
+        lines = [r.choice(["", "(a, b):", "x"]) + "\n"] + [r.choice(body) for _ in range(r.randint(0, 6))]
+        if r.random() < 0.7:
+            lines.append(r.choice(top))
+            lines += [r.choice(body + top) for _ in range(r.randint(0, 3))]
+        out.append("".join(lines))
+    return out
+
+
+@exercise("00", "cut_at_function_end", forbid=("codex_lab.infer.syntax.cut_function",))
+def check_cut_at_function_end(fn: Callable[..., Any]) -> None:
+    """fn(completion) keeps the completion up to the first non-blank line at column 0."""
+    for completion, want in _CUT_CASES:
+        got = fn(completion)
+        assert isinstance(got, str), f"return the kept text as a str, got {type(got).__name__}"
+        if got == want:
+            continue
+        shown = f"for {completion!r} expected {want!r}, got {got!r}"
+        if got.startswith(want) and got[len(want):].split("\n", 1)[0].strip():
+            raise AssertionError(f"{shown}: the line at column 0 starts the next statement; stop *before* it")
+        if completion.startswith("\n") is False and not got.startswith(completion.partition("\n")[0]):
+            raise AssertionError(f"{shown}: the text before the first newline continues the prompt's last line; "
+                                 "always keep it, even when it starts at column 0")
+        if want.startswith(got) and want[len(got):].split("\n", 1)[0].startswith("\t"):
+            raise AssertionError(f"{shown}: a tab indents a line too (test the first character with str.isspace())")
+        if want.startswith(got) and got.endswith("\n") and not want[len(got):].split("\n", 1)[0].strip():
+            raise AssertionError(f"{shown}: a blank line does not end a function; only a non-blank line at column 0 does")
+        if got == want.rstrip("\n") or got.replace("\n", "") == want.replace("\n", ""):
+            raise AssertionError(f"{shown}: keep the newlines (str.splitlines(keepends=True)) so the text joins back exactly")
+        raise AssertionError(shown)
+    for completion in _drawn_completions(12):
+        want = _cut_reference(completion)
+        got = fn(completion)
+        assert got == want, (f"on a completion drawn for this run, {completion!r}: expected {want!r}, got {got!r}; "
+                             "the rule must hold for any completion, not only the examples")
