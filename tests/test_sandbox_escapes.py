@@ -280,3 +280,15 @@ def test_the_command_line_says_why_the_sandbox_cannot_start(monkeypatch, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and any("setup failed" in ln and "CODEX_LAB_SANDBOX=plain" in ln for ln in err), err
     assert not any("Traceback" in ln for ln in err), err
+
+
+@needs_root
+def test_the_launcher_and_its_configuration_are_invisible():
+    """pid 1 of the namespace (root, holding the sandbox's configuration on its command line)
+    is hidden from the child's unprivileged uid (proc mounted with hidepid=2)."""
+    r = run_python("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+                   "try:\n    open('/proc/1/cmdline').read()\n    print('READ')\nexcept OSError as e:\n"
+                   "    print('HIDDEN', e.errno)\n", guard=False)
+    assert "HIDDEN" in r.stdout and "READ" not in r.stdout, r
+    pids = eval(r.stdout.splitlines()[0])
+    assert 1 not in pids, r

@@ -127,7 +127,12 @@ def build_root(cfg: dict) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
     os.makedirs(_inside(root, "/proc"), mode=0o555, exist_ok=True)
-    _mount("proc", _inside(root, "/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    # hidepid=2: a process sees only its own uid's processes (root mode: not the launcher, whose
+    # command line holds the sandbox's configuration)
+    try:
+        _mount("proc", _inside(root, "/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+    except SetupError:  # kernels that refuse the option: plain proc (the pid namespace still holds)
+        _mount("proc", _inside(root, "/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     dev = _inside(root, "/dev")
     os.makedirs(dev, mode=0o755, exist_ok=True)
     _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
