@@ -89,8 +89,17 @@ def latency_fields(done: list[Finished], t0: float | None = None) -> dict[str, f
 
 
 # ----------------------------------------------------------------------------- scenarios
-def bench_cache(model: CodexModel, prompt_lens: list[int], new_tokens: int) -> list[dict[str, Any]]:
-    """Decode tokens/s with no cache, the concatenating cache and the static cache."""
+def bench_cache(model: CodexModel, prompt_lens: list[int], new_tokens: int, repeats: int = 2) -> list[dict[str, Any]]:
+    """Decode tokens/s with no cache, the concatenating cache and the static cache, timed in
+    ``repeats`` interleaved rounds (:func:`codex_lab.runtime.interleaved_times`) after one
+    warm-up call each that also asserts the same tokens.
+
+    Records (flat): tokens_per_s and ms_per_token of the median round, rounds, and
+    for the cached impls vs_no_cache_median / _lo / _hi: the per-round speed-up over no cache.
+    """
+    from codex_lab.runtime import interleaved_times
+    from codex_lab.stats import timing_ratio
+
     rows = []
     for n in prompt_lens:
         prompt = torch.randint(0, model.cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
@@ -99,15 +108,17 @@ def bench_cache(model: CodexModel, prompt_lens: list[int], new_tokens: int) -> l
             "dynamic_cache": lambda: generate_ids_cached(model, prompt, max_new_tokens=new_tokens, cache="dynamic"),
             "static_cache": lambda: generate_ids_cached(model, prompt, max_new_tokens=new_tokens, cache="static"),
         }
-        outs = {}
-        for impl, fn in impls.items():
-            fn() if impl != "no_cache" else None  # warm-up (the uncached path is too slow to repeat)
-            t0 = time.perf_counter()
-            outs[impl] = fn()[0]
-            dt = time.perf_counter() - t0
-            rows.append({"scenario": "cache", "impl": impl, "prompt_len": n, "new_tokens": new_tokens,
-                         "tokens_per_s": new_tokens / dt, "ms_per_token": dt * 1000 / new_tokens})
+        outs = {impl: fn()[0] for impl, fn in impls.items()}  # warm-up
         assert outs["static_cache"] == outs["no_cache"] == outs["dynamic_cache"], "cached != uncached tokens"
+        wall, _ = interleaved_times(impls, max(2, repeats))
+        for impl, ms in wall.items():
+            med = float(np.median(ms))
+            row = {"scenario": "cache", "impl": impl, "prompt_len": n, "new_tokens": new_tokens,
+                   "tokens_per_s": new_tokens * 1000.0 / med, "ms_per_token": med / new_tokens, "rounds": len(ms)}
+            if impl != "no_cache":
+                rel = timing_ratio(wall["no_cache"], ms)
+                row.update(vs_no_cache_median=rel.speedup, vs_no_cache_lo=rel.lo, vs_no_cache_hi=rel.hi)
+            rows.append(row)
     return rows
 
 
