@@ -122,14 +122,20 @@ def test_hostile_folder_run(tmp_path):
 
     rows = list(csv.DictReader((out / "s.csv").open()))
     score: dict[str, dict[str, int]] = {}
-    for r in rows:
-        score.setdefault(r["submission"].split("/")[0], {})[r["visibility"]] = int(r["points"])
+    for r in rows:  # points summed over lesson 00's exercises, per visibility
+        per = score.setdefault(r["submission"].split("/")[0], {})
+        per[r["visibility"]] = per.get(r["visibility"], 0) + int(r["points"])
     assert set(score) == set(HOSTILE) | {"solved", "untouched", "notebook", "lessonnb", "writer", "link", "deepnb", "peer"}, score
-    assert score["solved"] == {"public": 1, "hidden": 2}
-    assert score["notebook"] == {"public": 1, "hidden": 2}  # an .ipynb grades like its .py
+    from codex_lab.course.checks import exercises_for
+
+    public = sum(e.points for e in exercises_for("00"))  # lesson 00's public maximum (other exercises may join)
+    assert score["solved"] == {"public": public, "hidden": 2}
+    assert score["notebook"] == {"public": public, "hidden": 2}  # an .ipynb grades like its .py
     assert score["untouched"] == {"public": 0, "hidden": 0}
     assert score["lessonnb"] == {"public": 0, "hidden": 0}  # a lesson notebook earns nothing
-    by_sub = {r["submission"].split("/")[0] + "/" + r["visibility"]: r for r in rows}
+    # the hostile answers are all chars_per_token: read that exercise's rows (and the hidden ones)
+    by_sub = {r["submission"].split("/")[0] + "/" + r["visibility"]: r for r in rows
+              if r["visibility"] == "hidden" or r["name"] == "chars_per_token"}
     assert "timed out" in by_sub["loop/public"]["message"] and "timed out" in by_sub["loop/hidden"]["message"]
     assert "sys.exit" in by_sub["exit/public"]["message"]
     assert "ended" in by_sub["osexit/public"]["message"]
@@ -169,12 +175,12 @@ def test_file_mode_honours_csv_json_gradescope(tmp_path):
            str(tmp_path / "s.json"), "--gradescope", str(tmp_path / "r.json")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1, proc.stderr[-2000:]  # graded, not every exercise passed
-    assert "not yet done" in proc.stdout and "0/1" in proc.stdout
+    assert "not yet done" in proc.stdout and "0/" in proc.stdout
     rows = list(csv.DictReader((tmp_path / "s.csv").open()))
-    assert [(r["status"], r["points"], r["max_points"]) for r in rows] == [("not yet done", "0", "1")]
+    assert rows and all((r["status"], r["points"]) == ("not yet done", "0") for r in rows), rows
     assert json.loads((tmp_path / "s.json").read_text())[0]["status"] == "not yet done"
     gs = json.loads((tmp_path / "r.json").read_text())
-    assert gs["score"] == 0 and gs["tests"][0]["max_score"] == 1
+    assert gs["score"] == 0 and gs["tests"][0]["max_score"] >= 1
 
 
 def test_bad_input_exits_2(tmp_path):
