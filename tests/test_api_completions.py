@@ -321,3 +321,34 @@ def test_token_logprobs_of_a_row(served):
     logits = torch.tensor([0.0, math.log(3.0)])
     e = token_logprobs(logits, 0, 2)  # p = (1/4, 3/4)
     assert abs(e.logprob - math.log(0.25)) < 1e-6 and e.top[0][0] == 1 and abs(e.top[0][1] - math.log(0.75)) < 1e-6
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_leaving_a_batched_request_frees_every_choice(served, stream):
+    bg, srv, _, _ = served
+    import time
+
+    from codex_lab.serve.metrics import parse_metrics
+
+    def disconnected() -> float:
+        m = parse_metrics(httpx.get(bg.url + "/metrics").text)
+        return sum(v for lab, v in m.get("codex_lab:request_errors_total", []) if lab["kind"] == "disconnected")
+
+    before = disconnected()
+    body = {"model": NAME, "prompt": ["def f(x):\n", "y = "], "n": 2, "max_tokens": 200, "temperature": 1.0,
+            "seed": 1, "stream": stream, "logit_bias": {str(srv.tokenizer.eot_id): -100}}  # no early end
+    try:  # leave after the first bytes (stream) or before the answer (plain)
+        with httpx.stream("POST", bg.url + "/v1/completions", json=body, timeout=0.3 if not stream else 60) as r:
+            for _ in r.iter_bytes():
+                break
+    except httpx.ReadTimeout:
+        pass
+    t0 = time.time()
+    while time.time() - t0 < 15:  # all four engine requests are cancelled and released
+        h = srv.health()
+        if h["in_flight"] == 0 and h["running"] == 0 and h["waiting"] == 0:
+            break
+        time.sleep(0.05)
+    h = srv.health()
+    assert h["in_flight"] == 0 and h["running"] == 0 and h["waiting"] == 0, h
+    assert disconnected() - before == 4  # each choice was cancelled as disconnected, none ran to 200 tokens
