@@ -74,22 +74,52 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t >= 0 else tail
 
 
+def _normal_quantile(p: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(p)
+
+
 def t_quantile(p: float, df: float) -> float:
-    """Quantile of Student's t: the t with ``t_cdf(t, df) == p`` (bisection, |error| < 1e-10)."""
+    """Quantile of Student's t: the t with ``t_cdf(t, df) == p`` (relative error < 1e-10).
+
+    Any ``df > 0`` including ``math.inf`` (the normal). Bisection on the upper tail
+    ``(1 - p)`` so that p near 1 (levels like 0.9999 at df = 1, t ~ 6e3) keeps its precision,
+    with the bracket widened until it holds the answer; for df > 1e5 the Cornish-Fisher
+    expansion below (its next term is ~ z^7 / df^3 < 1e-13), where the beta function's
+    continued fraction needs more than its 300 terms.
+    """
     if not 0.0 < p < 1.0:
         raise ValueError(f"p must lie in (0, 1), got {p}")
-    if df <= 0:
+    if not df > 0:
         raise ValueError(f"degrees of freedom must be positive, got {df}")
-    lo, hi = -1e3, 1e3
-    for _ in range(200):
+    if p == 0.5:
+        return 0.0
+    # symmetry: t_p = -t_{1-p}; work with the smaller tail as given (1 - p loses its digits near 0)
+    sign, tail = (1.0, 1.0 - p) if p > 0.5 else (-1.0, p)
+    if df > 1e5:
+        z = -_normal_quantile(tail)
+        # Cornish-Fisher: t = z + (z^3 + z) / (4 df) + (5 z^5 + 16 z^3 + 3 z) / (96 df^2)
+        return sign * (z + (z ** 3 + z) / (4.0 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96.0 * df * df))
+
+    def upper(t: float) -> float:
+        # P(T > t) = I_{df/(df+t^2)}(df/2, 1/2) / 2 for t >= 0
+        return 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+
+    lo, hi = 0.0, 1.0
+    while upper(hi) > tail:
+        lo, hi = hi, hi * 2.0
+        if hi > 1e300:
+            raise ValueError(f"t quantile for p={p}, df={df} is beyond floating point range")
+    for _ in range(400):
         mid = 0.5 * (lo + hi)
-        if t_cdf(mid, df) < p:
+        if upper(mid) > tail:
             lo = mid
         else:
             hi = mid
-        if hi - lo < 1e-10:
+        if hi - lo <= 1e-12 * hi:
             break
-    return 0.5 * (lo + hi)
+    return sign * 0.5 * (lo + hi)
 
 
 def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
@@ -137,6 +167,8 @@ def verdict_from_interval(lo: float, hi: float, *, claimed_positive: bool = True
 
     ``claimed_positive``: the claim says the difference is > 0 (else < 0).
     """
+    if math.isnan(lo) or math.isnan(hi):
+        raise ValueError(f"interval [{lo}, {hi}] has a NaN end; compute it from finite values")
     if lo > hi:
         raise ValueError(f"interval [{lo}, {hi}] is reversed")
     if lo > 0:
@@ -159,12 +191,35 @@ def compare(a: Sequence[float], b: Sequence[float], *, metric: str = "metric", h
         paired: seeds are paired (same index, same seed); uses the per-seed differences.
         level: interval coverage (0.95).
     """
-    a, b = [float(x) for x in a], [float(x) for x in b]
+    a, b = _values(a, "a"), _values(b, "b")
     if len(a) < 2 or len(b) < 2:
         raise ValueError(f"need at least 2 seeds per arm for an interval, got {len(a)} and {len(b)}; "
                          "run more seeds")
     if any(not math.isfinite(x) for x in a + b):
         raise ValueError("a per-seed value is NaN or infinite; a run diverged: fix it before comparing")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level is the interval's coverage, a fraction in (0, 1) such as 0.95; got {level}")
+    # The interval scales with the data: compute it on x / s (s = the largest |value|) and scale
+    # back, so squares of 1e200 do not overflow nor squares of 1e-200 underflow to zero variance.
+    s = max(abs(x) for x in a + b) or 1.0
+    r = _scaled_interval([x / s for x in a], [x / s for x in b], paired=paired, level=level)
+    m, lo, hi = r[0] * s, r[1] * s, r[2] * s
+    return Comparison(metric, m, lo, hi, verdict_from_interval(lo, hi, claimed_positive=higher_is_better),
+                      len(a), len(b), higher_is_better, level)
+
+
+def _values(xs: Sequence[float], arm: str) -> list[float]:
+    """Per-seed values as floats, or one ValueError naming the arm and the bad entry."""
+    if isinstance(xs, (str, bytes)):
+        raise ValueError(f"arm {arm} must be a sequence of numbers (one per seed), got the string {xs!r}")
+    try:
+        return [float(x) for x in xs]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"arm {arm} must hold one number per seed: {e}") from None
+
+
+def _scaled_interval(a: list[float], b: list[float], *, paired: bool, level: float) -> tuple[float, float, float]:
+    """(difference, lo, hi) of b - a for values of order 1 (see :func:`compare`)."""
     q = (1.0 + level) / 2.0
     if paired:
         if len(a) != len(b):
@@ -184,9 +239,7 @@ def compare(a: Sequence[float], b: Sequence[float], *, metric: str = "metric", h
         denom = (sa * sa / (len(a) - 1) if sa else 0.0) + (sb * sb / (len(b) - 1) if sb else 0.0)
         df = (se ** 4 / denom) if denom > 0 else float(len(a) + len(b) - 2)
         half = t_quantile(q, df) * se
-    lo, hi = m - half, m + half
-    return Comparison(metric, m, lo, hi, verdict_from_interval(lo, hi, claimed_positive=higher_is_better),
-                      len(a), len(b), higher_is_better, level)
+    return m, m - half, m + half
 
 
 # ---------------------------------------------------------------- one proportion, two timings

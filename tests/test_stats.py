@@ -93,3 +93,96 @@ def test_timing_ratio_uses_per_round_ratios_and_says_when_inside_the_spread():
     assert mixed.speedup == pytest.approx((10 / 9.5 + 10 / 11) / 2)
     with pytest.raises(ValueError, match="interleaved rounds"):
         timing_ratio([1.0], [1.0])
+
+
+# ---------------------------------------------------------------- review: edges a peer suite would try
+
+
+@pytest.mark.parametrize("df", [0.5, 1, 1.5, 2, 3.7, 30, 1e3, 9e4, 2e5, 1e9, 1e12])
+@pytest.mark.parametrize("p", [1e-9, 1e-6, 0.025, 0.5, 0.6, 0.975, 0.9995, 1 - 1e-9])
+def test_t_quantile_agrees_with_scipy_everywhere(df, p):
+    stats = pytest.importorskip("scipy.stats")
+    # relative 1e-8: the bisection stops at 1e-12 relative; the beta function and the
+    # Cornish-Fisher branch (df > 1e5, next term ~z^7/df^3) are good to ~1e-12 here. The old
+    # code clamped |t| at 1000 (df=1, p=1e-6 is -318310) and drifted by 5e-5 at df=1e12.
+    ref = float(stats.t.ppf(p, df))
+    assert t_quantile(p, df) == pytest.approx(ref, rel=1e-8, abs=1e-12)
+
+
+def test_t_quantile_of_infinite_df_is_the_normal_and_of_a_half_is_zero():
+    assert t_quantile(0.975, math.inf) == pytest.approx(1.959963984540054, abs=1e-12)
+    assert t_quantile(0.5, 3.0) == 0.0
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_quantile(0.975, float("nan"))
+
+
+def test_a_high_level_at_few_seeds_is_not_clamped():
+    # n = 2 per arm with one spread arm: df = 1, so the 99.99% quantile is 6366.2 (not 1000):
+    # the interval must be about 6.4x wider than a clamped quantile would make it
+    c = compare([0.0, 1.0], [10.0, 10.0], level=0.9999)
+    se = math.sqrt(0.5 / 2)
+    assert c.half_width == pytest.approx(6366.1977 * se, rel=1e-6)
+    assert c.verdict == NOT_RESOLVED
+
+
+@pytest.mark.parametrize("scale", [1e-200, 1e-170, 1.0, 1e80, 1e200])
+def test_welch_interval_is_scale_free(scale):
+    # the interval of (a, b) * s is the interval of (a, b) times s: before, 1e80 overflowed
+    # (OverflowError) and 1e-170 underflowed to zero variance (a zero-width "holds")
+    a, b = [1.0, 3.0, 2.0], [1.1, 2.9, 2.2]
+    ref = compare(a, b)
+    c = compare([x * scale for x in a], [x * scale for x in b])
+    assert c.lo == pytest.approx(ref.lo * scale, rel=1e-9) and c.hi == pytest.approx(ref.hi * scale, rel=1e-9)
+    assert c.verdict == ref.verdict == NOT_RESOLVED
+
+
+def test_welch_matches_scipy_on_random_arms():
+    stats = pytest.importorskip("scipy.stats")
+    import random
+
+    rng = random.Random(0)
+    for _ in range(20):
+        na, nb = rng.randint(2, 9), rng.randint(2, 9)
+        a = [rng.gauss(0, rng.uniform(0.1, 3)) for _ in range(na)]
+        b = [rng.gauss(0.5, rng.uniform(0.1, 3)) for _ in range(nb)]
+        ref = stats.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
+        c = compare(a, b)
+        # 1e-8 relative: both compute the same closed form; only the quantile's method differs
+        assert c.lo == pytest.approx(float(ref.low), rel=1e-8) and c.hi == pytest.approx(float(ref.high), rel=1e-8)
+        if na == nb:
+            pref = stats.ttest_rel(b, a).confidence_interval(0.95)
+            pc = compare(a, b, paired=True)
+            assert pc.lo == pytest.approx(float(pref.low), rel=1e-8)
+            assert pc.hi == pytest.approx(float(pref.high), rel=1e-8)
+
+
+def test_zero_variance_arms_and_paired_constant_differences():
+    # identical deterministic arms: no difference, nothing resolved (not a crash, not "holds")
+    assert compare([0.5] * 3, [0.5] * 3).verdict == NOT_RESOLVED
+    assert compare([0.5] * 3, [0.5] * 3, paired=True).verdict == NOT_RESOLVED
+    # a constant per-seed gain is an exact, zero-width interval in the claimed direction
+    c = compare([1.0, 2.0, 3.0], [1.5, 2.5, 3.5], paired=True)
+    assert c.diff == pytest.approx(0.5) and c.half_width == pytest.approx(0.0, abs=1e-12) and c.verdict == HOLDS
+    assert compare([1.0, 2.0, 3.0], [1.5, 2.5, 3.5], paired=True, higher_is_better=False).verdict == FAILS
+
+
+@pytest.mark.parametrize("a,b,match", [
+    ("abc", [1.0, 2.0], "arm a must be a sequence"),
+    ([None, 1.0], [1.0, 2.0], "arm a must hold one number"),
+    ([1.0, 2.0], ["x", 2.0], "arm b must hold one number"),
+    ([1.0, float("inf")], [1.0, 2.0], "NaN or infinite"),
+])
+def test_non_numeric_arms_are_one_value_error(a, b, match):
+    with pytest.raises(ValueError, match=match):
+        compare(a, b)
+
+
+@pytest.mark.parametrize("level", [95, 1.0, 0.0, -0.5, float("nan")])
+def test_a_level_outside_zero_one_is_named(level):
+    with pytest.raises(ValueError, match="level is the interval's coverage"):
+        compare([1.0, 2.0, 3.0], [2.0, 3.0, 4.0], level=level)
+
+
+def test_a_nan_interval_has_no_verdict():
+    with pytest.raises(ValueError, match="NaN"):
+        verdict_from_interval(float("nan"), 1.0)
