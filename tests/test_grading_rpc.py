@@ -244,3 +244,34 @@ def test_copies_made_while_the_file_loads_refuse_too(tmp_path):
             p.function("route")(torch.randn(3, 4), 2)
     finally:
         p.close()
+
+
+def test_a_gamed_capstone_design_is_judged_by_the_checker_alone(tmp_path):
+    """The submission fills its own scorecard cache and patches the scorer, then returns a window longer
+    than every scored sequence: the checker (another process) validates the design itself and refuses it."""
+    from codex_lab.course.checks import load_all
+    from codex_lab.course.outcome import FAILED, run_check
+
+    src = textwrap.dedent('''
+        from codex_lab.lessons.l08_capstone import scorecard as sc
+
+
+        class Game:
+            sc._CACHE.clear()
+            sc.score = lambda m: []
+            sc.validate_design = lambda design, cfg, *a, **k: []
+
+
+        def my_design():
+            return {"sparse_layers": [3], "pattern": "window:300", "n_kv_head": 2, "moe_layers": [3],
+                    "n_experts": 2, "top_k": 1, "balance": "coba"}
+        ''')
+    (tmp_path / "08_capstone.py").write_text(src)
+    p = SubmissionProcess("08_capstone.py", [], cwd=str(tmp_path), guard=False)
+    try:
+        assert p.load_error is None, p.load_error
+        p.budget(60)
+        r = run_check(load_all()[("08", "my_design")], p.function("my_design"))
+        assert r.status == FAILED and r.points == 0 and "dense attention in disguise" in r.message, r
+    finally:
+        p.close()

@@ -94,6 +94,14 @@ def as_float(x: Any) -> Any:
     return float(x) if np is not None and isinstance(x, np.floating) else x
 
 
+def as_int(x: Any) -> Any:
+    """``x`` as an ``int`` when it is an integer of any library (``numpy.int64``); else unchanged."""
+    if type(x) is int:
+        return x
+    np = _numpy()
+    return int(x) if np is not None and isinstance(x, np.integer) else x
+
+
 def _numpy() -> Any:
     try:
         import numpy

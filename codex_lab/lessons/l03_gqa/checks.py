@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from codex_lab.course.check_tools import OVERFLOW, overflow, pure_call, pyrng, rng
+from codex_lab.course.check_tools import OVERFLOW, as_int, overflow, pure_call, pyrng, rng
 from codex_lab.course.checks import case, exercise
 
 # fp32 attention outputs of O(1); learner code may sum in another order: 1e-5 (CONTRIBUTING.md)
@@ -95,7 +95,7 @@ def check_kv_cache_bytes(fn: Callable[..., Any]) -> None:
     for n_layer, n_kv, hd, seq, batch, nb in cases:
         # bytes = 2 (K and V) * layers * kv_heads * head_dim * seq_len * batch * bytes_per_elem
         want = 2 * n_layer * n_kv * hd * seq * batch * nb
-        got = fn(n_layer, n_kv, hd, seq, batch, nb)
+        got = as_int(fn(n_layer, n_kv, hd, seq, batch, nb))
         if isinstance(got, float) and got == want:
             raise AssertionError(f"{got!r} is a float; bytes are a whole number: return an int (use // or int(), not /)")
         assert isinstance(got, int), f"return an int (bytes), got {type(got).__name__}"
