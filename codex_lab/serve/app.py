@@ -42,7 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from codex_lab.serve.batch import serve_completion
 from codex_lab.serve.completion import AsciiJSONResponse
-from codex_lab.serve.protocol import ApiError, _text, parse_completion, parse_json
+from codex_lab.serve.protocol import ApiError, parse_completion, parse_json, valid_text
 from codex_lab.serve.router import ModelServer, ServerConfig
 from codex_lab.serve.security import LOOPBACK, Guard, check_loopback, read_body, uvicorn_config
 from codex_lab.serve.worker import EngineWorker, WorkerClosed
@@ -145,7 +145,7 @@ def create_app(server: ModelServer) -> Any:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
                 raise ApiError(400, "'prompt' must be a string to tokenize", param="prompt")
-            ids = tok.encode(_text(prompt, "prompt")) if prompt else []
+            ids = tok.encode(valid_text(prompt, "prompt")) if prompt else []
         except ApiError as e:
             return err(e)
         return {"count": len(ids), "max_model_len": cfg.limits.max_seq_len, "tokens": ids, "token_strs": None}

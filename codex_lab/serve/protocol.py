@@ -180,7 +180,7 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
     return x
 
 
-def _text(s: str, name: str) -> str:
+def valid_text(s: str, name: str) -> str:
     """``s`` if it can be encoded as UTF-8 (a lone surrogate such as \\ud800 cannot)."""
     try:
         s.encode("utf-8")
@@ -201,7 +201,7 @@ def parse_completion(body: dict[str, Any], tokenizer: CodeTokenizer, limits: Lim
     if not isinstance(model, str):
         raise ApiError(400, f"'model' is required and must be a string; use {model_name!r}", param="model",
                        code="missing_field" if model is None else "invalid_type")
-    name, _, version = _text(model, "model").partition("@")
+    name, _, version = valid_text(model, "model").partition("@")
     if name != model_name or (version and version not in versions):
         known = [model_name] + [f"{model_name}@{v}" for v in versions]
         raise ApiError(404, f"the model {_brief(model)} does not exist; served: {known}", param="model",
@@ -237,7 +237,7 @@ def parse_completion(body: dict[str, Any], tokenizer: CodeTokenizer, limits: Lim
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > limits.max_stop:
         raise ApiError(400, f"'stop' must be a non-empty string or a list of at most {limits.max_stop}", param="stop")
-    stop = [_text(s, "stop") for s in stop]
+    stop = [valid_text(s, "stop") for s in stop]
     seed = _typed(body, "seed", (int,), None, "an integer")
     if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
         raise ApiError(400, f"'seed' must be in [-2**63, 2**64 - 1], got {_brief(seed)}", param="seed")
@@ -300,7 +300,7 @@ def _prompts(prompt: Any, tokenizer: CodeTokenizer) -> list[list[int]]:
         if isinstance(p, str):
             if not p:
                 raise ApiError(400, f"{where} is an empty string; give at least one character", param="prompt")
-            ids = tokenizer.encode(_text(p, "prompt"))
+            ids = tokenizer.encode(valid_text(p, "prompt"))
             if not ids:
                 raise ApiError(400, f"{where} encodes to no tokens; give some text", param="prompt")
             return ids
@@ -344,7 +344,7 @@ def _fim_prompts(body: dict[str, Any], prompts: list[list[int]], suffix: Any, to
     from codex_lab.data.fim import fim_prompt_ids  # data layer; imported here to keep the server's import light
 
     try:
-        return [fim_prompt_ids(tokenizer, t, _text(suffix, "suffix"), fim_format) for t in texts]  # type: ignore[arg-type]
+        return [fim_prompt_ids(tokenizer, t, valid_text(suffix, "suffix"), fim_format) for t in texts]  # type: ignore[arg-type]
     except ValueError as exc:  # a sentinel token inside the text would forge the prompt
         raise ApiError(400, f"'prompt' or 'suffix': {exc}", param="suffix") from None
 
