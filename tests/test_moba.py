@@ -310,3 +310,42 @@ def test_sparse_attention_and_registry_kernels_run_moba_patterns(native) -> None
     pos = torch.arange(45).expand(2, 45)
     got = get_attention_impl("fast")(q, k, v, None, pattern=MoBA(8, 2), q_pos=pos, k_pos=pos)
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------- review: an oracle from the paper's definition
+
+
+def _paper_mask(q: torch.Tensor, k: torch.Tensor, block: int, top_k: int) -> torch.Tensor:
+    """MoBA (Lu et al. 2025) per query token, in fp64: its own block causally, plus the top_k
+    blocks strictly before it by q . mean(K_block), ties to the lower block. (B, H, T, S)."""
+    B, H, T, _ = q.shape
+    g, S = H // k.shape[1], k.shape[2]
+    m = torch.zeros(B, H, T, S, dtype=torch.bool)
+    for b in range(B):
+        for h in range(H):
+            kh = k[b, h // g].double()
+            for t in range(T):
+                own = t // block
+                sc = sorted(((-float(q[b, h, t].double() @ kh[j * block:(j + 1) * block].mean(0)), j) for j in range(own)))
+                for _, j in sc[:top_k]:
+                    m[b, h, t, j * block:(j + 1) * block] = True
+                m[b, h, t, own * block:t + 1] = True
+    return m
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("B,H,Hkv,N,block,top_k", [(2, 4, 2, 37, 3, 2), (1, 2, 1, 3, 8, 1), (1, 2, 2, 16, 4, 1),
+                                                   (1, 3, 1, 21, 7, 100), (1, 1, 1, 1, 1, 1)])
+def test_fp64_inputs_stay_fp64_against_the_papers_definition(impl, B, H, Hkv, N, block, top_k) -> None:
+    # fp64 in, fp64 out at fp64 precision: the reference attention used to softmax fp64 scores
+    # in fp32 (errors ~1e-7); 1e-10 is far above fp64 rounding of O(1) sums of <= 37 terms
+    g = torch.Generator().manual_seed(N)
+    q, k, v = [torch.randn(B, h, N, 8, generator=g, dtype=torch.float64) for h in (H, Hkv, Hkv)]
+    mask = _paper_mask(q, k, block, top_k)
+    assert torch.equal(moba_mask(q, k, f"moba:{block}:{top_k}"), mask)
+    kr, vr = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    s = (q @ kr.transpose(-1, -2) / math.sqrt(8)).masked_fill(~mask, float("-inf"))
+    want = torch.softmax(s, -1) @ vr
+    out = moba_attention(q, k, v, f"moba:{block}:{top_k}", impl)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=0)

@@ -39,7 +39,8 @@ def attention_reference(
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1)  # (B, H, T, S)
+    # softmax in fp32 at least (bf16/fp16 scores upcast; fp64 stays fp64, never downcast)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))  # (B, H, T, S)
     if mask is not None:
         probs = torch.where(mask.any(dim=-1, keepdim=True), probs, torch.zeros_like(probs))
     return probs.to(v.dtype) @ v  # (B, H, T, D)
