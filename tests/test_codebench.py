@@ -120,3 +120,15 @@ def test_command_canonical_scores_one() -> None:
     rows = json.loads(out.stdout)
     assert {r["family"] for r in rows} == {*cb.FAMILIES, "all"}
     assert all(r["pass_at_k"] == 1.0 for r in rows), rows
+
+
+@pytest.mark.parametrize("leave", ["    import sys\n    sys.exit(0)\n", "    raise SystemExit\n",
+                                   "    import os\n    os._exit(0)\n"])
+def test_leaving_early_with_exit_code_zero_is_not_a_pass(leave: str) -> None:
+    """A completion that exits 0 before the tests run has not passed, on both paths (as in the
+    official HumanEval harness, which counts only programs whose tests ran to the end)."""
+    p = cb.load_problems(1, families=("completion",), seed=3)[0]
+    for res in (cr.execute_batched([p], [[p.canonical_solution, leave]])[0],
+                cr.execute([p], [[p.canonical_solution, leave]], workers=1)[0]):
+        assert [r.passed for r in res] == [True, False], [r.detail for r in res]
+        assert "exited before its tests finished" in res[1].detail, res[1].detail

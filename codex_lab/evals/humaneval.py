@@ -22,6 +22,7 @@ import gzip
 import json
 import math
 import os
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -122,9 +123,18 @@ def run_one(problem: Problem, completion: str, *, timeout_s: float = 10.0, memor
     mutant) provides ``problem.program(completion)``; it is used instead of :func:`program`.
     """
     code = problem.program(completion) if hasattr(problem, "program") else program(problem, completion)
-    res = run_python(code, timeout_s=timeout_s, memory_mb=memory_mb)
-    detail = "passed" if res.ok else ("timed out" if res.timed_out else _last_line(res.stderr) or f"exit {res.returncode}")
-    return SampleResult(problem.task_id, completion, bool(res.ok), detail)
+    # passed = the tests ran to their end: as in the official harness, a program that leaves
+    # early (sys.exit(0), os._exit(0), a daemon exit) has not passed, whatever its exit code
+    marker = f"codex-lab-tests-finished-{secrets.token_hex(8)}"
+    res = run_python(code + f"\n\nprint({marker!r}, flush=True)\n", timeout_s=timeout_s, memory_mb=memory_mb)
+    finished = res.ok and res.stdout.rstrip().endswith(marker)
+    if finished:
+        detail = "passed"
+    elif res.ok:
+        detail = "the program exited before its tests finished (sys.exit / os._exit): not a pass"
+    else:
+        detail = "timed out" if res.timed_out else _last_line(res.stderr) or f"exit {res.returncode}"
+    return SampleResult(problem.task_id, completion, bool(finished), detail)
 
 
 def execute(problems: Sequence[Problem], completions: Sequence[Sequence[str]], *, workers: int | None = None,

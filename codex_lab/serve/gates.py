@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import secrets
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -136,7 +137,11 @@ def functional_pass(problem: Problem, body: str, *, timeout_s: float = 5.0) -> b
     code = problem.prompt + body
     if not parses(code):
         return False
-    return run_python(code + "\n\n" + problem.tests, timeout_s=timeout_s, memory_mb=256).ok
+    # passed = the tests ran to their end (an early sys.exit(0) / os._exit(0) is not a pass)
+    marker = f"codex-lab-tests-finished-{secrets.token_hex(8)}"
+    res = run_python(code + "\n\n" + problem.tests + f"\n\nprint({marker!r}, flush=True)\n", timeout_s=timeout_s,
+                     memory_mb=256)
+    return res.ok and res.stdout.rstrip().endswith(marker)
 
 
 def percentile(xs: Sequence[float], q: float) -> float:
