@@ -46,8 +46,8 @@ from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.generate import decode_step
 from codex_lab.infer.paged_step import CompiledPagedStep
 from codex_lab.infer.sampling import GREEDY_BELOW, SamplingParams, batched_probs, sample_next, token_logprobs
-from codex_lab.infer.scheduler import (FINISH_REASONS, Finished, Request, TokenCallback, admit, cut_at_stop, expired,
-                                       grow, streamable)
+from codex_lab.infer.scheduler import (FINISH_REASONS, Finished, IncrementalText, Request, TokenCallback, admit,
+                                       cut_at_stop, expired, grow, streamable)
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
 
@@ -119,6 +119,7 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}
         self.steps = 0
+        self.incremental_text = True  # False: decode each request's whole output every token (reference)
         # which request ran in which step: (step, prefilled rids, decoded rids)
         self.timeline: deque[tuple[int, list[int], list[int]]] = deque(maxlen=100_000)
 
@@ -377,8 +378,16 @@ class Engine:
         return None
 
     def _text(self, req: Request) -> tuple[str, bool]:
-        """Decoded output, cut before the first stop string; and whether one was found."""
-        return cut_at_stop(self.tokenizer.decode(req.output), req.params.stop)
+        """Decoded output, cut before the first stop string; and whether one was found.
+
+        The output is decoded incrementally (:class:`~codex_lab.infer.scheduler.IncrementalText`:
+        the tail since the last complete character, not the whole output every token);
+        ``incremental_text = False`` decodes the whole output (the reference path, same text)."""
+        if not self.incremental_text:
+            return cut_at_stop(self.tokenizer.decode(req.output), req.params.stop)
+        if req.detok is None:
+            req.detok = IncrementalText(self.tokenizer.decode)
+        return cut_at_stop(req.detok.text(req.output), req.params.stop)
 
     def _notify(self, req: Request, tok: int, delta: str) -> bool:
         req.emitted += delta

@@ -76,6 +76,37 @@ class Request:
     # with params.logprobs set: one TokenLogprob per sampled token, the end-of-text that ended the
     # request included (so one more than the output then); a list the caller may own
     logprobs: list = field(default_factory=list)
+    detok: "IncrementalText | None" = None  # the output's text, kept up to date token by token
+
+
+class IncrementalText:
+    """``decode(ids)`` of a growing id list without re-decoding the whole list every token.
+
+    ``decode`` must be a byte-level decoder (each id maps to bytes, the bytes are joined and
+    read as UTF-8 with U+FFFD for bad or incomplete sequences), as
+    :meth:`~codex_lab.data.tokenizer.CodeTokenizer.decode` is. The text of ``ids[:k]`` is kept
+    once it ends with a complete character (its last character is not U+FFFD): a UTF-8 reader
+    starts afresh after a complete character, so ``decode(ids) == decode(ids[:k]) +
+    decode(ids[k:])`` and only the tail after ``k`` (usually one token) is decoded again.
+    A tail ending in U+FFFD (a character split across tokens) is not kept, so the next call
+    decodes it again with its missing bytes. Cost per call: the tail, not the whole output.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.k = 0  # ids whose text is kept in self.head
+        self.head = ""  # decode(ids[:k]); ends with a complete character (or is empty)
+        self.last = -1  # ids[k - 1]: a cheap check that the next call extends the same list
+
+    def text(self, ids: list[int]) -> str:
+        """``decode(ids)``; ``ids`` extends the list of the previous call (else start over)."""
+        if len(ids) < self.k or (self.k and ids[self.k - 1] != self.last):  # not an extension: start over
+            self.k, self.head = 0, ""
+        tail = self.decode(ids[self.k:])
+        full = self.head + tail
+        if tail and not tail.endswith("\ufffd"):
+            self.k, self.head, self.last = len(ids), full, ids[-1]
+        return full
 
 
 def admit(waiting: deque[Request], running: dict[int, Request], max_batch_size: int, pool: PagedKVPool) -> list[Request]:

@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from codex_lab.infer.sampling import SamplingParams
+from codex_lab.infer.scheduler import IncrementalText
 from codex_lab.serve.logprobs import cumulative_logprob, wire_logprobs
 from codex_lab.serve.protocol import ApiError, CompletionRequest, safe_text, wire_finish
 from codex_lab.serve.router import ModelServer
@@ -98,6 +99,7 @@ class Run:
         self.req, self.tok, self.cfg = live.req, server.tokenizer, server.config
         self.cid, self.created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         self.ids: list[int] = []
+        self.detok = IncrementalText(self.tok.decode)  # decode(self.ids) without re-decoding it all per token
         self.reason: str | None = None  # the engine's reason: stop, length, deadline, disconnected
         self.error: str | None = None
 
@@ -106,14 +108,18 @@ class Run:
             self.worker.cancel(self.live)
             self.live.post(("disconnect", None))
 
+    def _decoded(self) -> str:
+        """``tok.decode(self.ids)``, decoded incrementally (the tail since the last complete character)."""
+        return self.detok.text(self.ids)
+
     def _end_text(self, hit_reason: str | None) -> str:
-        text, hit = safe_text(self.tok.decode(self.ids), self.req.stop)
+        text, hit = safe_text(self._decoded(), self.req.stop)
         if hit:  # the server enforces stop strings itself, whatever the engine does
             self.reason = "stop"
         elif hit_reason is not None:
             self.reason = hit_reason
         if not hit and self.reason != "stop":
-            text = self.tok.decode(self.ids)  # the end: send any held-back tail
+            text = self._decoded()  # the end: send any held-back tail
         return text
 
     async def events(self) -> AsyncIterator[tuple[str, Any]]:
@@ -129,13 +135,13 @@ class Run:
                 except asyncio.TimeoutError:
                     self.worker.cancel(self.live)
                     self.reason = "deadline"
-                    text = safe_text(self.tok.decode(self.ids), self.req.stop)[0]
+                    text = safe_text(self._decoded(), self.req.stop)[0]
                     break
                 if kind == "token":
                     if val == self.tok.eot_id:  # the engine's end notice (held-back text), not an output token
                         continue
                     self.ids.append(val)
-                    text, hit = safe_text(self.tok.decode(self.ids), self.req.stop)
+                    text, hit = safe_text(self._decoded(), self.req.stop)
                     if hit:
                         self.worker.cancel(self.live)
                         self.reason = "stop"

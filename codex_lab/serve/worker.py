@@ -59,6 +59,12 @@ class Live:
             self.post(("done", fin))
 
 
+def _deliver(items: list[tuple[asyncio.Queue, tuple]]) -> None:
+    """Put a step's token events into their requests' queues (on the event loop)."""
+    for q, item in items:
+        q.put_nowait(item)
+
+
 class EngineWorker:
     """One model version served by one engine stepped by one thread.
 
@@ -83,6 +89,10 @@ class EngineWorker:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.live: dict[int, Live] = {}
         self.stats: dict[str, Any] = self.engine.stats()
+        self.stats_every_s = 0.05  # while stepping, stats() is refreshed at most this often (and at every idle turn)
+        self._stats_at = 0.0
+        self.batch_events = True  # token events of one step go to the event loop in one call (False: one per token)
+        self._pending: list[tuple[Live, tuple]] = []  # token events of the current step
         self.steps = 0
         self.failed_steps = 0  # in a row
         self._stop = threading.Event()
@@ -116,7 +126,8 @@ class EngineWorker:
         remaining = max(1e-3, live.arrival + live.deadline_s - time.perf_counter())
         try:
             extra = {"logprobs": live.logprobs} if live.params.logprobs is not None else {}
-            live.rid = self.engine.submit(live.req.prompt_ids, live.params, on_token=live.on_token,
+            on_token = self._on_token(live) if self.batch_events else live.on_token
+            live.rid = self.engine.submit(live.req.prompt_ids, live.params, on_token=on_token,
                                           deadline_s=remaining, **extra)
         except ValueError as exc:  # the engine refuses this input: the client's error
             live.post(("refused", str(exc)))
@@ -126,6 +137,28 @@ class EngineWorker:
             return
         self.live[live.rid] = live
         live.post(("accepted", live.rid))
+
+    def _on_token(self, live: Live) -> Callable[[int, str], None]:
+        """``live.on_token`` that holds the event until the step ends (see :meth:`_flush`)."""
+        def on_token(token_id: int, text: str) -> None:  # engine thread
+            live.token_times.append(time.perf_counter())
+            self._pending.append((live, ("token", token_id)))
+        return on_token
+
+    def _flush(self) -> None:
+        """Hand the step's token events to asyncio: one ``call_soon_threadsafe`` per event loop
+        per step instead of one per token (each call wakes the loop and takes the GIL)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, tuple]]] = {}
+        for live, item in pending:
+            by_loop.setdefault(live.loop, []).append((live.events, item))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # event loop closed (server shutting down)
+                pass
 
     def _drain(self, block: bool) -> None:
         try:
@@ -150,12 +183,14 @@ class EngineWorker:
         try:
             finished = self.engine.step()
         except Exception as exc:  # noqa: BLE001 (a whole step failed: fail its requests, keep serving)
+            self._flush()  # the tokens streamed before the failure come first
             self.failed_steps += 1
             self._fail_live(f"{type(exc).__name__}: {exc}")
             if self.failed_steps >= self.max_step_failures:
                 raise
             return
         self.failed_steps = 0
+        self._flush()  # a request's tokens before its end
         for fin in finished:
             live = self.live.pop(fin.rid, None)
             if live is not None:
@@ -176,9 +211,12 @@ class EngineWorker:
         try:
             while not self._stop.is_set():
                 self._drain(block=not self.engine.has_work())
-                if self.engine.has_work():
+                busy = self.engine.has_work()
+                if busy:
                     self._step()
-                self.stats = self.engine.stats()
+                now = time.perf_counter()
+                if not busy or now - self._stats_at >= self.stats_every_s:  # not every step: it walks every request
+                    self.stats, self._stats_at = self.engine.stats(), now
                 if self.retired and not self.live and not self.engine.has_work():
                     with self._gate:
                         if self.inbox.empty():
