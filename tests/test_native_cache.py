@@ -116,3 +116,18 @@ def test_library_or_folder_owned_by_another_user(cache, tmp_path):
     lib, why = load_native(NAME, FLAGS)
     assert lib is None and "owned by uid 12345" in why, why
     assert native_build.check_cache_dir(cache) == why
+
+
+@pytest.mark.parametrize("sidecar", [b"[" * 4096, b"\xff\xfe garbage", b"", b"[1, 2]", b'{"sha256": 7}'])
+def test_a_garbage_digest_sidecar_is_rebuilt_over_never_a_traceback(cache, sidecar):
+    # the digest file is read with a 4 KiB cap; 4096 nested brackets made json raise
+    # RecursionError, which escaped load_native (and every kernel's caller) as a traceback
+    so = so_path(NAME, FLAGS)
+    assert load_native(NAME, FLAGS)[0] is not None
+    load_native.cache_clear()
+    side = so.with_name(so.name + DIGEST_SUFFIX)
+    side.write_bytes(sidecar)
+    os.chmod(side, 0o644)
+    lib, why = load_native(NAME, FLAGS)
+    assert lib is not None and why == "", why
+    assert json.loads(side.read_text())["sha256"]  # a fresh digest was written beside the rebuild

@@ -128,6 +128,9 @@ def _open_verified(so: Path) -> tuple[int | None, str]:
         if not isinstance(record, dict) or record.get("sha256") != h.hexdigest():
             raise ValueError(f"{so.name} does not match the digest recorded when it was built")
         return fd, ""
+    except RecursionError:  # a sidecar of nested brackets: garbage like any other
+        os.close(fd)
+        return None, f"the digest beside {so.name} is not a digest record"
     except (OSError, ValueError) as e:  # json errors are ValueErrors; a missing sidecar is an OSError
         os.close(fd)
         return None, str(e) if isinstance(e, ValueError) else f"no readable digest beside {so.name} ({e.strerror})"
