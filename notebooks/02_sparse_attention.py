@@ -336,7 +336,7 @@ assert int((torch.arange(n_rf)[:, None] - torch.arange(n_rf)[None, :])[reach(["w
 # 1024 tokens takes thousands of steps (attention starts uniform over ~1000 keys), so the
 # lesson starts every arm from one warm model: dense, trained on a curriculum of 128, 256 and
 # 1024 tokens (`experiments.train_warm`; the fast mode loads the copy shipped in
-# `codex_lab/assets/l02_recall_warm.pt`, the full mode trains one per seed). Each arm then
+# `codex_lab/assets/l02_recall_warm.safetensors`, the full mode trains one per seed). Each arm then
 # takes its own pattern and trains on the task; the seeds change its batches (and, in full
 # mode, the warm model). The sparse arms keep about the same fraction of causal pairs, so a
 # difference is *where* the links go, not how many. The arms: window only (64); window 32 +

@@ -60,7 +60,7 @@ def arms() -> dict[str, str]:
     return out
 
 
-WARM_ASSET = Path(__file__).resolve().parents[2] / "assets" / "l02_recall_warm.pt"
+WARM_ASSET = Path(__file__).resolve().parents[2] / "assets" / "l02_recall_warm.safetensors"
 
 
 def _stages() -> tuple[tuple[RecallTask, int, int], ...]:
@@ -200,6 +200,13 @@ def train_warm(cfg: RecallConfig, seed: int) -> CodexModel:
     return model
 
 
+def save_warm(state: dict[str, Tensor]) -> None:
+    """Write warm weights to ``WARM_ASSET`` (safetensors; the tied output head stored once)."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items() if k != "lm_head.weight"}, str(WARM_ASSET))
+
+
 def warm_state(cfg: RecallConfig, seed: int) -> dict[str, Tensor]:
     """Warm weights for one seed: the shipped asset (``cfg.warm_from_asset``), else trained once
     per process by :func:`train_warm`."""
@@ -207,7 +214,11 @@ def warm_state(cfg: RecallConfig, seed: int) -> dict[str, Tensor]:
         if not WARM_ASSET.exists():
             raise FileNotFoundError(f"{WARM_ASSET} is missing; rebuild it with "
                                     "`python -m codex_lab.lessons.l02_sparse_attention.experiments`")
-        return torch.load(WARM_ASSET, map_location="cpu", weights_only=True)
+        from safetensors.torch import load_file
+
+        state = load_file(WARM_ASSET)
+        state["lm_head.weight"] = state["embed.weight"]  # tied: stored once
+        return state
     key = (cfg, seed)
     if key not in _WARM:
         _WARM[key] = {k: v.detach().cpu().clone() for k, v in train_warm(cfg, seed).state_dict().items()}
@@ -345,7 +356,7 @@ if __name__ == "__main__":  # rebuild the shipped warm start: python -m codex_la
     model = train_warm(cfg, 0)
     vocab_, _, _, val_ = task_data(cfg.corpus_files)
     acc = evaluate_recall(model, vocab_, val_, cfg)
-    torch.save({k: v.cpu() for k, v in model.state_dict().items()}, WARM_ASSET)
+    save_warm(model.state_dict())
     meta = {"seed": 0, "stages": [[t.seq_len, s, b] for t, s, b in cfg.warm_stages], "accuracy": acc,
             "seconds": round(time.time() - t0, 1), "command": "python -m codex_lab.lessons.l02_sparse_attention.experiments"}
     WARM_ASSET.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
