@@ -578,3 +578,30 @@ def test_hf_tokenizer_backtracking_regex_is_refused_before_it_runs(hf_folder, tm
     tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = QWEN2_SPLIT
     (d / T).write_text(json.dumps(tj))
     assert load_tokenizer(d).encode("def f(x): return x")  # a real model's pattern loads and runs
+
+
+def test_train_state_zip_bomb_and_legacy_format_are_refused_before_loading(tmp_path):
+    """A train_state.pt whose tensor record is deflated (4 MiB of zeros in a ~4 KB file) would
+    make torch.load allocate what the record unpacks to (a few MB here, gigabytes from a file
+    of megabytes); torch.save writes records stored, so a compressed one is refused. The
+    legacy pre-zip format (allocates each storage at its declared size first) too."""
+    import zipfile
+
+    from codex_lab.training.checkpoint import load_train_state
+
+    state = {"optimizer": {}, "step": 1, "history": [], "elapsed_s": 0.0, "generator": torch.zeros(4 << 20, dtype=torch.uint8)}
+    plain = tmp_path / "plain.pt"
+    torch.save(state, plain)
+    assert load_train_state(plain)["step"] == 1  # what torch.save writes still loads
+    bomb = tmp_path / "train_state.pt"
+    with zipfile.ZipFile(plain) as zin, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+    assert bomb.stat().st_size < 64 << 10
+    with pytest.raises(InputError, match="compressed entry") as ei:
+        load_train_state(bomb)
+    assert str(bomb) in str(ei.value) and "\n" not in str(ei.value)
+    legacy = tmp_path / "legacy.pt"
+    torch.save(state, legacy, _use_new_zipfile_serialization=False)
+    with pytest.raises(InputError, match="not a zip archive"):
+        load_train_state(legacy)

@@ -274,6 +274,34 @@ def _load_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
+def _zip_sizes_problem(path: Path) -> str:
+    """"" when ``path`` is a zip whose entries are stored uncompressed, as torch.save writes them,
+    so what loading allocates is bounded by the file's own size; else what is wrong.
+
+    A deflated entry (a zip bomb: a 260 KB file held a 256 MiB tensor) or the legacy
+    pre-zip format (which allocates each storage at its declared size before reading it)
+    is refused before torch.load sees it.
+    """
+    import zipfile
+
+    try:
+        size = path.stat().st_size
+        if not zipfile.is_zipfile(path):
+            return "not a zip archive"
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as exc:
+        return f"unreadable zip archive: {_one_line(exc)[:80]}"
+    packed = [i.filename for i in infos if i.compress_type != zipfile.ZIP_STORED]
+    if packed:
+        return f"compressed entry {packed[0][:60]!r}"
+    # stored entries: the bytes they unpack to are the bytes in the file
+    total = sum(i.file_size for i in infos)
+    if total > size:
+        return f"entries declare {total:,} bytes in a {size:,}-byte file"
+    return ""
+
+
 def load_train_state(path: str | Path) -> dict[str, Any]:
     """A ``train_state.pt`` (optimizer state, step, history, RNG states) read with ``weights_only=True``.
 
@@ -290,6 +318,9 @@ def load_train_state(path: str | Path) -> dict[str, Any]:
            "(files written by codex-lab train hold only tensors and numbers)")
     if not path.is_file():
         raise MissingFileError(f"{path}: no such file; train without --resume first")
+    why = _zip_sizes_problem(path)
+    if why:
+        raise InputError(f"{path}: refused, not a training state written by torch.save ({why}); {fix}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError for a payload, RuntimeError/EOFError for a truncated file
