@@ -91,6 +91,8 @@ async def start(server: ModelServer, req: CompletionRequest, params: SamplingPar
 class Run:
     """An accepted request: its events as text deltas, then the end (text, reason, tokens)."""
 
+    incremental_text = True  # False: decode every received id again per token (reference; profiling)
+
     def __init__(self, server: ModelServer, worker: EngineWorker, live: Live, receive: Callable[[], Any],
                  index: int = 0) -> None:
         self.server, self.worker, self.live, self.receive, self.index = server, worker, live, receive, index
@@ -109,8 +111,9 @@ class Run:
             self.live.post(("disconnect", None))
 
     def _decoded(self) -> str:
-        """``tok.decode(self.ids)``, decoded incrementally (the tail since the last complete character)."""
-        return self.detok.text(self.ids)
+        """``tok.decode(self.ids)``, decoded incrementally (the tail since the last complete character);
+        ``Run.incremental_text = False``: the whole list every time (the reference path, same text)."""
+        return self.detok.text(self.ids) if self.incremental_text else self.tok.decode(self.ids)
 
     def _end_text(self, hit_reason: str | None) -> str:
         text, hit = safe_text(self._decoded(), self.req.stop)
