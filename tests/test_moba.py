@@ -349,3 +349,17 @@ def test_fp64_inputs_stay_fp64_against_the_papers_definition(impl, B, H, Hkv, N,
     out = moba_attention(q, k, v, f"moba:{block}:{top_k}", impl)
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, want, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("T,S", [(0, 0), (0, 5), (3, 0)])
+def test_no_queries_or_no_keys_is_an_empty_or_zero_output_like_dense(impl, T, S) -> None:
+    # dense attention_reference gives (B, H, T, D) (zeros where a row has no key); MoBA raised
+    # "max(): Expected reduction dim" from the block count of an empty position tensor
+    q = torch.randn(1, 2, T, 4, requires_grad=True)
+    k, v = torch.randn(1, 2, S, 4), torch.randn(1, 2, S, 4)
+    out = moba_attention(q, k, v, "moba:2:1", impl)
+    assert out.shape == (1, 2, T, 4) and not out.abs().sum()
+    out.sum().backward()
+    assert moba_mask(q, k, "moba:2:1").shape == (1, 2, T, S)
+    assert moba_select(q, k, "moba:2:1").shape == (1, 2, T, 0)

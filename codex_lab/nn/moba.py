@@ -73,6 +73,8 @@ def moba_select(q: Tensor, k: Tensor, pattern: MoBA | str, q_pos: Tensor | None 
     B, H, T, D = q.shape
     Hkv, g, bs = k.shape[1], q.shape[1] // k.shape[1], pat.block
     q_pos, k_pos = _positions(q, k, q_pos, k_pos)
+    if T == 0 or k.shape[2] == 0:  # no queries or no keys: nothing to choose
+        return torch.empty(B, H, T, 0, dtype=torch.int64, device=q.device)
     valid = k_pos >= 0  # (B, S)
     n_blocks = max(int(q_pos.max()), int(k_pos.max())) // bs + 1
     kb = torch.div(k_pos.clamp(min=0), bs, rounding_mode="floor")  # (B, S) key block ids
@@ -130,9 +132,11 @@ def moba_mask(q: Tensor, k: Tensor, pattern: MoBA | str, q_pos: Tensor | None = 
     """
     pat = _as_moba(pattern)
     q_pos, k_pos = _positions(q, k, q_pos, k_pos)
+    B, H, T, _ = q.shape
+    if T == 0 or k.shape[2] == 0:  # no queries or no keys: no pair allowed
+        return torch.zeros(B, H, T, k.shape[2], dtype=torch.bool, device=q.device)
     if selected is None:
         selected = moba_select(q, k, pat, q_pos, k_pos)
-    B, H, T, _ = q.shape
     bs = pat.block
     n_blocks = max(int(q_pos.max()), int(k_pos.max())) // bs + 1
     qb = torch.div(q_pos, bs, rounding_mode="floor")  # (B, T)
@@ -167,7 +171,7 @@ def moba_attention(q: Tensor, k: Tensor, v: Tensor, pattern: MoBA | str, impl: s
         raise ValueError(f"q (B, H, T, D) and k, v (B, H_kv, S, D) with H_kv dividing H; got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     pat = _as_moba(pattern)
-    if impl == "fast":
+    if impl == "fast" and q.shape[2] > 0:
         from codex_lab.nn.moba_fast import moba_fast, moba_fast_ok
 
         if moba_fast_ok(q, k, q_pos, k_pos):
