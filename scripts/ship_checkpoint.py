@@ -103,7 +103,8 @@ def main() -> None:
     t0 = time.perf_counter()
     rep = syntax_validity(ck.model, ck.tokenizer, prompts, max_new_tokens=args.max_new_tokens)
     meta = dict(ck.meta)
-    meta["command"] = f"{args.command} && python scripts/ship_checkpoint.py runs/tiny/checkpoint"
+    src = args.checkpoint if not ABSOLUTE.match(args.checkpoint) else "/".join(Path(args.checkpoint).parts[-3:])
+    meta["command"] = f"{args.command} && python scripts/ship_checkpoint.py {src}"
     meta["syntax_validity"] = round(rep.rate, 4)
     meta["syntax_validity_prompts"] = rep.n
     meta["syntax_validity_max_new_tokens"] = args.max_new_tokens
