@@ -363,3 +363,35 @@ def test_no_queries_or_no_keys_is_an_empty_or_zero_output_like_dense(impl, T, S)
     out.sum().backward()
     assert moba_mask(q, k, "moba:2:1").shape == (1, 2, T, S)
     assert moba_select(q, k, "moba:2:1").shape == (1, 2, T, 0)
+
+
+@pytest.mark.parametrize("bad", ["past the blocks", "own block", "a later block", "twice", "int32", "fp64 q", "bf16 k"])
+def test_moba_fast_refuses_what_the_kernel_would_index_out_of_bounds(bad) -> None:
+    # moba_fast is public; a block id of 10**9 used to be a heap write past the task table
+    # (segmentation fault), a future block a causal leak, a repeated block a double count
+    from codex_lab.nn.moba_fast import moba_fast, moba_native_status
+
+    if moba_native_status():
+        pytest.skip(moba_native_status())
+    q, k, v = (torch.randn(1, 2, 16, 4) for _ in range(3))
+    sel = moba_select(q, k, "moba:4:2")
+    if bad == "past the blocks":
+        sel = torch.full_like(sel, 10**9)
+    elif bad == "own block":
+        sel[0, 0, 13, 0] = 3
+    elif bad == "a later block":
+        sel[0, 1, 2, 0] = 2
+    elif bad == "twice":
+        sel[0, 0, 15, 1] = sel[0, 0, 15, 0]
+    elif bad == "int32":
+        sel = sel.int()
+    elif bad == "fp64 q":
+        q = q.double()
+    else:
+        k = k.bfloat16()
+    with pytest.raises(ValueError, match="selected|moba_fast needs"):
+        moba_fast(q, k, v, MoBA(4, 2), sel)
+    # the check leaves moba_select's own choice alone
+    q, k, v = (torch.randn(1, 2, 16, 4) for _ in range(3))
+    torch.testing.assert_close(moba_fast(q, k, v, MoBA(4, 2), moba_select(q, k, "moba:4:2")),
+                               moba_attention(q, k, v, "moba:4:2"), atol=ATOL, rtol=0)

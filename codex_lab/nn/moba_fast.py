@@ -200,10 +200,35 @@ class _MobaNative(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+def _check_fast_args(q: Tensor, k: Tensor, v: Tensor, pattern: MoBA, selected: Tensor) -> None:
+    """ValueError unless the kernel's contract holds: the kernel indexes raw buffers with these
+    shapes and block ids, so a wrong dtype or an id out of range would read or write past them."""
+    ok = (q.dim() == 4 and k.dim() == 4 and k.shape == v.shape and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
+          and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2] and q.shape[3] == k.shape[3]
+          and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (q, k, v)))
+    if not ok:
+        raise ValueError(f"moba_fast needs fp32 CPU q (B, H, N, D) and k, v (B, H_kv, N, D), H_kv dividing H; got "
+                         f"{tuple(q.shape)} {q.dtype}, {tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype}; "
+                         "call moba_attention(..., impl='fast'), which falls back where this does not hold")
+    B, H, N, _ = q.shape
+    if selected.dtype != torch.int64 or selected.dim() != 4 or tuple(selected.shape[:3]) != (B, H, N):
+        raise ValueError(f"selected must be int64 (B={B}, H={H}, N={N}, K) as moba_select gives it; got "
+                         f"{tuple(selected.shape)} {selected.dtype}")
+    # each choice is -1 or a block strictly before the query's own (causal), each block at most once
+    own = (torch.arange(N, device=selected.device) // pattern.block)[None, None, :, None]
+    valid = (selected == -1) | ((selected >= 0) & (selected < own))
+    srt = selected.sort(-1).values  # a repeated block sits next to itself once sorted
+    dup = (srt[..., 1:] == srt[..., :-1]) & (srt[..., 1:] >= 0)
+    if not bool(valid.all()) or bool(dup.any()):
+        raise ValueError("selected holds a block id that is not -1 nor an earlier block of the query, or a block "
+                         "twice; pass moba_select(q, k, pattern)")
+
+
 def moba_fast(q: Tensor, k: Tensor, v: Tensor, pattern: MoBA, selected: Tensor) -> Tensor:
     """MoBA attention on the native kernel: q (B, H, N, D), k/v (B, H_kv, N, D) fp32 on a CPU
     at positions 0..N-1 (see :func:`moba_fast_ok`) -> (B, H, N, D). ``selected`` (B, H, N, K')
     is :func:`codex_lab.nn.moba.moba_select`'s choice (int64, -1 = no block)."""
+    _check_fast_args(q, k, v, pattern, selected)
     B, H, N, D = q.shape
     Hkv = k.shape[1]
     g, bs = H // Hkv, pattern.block
