@@ -160,11 +160,12 @@ class EngineWorker:
             except RuntimeError:  # event loop closed (server shutting down)
                 pass
 
-    def _drain(self, block: bool) -> None:
+    def _drain(self, block: bool) -> bool:
+        """Apply the queued submits and cancels; whether there were any."""
         try:
             cmd, live = self.inbox.get(timeout=0.02) if block else self.inbox.get_nowait()
         except queue.Empty:
-            return
+            return False
         while True:
             if cmd == "submit" and not live.cancelled:
                 self._accept(live)
@@ -175,9 +176,10 @@ class EngineWorker:
             try:
                 cmd, live = self.inbox.get_nowait()
             except queue.Empty:
-                return
+                return True
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """One engine step; whether a request finished (or the step failed)."""
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         try:
@@ -188,7 +190,7 @@ class EngineWorker:
             self._fail_live(f"{type(exc).__name__}: {exc}")
             if self.failed_steps >= self.max_step_failures:
                 raise
-            return
+            return True
         self.failed_steps = 0
         self._flush()  # a request's tokens before its end
         for fin in finished:
@@ -196,6 +198,7 @@ class EngineWorker:
             if live is not None:
                 live.on_finish(fin)
         self.steps += 1
+        return bool(finished)
 
     def _fail_live(self, message: str) -> None:
         """Fail every request in flight and free their engine slots."""
@@ -210,12 +213,13 @@ class EngineWorker:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._drain(block=not self.engine.has_work())
+                changed = self._drain(block=not self.engine.has_work())
                 busy = self.engine.has_work()
                 if busy:
-                    self._step()
+                    changed = self._step() or changed
                 now = time.perf_counter()
-                if not busy or now - self._stats_at >= self.stats_every_s:  # not every step: it walks every request
+                # stats() walks every request: not every step, but whenever requests came, went or all is idle
+                if changed or not busy or now - self._stats_at >= self.stats_every_s:
                     self.stats, self._stats_at = self.engine.stats(), now
                 if self.retired and not self.live and not self.engine.has_work():
                     with self._gate:
