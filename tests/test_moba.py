@@ -395,3 +395,20 @@ def test_moba_fast_refuses_what_the_kernel_would_index_out_of_bounds(bad) -> Non
     q, k, v = (torch.randn(1, 2, 16, 4) for _ in range(3))
     torch.testing.assert_close(moba_fast(q, k, v, MoBA(4, 2), moba_select(q, k, "moba:4:2")),
                                moba_attention(q, k, v, "moba:4:2"), atol=ATOL, rtol=0)
+
+
+def test_native_gate_and_topk_refuse_or_handle_shapes_the_kernel_cannot_take() -> None:
+    # k = 0 made the kernel's top-k write one slot before its output buffer; a kbar with more
+    # blocks than the queries cover made the gate call BLAS with a negative row count
+    from codex_lab.nn.moba_fast import moba_gate, moba_native_status, moba_topk
+
+    if moba_native_status():
+        pytest.skip(moba_native_status())
+    scores = torch.randn(3, 5)
+    assert moba_topk(scores, 0).shape == (3, 0)
+    assert moba_topk(scores, 2).tolist() == scores.topk(2).indices.tolist()
+    q = torch.randn(1, 2, 10, 4)
+    assert moba_gate(q, torch.randn(1, 1, 3, 4), 4, 0).shape == (1, 2, 10, 0)
+    for kbar, block in ((torch.randn(1, 1, 9, 4), 4), (torch.randn(1, 3, 3, 4), 4), (torch.randn(1, 1, 3, 5), 4)):
+        with pytest.raises(ValueError, match="moba_gate needs"):
+            moba_gate(q, kbar, block, 1)

@@ -69,6 +69,10 @@ def moba_topk(scores: Tensor, k: int) -> Tensor | None:
     lib = _lib()[0]
     if lib is None or k > 64 or scores.device.type != "cpu" or scores.dtype != torch.float32:
         return None
+    if k < 0 or scores.dim() < 1:
+        raise ValueError(f"moba_topk needs scores (..., blocks) and k >= 0; got {tuple(scores.shape)}, k={k}")
+    if k == 0:  # the kernel's row loop assumes a slot to fill (k = 0 wrote before the buffer)
+        return torch.empty(*scores.shape[:-1], 0, dtype=torch.int64)
     scores = scores.contiguous()
     nb = scores.shape[-1]
     sel = torch.empty(*scores.shape[:-1], k, dtype=torch.int64)
@@ -87,6 +91,12 @@ def moba_gate(q: Tensor, kbar: Tensor, block: int, k: int) -> Tensor | None:
         return None
     B, H, N, D = q.shape
     Hkv, nb = kbar.shape[1], kbar.shape[2]
+    if (kbar.dim() != 4 or kbar.shape[0] != B or Hkv < 1 or H % Hkv or kbar.shape[3] != D or block < 1
+            or nb != -(-N // block) or k < 0):
+        raise ValueError(f"moba_gate needs q (B, H, N, D), kbar (B, H_kv, ceil(N / block), D) and k >= 0; got "
+                         f"{tuple(q.shape)}, {tuple(kbar.shape)}, block={block}, k={k}")
+    if k == 0:
+        return torch.empty(B, H, N, 0, dtype=torch.int64)
     q3, kb = q.reshape(B * Hkv, H // Hkv * N, D).contiguous(), kbar.contiguous()
     sel = torch.empty(B, H, N, k, dtype=torch.int64)
     rc = lib.moba_gate(_ptr(q3), _ptr(kb), _ptr(sel), _I(B * Hkv), _I(H // Hkv), _I(N), _I(nb), _I(block), _I(D),
