@@ -486,11 +486,11 @@ print(f"- Schedules: dense-early/sparse-deep minus sparse-early/dense-deep far a
 # 4. The schedule verdicts above come with a 95% interval over a few seeds. If an interval
 #    straddles zero, what is the smallest effect this run could have detected (its half-width),
 #    and how many seeds would halve it?
+# 5. A KV cache holds keys at arbitrary positions. Why does writing patterns as a rule on
+#    positions, not as an N x N mask, matter for decoding?
 # 6. The window-only stack's derived reach is L(w - 1). Compare it with the measured cliff: the
 #    recall circuit also needs a local step (bringing the key next to the query's ','). Which
 #    layer can spend its window on the far hop, and what does that predict for the cliff?
-# 5. A KV cache holds keys at arbitrary positions. Why does writing patterns as a rule on
-#    positions, not as an N x N mask, matter for decoding?
 #
 # ## Further reading
 # - Child, Gray, Radford, Sutskever (2019), *Generating Long Sequences with Sparse
@@ -499,6 +499,9 @@ print(f"- Schedules: dense-early/sparse-deep minus sparse-early/dense-deep far a
 #   global + random patterns, and why a few global tokens keep the model expressive.
 # - Dao et al. (2022), *FlashAttention*: the tile view of attention on a GPU.
 # - He, Guessous, Liang, Dong (2024), *FlexAttention* (PyTorch blog): block masks, as the `flex` kernel here uses them.
+# - Arora et al. (2023), *Zoology: Measuring and Improving Recall in Efficient Language Models*:
+#   multi-query associative recall (MQAR), the model of this lesson's recall task.
+# - Lu et al. (2025), *MoBA: Mixture of Block Attention for Long-Context LLMs*: learned block selection.
 #
 # Exercises: `exercises/02_sparse_attention.ipynb` (the window + strided rule, pair counts
 # and density, the tiles a kernel computes).
