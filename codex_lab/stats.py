@@ -271,8 +271,14 @@ def wilson_interval(k: int, n: int, *, level: float = 0.95) -> Proportion:
 
     ``k`` successes of ``n`` independent trials (0 <= k <= n, n >= 1).
     """
+    import numbers
+
+    if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in (k, n)):
+        raise ValueError(f"k and n are counts (integers), got k={k!r}, n={n!r}")
     if n < 1 or not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level is the interval's coverage, a fraction in (0, 1) such as 0.95; got {level}")
     from statistics import NormalDist
 
     z = NormalDist().inv_cdf((1.0 + level) / 2.0)

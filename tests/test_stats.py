@@ -186,3 +186,23 @@ def test_a_level_outside_zero_one_is_named(level):
 def test_a_nan_interval_has_no_verdict():
     with pytest.raises(ValueError, match="NaN"):
         verdict_from_interval(float("nan"), 1.0)
+
+
+@pytest.mark.parametrize("k,n,level,match", [(2.5, 10, 0.95, "counts"), (True, 10, 0.95, "counts"),
+                                             (3, 10, 95, "coverage"), (11, 10, 0.95, "0 <= k <= n")])
+def test_wilson_refuses_non_counts_and_levels_outside_zero_one(k, n, level, match):
+    from codex_lab.stats import wilson_interval
+
+    with pytest.raises(ValueError, match=match):
+        wilson_interval(k, n, level=level)
+
+
+def test_wilson_agrees_with_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    from codex_lab.stats import wilson_interval
+
+    # scipy's binomtest(k, n).proportion_ci(method="wilson") is the same score interval
+    for k, n in [(0, 1), (1, 1), (0, 7), (3, 7), (81, 263), (999, 1000)]:
+        ref = stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
+        p = wilson_interval(k, n)
+        assert p.lo == pytest.approx(ref.low, abs=1e-12) and p.hi == pytest.approx(ref.high, abs=1e-12)
