@@ -297,8 +297,3 @@ def candidates(vocab: RecallVocab, keys: Tensor) -> Tensor:
     pools = torch.tensor(vocab.pools)  # (n_keys_pool, P)
     index = {k: i for i, k in enumerate(vocab.keys)}
     return pools[keys.clone().apply_(lambda k: index[k])]  # (..., P)
-
-
-def recall_accuracy(pred: Tensor, batch: RecallBatch) -> Tensor:
-    """(B, Q) bool: predicted value id == the answer."""
-    return pred == batch.answer

@@ -40,24 +40,15 @@ ARMS: dict[str, str] = {
     "window+blockstride": "window:32+blockstride:8:16",
     "window+global": "window:16+global:64",  # the 64-token header is global: that is what global tokens are for
 }
-MOBA_ARM = ("moba", "moba:32:2")
 
 
 def moba_available() -> bool:
-    """True once ``parse_pattern`` knows the learned ``moba:B:K`` pattern."""
+    """True when ``parse_pattern`` knows the learned ``moba:B:K`` pattern."""
     try:
-        parse_pattern(MOBA_ARM[1])
+        parse_pattern("moba:16:3")
     except ValueError:
         return False
     return True
-
-
-def arms() -> dict[str, str]:
-    """The fixed arms, plus the learned MoBA pattern when the package has it."""
-    out = dict(ARMS)
-    if moba_available():
-        out[MOBA_ARM[0]] = MOBA_ARM[1]
-    return out
 
 
 WARM_ASSET = Path(__file__).resolve().parents[2] / "assets" / "l02_recall_warm.safetensors"
@@ -292,11 +283,6 @@ def claim_verdict(far: dict[str, list[float]], base: str, arm: str, *, paired: b
     """compare(): far-distance accuracy of ``arm`` against ``base`` over seeds (paired: same
     seed = same initial weights and batches)."""
     return compare(far[base], far[arm], metric=f"far accuracy, {arm} minus {base}", paired=paired)
-
-
-def with_task(cfg: RecallConfig, **kw: object) -> RecallConfig:
-    """A copy of ``cfg`` with task fields replaced."""
-    return replace(cfg, task=replace(cfg.task, **kw))
 
 
 def run_arms(arms_: dict[str, Sequence[str]], cfg: RecallConfig) -> dict[str, list[dict[str, float]]]:
