@@ -11,7 +11,10 @@ memory are neither:
   every capability does not stop an unprivileged process from making a user namespace of its
   own, root there, where it may mount a tmpfs of any size.
 
-Each test writes 450 MiB against a budget of 160 MiB (128 memory + 32 disk) and expects the
+- data queued in unix socket buffers (socketpair with SO_SNDBUF/SO_RCVBUF raised, nobody
+  reading): kernel memory, up to ~8 MiB per pair, 120 pairs within RLIMIT_NOFILE.
+
+Each test holds about 450 MiB against a budget of 160 MiB (128 memory + 32 disk) and expects the
 sandbox to be stopped before it finishes. Root mode is tested with the cgroup disabled (what
 such a machine gives); with the cgroup (this machine's v1 hierarchy) both are stopped.
 """
@@ -59,8 +62,30 @@ print("DONE", 30 * 15, "MiB", flush=True)
 """
 
 
+SOCKETS = """
+import socket
+total, keep = 0, []
+for i in range(120):
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.setblocking(False)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 30)
+    while total < 450 << 20:
+        try:
+            total += a.send(b"x" * 65536)
+        except BlockingIOError:
+            break
+    keep.append((a, b))
+    if total >= 450 << 20:
+        print("DONE", total >> 20, "MiB", flush=True)
+        break
+print("queued", total >> 20, "MiB", flush=True)
+"""
+
+
 @needs_ns
-@pytest.mark.parametrize("kind,code", [("memfd", MEMFD), ("nested user namespace tmpfs", NESTED_TMPFS)])
+@pytest.mark.parametrize("kind,code", [("memfd", MEMFD), ("nested user namespace tmpfs", NESTED_TMPFS),
+                                       ("unix socket buffers", SOCKETS)])
 def test_memory_outside_processes_and_scratch_counts_toward_the_budget(kind, code, monkeypatch):
     monkeypatch.setattr(sb, "_cgroups", lambda *a, **k: [])  # a machine where root gets no cgroup
     r = run_python(code, guard=False, timeout_s=30, memory_mb=128, disk_mb=32)
