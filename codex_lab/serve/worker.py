@@ -89,7 +89,7 @@ class EngineWorker:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.live: dict[int, Live] = {}
         self.stats: dict[str, Any] = self.engine.stats()
-        self.stats_every_s = 0.05  # while stepping, stats() is refreshed at most this often (and at every idle turn)
+        self.stats_every_s = 0.05  # stats() between steps at most this often (always when requests come or go, or idle)
         self._stats_at = 0.0
         self.batch_events = True  # token events of one step go to the event loop in one call (False: one per token)
         self._pending: list[tuple[Live, tuple]] = []  # token events of the current step
