@@ -423,3 +423,28 @@ def test_native_gate_and_topk_refuse_or_handle_shapes_the_kernel_cannot_take() -
     for kbar, block in ((torch.randn(1, 1, 9, 4), 4), (torch.randn(1, 3, 3, 4), 4), (torch.randn(1, 1, 3, 5), 4)):
         with pytest.raises(ValueError, match="moba_gate needs"):
             moba_gate(q, kbar, block, 1)
+
+
+def test_density_closed_form_and_top_k_search_equal_the_loops_and_scale() -> None:
+    # MoBA.pairs summed block by block (O(n / block): 8 s at n = 1e7, block 1) and
+    # moba_top_k_for_density scanned every top_k (O(blocks^2): n = 1e5, block 1 never ended);
+    # both now closed form / bisection, held here to the plain loops
+    import random
+    import time
+
+    def pairs_loop(n: int, b: int, k: int) -> int:
+        return sum(min(b, n - i * b) * (min(b, n - i * b) + 1) // 2 + min(b, n - i * b) * b * min(k, i)
+                   for i in range(-(-n // b)))
+
+    def top_k_scan(n: int, b: int, d: float) -> int:
+        return min(range(1, max(2, -(-n // b))), key=lambda kk: abs(moba_density(n, b, kk) - d))
+
+    rng = random.Random(0)
+    for _ in range(300):
+        n, b, k = rng.randint(1, 300), rng.randint(1, 40), rng.randint(1, 12)
+        assert MoBA(b, k).pairs(n) == pairs_loop(n, b, k), (n, b, k)
+        d = rng.choice([rng.uniform(0.01, 1.0), moba_density(n, b, k)])
+        assert moba_top_k_for_density(n, b, d) == top_k_scan(n, b, d), (n, b, d)
+    t = time.perf_counter()
+    assert 0 < moba_density(10**9, 1, 3) < 1e-8 and moba_top_k_for_density(10**6, 1, 0.1) > 1
+    assert time.perf_counter() - t < 1.0  # microseconds of arithmetic; 1 s leaves room for a loaded machine

@@ -190,6 +190,16 @@ def moba_top_k_for_density(n: int, block: int, density: float) -> int:
     if not 0 < density <= 1:
         raise ValueError(f"density must be in (0, 1], got {density}")
     n_blocks = -(-n // block)
-    # density grows with top_k and is 1 at top_k = n_blocks - 1: take the closest
-    return min(range(1, max(2, n_blocks)), key=lambda kk: abs(moba_density(n, block, kk) - density))
+    # density grows strictly with top_k up to n_blocks - 1 (where it is 1): bisect for the first
+    # top_k at or past the target, then take the closer of it and the one below (ties: lower)
+    lo, hi = 1, max(1, n_blocks - 1)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if moba_density(n, block, mid) >= density:
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo > 1 and abs(moba_density(n, block, lo - 1) - density) <= abs(moba_density(n, block, lo) - density):
+        return lo - 1
+    return lo
 

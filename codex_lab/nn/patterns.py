@@ -345,12 +345,14 @@ class MoBA(AttentionPattern):
 
     def pairs(self, n: int, chunk: int = 1024) -> int:
         _check_len(n)
-        b, total = self.block, 0
-        for i in range(-(-n // b)):
-            r = min(b, n - i * b)  # queries in block i
-            # own block causally r (r + 1) / 2, plus b keys in each of min(k, i) earlier blocks
-            total += r * (r + 1) // 2 + r * b * min(self.top_k, i)
-        return total
+        b, k = self.block, self.top_k
+        # per block i (r queries): own block causally r (r + 1) / 2, plus b keys in each of
+        # min(k, i) earlier blocks; in closed form over the F = n // b full blocks
+        # (sum_{i<F} min(k, i) = m (m - 1) / 2 + k max(0, F - k), m = min(k, F)) and the tail
+        f, r = divmod(n, b)
+        m = min(k, f)
+        total = f * b * (b + 1) // 2 + b * b * (m * (m - 1) // 2 + k * max(0, f - k))
+        return total + r * (r + 1) // 2 + r * b * min(k, f)
 
 
 def union(*patterns: AttentionPattern) -> AttentionPattern:
