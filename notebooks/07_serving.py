@@ -394,16 +394,23 @@ assert list(door.values()) == [403, 415, 400, 400, 200]
 
 # %% [markdown]
 # ## 4. Release gates: a damaged candidate is refused
-# The suite: 8 fixed function prompts with tests. Gates: syntax (the body parses and is not
-# empty), functional (the tests pass in the sandbox: subprocess, time and memory limits, no
-# network, a temporary folder), style (an explicit consistency measure: 4-space indentation,
-# snake_case names, lines <= 79), and latency attainment. A candidate passes only if it is no
-# worse than the baseline on every gate. The candidate here is the shipped model with noise
-# added to every weight (a botched fine-tune, say).
+# Gates: syntax (on 8 fixed function prompts, the body parses and is not empty), functional
+# (codebench pass@1 on held-out problems, lesson 05's executable benchmark: each answer's
+# program runs in the sandbox with time and memory limits and no network), style (an
+# explicit consistency measure: 4-space indentation, snake_case names, lines <= 79), and
+# latency attainment. A candidate passes only if it is no worse than the baseline on every
+# gate. The shipped model has never seen codebench's answer format and scores 0 on it, and
+# so would any damaged copy: a functional gate would see nothing. So the baseline released
+# here is the shipped model after lesson 05's balanced fine-tune on codebench's training
+# split (`tune_for_codebench`, about 40 steps); the candidate is that model with noise added
+# to every weight (a botched fine-tune, say).
 
 # %%
+from codex_lab.lessons.l05_multitask.experiments import tune_for_codebench
+
+tuned = tune_for_codebench(model, tok)  # the release baseline: knows codebench's answer format
 reg = cl.Registry(tempfile.mkdtemp(prefix="codex-lab-registry-"))
-v1 = reg.add(model, tok, note="shipped tiny model")
+v1 = reg.add(tuned, tok, note="shipped tiny model, fine-tuned on codebench's training split")
 reg.promote(v1)
 base = reg.load()  # verified against its checksum, then loaded
 print("registry current:", reg.current(), "| manifest sha256", reg.manifest(v1).sha256[:16])
@@ -424,6 +431,11 @@ print("a baseline answer:", repr(baseline_gates.samples[0][1][:120]))
 v2 = reg.add(damaged, base.tokenizer, gates={"passed": ok_damaged, "reasons": why, **damaged_gates.scores()},
              note="noise-damaged candidate")
 assert not ok_damaged
+# the functional gate alone tells the two apart, in the direction of the damage
+func_gap = baseline_gates.functional - damaged_gates.functional
+print(f"functional gate: baseline {baseline_gates.functional:.2f}, damaged {damaged_gates.functional:.2f} "
+      f"(the damage {'shows' if func_gap > 0 else 'does not show'} on codebench)")
+assert baseline_gates.functional > 0 and func_gap > 0
 
 # %% [markdown]
 # A copy of the baseline passes against the baseline (greedy decoding gives the same text;
