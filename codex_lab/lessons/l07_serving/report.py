@@ -50,8 +50,13 @@ def run(ctx) -> str:  # noqa: ANN001
             h = srv.health()
             leaked = h["in_flight"] + h["running"] + h["waiting"] + h["kv_used_tokens"]
             storm = malformed_storm(bg.url, 200)
-            base = run_gates(engine_completer(ck.model, ck.tokenizer), max_tokens=48)
-            dmg = run_gates(engine_completer(_perturbed(ck.model), ck.tokenizer), max_tokens=48)
+            # the baseline knows codebench's answer format (lesson 05's balanced fine-tune), so the
+            # functional gate can see damage; the untuned shipped model scores 0 there, as would its copy
+            from codex_lab.lessons.l05_multitask.experiments import tune_for_codebench
+
+            tuned = tune_for_codebench(ck.model, ck.tokenizer)
+            base = run_gates(engine_completer(tuned, ck.tokenizer), max_tokens=48)
+            dmg = run_gates(engine_completer(_perturbed(tuned), ck.tokenizer), max_tokens=48)
             passed, why = gate_decision(dmg.scores(), base.scores())
             ctl = CanaryController(srv, CanaryPolicy(share=0.3, min_requests=5, promote_after=10))
             ctl.start("v0002-slow", ck.model, step_delay_s=0.1)
@@ -124,8 +129,10 @@ def run(ctx) -> str:  # noqa: ANN001
     ctx.claim("keep at least two previous versions", f"after 5 promotions the registry holds {len(kept)} versions",
               "holds" if len(kept) >= 3 else "does not hold", lesson="07")
     ctx.claim("gate new versions on syntax, function and style; no worse than the baseline",
-              f"damaged candidate {'refused' if not passed else 'passed'}; functional pass rate "
-              f"{base.functional:.0%} for the tiny baseline, so only syntax/style/latency discriminate here",
+              f"damaged candidate {'refused' if not passed else 'passed'}; functional (codebench pass@1) "
+              f"{base.functional:.0%} for the fine-tuned baseline vs {dmg.functional:.0%} damaged"
+              + ("" if dmg.functional < base.functional else ": the functional gate did not see the damage in this run"),
+              "holds" if not passed and dmg.functional < base.functional else
               "holds with a correction" if not passed else "does not hold", lesson="07")
     ctx.claim("roll back a worse version (canary)", f"slow canary: {dec.action if dec else 'none'}, "
               f"{sc['errors']} failed client requests", "holds" if dec and dec.action == "rollback" and
