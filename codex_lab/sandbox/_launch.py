@@ -202,6 +202,70 @@ def enter_root(cfg: dict) -> None:
     _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
 
+# seccomp: syscalls whose memory no budget would see, refused for the child and all it starts
+# (x86_64, aarch64): memfd_create (file memory outside the scratch tmpfs), a new user namespace
+# via unshare/clone (its own tmpfs mounts), setns, clone3 (its flags cannot be inspected:
+# ENOSYS makes the C library fall back to clone), and raising a socket's buffers (SO_SNDBUF,
+# SO_RCVBUF and their FORCE forms: unread socket data is kernel memory; the defaults stay)
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+NR = {"x86_64": {"memfd_create": 319, "memfd_secret": 447, "setns": 308, "clone3": 435, "unshare": 272, "clone": 56,
+                 "setsockopt": 54},
+      "aarch64": {"memfd_create": 279, "memfd_secret": 447, "setns": 268, "clone3": 435, "unshare": 97, "clone": 220,
+                  "setsockopt": 208}}
+CLONE_NEWUSER, EPERM, ENOSYS = 0x10000000, 1, 38
+
+
+def seccomp_filter() -> bool:
+    """Install the filter above (needs no_new_privs); False on an architecture it does not know."""
+    arch = platform.machine()
+    if arch not in NR:
+        return False
+    nr = NR[arch]
+
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+
+    LD, JEQ, JSET, RET = 0x20, 0x15, 0x45, 0x06
+    ALLOW, ERRNO = 0x7FFF0000, 0x00050000
+    prog = [
+        (LD, 0, 0, 4),                          # 0: arch
+        (JEQ, 1, 0, AUDIT_ARCH[arch]),          # 1: our arch -> 3
+        (RET, 0, 0, ERRNO | EPERM),             # 2: another ABI (x32, i386 via int 0x80): refused
+        (LD, 0, 0, 0),                          # 3: syscall number
+        (JEQ, 7, 0, nr["memfd_create"]),        # 4 -> 12
+        (JEQ, 6, 0, nr["memfd_secret"]),        # 5 -> 12
+        (JEQ, 5, 0, nr["setns"]),               # 6 -> 12
+        (JEQ, 5, 0, nr["clone3"]),              # 7 -> 13
+        (JEQ, 5, 0, nr["unshare"]),             # 8 -> 14
+        (JEQ, 4, 0, nr["clone"]),               # 9 -> 14
+        (JEQ, 7, 0, nr["setsockopt"]),          # 10 -> 18
+        (RET, 0, 0, ALLOW),                     # 11
+        (RET, 0, 0, ERRNO | EPERM),             # 12
+        (RET, 0, 0, ERRNO | ENOSYS),            # 13: clone3
+        (LD, 0, 0, 16),                         # 14: low word of args[0] (the flags)
+        (JSET, 0, 1, CLONE_NEWUSER),            # 15: a new user namespace -> 16, else -> 17
+        (RET, 0, 0, ERRNO | EPERM),             # 16
+        (RET, 0, 0, ALLOW),                     # 17
+        (LD, 0, 0, 24),                         # 18: args[1], the level
+        (JEQ, 0, 6, 1),                         # 19: SOL_SOCKET -> 20, else -> 26 (allow)
+        (LD, 0, 0, 32),                         # 20: args[2], the option
+        (JEQ, 3, 0, 7),                         # 21: SO_SNDBUF -> 25
+        (JEQ, 2, 0, 8),                         # 22: SO_RCVBUF -> 25
+        (JEQ, 1, 0, 32),                        # 23: SO_SNDBUFFORCE -> 25
+        (JEQ, 0, 1, 33),                        # 24: SO_RCVBUFFORCE -> 25, else -> 26
+        (RET, 0, 0, ERRNO | EPERM),             # 25
+        (RET, 0, 0, ALLOW),                     # 26
+    ]
+    arr = (Insn * len(prog))(*[Insn(*i) for i in prog])
+    fprog = Prog(len(prog), arr)
+    if _libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise SetupError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+    return True
+
+
 def drop_privileges(cfg: dict) -> None:
     """Step 5's privilege part: no new privileges, every capability gone, unprivileged uid."""
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -222,6 +286,7 @@ def drop_privileges(cfg: dict) -> None:
     hdr, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words
     if _libc.capset(ctypes.byref(hdr), data) != 0:
         raise SetupError(ctypes.get_errno(), "capset (drop every capability)")
+    seccomp_filter()
 
 
 def _report(msg: str) -> None:
