@@ -71,7 +71,7 @@ class RecallConfig:
     the one binding is ~1/1000 of the signal). Then every arm starts from the same warm weights,
     takes its own patterns and trains ``steps`` steps on ``task``: far queries need the pattern
     to carry the binding across the distance. ``warm_from_asset``: the warm weights come from
-    ``codex_lab/assets/l02_recall_warm.pt`` (trained once by :func:`train_warm`, seed 0), and
+    ``codex_lab/assets/l02_recall_warm.safetensors`` (trained once by :func:`train_warm`, seed 0), and
     the seeds vary the arms' own steps (batches) only; otherwise each seed trains its warm-up.
     """
 
