@@ -19,7 +19,7 @@
 # # Lesson 01: what does a code model attend to?
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/01_attention_patterns.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 8 s (2 idle cores, one math thread, measured with `scripts/time_notebooks.py` on 2026-12-01); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: 3 s on the course's reference 2-core machine (one math thread; measured 6 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).
 #
 # The source article argues for sparse attention on code because "code has local scope":
 # each token should mostly need a window of 64-128 nearby tokens. Before building sparse

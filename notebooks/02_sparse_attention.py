@@ -19,7 +19,7 @@
 # # Lesson 02: sparse attention, what it costs and what it saves
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/02_sparse_attention.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 9 min 38 s wall measured under load (2 cores shared with about ten other jobs, load average 11-12, one math thread, `pytest --nbval-lax` on 2026-12-02), of which this notebook's processes used 140 s of CPU time: about the wall time to expect on 2 idle cores (an estimate, not measured on an idle machine); the long-range part is most of it. Full mode on one GPU: not measured (no GPU was available; it trains a warm start per seed and runs 2048-token sequences with 5 seeds).
+# **Run time:** fast mode on CPU: 89 s on the course's reference 2-core machine (one math thread; measured 149 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not measured (no GPU was lent this round; it trains a warm start per seed and runs 2048-token sequences with 5 seeds).
 #
 # The article: local window attention (64-128 tokens) plus strided global links (stride
 # 16-32) take attention "from O(N^2) to O(N sqrt N)", keep "cross-function dependencies",

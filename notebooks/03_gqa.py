@@ -19,7 +19,7 @@
 # # Lesson 03: grouped-query attention (MHA -> GQA -> MQA)
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/03_gqa.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 31 s (the CPU time of one run under nbval with one math thread, measured under load (other jobs running) on 2026-12-01; not yet re-timed on idle cores); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: 16 s on the course's reference 2-core machine (one math thread; measured 26 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).
 #
 # While a model generates code, every layer keeps the keys and values of every earlier token
 # (the KV cache) so that each new token costs one row of attention, not a full recomputation.

@@ -19,7 +19,7 @@
 # # Lesson 04: mixture of experts
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/04_moe.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 42 s (the CPU time of one run under nbval with one math thread, measured under load (other jobs running) on 2026-12-01; not yet re-timed on idle cores); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: 21 s on the course's reference 2-core machine (one math thread; measured 36 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).
 #
 # The source article (its claims are listed in the course's SEED.md) recommends
 # mixture-of-experts (MoE) feed-forward layers with **8-16 experts and top-k = 2-4**: "the total capacity of a big dense model at the

@@ -19,7 +19,7 @@
 # # Lesson 05: multi-task fine-tuning with balanced losses
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/05_multitask.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: about 110 s (CPU time of the notebook's process, one math thread: 99 s and 119 s in two runs measured under load - other jobs running - on 2026-12-01; 21 fine-tunes of the shipped model and 4 HumanEval problems); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: 58 s on the course's reference 2-core machine (one math thread; measured 98 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).
 #
 # The article: code generation is several tasks (completion, bug fixing, test generation,
 # translation); they differ in data size and convergence speed; an equal-weight sum of

@@ -19,7 +19,7 @@
 # # Lesson 06: fast inference
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/06_fast_inference.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 36 s (the CPU time of one run under nbval with one math thread, measured under load (other jobs running) on 2026-12-01; not yet re-timed on idle cores); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: 16 s on the course's reference 2-core machine (one math thread; measured 27 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).
 #
 # The article (section 3) names the levers: a KV cache that "grows linearly with sequence
 # length", grouped KV heads, and better batch scheduling, with targets of TTFT < 100 ms and

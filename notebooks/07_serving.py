@@ -19,7 +19,7 @@
 # # Lesson 07: a monitored server, release gates, canary and rollback
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/07_serving.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 43 s (2 idle cores, one math thread, measured with `scripts/time_notebooks.py` on 2026-12-01); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: 24 s on the course's reference 2-core machine (one math thread; measured 40 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).
 #
 # The article (section 4 of the seed) asks a code model in production for: time to first
 # token (TTFT) under 100 ms, time between tokens (TBT) under 20 ms, every request done within

@@ -19,7 +19,7 @@
 # # Lesson 08: capstone: one model with every optimisation, trained, gated and served
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/08_capstone.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 37 s (the CPU time of one run under nbval with one math thread, measured under load (other jobs running) on 2026-12-01; not yet re-timed on idle cores); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: 17 s on the course's reference 2-core machine (one math thread; measured 29 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).
 #
 # Every earlier lesson took one claim of the article apart. Here they come together the way
 # the article proposes, in one model, and we ask the question a team would ask before
