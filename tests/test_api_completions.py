@@ -337,12 +337,26 @@ def test_client_leaving_a_batched_request_frees_every_choice(served, stream):
     before = disconnected()
     body = {"model": NAME, "prompt": ["def f(x):\n", "y = "], "n": 2, "max_tokens": 200, "temperature": 1.0,
             "seed": 1, "stream": stream, "logit_bias": {str(srv.tokenizer.eot_id): -100}}  # no early end
-    try:  # leave after the first bytes (stream) or before the answer (plain)
-        with httpx.stream("POST", bg.url + "/v1/completions", json=body, timeout=0.3 if not stream else 60) as r:
+    if stream:  # leave after the first bytes
+        with httpx.stream("POST", bg.url + "/v1/completions", json=body, timeout=60) as r:
             for _ in r.iter_bytes():
                 break
-    except httpx.ReadTimeout:
-        pass
+    else:  # leave before the answer, once the server is generating (a raw socket: no client-side race)
+        import json as _json
+        import socket
+        from urllib.parse import urlparse
+
+        u = urlparse(bg.url)
+        payload = _json.dumps(body).encode()
+        sock = socket.create_connection((u.hostname, u.port), timeout=10)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: " + u.hostname.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: " + str(len(payload)).encode() +
+                     b"\r\n\r\n" + payload)
+        t0 = time.time()
+        while time.time() - t0 < 15 and srv.health()["running"] < 4:
+            time.sleep(0.01)
+        assert srv.health()["running"] == 4, srv.health()  # all four choices are being generated
+        sock.close()
     t0 = time.time()
     while time.time() - t0 < 15:  # all four engine requests are cancelled and released
         h = srv.health()

@@ -176,15 +176,18 @@ class Run:
             self._account(done)
 
     def _account(self, done: bool) -> None:
-        self.server.release()
+        # metrics first, then the slot: whoever sees the request gone (/health) sees it counted
         m, v = self.server.metrics, self.worker.version
-        if self.error is not None:
-            m.error("internal", v)
-        elif self.reason == "disconnected" or not done:
-            m.error("disconnected", v)
-        else:
-            m.observe_request(v, arrival=self.live.arrival, token_times=self.live.token_times[: len(self.ids)],
-                              prompt_tokens=len(self.req.prompt_ids), finish_reason=self.reason or "length")
+        try:
+            if self.error is not None:
+                m.error("internal", v)
+            elif self.reason == "disconnected" or not done:
+                m.error("disconnected", v)
+            else:
+                m.observe_request(v, arrival=self.live.arrival, token_times=self.live.token_times[: len(self.ids)],
+                                  prompt_tokens=len(self.req.prompt_ids), finish_reason=self.reason or "length")
+        finally:
+            self.server.release()
 
     # ---- answers -----------------------------------------------------------------------
     def abandon(self) -> None:
