@@ -98,10 +98,24 @@ def _layout_script(home: str, kind: str, as_user: bool) -> str:
     return "\n".join(lines)
 
 
+def _others_can_reach(path: str) -> bool:
+    """Every folder on ``path`` lets other users pass (o+x): a normal user can import from it."""
+    p = os.path.realpath(path)
+    while True:
+        if not os.stat(p).st_mode & 0o001:
+            return False
+        if p == "/":
+            return True
+        p = os.path.dirname(p)
+
+
 @needs_tools
 @pytest.mark.parametrize("as_user", [False, True], ids=["root", "normal_user"])
 @pytest.mark.parametrize("kind", ["pyenv_venv_home", "conda_home", "venv_in_clone", "user_site"])
 def test_the_sandbox_starts_in_layout(kind, as_user):
+    if as_user and not _others_can_reach(ENV_SITE):
+        pytest.skip(f"the environment {ENV_SITE} sits in a folder other users cannot enter: "
+                    "the normal user of this test could not import torch from it")
     # a folder every user can pass through (pytest's tmp_path sits in root's 0700 folder)
     base = Path(tempfile.mkdtemp(prefix="codex-lab-layout-"))
     os.chmod(base, 0o755)
