@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from codex_lab.course import wire
 from codex_lab.course.outcome import ERROR, Result
 
 
@@ -70,17 +71,6 @@ def _load_hidden(sources: dict[str, str]) -> dict[tuple[str, str], Any]:
     return reg
 
 
-class _Sink:
-    def write(self, s: str) -> int:
-        return len(s)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-
 def child_main() -> None:
     """Run ``task.json`` (cwd); report on stdout as ``NONCE KIND JSON`` lines."""
     task = json.loads(Path("task.json").read_text())
@@ -129,7 +119,7 @@ def child_main() -> None:
     _load_checks(checks_src, Path(checks.__file__).resolve().parents[1])
     registry = {(les, n, e.visibility): e for (les, n), e in checks.REGISTRY.items() if les == task["lesson"]}
     registry.update({(les, n, checks.HIDDEN): e for (les, n), e in _load_hidden(hidden_src).items()})
-    sys.stdout = sys.stderr = _Sink()  # type: ignore[assignment]
+    sys.stdout = sys.stderr = wire.Discard()  # type: ignore[assignment]
     timeout_s = float(task["timeout_s"])
     for key in todo_keys:
         e = registry.get(key)

@@ -188,17 +188,6 @@ def install_hook(fb: Forbidden, own_file: str = "") -> dict[str, bool]:
     return state
 
 
-class _Sink:
-    def write(self, s: str) -> int:
-        return len(s)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-
 def _copies(module: types.ModuleType, fb: Forbidden) -> None:
     """Functions of the file that are verbatim copies of a forbidden one refuse too."""
     seen: set[int] = set()
@@ -240,7 +229,7 @@ def main() -> None:
         from codex_lab.sandbox.guard import install
 
         install(os.getcwd())
-    sys.stdout = sys.stderr = _Sink()  # type: ignore[assignment]
+    sys.stdout = sys.stderr = wire.Discard()  # type: ignore[assignment]
     linecache.clearcache()
     state["armed"] = True  # before the file loads: code in class bodies and default arguments runs now
     try:

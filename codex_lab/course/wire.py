@@ -273,3 +273,17 @@ def pack(value: Any, handle: Callable[[Any], dict[str, Any]] | None = None) -> t
     """(tree, blobs) of one value."""
     blobs: list[bytes] = []
     return encode(value, blobs, handle), blobs
+
+
+class Discard:
+    """A text stream that drops what is written (stdout/stderr of the grading processes: only
+    the checker's tagged result lines may reach the parent)."""
+
+    def write(self, s: str) -> int:
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
