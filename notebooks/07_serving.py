@@ -399,8 +399,8 @@ assert list(door.values()) == [403, 415, 400, 400, 200]
 # program runs in the sandbox with time and memory limits and no network), style (an
 # explicit consistency measure: 4-space indentation, snake_case names, lines <= 79), and
 # latency attainment. A candidate passes only if it is no worse than the baseline on every
-# gate. The shipped model has never seen codebench's answer format and scores 0 on it, and
-# so would any damaged copy: a functional gate would see nothing. So the baseline released
+# gate. The shipped model has never seen codebench's answer format (lesson 05 measures it
+# before fine-tuning), so a functional gate on it would have little to lose. So the baseline released
 # here is the shipped model after lesson 05's balanced fine-tune on codebench's training
 # split (`tune_for_codebench`, about 40 steps); the candidate is that model with noise added
 # to every weight (a botched fine-tune, say).

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compile", action="store_true",
                    help="decode with the eager engine step instead of the compiled fixed-shape one "
                         "(the compiled step is compiled in the background while the eager one serves: 7 graphs for the shipped model, "
-                        "about 36 s on 2 CPU cores with Inductor's cache warm, longer the very first time)")
+                        "22 s on 2 quiet CPU cores with Inductor's cache warm, measured 2026-12-02; longer the very first time)")
     p.add_argument("--device", default=None)
 
 
@@ -142,7 +142,8 @@ def compiled_engine(model: Any, tokenizer: Any, **kw: Any) -> Any:
     """An :class:`~codex_lab.infer.engine.Engine` with the compiled decode step. It serves at
     once: every bucket compiles in a background thread while steps run the same padded step
     eagerly (the same tokens), and all steps switch to the graphs when the last one is built
-    (about 35-95 s on 2 CPU cores; the first answer does not wait for it). Prints what it did."""
+    (21.8 s after start on 2 quiet CPU cores with Inductor's cache warm, 2026-12-02; the first
+    answer does not wait for it). Prints what it did."""
     import time
 
     from codex_lab.infer.engine import Engine
