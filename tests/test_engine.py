@@ -182,7 +182,7 @@ def test_chunked_prefill_same_tokens(tok):
 
 
 def test_streamable_holds_back_partial_characters_and_stop_prefixes():
-    from codex_lab.infer.engine import _streamable
+    from codex_lab.infer.scheduler import streamable as _streamable
 
     assert _streamable("ab\ufffd", []) == "ab"  # a character whose bytes are still incomplete
     assert _streamable("x = 1\n", ["\n\n"]) == "x = 1"  # "\n" may become the stop string

@@ -171,6 +171,7 @@ def compiled_engine(model: Any, tokenizer: Any, **kw: Any) -> Any:
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from codex_lab.infer.paged_step import freeze_long_lived
     from codex_lab.runtime import get_device
     from codex_lab.serve.app import ModelServer, check_loopback, create_app
     from codex_lab.serve.registry import Registry
@@ -203,6 +204,7 @@ def main(args: argparse.Namespace) -> int:
         cfg.fim_format = str(ck.meta.get("fim_format", "psm"))
     server = ModelServer(ck.tokenizer, cfg, engine_factory=None if args.no_compile else compiled_engine)
     server.add_version(version, ck.model)
+    freeze_long_lived()  # loaded objects out of the collector's reach (the compile thread freezes its own too)
     auth = "API key required" if cfg.api_key else "no API key"
     print(f"serving {args.model_name} ({version}) on http://{args.host}:{args.port}/v1  (metrics: /metrics; {auth})")
     uvicorn.Server(uvicorn_config(create_app(server), cfg, host=args.host, port=args.port)).run()

@@ -1,7 +1,7 @@
 """An inference engine with iteration-level continuous batching (Orca) and paged KV memory.
 
 Requests join and leave at every step: ``step()`` admits waiting requests that fit,
-prefills each of them (one forward over the whole prompt gives its first token; with
+prefills them (one batched forward over their prompts gives each its first token; with
 ``max_prefill_tokens`` long prompts are prefilled in chunks over several steps), then
 runs ONE batched decode forward for every request that already has a token. A finished
 request frees its KV blocks at once, so the next waiting request can start in the next
@@ -45,15 +45,14 @@ import torch
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.generate import decode_step
 from codex_lab.infer.paged_step import CompiledPagedStep
+from codex_lab.infer.prefill import prefill_batch, prefill_one
 from codex_lab.infer.sampling import GREEDY_BELOW, SamplingParams, batched_probs, sample_next, token_logprobs
 from codex_lab.infer.scheduler import (FINISH_REASONS, Finished, IncrementalText, Request, TokenCallback, admit,
-                                       cut_at_stop, expired, grow, streamable)
+                                       cut_at_stop, expired, grow, kv_stats, streamable)
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
 
 __all__ = ["Engine", "Finished", "SamplingParams", "FINISH_REASONS", "TokenCallback"]
-_Request = Request  # the names before the split into engine + scheduler
-_streamable = streamable
 
 
 class Engine:
@@ -105,10 +104,13 @@ class Engine:
         cap = max_batch_size * self.cfg.max_seq_len if max_kv_tokens is None else max_kv_tokens
         if cap < block_size:
             raise ValueError(f"max_kv_tokens={cap} is smaller than one block of {block_size} tokens")
-        self.usable_blocks = cap // block_size  # the compiled step takes one more block as its scratch
-        self.pool = PagedKVPool(self.cfg.n_layer, self.cfg.n_kv_head, self.cfg.head_dim, self.usable_blocks + int(compile),
+        self.usable_blocks = cap // block_size  # plus one scratch block
+        self.pool = PagedKVPool(self.cfg.n_layer, self.cfg.n_kv_head, self.cfg.head_dim, self.usable_blocks + 1,
                                 block_size, device=self.device, dtype=p.dtype)
         self.fast_step = CompiledPagedStep(model, self.pool, max_batch_size, backend=compile_backend) if compile else None
+        # one block no request owns: padding rows of the compiled step and of batched prefill write there
+        self.scratch = self.fast_step.scratch if self.fast_step else self.pool.allocate(1)[0]
+        self.batch_prefill = True  # False: one prefill forward per request (the reference path)
         self.eot_id = tokenizer.eot_id
         self._rids = itertools.count()
         self._inbox_lock = threading.Lock()
@@ -187,11 +189,7 @@ class Engine:
         return pending or bool(self.waiting or self.running or self._done)
 
     def stats(self) -> dict[str, int]:
-        """Requests and KV memory right now.
-
-        kv_used_*: tokens whose K/V are stored; kv_allocated_*: the blocks owned by running
-        requests (stored tokens rounded up to whole blocks); kv_capacity_*: the whole pool.
-        """
+        """Requests and KV memory right now (:func:`~codex_lab.infer.scheduler.kv_stats`)."""
         with self._inbox_lock:
             queued = len(self._inbox)
         running: list[Request] = []
@@ -201,16 +199,7 @@ class Engine:
                 break
             except RuntimeError:
                 continue
-        bpt = self.pool.bytes_per_token()
-        used = sum(r.cached for r in running)
-        alloc = sum(len(r.blocks) for r in running) * self.pool.block_size
-        cap = self.usable_blocks * self.pool.block_size
-        return {
-            "running": len(running), "waiting": len(self.waiting) + queued, "steps": self.steps,
-            "kv_used_tokens": used, "kv_used_bytes": used * bpt,
-            "kv_allocated_tokens": alloc, "kv_allocated_bytes": alloc * bpt,
-            "kv_capacity_tokens": cap, "kv_capacity_bytes": cap * bpt, "kv_block_size": self.pool.block_size,
-        }
+        return kv_stats(running, len(self.waiting) + queued, self.steps, self.pool, self.usable_blocks)
 
     # ---------------------------------------------------------------- engine thread
     def run_until_done(self) -> list[Finished]:
@@ -236,16 +225,14 @@ class Engine:
             for req in admit(self.waiting, self.running, self.max_batch_size, self.pool):
                 self.running[req.rid] = req
             budget = self.max_prefill_tokens or sum(len(r.prompt) for r in self.running.values())
-            prefilled: list[int] = []
+            rows: list[tuple[Request, int]] = []  # (request, prompt tokens to prefill now)
             for req in [r for r in self.running.values() if r.cached < len(r.prompt)]:
                 if budget <= 0:
                     break
-                n = min(len(req.prompt) - req.cached, budget)
-                budget -= n
-                prefilled.append(req.rid)
-                done = self._guarded(req, self._prefill_and_emit, req, n)
-                if done:
-                    finished.append(done)
+                rows.append((req, min(len(req.prompt) - req.cached, budget)))
+                budget -= rows[-1][1]
+            prefilled = [r.rid for r, _ in rows]
+            finished.extend(self._prefill(rows))
             if decoding:
                 finished.extend(self._decode(decoding))
             self.timeline.append((self.steps, prefilled, [r.rid for r in decoding]))
@@ -279,16 +266,30 @@ class Engine:
         warnings.warn(f"request {req.rid} failed: {type(exc).__name__}: {exc}; the other requests go on")
         return self._finish(req, "error", text="", error=f"{type(exc).__name__}: {exc}")
 
+    def _prefill(self, rows: list[tuple[Request, int]]) -> list[Finished]:
+        """Prefill ``rows`` (request, n tokens): one forward for all (``prefill_batch``), or one
+        per request when ``batch_prefill`` is False (the reference) or the batch raises."""
+        serial = lambda rs: [d for r, n in rs if (d := self._guarded(r, self._prefill_and_emit, r, n))]  # noqa: E731
+        if not (self.batch_prefill and len(rows) > 1):
+            return serial(rows)
+        grown = [(r, n, self._guarded(r, grow, self.pool, r, r.cached + n)) for r, n in rows]  # d: failed to grow
+        out, ok = [d for *_, d in grown if d], [(r, n) for r, n, d in grown if d is None]
+        try:
+            logits = prefill_batch(self.model, self.pool, ok, self.scratch, self.device)  # (B, V)
+        except Exception:  # noqa: BLE001 (one by one finds the request that fails on its own)
+            return out + serial(ok)
+        for i, (r, n) in enumerate(ok):
+            r.cached += n
+            if r.cached == len(r.prompt) and (d := self._guarded(r, self._emit, r, logits[i : i + 1])):
+                out.append(d)
+        return out
+
     def _prefill_and_emit(self, req: Request, n: int) -> Finished | None:
-        """Prefill the next ``n`` prompt tokens of ``req``; when the prompt is done, its last
-        logits give the first output token."""
-        start = req.cached
-        grow(self.pool, req, start + n)
-        idx = torch.tensor([req.prompt[start : start + n]], device=self.device)  # (1, n)
-        pos = torch.arange(start, start + n, device=self.device)[None]  # (1, n)
-        tables = torch.tensor([req.blocks], device=self.device)  # (1, NB)
-        logits = decode_step(self.model, idx, pos, self.pool.views(tables))  # (1, V)
-        req.cached = start + n
+        """Prefill the next ``n`` prompt tokens of ``req`` alone; when the prompt is done, its
+        last logits give the first output token."""
+        grow(self.pool, req, req.cached + n)
+        logits = prefill_one(self.model, self.pool, req, n, self.device)  # (1, V)
+        req.cached += n
         return self._emit(req, logits) if req.cached == len(req.prompt) else None
 
     def _forward(self, reqs: list[Request]) -> torch.Tensor:

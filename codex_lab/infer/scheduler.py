@@ -158,3 +158,22 @@ def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
     """``text`` cut before the first stop string, and whether one was found."""
     cuts = [text.find(s) for s in stop if s in text]
     return (text[: min(cuts)], True) if cuts else (text, False)
+
+
+def kv_stats(running: list[Request], waiting: int, steps: int, pool: PagedKVPool, usable_blocks: int) -> dict[str, int]:
+    """Requests and KV memory of an engine.
+
+    kv_used_*: tokens whose K/V are stored; kv_allocated_*: the blocks owned by running
+    requests (stored tokens rounded up to whole blocks); kv_capacity_*: the usable pool
+    (``usable_blocks``, without the scratch block).
+    """
+    bpt = pool.bytes_per_token()
+    used = sum(r.cached for r in running)
+    alloc = sum(len(r.blocks) for r in running) * pool.block_size
+    cap = usable_blocks * pool.block_size
+    return {
+        "running": len(running), "waiting": waiting, "steps": steps,
+        "kv_used_tokens": used, "kv_used_bytes": used * bpt,
+        "kv_allocated_tokens": alloc, "kv_allocated_bytes": alloc * bpt,
+        "kv_capacity_tokens": cap, "kv_capacity_bytes": cap * bpt, "kv_block_size": pool.block_size,
+    }

@@ -174,6 +174,7 @@ class CodexModel(nn.Module):
         positions: Tensor | None = None,
         caches: Sequence[LayerCache] | None = None,
         last_only: bool = False,
+        last_index: Tensor | None = None,
     ) -> ModelOutput:
         """Run the model.
 
@@ -184,6 +185,8 @@ class CodexModel(nn.Module):
                 cache's length when ``caches`` are given and positions are omitted.
             caches: one :class:`~codex_lab.nn.kv_cache.LayerCache` per layer, for decoding.
             last_only: compute logits for the last position only (generation).
+            last_index: (B,) compute logits only at position ``last_index[b]`` of row b
+                (right-padded batched prefill); logits (B, 1, V).
         """
         B, T = idx.shape
         plain_causal = positions is None and caches is None
@@ -212,7 +215,9 @@ class CodexModel(nn.Module):
             if layer_aux is not None:
                 aux = aux + layer_aux
         x = self.norm(x)
-        if last_only:
+        if last_index is not None:
+            x = x[torch.arange(B, device=x.device), last_index][:, None]  # (B, 1, d): row b at last_index[b]
+        elif last_only:
             x = x[:, -1:, :]  # (B, 1, d)
         logits = self.lm_head(x)  # (B, T, V)
         loss = None
