@@ -128,3 +128,20 @@ def test_error_in_the_watch_thread_is_raised_by_join(small_tokenizer):
     ctl.watch(interval_s=0.01, timeout_s=5)
     with pytest.raises(RuntimeError, match="stopped on an error.*metrics series missing"):
         ctl.join(5)
+
+
+def test_client_window_counts_what_the_clients_saw():
+    """The canary rule on a server whose metrics cannot be read (llama.cpp's): the window comes
+    from a client-side load test and decides as the Prometheus one would."""
+    from codex_lab.serve.canary import CanaryPolicy, client_window, decide
+    from codex_lab.serve.loadtest import LoadReport
+
+    fast = LoadReport(ttft=[0.05] * 10, tbt=[0.01] * 90, ok=10)
+    slow = LoadReport(ttft=[0.05] * 5 + [0.3] * 5, tbt=[0.01] * 45 + [0.05] * 45, ok=9, errors={"status 500": 1})
+    pol = CanaryPolicy(min_requests=8, promote_after=8)
+    w = client_window(slow, pol)
+    assert (w["n"], w["failures"], w["ttft_attainment"], w["tbt_attainment"]) == (10, 1, 0.5, 0.5)
+    assert w["error_rate"] == 0.1
+    assert decide(client_window(fast, pol), client_window(fast, pol), pol)[0] == "promote"
+    action, reasons = decide(w, client_window(fast, pol), pol)
+    assert action == "rollback" and len(reasons) == 3  # errors, TTFT and TBT attainment

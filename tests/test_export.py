@@ -169,31 +169,52 @@ def http_completer(url: str, model: str):
     return complete
 
 
+def llama_cpp_server_command(gguf_path, port: int, n_ctx: int, slots: int) -> list[str]:
+    """The command of llama.cpp's OpenAI-compatible server on ``gguf_path``: its own ``llama-server``
+    binary (``CODEX_LAB_LLAMA_SERVER`` or on PATH), else llama-cpp-python's ``llama_cpp.server``;
+    skips, saying why, when neither is installed."""
+    import os
+    import shutil
+    import sys
+
+    exe = os.environ.get("CODEX_LAB_LLAMA_SERVER") or shutil.which("llama-server")
+    if exe:  # one slot per concurrent client, each with the model's whole context
+        return [exe, "-m", str(gguf_path), "--alias", "codex-lab-tiny", "--host", "127.0.0.1", "--port", str(port),
+                "-c", str(n_ctx * slots), "-np", str(slots), "-t", "1", "--no-warmup"]
+    try:
+        import llama_cpp  # noqa: F401
+        import sse_starlette  # noqa: F401
+    except ImportError:
+        pytest.skip("llama.cpp is not installed: neither a llama-server binary (CODEX_LAB_LLAMA_SERVER or PATH; "
+                    "build it from llama.cpp's source with cmake) nor llama-cpp-python[server] (pip builds it "
+                    "from source for ~30 min on 2 cores); the GGUF was not run by llama.cpp")
+    return [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_path), "--model_alias", "codex-lab-tiny",
+            "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", "1"]
+
+
 def test_llama_cpp_server_runs_the_gguf(exported):
-    """llama.cpp's OpenAI-compatible server (llama-cpp-python) on the exported GGUF: its greedy text
-    equals codex-lab generate's, then the course's load test and gates are driven against it once."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip builds llama.cpp from source: "
-                                            "pip install 'llama-cpp-python[server]'); the GGUF was not run by llama.cpp")
-    pytest.importorskip("sse_starlette", reason="llama-cpp-python's server extra is not installed")
+    """llama.cpp's OpenAI-compatible server on the exported GGUF: its greedy text equals codex-lab
+    generate's, then the course's load test and gates are driven against it once."""
     import socket
     import subprocess
-    import sys
     import time
 
     import httpx
 
+    from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+    from codex_lab.serve.canary import CanaryPolicy, client_window, decide
     from codex_lab.serve.gates import run_gates
     from codex_lab.serve.loadtest import run_load
 
     out, ck = exported
+    if not (out / "model.gguf").is_file():
+        pytest.skip("the gguf package is not installed, so no GGUF was exported (pip install 'codex_lab[gguf]')")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(out / "model.gguf"),
-                             "--model_alias", "codex-lab-tiny", "--port", str(port), "--n_ctx",
-                             str(ck.model.cfg.max_seq_len), "--n_threads", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = llama_cpp_server_command(out / "model.gguf", port, ck.model.cfg.max_seq_len, slots=2)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         t0 = time.time()
         while True:
@@ -214,6 +235,18 @@ def test_llama_cpp_server_runs_the_gguf(exported):
         rep = run_load(url, concurrency=2, requests=8, max_tokens=16, progress=False)
         print("\nllama.cpp load test:", rep.summary())
         assert rep.ok == 8
+        # the canary rule with llama.cpp's server as the candidate and codex-lab serve as the primary
+        srv = ModelServer(ck.tokenizer, ServerConfig(model_name="codex-lab-tiny"))
+        srv.add_version("v0001", ck.model)
+        bg = serve_in_background(srv)
+        try:
+            ours_rep = run_load(bg.url, concurrency=2, requests=8, max_tokens=16, progress=False)
+        finally:
+            bg.stop()
+        policy = CanaryPolicy(min_requests=8, promote_after=8)
+        action, reasons = decide(client_window(rep, policy), client_window(ours_rep, policy), policy)
+        print("canary, llama.cpp vs codex-lab serve:", action, reasons)
+        assert action in ("promote", "rollback") and reasons  # 8 requests: the rule decides
         gates = run_gates(http_completer(url, "codex-lab-tiny"), bench=None)
         print("llama.cpp gates:", gates.scores())
         ours = run_gates(http_completer_inproc(ck), bench=None)

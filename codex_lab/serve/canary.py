@@ -75,6 +75,18 @@ def window_stats(now: dict[str, float], start: dict[str, float] | None = None) -
     return d
 
 
+def client_window(rep: Any, policy: CanaryPolicy | None = None) -> dict[str, float]:
+    """:func:`window_stats` of a client-side load test (a ``LoadReport``: ttft, tbt in seconds, ok,
+    errors), for a server whose metrics the controller cannot read (another engine, such as
+    llama.cpp's server): the same counts the Prometheus series give, seen by the clients."""
+    policy = policy or CanaryPolicy()
+    failures = float(sum(rep.errors.values()))
+    now = {"n": rep.ok + failures, "failures": failures,
+           "ttft_n": float(len(rep.ttft)), "ttft_ok": float(sum(x <= policy.ttft_slo_s for x in rep.ttft)),
+           "itl_n": float(len(rep.tbt)), "itl_ok": float(sum(x <= policy.tbt_slo_s for x in rep.tbt))}
+    return window_stats(now)
+
+
 def decide(canary: dict[str, float], primary: dict[str, float], policy: CanaryPolicy) -> tuple[str, list[str]]:
     """The decision rule on two :func:`window_stats` dicts; returns (action, reasons)."""
     if canary["n"] < policy.min_requests:

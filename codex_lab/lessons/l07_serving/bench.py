@@ -26,11 +26,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the shipped tiny model)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--compiled", action="store_true",
+                   help="the engine `codex-lab serve` runs: compiled decode step (the levels start once every bucket is built)")
+    p.add_argument("--no-batch-prefill", action="store_true",
+                   help="prefill arriving prompts one forward per request (the reference path) instead of one batched forward")
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
     from codex_lab.serve.loadtest import run_load
+    from codex_lab.infer.paged_step import freeze_long_lived
     from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
 
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
@@ -40,17 +45,33 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.threads:
         torch.set_num_threads(args.threads)
     ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained()
+    engines: list[Any] = []
+
+    def factory(model: Any, tokenizer: Any, **kw: Any) -> Any:  # the server's engine, as `codex-lab serve` builds it
+        from codex_lab.commands.serve import compiled_engine
+        from codex_lab.infer.engine import Engine
+
+        eng = compiled_engine(model, tokenizer, **kw) if getattr(args, "compiled", False) else Engine(model, tokenizer, **kw)
+        eng.batch_prefill = not getattr(args, "no_batch_prefill", False)
+        engines.append(eng)
+        return eng
+
     srv = ModelServer(ck.tokenizer, ServerConfig(model_name="bench", max_batch_size=max(8, max(levels)),
-                                                 max_waiting=4 * max(levels)))
+                                                 max_waiting=4 * max(levels)), engine_factory=factory)
     srv.add_version("v0001", ck.model)
+    freeze_long_lived()  # as `codex-lab serve` does once the model is loaded
     bg = serve_in_background(srv)
     rows: list[dict[str, Any]] = []
     try:
         run_load(bg.url, concurrency=1, requests=2, max_tokens=8, progress=False)  # warm-up (each level below has a bar)
+        for eng in engines:  # the compiled engine: every bucket built (and the compiler's objects frozen) first
+            if eng.fast_step is not None and not eng.fast_step.ready.wait(600):
+                raise RuntimeError("the decode step's background compile took over 600 s")
         for c in levels:
             n = args.requests or c * pick(fast=4, full=16)
             s = run_load(bg.url, concurrency=c, requests=n, max_tokens=args.max_tokens, duration_s=300).summary()
             rows.append({"concurrency": c, "requests": s["requests_ok"], "threads": torch.get_num_threads(),
+                         "compiled": bool(getattr(args, "compiled", False)), "batch_prefill": not getattr(args, "no_batch_prefill", False),
                          **{k: s[k] for k in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tbt_p50_ms", "tbt_p95_ms",
                                               "tbt_p99_ms", "ttft_share_under_100ms", "tbt_share_under_20ms",
                                               "tokens_per_s", "errors")}})
