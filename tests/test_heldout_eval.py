@@ -66,3 +66,38 @@ def test_train_with_a_reused_tokenizer_keeps_it_and_eval_heldout_compares(tmp_pa
     assert row["bits_per_char"] == pytest.approx(row["loss_nats_per_token"] * n_tok / sum(map(len, val)) / math.log(2))
     assert len(function_prompts(val, 2)) == 2  # the held-out files do hold top-level functions
     assert row["syntax_prompts"] == 2 and 0.0 <= row["syntax_validity"] <= 1.0
+    assert not any(k.startswith("_") for k in row)  # per-window values stay out of the JSON
+
+    # a damaged copy (loud noise on every weight: confident, wrong predictions) against the trained one
+    from codex_lab.training.checkpoint import save_checkpoint
+
+    dead = load_checkpoint(r.out)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p_ in dead.model.parameters():
+            p_.add_(torch.randn_like(p_) * 2.0)
+    save_checkpoint(tmp_path / "dead", dead.model, dead.tokenizer, dict(dead.meta))
+    rc = cli_main(["eval", "heldout", "--checkpoint", str(tmp_path / "dead"), "--checkpoint", str(r.out),
+                   "--corpus", str(corpus), "--prompts", "3", "--max-new-tokens", "8", "--seq-len", "32", "--device", "cpu"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    line = out.strip().splitlines()[-1]
+    # the trained model's loss is far lower in every window: the paired interval is below 0
+    assert line.startswith(f"{r.out} vs {tmp_path / 'dead'}: bits/char -") and "-> holds;" in line, out
+    assert "paired prompts" in line, out
+
+
+def test_paired_verdicts_on_known_numbers():
+    from codex_lab.evals.heldout import paired_verdicts
+
+    base = {"checkpoint": "a", "tokens_scored": 40, "_windows": [3.0, 3.2, 2.9, 3.1], "_bits_per_nat_token": 0.5,
+            "_syntax_ok": [True, False, False, True, False, False]}
+    new = {"checkpoint": "b", "tokens_scored": 40, "_windows": [2.9, 3.1, 2.8, 3.0], "_bits_per_nat_token": 0.5,
+           "_syntax_ok": [True, True, False, True, False, False]}
+    v = paired_verdicts(base, new)
+    # every window 0.1 nats/token lower: -0.05 bits/char with no spread, so the interval is a point below 0
+    assert v["bits_per_char_diff"] == pytest.approx(-0.05) and v["bits_per_char_verdict"] == "holds"
+    # one prompt of six flips to valid: +1/6, but six paired prompts cannot resolve it
+    assert v["syntax_diff"] == pytest.approx(1 / 6) and v["syntax_verdict"] == "not resolved"
+    other_tok = dict(new, tokens_scored=44)
+    assert paired_verdicts(base, other_tok)["bits_per_char_verdict"].startswith("not compared")

@@ -89,7 +89,7 @@ def _progress(total: int, desc: str, off: bool):
 def _heldout(args: argparse.Namespace) -> int:
     from codex_lab.data.corpus import load_corpus
     from codex_lab.errors import InputError
-    from codex_lab.evals.heldout import score_checkpoint
+    from codex_lab.evals.heldout import paired_verdicts, score_checkpoint
     from codex_lab.runtime import get_device
     from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
 
@@ -102,13 +102,30 @@ def _heldout(args: argparse.Namespace) -> int:
         ck = load_pretrained(device) if name == "shipped" else load_checkpoint(name, device)
         rows.append(score_checkpoint(ck, corpus, name, seq_len=args.seq_len, batch_size=args.batch_size,
                                      prompts=args.prompts, max_new_tokens=args.max_new_tokens))
+    pairs = [paired_verdicts(rows[0], r) for r in rows[1:]]  # each later checkpoint against the first
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
     if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        for r in rows:
-            print(f"{r['checkpoint']}: {r['loss_nats_per_token']:.4f} nats/token over {r['tokens_scored']:,} held-out "
-                  f"tokens, {r['bits_per_char']:.4f} bits/char, syntax validity {r['syntax_validity']:.3f} "
-                  f"({r['syntax_prompts']} prompts) [{r['loss_s'] + r['syntax_s']:.0f} s on {r['device']}]")
+        print(json.dumps(public + [{"comparison": p} for p in pairs], indent=2))
+        return 0
+    for r in public:
+        syn = f"{r['syntax_validity']:.3f}" if r["syntax_validity"] is not None else "not scored"
+        print(f"{r['checkpoint']}: {r['loss_nats_per_token']:.4f} nats/token over {r['tokens_scored']:,} held-out "
+              f"tokens, {r['bits_per_char']:.4f} bits/char, syntax validity {syn} "
+              f"({r['syntax_prompts']} prompts) [{r['loss_s'] + r['syntax_s']:.0f} s on {r['device']}]")
+    for p in pairs:
+        line = f"{p['new']} vs {p['base']}: "
+        if "bits_per_char_diff" in p:
+            line += (f"bits/char {p['bits_per_char_diff']:+.4f} (95% CI [{p['bits_per_char_lo']:+.4f}, "
+                     f"{p['bits_per_char_hi']:+.4f}] over {p['windows']} paired windows; lower is better) -> "
+                     f"{p['bits_per_char_verdict']}; ")
+        else:
+            line += f"bits/char {p['bits_per_char_verdict']}; "
+        if "syntax_diff" in p:
+            line += (f"syntax validity {p['syntax_diff']:+.3f} (95% CI [{p['syntax_lo']:+.3f}, {p['syntax_hi']:+.3f}] "
+                     f"over {p['prompts']} paired prompts) -> {p['syntax_verdict']}")
+        else:
+            line += f"syntax validity {p['syntax_verdict']}"
+        print(line)
     return 0
 
 

@@ -94,3 +94,27 @@ def heldout_loss(model: CodexModel, tokens: Tensor, seq_len: int = 256, batch_si
         count += w[:, 1:].numel()
     model.train(was)
     return total / count, count
+
+
+@torch.no_grad()
+def heldout_window_losses(model: CodexModel, tokens: Tensor, seq_len: int = 256, batch_size: int = 32) -> Tensor:
+    """The mean next-token loss (nats/token) of each window of :func:`heldout_loss`: (n_win,),
+    window ``i`` = tokens ``i * seq_len .. (i + 1) * seq_len``. Their mean is the held-out loss
+    (equal windows); two checkpoints with one tokenizer are compared window by window (paired)."""
+    n_win = (tokens.numel() - 1) // seq_len
+    if n_win < 1:
+        raise ValueError(f"only {tokens.numel()} tokens, need more than seq_len + 1 = {seq_len + 1}")
+    dev = next(model.parameters()).device
+    was = model.training
+    model.eval()
+    out = []
+    for s in range(0, n_win, batch_size):
+        idx = torch.arange(s, min(s + batch_size, n_win)) * seq_len  # (b,) window starts
+        w = tokens[idx[:, None] + torch.arange(seq_len + 1)[None, :]]  # (b, T+1)
+        logits = model(w[:, :-1].to(dev)).logits.float()  # (b, T, V)
+        # per-token loss = -log p(next token); per window: their mean
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), w[:, 1:].to(dev), reduction="none")  # (b, T)
+        out.append(nll.mean(dim=1).cpu())
+    model.train(was)
+    return torch.cat(out)  # (n_win,)
+
