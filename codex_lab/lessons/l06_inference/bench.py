@@ -315,7 +315,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                             for r in bench_streams(model, tok, pick(fast=8, full=32), max_prefill_tokens=chunk)[0]],
         "speculative": lambda: bench_speculative(model, tok, pick(fast=3, full=12), pick(fast=48, full=128)),
         "compile": lambda: bench_compile(model),
-        "decode": lambda: bench_decode(model, 64, pick(fast=64, full=128), hf_compile=not getattr(args, "no_hf_compile", False)),
+        # 11 interleaved rounds in full mode: the median ratio holds on a machine whose speed drifts
+        "decode": lambda: bench_decode(model, 64, pick(fast=64, full=128), hf_compile=not getattr(args, "no_hf_compile", False),
+                                       repeats=pick(fast=5, full=11)),
         "code_edit": lambda: bench_code_edit(model, tok, pick(fast=4, full=12), pick(fast=64, full=128)),
     }
     rows: list[dict[str, Any]] = []
