@@ -68,7 +68,8 @@ def test_transformers_greedy_equals_codex_lab_generate(exported, capsys):
         capsys.readouterr()
         assert cli(["generate", prompt, "--max-new-tokens", str(n)]) == 0
         printed = capsys.readouterr().out
-        assert printed.startswith(prompt + tok.decode(y, skip_special_tokens=True) + "\n")
+        # codex-lab prints every token's text, control tokens too (a FIM-trained model may emit a sentinel)
+        assert printed.startswith(prompt + tok.decode(y) + "\n")
 
 
 def test_gguf_reads_back_with_the_tensors_and_metadata(exported):
@@ -230,8 +231,9 @@ def test_llama_cpp_server_runs_the_gguf(exported):
         for prompt in PROMPTS:
             r = httpx.post(url + "/v1/completions", json={"model": "codex-lab-tiny", "prompt": prompt, "max_tokens": 24,
                                                           "temperature": 0}, timeout=120).json()
-            ref = generate(ck.model, ck.tokenizer, prompt, SamplingParams(max_tokens=24)).text
-            assert r["choices"][0]["text"] == ref, prompt
+            ids = generate(ck.model, ck.tokenizer, prompt, SamplingParams(max_tokens=24)).ids
+            # llama.cpp leaves control tokens (eos, the FIM sentinels) out of its text, as vLLM does by default
+            assert r["choices"][0]["text"] == ck.tokenizer.decode(ids, skip_special_tokens=True), prompt
         rep = run_load(url, concurrency=2, requests=8, max_tokens=16, progress=False)
         print("\nllama.cpp load test:", rep.summary())
         assert rep.ok == 8
