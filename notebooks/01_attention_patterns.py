@@ -209,7 +209,7 @@ widgets.interactive(show, layer=widgets.IntSlider(0, 0, L - 1), head=widgets.Int
 
 # %% [markdown]
 # ## What we measured
-# On this model and these snippets (a model trained on 256-token windows may be more local
+# On this model and these snippets (a model trained on windows of at most 1,024 tokens may be more local
 # than one reading whole repositories: the shares describe this model, not code in general):
 
 # %%
@@ -232,7 +232,7 @@ print(f"- Verdict on 'code has local scope, a 64-128 token window suffices': {ve
 #    et al. 2023); this run printed how many of this model's heads do. What does a sink do
 #    for a softmax that must put its mass somewhere, and what would a pure window lose by
 #    dropping it in a model that has one?
-# 3. The model was trained on 256-token windows. Would you expect the share within 128 to
+# 3. The model was trained on 256-token windows, then on 1,024-token ones. Would you expect the share within 128 to
 #    rise or fall for a model trained on 4,096-token files, and which experiment here would
 #    tell you?
 # 4. Which token kinds would you expect the least local heads to look back at in code
