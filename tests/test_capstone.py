@@ -163,3 +163,25 @@ def test_speed_ablation_times_variants_in_interleaved_rounds():
         assert r["vs_plain_lo"] <= r["vs_plain_median"] <= r["vs_plain_hi"]
         if r["variant"] == "plain":  # each round against itself
             assert r["vs_plain_lo"] == r["vs_plain_hi"] == 1.0
+
+
+def test_gate_bar_is_the_lower_of_baseline_and_reference_design():
+    """After the brief pre-training a converted model may fall below the baseline on a gate; the
+    project's reference design then sets the bar, and a candidate below it still fails."""
+    from codex_lab.lessons.l08_capstone.scorecard import gate_bar, gate_bar_sources, score
+
+    def m(cand, ref):
+        arm = {"kv_bytes_per_token": 100, "val_loss": 3.0, "val_losses": [3.0], "decode_tokens_per_s": 10.0}
+        return {"mode": "fast", "speed_ratio": 1.0, "baseline": {**arm, "gates": {"syntax": 0.25, "style": 0.9}},
+                "candidate": {**arm, "gates": cand}, "reference": {"val_losses": [3.0], "gates": ref}}
+
+    low_ref = {"syntax": 0.0, "style": 0.6}
+    assert gate_bar(m(low_ref, low_ref)) == {"syntax": 0.0, "style": 0.6}
+    assert gate_bar_sources(m(low_ref, low_ref)) == {"syntax": "reference design", "style": "reference design"}
+    gates = {r.key: r for r in score(m(low_ref, low_ref))}["gates"]
+    assert gates.passed and "reference design" in gates.detail
+    worse = {r.key: r for r in score(m({"syntax": 0.0, "style": 0.5}, low_ref))}["gates"]
+    assert not worse.passed and "style 0.50 < 0.60" in worse.detail
+    # a reference above the baseline never raises the bar past the baseline's
+    high_ref = {"syntax": 0.5, "style": 1.0}
+    assert gate_bar(m(low_ref, high_ref)) == {"syntax": 0.25, "style": 0.9} and gate_bar_sources(m(low_ref, high_ref)) == {}

@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Any
 
+from codex_lab.serve.compiled import compiled_engine  # noqa: F401  (the engine `codex-lab serve` runs; re-exported)
+
 NAME = "serve"
 HELP = "serve a checkpoint (or a registry's current version) over an OpenAI-compatible API on 127.0.0.1"
 API_KEY_ENV = "CODEX_LAB_API_KEY"
@@ -137,35 +139,6 @@ def build_config(args: argparse.Namespace) -> "ServerConfig":  # noqa: F821
         raise InputError(msg) from None
     return cfg
 
-
-def compiled_engine(model: Any, tokenizer: Any, **kw: Any) -> Any:
-    """An :class:`~codex_lab.infer.engine.Engine` with the compiled decode step. It serves at
-    once: every bucket compiles in a background thread while steps run the same padded step
-    eagerly (the same tokens), and all steps switch to the graphs when the last one is built
-    (21.8 s after start on 2 quiet CPU cores with Inductor's cache warm, 2026-12-02; the first
-    answer does not wait for it). Prints what it did."""
-    import time
-
-    from codex_lab.infer.engine import Engine
-
-    eng = Engine(model, tokenizer, compile=True, **kw)
-    t0 = time.perf_counter()
-    step = eng.fast_step
-
-    def done(per: dict[int, float]) -> None:
-        if step.compiled:
-            print(f"compiled {len(per)} decode buckets in {time.perf_counter() - t0:.1f} s: "
-                  "steps now run the compiled graphs", flush=True)
-        else:
-            print(f"compiling failed, decoding eagerly: {step.compile_error}", flush=True)
-
-    if step.compiled:
-        print("serving now with the eager decode step; compiling the fast one in the background "
-              "(one graph per block bucket)...", flush=True)
-        step.warmup_background(done)
-    else:
-        done({})
-    return eng
 
 
 def main(args: argparse.Namespace) -> int:

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     engines: list[Any] = []
 
     def factory(model: Any, tokenizer: Any, **kw: Any) -> Any:  # the server's engine, as `codex-lab serve` builds it
-        from codex_lab.commands.serve import compiled_engine
+        from codex_lab.serve.compiled import compiled_engine
         from codex_lab.infer.engine import Engine
 
         eng = compiled_engine(model, tokenizer, **kw) if getattr(args, "compiled", False) else Engine(model, tokenizer, **kw)

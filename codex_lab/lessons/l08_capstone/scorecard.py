@@ -73,7 +73,7 @@ def criteria(mode: str = "fast") -> tuple[Criterion, ...]:
                                  f"mean over {len(SEEDS)} seeds: gap to the baseline <= the reference design's gap + "
                                  f"{SPREAD_FACTOR:g} x the measured seed-to-seed standard deviation"),
         Criterion("gates", 3, "the release gates' rule on the syntax and style gates (lesson 07 suite, greedy): each "
-                              f">= baseline - {GATE_TOLERANCE[mode]:g}"),
+                              f">= the lower of the baseline's and the reference design's - {GATE_TOLERANCE[mode]:g}"),
     )
 
 
@@ -225,11 +225,14 @@ def measure(design: dict[str, Any], *, rounds: int = DECODE_ROUNDS, seeds: tuple
             losses["reference"].append(losses["candidate"][-1])
         if not first:
             first, out["log"] = models, log
+            ref_model = models["candidate"] if same else arms["reference"]
     out["reference"] = {"design": dict(REFERENCE), "val_losses": losses["reference"],
                         "val_loss": sum(losses["reference"]) / len(seeds)}
     for name, m in first.items():
         out[name] = {"kv_bytes_per_token": cl.kv_bytes_per_token(m.cfg), "val_loss": sum(losses[name]) / len(seeds),
                      "val_losses": losses[name], "gates": _quality_gates(m, tok, sizes.gate_tokens)}
+    out["reference"]["gates"] = (out["candidate"]["gates"] if same
+                                 else _quality_gates(ref_model, tok, sizes.gate_tokens))  # seed 0, as the others
     ratios, tps = [], {"baseline": [], "candidate": []}
     for i in range(rounds):
         order = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")  # ABBA: neither always first
@@ -265,6 +268,24 @@ def val_margin(m: dict[str, Any]) -> tuple[float, str]:
             f"reference design's gap {ref_gap:+.4f} + {SPREAD_FACTOR:g} x seed-to-seed sd {spread:.4f}, {len(b)} seeds")
 
 
+def gate_bar(m: dict[str, Any]) -> dict[str, float]:
+    """Per quality gate, what the candidate must reach: the baseline's score, or the reference
+    design's when even the reference falls below the baseline after the mode's brief
+    pre-training (fast mode with the FIM-trained shipped model: reference syntax 0.00 vs
+    baseline 0.25 on 2026-12-02; a converted model relearns for a few steps only). So the bar is
+    the lower of the two: a design as good as the project's reference answer scores."""
+    b = m["baseline"]["gates"]
+    ref = (m.get("reference") or {}).get("gates") or {}
+    return {g: min(b[g], ref.get(g, b[g])) for g in QUALITY_GATES}
+
+
+def gate_bar_sources(m: dict[str, Any]) -> dict[str, str]:
+    """Which arm set each gate's bar ("baseline" or "reference design"); {} when all are the baseline's."""
+    b, bar = m["baseline"]["gates"], gate_bar(m)
+    src = {g: "reference design" if bar[g] < b[g] else "baseline" for g in QUALITY_GATES}
+    return src if any(v != "baseline" for v in src.values()) else {}
+
+
 def score(m: dict[str, Any]) -> list[CriterionResult]:
     """The scorecard applied to :func:`measure`'s numbers (``m["mode"]`` picks the margins)."""
     mode = m["mode"]
@@ -285,11 +306,12 @@ def score(m: dict[str, Any]) -> list[CriterionResult]:
             ok = math.isfinite(gap) and math.isfinite(margin) and gap <= margin
             detail = f"{c['val_loss']:.3f} vs {b['val_loss']:.3f} nats/token (gap {gap:+.4f}, allowed {margin:+.4f}: {how})"
         else:
-            tol = GATE_TOLERANCE[mode]
-            worse = [f"{g} {c['gates'].get(g, math.nan):.2f} < {b['gates'][g]:.2f} - {tol:g}" for g in QUALITY_GATES
-                     if not c["gates"].get(g, math.nan) >= b["gates"][g] - tol]  # nan fails too
+            tol, bar = GATE_TOLERANCE[mode], gate_bar(m)
+            worse = [f"{g} {c['gates'].get(g, math.nan):.2f} < {bar[g]:.2f} - {tol:g}" for g in QUALITY_GATES
+                     if not c["gates"].get(g, math.nan) >= bar[g] - tol]  # nan fails too
             ok = not worse
-            detail = "; ".join(worse) if worse else ", ".join(f"{g} {c['gates'][g]:.2f} vs {b['gates'][g]:.2f}" for g in QUALITY_GATES)
+            detail = ("; ".join(worse) if worse else ", ".join(f"{g} {c['gates'][g]:.2f} vs {bar[g]:.2f}" for g in QUALITY_GATES))
+            detail += f" (bar: {', '.join(f'{g} {bar_from[g]}' for g in QUALITY_GATES)})" if (bar_from := gate_bar_sources(m)) else ""
         out.append(CriterionResult(cr.key, cr.points if ok else 0, cr.points, bool(ok), detail))
     return out
 
