@@ -297,3 +297,23 @@ def test_the_launcher_and_its_configuration_are_invisible():
     assert "HIDDEN" in r.stdout and "READ" not in r.stdout, r
     pids = eval(r.stdout.splitlines()[0])
     assert 1 not in pids, r
+
+
+@needs_ns
+def test_memory_filled_at_once_is_stopped_and_named_whichever_limit_strikes_first():
+    # four processes write 200 MiB each at once: the kernel's cgroup limit (where root has one)
+    # may stop them before pid 1's poll sees the budget passed; either way every process stops,
+    # the run fails and stderr names the memory budget
+    code = """
+import os, time
+for _ in range(3):
+    if os.fork() == 0:
+        break
+b = b'\\x01' * (200 * 1024 * 1024)
+time.sleep(5)
+print('SURVIVED')
+"""
+    for _ in range(3):  # the race goes either way between runs
+        r = run_python(code, guard=False, timeout_s=30, memory_mb=300)
+        assert not r.ok and "SURVIVED" not in r.stdout and not r.timed_out, r
+        assert "memory budget" in r.stderr, r

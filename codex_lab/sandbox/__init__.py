@@ -206,6 +206,10 @@ def _cgroups(memory_mb: int, nproc: int) -> list[str]:
             (d / "memory.max").write_text(str(memory_mb * _MB))
             (d / "memory.swap.max").write_text("0")
             (d / "pids.max").write_text(str(nproc))
+            try:  # one process past the limit stops them all, as pid 1's own budget check does
+                (d / "memory.oom.group").write_text("1")
+            except OSError:
+                pass
             return made
         for ctrl, files in (("memory", {"memory.limit_in_bytes": str(memory_mb * _MB)}),
                             ("pids", {"pids.max": str(nproc)})):
@@ -225,6 +229,21 @@ def _cgroups(memory_mb: int, nproc: int) -> list[str]:
     except OSError:
         _remove_cgroups(made)
         return []
+
+
+def _oom_kills(paths: list[str]) -> int:
+    """Processes the kernel killed at the memory limit of the run's cgroups (v2 ``memory.events``,
+    v1 ``memory.oom_control``: their ``oom_kill`` line; 0 where the kernel does not count)."""
+    n = 0
+    for p in paths:
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                for line in Path(p, name).read_text().splitlines():
+                    if line.startswith("oom_kill "):
+                        n += int(line.split()[1])
+            except (OSError, ValueError):
+                pass
+    return n
 
 
 def _remove_cgroups(paths: list[str]) -> None:
@@ -326,7 +345,14 @@ def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, 
         if report_w is not None:
             os.close(report_w)
     try:
-        return _collect(proc, mode, timeout_s, cap, report_r)
+        res = _collect(proc, mode, timeout_s, cap, report_r)
+        if _oom_kills(groups) and "memory budget" not in res.stderr:
+            # the cgroup's limit struck before pid 1's poll saw the budget passed: say so all the same,
+            # and the run failed even where a surviving process exited 0 (no oom.group on v1)
+            res.ok = False
+            res.stderr += (f"\n[codex-lab sandbox: the kernel stopped a process at the sandbox's memory budget of "
+                           f"{memory_mb + disk_mb} MiB (all processes plus its files; the run's cgroup limit)]\n")
+        return res
     finally:
         if report_r is not None:
             os.close(report_r)
