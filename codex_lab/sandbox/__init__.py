@@ -206,7 +206,7 @@ def _cgroups(memory_mb: int, nproc: int) -> list[str]:
             (d / "memory.max").write_text(str(memory_mb * _MB))
             (d / "memory.swap.max").write_text("0")
             (d / "pids.max").write_text(str(nproc))
-            try:  # one process past the limit stops them all, as pid 1's own budget check does
+            try:  # ask the kernel to stop them all at the limit, as pid 1's budget check does (not always honoured)
                 (d / "memory.oom.group").write_text("1")
             except OSError:
                 pass
