@@ -77,23 +77,9 @@ def heldout_loss(model: CodexModel, tokens: Tensor, seq_len: int = 256, batch_si
     Unlike :func:`val_loss` (a few fixed batches, cheap enough to run during training) this
     scores every held-out token once, so two checkpoints compare on exactly the same text.
     """
-    n_win = (tokens.numel() - 1) // seq_len
-    if n_win < 1:
-        raise ValueError(f"only {tokens.numel()} tokens, need more than seq_len + 1 = {seq_len + 1}")
-    dev = next(model.parameters()).device
-    was = model.training
-    model.eval()
-    total, count = 0.0, 0
-    for s in range(0, n_win, batch_size):
-        idx = torch.arange(s, min(s + batch_size, n_win)) * seq_len  # (b,) window starts
-        rows = idx[:, None] + torch.arange(seq_len + 1)[None, :]  # (b, T+1)
-        w = tokens[rows]  # (b, T+1)
-        out = model(w[:, :-1].to(dev), w[:, 1:].to(dev))
-        # sum of token losses = mean loss * tokens in the batch
-        total += float(out.loss) * w[:, 1:].numel()
-        count += w[:, 1:].numel()
-    model.train(was)
-    return total / count, count
+    windows = heldout_window_losses(model, tokens, seq_len, batch_size)  # (n_win,)
+    # every window holds seq_len scored tokens, so the mean over tokens = the mean of window means
+    return float(windows.double().mean()), windows.numel() * seq_len
 
 
 @torch.no_grad()
