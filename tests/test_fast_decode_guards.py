@@ -44,11 +44,11 @@ def test_a_refused_recompile_runs_the_step_with_its_guards():
             raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance. ...")
         return tokens[:, 0] + 1
 
-    out = FastDecoder._unguarded(step, torch.tensor([4]), torch.tensor([7]))
+    out = FastDecoder._unguarded(step, torch.tensor([[4]]), torch.tensor([7]))
     assert out.tolist() == [5] and len(calls) == 2
 
     def broken(tokens, pos):
         raise RuntimeError("a real failure")
 
     with pytest.raises(RuntimeError, match="a real failure"):
-        FastDecoder._unguarded(broken, torch.tensor([4]), torch.tensor([7]))
+        FastDecoder._unguarded(broken, torch.tensor([[4]]), torch.tensor([7]))

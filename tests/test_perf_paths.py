@@ -394,14 +394,45 @@ def test_fast_decoder_equals_generate_ids_and_compiles_once(kw) -> None:
 
 
 def test_fast_decoder_default_cpu_compile_freezes_weights_and_matches() -> None:
-    """The default CPU build (inductor with freezing and the C++ wrapper) gives generate_ids'
-    tokens, compiles once, and reads the weights at its first compiled step (frozen)."""
+    """The default CPU build (frozen weights, Inductor's C++ GEMM template, the C++ wrapper)
+    gives generate_ids' tokens, compiles once, and really freezes: the matmul weights are
+    constants of the graph, packed at its first compiled step, so changing them afterwards
+    leaves this decoder's step as it was (a graph that took the weights as inputs, as before
+    this was fixed, follows the change)."""
 
     torch.manual_seed(0)
     model = CodexModel(tiny_config()).eval()
     dec = FastDecoder(model, max_len=32)
-    assert dec.options == {"freezing": True, "cpp_wrapper": True}
-    for p in ([3, 1, 4, 1, 5], [9, 2, 6]):
+    assert dec.options["freezing"] and dec.options["cpp_wrapper"] and dec.options["max_autotune_gemm_backends"] == "CPP"
+    prompts = ([3, 1, 4, 1, 5], [9, 2, 6])
+    before = []
+    for p in prompts:
         want, _ = generate_ids(model, p, max_new_tokens=10)
         assert dec.generate(p, 10)[0] == want
+        before.append(want)
     assert dec.compiled and dec.compile_error == "" and dec.recompiles == 0
+    tok, pos = torch.tensor([[7]]), torch.tensor([5])  # one decode step on the decoder's own cache
+    compiled_before, eager_before = dec.decode_step(tok, pos), dec._next(tok, pos)  # (1,) ids each
+    assert torch.equal(compiled_before, eager_before)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # a different model: new feed-forward weights, written in place
+        for layer in model.layers:
+            for lin in (layer.ffn.gate_proj, layer.ffn.up_proj, layer.ffn.down_proj):
+                lin.weight.copy_(torch.randn(lin.weight.shape, generator=g))
+    eager_after = dec._next(tok, pos)
+    assert not torch.equal(eager_after, eager_before)  # the eager step reads the live weights
+    assert torch.equal(dec.decode_step(tok, pos), compiled_before)  # the frozen graph kept the old ones
+    assert dec.compiled and dec.recompiles == 0
+
+def test_fast_decoder_without_the_gemm_template_compiles_with_aten_matmuls() -> None:
+    """Where Inductor's C++ GEMM template cannot serve a matmul (here: weights left unfrozen,
+    so they are not constants it can pack), the first step recompiles with ATen's matmuls
+    instead of falling back to eager, says so, and gives the same tokens."""
+
+    torch.manual_seed(0)
+    model = CodexModel(tiny_config()).eval()
+    dec = FastDecoder(model, max_len=32, options={"max_autotune": True, "max_autotune_gemm_backends": "CPP"})
+    want, _ = generate_ids(model, [3, 1, 4, 1, 5], max_new_tokens=8)
+    assert dec.generate([3, 1, 4, 1, 5], 8)[0] == want
+    assert dec.compiled and dec.compile_error.startswith("without the C++ GEMM template")
+    assert "max_autotune" not in dec.options and dec.recompiles == 0

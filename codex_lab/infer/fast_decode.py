@@ -48,6 +48,21 @@ def cpu_compile_options(options: dict | None, backend: str, mode: str | None, de
     return options
 
 
+def decode_compile_options(options: dict | None, backend: str, mode: str | None, device: torch.device) -> dict | None:
+    """Inductor options of :class:`FastDecoder`'s batch-1 step: ``options`` if given; on a CPU
+    (inductor, no mode) :func:`cpu_compile_options` plus Inductor's own C++ GEMM template
+    (``max_autotune`` with the ``CPP`` GEMM backend; ATen's matmul where the template does not
+    apply). The template packs each frozen weight once into blocks for the CPU's vector width and
+    splits every matrix-vector product across the cores; ATen's ``mm`` of one row runs on one
+    core over the unpacked weight. That took a 4.2M-parameter model's decode step from ~1 ms to
+    ~0.35 ms on a 2-core AMD EPYC (2026-12-02, ``docs/PROFILE.md``): the step is bound by
+    reading 17 MB of weights, which the packed, two-core kernels read faster."""
+    base = cpu_compile_options(options, backend, mode, device)
+    if options is None and base is not None:
+        return {**base, "max_autotune": True, "max_autotune_gemm_backends": "CPP", "autotune_fallback_to_aten": True}
+    return base
+
+
 class FastDecoder:
     """Greedy decoding of ``model`` with a static cache of ``max_len`` slots and batch ``batch``.
 
@@ -61,12 +76,12 @@ class FastDecoder:
         mode: torch.compile mode; ``"reduce-overhead"`` replays the step as a CUDA graph on a
             GPU (one launch per token instead of one per kernel; the cache tensors are marked
             static so their addresses stay fixed inside the graph). ``None``: the default mode.
-        options: Inductor options. Default on a CPU (inductor backend, no ``mode``):
-            ``freezing`` (the weights become constants of the graph, so matmuls use weights
-            packed once for the CPU's kernels) and ``cpp_wrapper`` (the code that calls the
-            kernels is C++, not Python): about 10-15% less time per step on 2 cores, measured
-            in CPU time. Frozen weights are read at the first compiled step: build a new
-            decoder after changing the model's weights.
+        options: Inductor options. Default on a CPU (inductor backend, no ``mode``), from
+            :func:`decode_compile_options`: ``freezing`` (the weights become constants of the
+            graph), Inductor's C++ GEMM template over them (packed once, split across cores)
+            and ``cpp_wrapper`` (the code that calls the kernels is C++, not Python). Frozen
+            weights are read at the first compiled step: build a new decoder after changing
+            the model's weights. The first call compiles for ~10-25 s on 2 cores.
     """
 
     def __init__(self, model: CodexModel, *, max_len: int | None = None, batch: int = 1, compile: bool = True,
@@ -95,7 +110,7 @@ class FastDecoder:
         self._compiled = None
         if compile:
             try:
-                options = cpu_compile_options(options, backend, mode, p.device)
+                options = decode_compile_options(options, backend, mode, p.device)
                 self.options = options or {}
                 self._compiled = torch.compile(self._next, dynamic=False, backend=backend, mode=mode, options=options)
             except Exception as exc:  # pragma: no cover - torch without dynamo
@@ -167,7 +182,6 @@ class FastDecoder:
         done = [False] * B
         nxt = logits.argmax(-1)  # (B,)
         pos = torch.tensor([T], device=dev)  # (1,) a tensor: no recompile as it changes
-        step = self._compiled or self._next
         for i in range(max_new_tokens):
             for b, t in enumerate(nxt.tolist()):
                 if not done[b]:
@@ -177,39 +191,69 @@ class FastDecoder:
                         out[b].append(t)
             if all(done) or i + 1 == max_new_tokens:
                 break
-            if step is self._compiled and self.decode_calls == 0:
-                t0 = time.perf_counter()
-                try:
-                    nxt = step(nxt[:, None], pos)  # (B,) first call compiles
-                except Exception as exc:  # no C++ compiler, unsupported op: same step, eager
-                    self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
-                    self._compiled = None
-                    step = self._next
-                    nxt = step(nxt[:, None], pos)
-                self.compile_s = time.perf_counter() - t0
-                self._graphs_after_first = graphs_compiled()
-            elif step is self._compiled and self.skip_guards:
-                nxt = self._unguarded(step, nxt, pos)  # (B,)
-            else:
-                nxt = step(nxt[:, None], pos)  # (B,)
-            self.decode_calls += 1
+            nxt = self.decode_step(nxt[:, None], pos)  # (B,)
             pos += 1
         return out
 
+    @torch.no_grad()
+    def decode_step(self, tokens: Tensor, pos: Tensor) -> Tensor:
+        """One decode step: tokens (B, 1) at position ``pos`` (1,) -> greedy next ids (B,); writes
+        their keys/values into slot ``pos`` of the cache. Compiled (the first call compiles; a
+        compile that fails leaves the decoder eager and says why in :attr:`compile_error`), or
+        the same function eagerly."""
+        first = self._compiled is not None and self.decode_calls == 0
+        t0 = time.perf_counter()
+        out = None
+        if self._compiled is not None:
+            try:
+                if self.skip_guards and not first:
+                    out = self._unguarded(self._compiled, tokens, pos, guarded=self._traced)
+                else:
+                    out = self._traced(tokens, pos)  # the first call compiles
+            except Exception as exc:  # no C++ compiler, an unsupported op, a failed recompile
+                self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                self._compiled = None
+                if first and self.options.get("max_autotune"):  # no C++ GEMM template here: ATen's matmuls
+                    self.options = {k: v for k, v in self.options.items() if not k.startswith(("max_autotune", "autotune"))}
+                    self._compiled = torch.compile(self._next, dynamic=False, options=self.options)
+                    try:
+                        out = self._traced(tokens, pos)
+                        self.compile_error = f"without the C++ GEMM template ({self.compile_error})"[:300]
+                    except Exception as exc2:
+                        self.compile_error = f"{type(exc2).__name__}: {str(exc2)[:200]}"
+                        self._compiled = None
+        if out is None:  # eager: the same function
+            out = self._next(tokens, pos)
+        if first:
+            self.compile_s = time.perf_counter() - t0
+            self._graphs_after_first = graphs_compiled()
+        self.decode_calls += 1
+        return out
+
+    def _traced(self, tokens: Tensor, pos: Tensor) -> Tensor:
+        """The compiled step with every guard, freezing on while dynamo traces: dynamo turns the
+        weights into graph constants only if the global flag is set then (``options`` reach
+        Inductor only after the trace), and the C++ GEMM template needs constant weights."""
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(freezing=bool(self.options.get("freezing"))):
+            return self._compiled(tokens, pos)  # type: ignore[misc]
+
     @staticmethod
-    def _unguarded(step: object, nxt: Tensor, pos: Tensor) -> Tensor:
-        """``step(nxt[:, None], pos)`` without dynamo's guard evaluation: the same shapes, dtypes
+    def _unguarded(step: object, tokens: Tensor, pos: Tensor, guarded: object = None) -> Tensor:
+        """``step(tokens, pos)`` without dynamo's guard evaluation: the same shapes, dtypes
         and devices every step, so they cannot fail; only the guards that tell this decoder's
         graph from other graphs of the same code run. If something else changed since the
         graph was built (the thread count, the grad mode), dynamo refuses to recompile in that
-        stance: the step then runs with every guard (recompiling if it must)."""
+        stance: the step then runs as ``guarded(tokens, pos)`` (default ``step``), with every
+        guard (recompiling if it must)."""
         try:
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                return step(nxt[:, None], pos)  # type: ignore[operator]
+                return step(tokens, pos)  # type: ignore[operator]
         except RuntimeError as exc:
             if "skip_guard_eval_unsafe" not in str(exc):
                 raise
-        return step(nxt[:, None], pos)  # type: ignore[operator]
+        return (guarded or step)(tokens, pos)  # type: ignore[operator]
 
     @property
     def compiled(self) -> bool:
