@@ -5,6 +5,11 @@ timings.json) or a full test run.
     python scripts/update_figures.py                      # rewrite from the record, re-pair notebooks
     python scripts/update_figures.py --suite --ci-seconds 900   # also count the tests (pytest --collect-only)
     python scripts/update_figures.py --check              # list disagreements, exit 1 if any (what the test does)
+    python scripts/update_figures.py --bench decode runs/decode.json \
+        --command "codex-lab bench --mode full inference --scenarios decode --json" --conditions "quiet, one run"
+                                                          # record a bench's --json rows, rewrite its figures
+
+Performance figures come from codex_lab/assets/bench_records.json (see codex_lab/course/figures.py).
 """
 
 from __future__ import annotations
@@ -38,7 +43,19 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="only list disagreements (exit 1 if any)")
     ap.add_argument("--suite", action="store_true", help="count the tests and record the count")
     ap.add_argument("--ci-seconds", type=float, default=None, help="record the duration of a CI run")
+    ap.add_argument("--bench", nargs=2, metavar=("KEY", "FILE"), help="record FILE (a bench's --json output) as KEY")
+    ap.add_argument("--command", default="", help="with --bench: the command that printed FILE")
+    ap.add_argument("--conditions", default="", help="with --bench: quiet or under load, one run or more")
     args = ap.parse_args()
+    if args.bench:
+        key, file = args.bench
+        keys = sorted({f.key for f in figures.BENCH_FIGURES})
+        if key not in keys:
+            raise SystemExit(f"unknown bench key {key!r}: the README's figures read {', '.join(keys)}")
+        if not args.command or not args.conditions:
+            raise SystemExit("--bench needs --command (what printed the file) and --conditions (quiet or under load)")
+        rows = json.loads(Path(file).read_text(encoding="utf-8"))
+        figures.record_bench(key, rows, args.command, args.conditions, date.today().isoformat())
     if args.check:
         bad = figures.mismatches()
         print("\n".join(bad) or "every figure agrees with the record")

@@ -38,3 +38,49 @@ def test_a_stale_figure_is_caught_and_rewritten(tmp_path):
 def test_report_total_is_the_sum_of_its_sections():
     rec = {"report": {"fast/cpu": {"00": 1.4, "01": 2.4}}}
     assert figures.report_seconds(rec) == 4
+
+
+def test_a_stale_performance_figure_is_caught_and_rewritten(tmp_path):
+    """The README's decode figures come from the bench record: a changed ratio in the text is
+    listed with the record's value, and apply() writes the record's value back."""
+    root = tmp_path
+    (root / "notebooks").mkdir()
+    shutil.copy(figures.ROOT / "README.md", root / "README.md")
+    for p in (figures.ROOT / "notebooks").glob("0*.py"):
+        shutil.copy(p, root / "notebooks" / p.name)
+    bench = figures.bench_record()
+    fig = next(f for f in figures.BENCH_FIGURES if f.key == "decode" and f.field == "speedup_vs_hf_generate")
+    want = fig.value(bench["decode"]["rows"])
+    readme = root / "README.md"
+    text = readme.read_text()
+    assert len(fig.pattern.findall(text)) == 1
+    readme.write_text(fig.pattern.sub(lambda m: f"{m.group(1)}9.99{m.group(3)}", text))
+    bad = figures.mismatches(root=root)
+    assert any("9.99" in b and want in b for b in bad), bad
+    assert figures.apply(root=root) == ["README.md"] and figures.mismatches(root=root) == []
+    # a record whose rows changed is a stale text too
+    rows = [dict(r) for r in bench["decode"]["rows"]]
+    for r in rows:
+        if r["impl"] == "codex_lab_fast_decode":
+            r["speedup_vs_hf_generate"] = 1.234
+    stale = {**bench, "decode": {**bench["decode"], "rows": rows}}
+    assert any("1.23" in b for b in figures.mismatches(root=root, bench=stale))
+
+
+def test_every_performance_figure_reads_a_recorded_bench():
+    """Each figure's record exists and holds exactly one row it reads (else: re-record the bench)."""
+    bench = figures.bench_record()
+    for fig in figures.BENCH_FIGURES:
+        assert fig.key in bench, f"no record {fig.key!r}: scripts/update_figures.py --bench {fig.key} FILE"
+        assert bench[fig.key]["command"].startswith("codex-lab bench") and bench[fig.key]["conditions"]
+        float(fig.value(bench[fig.key]["rows"]))
+
+
+def test_recording_rows_that_lack_a_figure_is_refused(tmp_path):
+    import pytest
+
+    path = tmp_path / "bench.json"
+    with pytest.raises(ValueError, match="0 bench rows match"):
+        figures.record_bench("decode", [{"impl": "hf_generate", "tokens_per_s": 1.0}], "codex-lab bench x", "quiet",
+                             "2026-12-02", path=path)
+    assert not path.exists()  # nothing half-written

@@ -73,3 +73,23 @@ def test_bench_serving_records(tmp_path, small_tokenizer):
                                         threads=None))
     assert [r["concurrency"] for r in rows] == [1, 2]
     assert all(r["requests"] == 2 and r["errors"] == 0 and r["ttft_p50_ms"] > 0 for r in rows)
+
+
+def test_load_in_a_process_of_its_own(small_tokenizer):
+    """The bench's clients run in another process (no shared interpreter lock with the
+    server): the same summary comes back, and a failure in the child is raised here by name."""
+    from codex_lab.serve.loadtest import run_load_in_process
+
+    torch.manual_seed(0)
+    m = CodexModel(ModelConfig(vocab_size=small_tokenizer.vocab_size, d_model=64, n_layer=2, n_head=4,
+                               max_seq_len=128)).eval()
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name="tiny"))
+    srv.add_version("v0001", m)
+    bg = serve_in_background(srv)
+    try:
+        s = run_load_in_process(bg.url, concurrency=2, requests=4, max_tokens=4, progress=False)
+        assert s["requests_ok"] == 4 and s["errors"] == 0 and s["ttft_p95_ms"] > 0 and s["tokens_per_s"] > 0
+    finally:
+        bg.stop()
+    with pytest.raises(RuntimeError, match="load test failed: ValueError: .*only targets this machine"):
+        run_load_in_process("http://192.0.2.1:80", requests=1, progress=False)

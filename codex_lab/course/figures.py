@@ -13,17 +13,25 @@ Places (each a regular expression with one number group):
 - the README lesson table: the last cell of the row ``| [NN topic](notebooks/NN_topic.ipynb) | ... | <N> s |``;
 - the README report total: ``fast mode (default on a CPU) | <N> s``;
 - the README test suite: ``<N> tests in``, and ``took <N> s`` for the CI run.
+
+Performance figures (tokens/s, speed-ups, latency percentiles) come from a second record,
+``codex_lab/assets/bench_records.json``: for each bench the command, the date, the conditions
+and the rows its ``--json`` printed (``scripts/update_figures.py --bench KEY FILE``). Each
+figure of the README's "Performance goals" table is one :class:`BenchFigure`: a fixed phrase
+around a number computed from those rows.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = Path(__file__).resolve().parents[1] / "assets" / "timings.json"
+BENCH_RECORD = Path(__file__).resolve().parents[1] / "assets" / "bench_records.json"
 
 HEADER_RE = re.compile(r"(\*\*Run time:\*\* fast mode on CPU: )(\d+)( s)")
 REPORT_RE = re.compile(r"(\| fast mode \(default on a CPU\) \| )(\d+)( s)")
@@ -52,29 +60,33 @@ def _row_re(key: str) -> re.Pattern[str]:
     return re.compile(rf"(\| \[{key} [^\n]*\| )(\d+)( s \|)")
 
 
-def _places(rec: dict[str, Any], root: Path = ROOT) -> list[tuple[str, re.Pattern[str], int]]:
-    """(file, pattern, recorded value) for every figure the text carries."""
-    out: list[tuple[str, re.Pattern[str], int]] = []
+def _places(rec: dict[str, Any], root: Path = ROOT, bench: dict[str, Any] | None = None) -> list[tuple[str, re.Pattern[str], str]]:
+    """(file, pattern, recorded value as the text must state it) for every figure the text carries."""
+    out: list[tuple[str, re.Pattern[str], str]] = []
     for key, secs in lesson_seconds(rec).items():
         for nb in sorted((root / "notebooks").glob(f"{key}_*.py")):
-            out.append((str(nb.relative_to(root)), HEADER_RE, secs))
-        out.append(("README.md", _row_re(key), secs))
-    out.append(("README.md", REPORT_RE, report_seconds(rec)))
+            out.append((str(nb.relative_to(root)), HEADER_RE, str(secs)))
+        out.append(("README.md", _row_re(key), str(secs)))
+    out.append(("README.md", REPORT_RE, str(report_seconds(rec))))
     suite = rec.get("suite", {})
     if "tests" in suite:
-        out.append(("README.md", TESTS_RE, int(suite["tests"])))
+        out.append(("README.md", TESTS_RE, str(int(suite["tests"]))))
     if "ci_s" in suite:
-        out.append(("README.md", CI_RE, round(suite["ci_s"])))
+        out.append(("README.md", CI_RE, str(round(suite["ci_s"]))))
+    bench = bench_record() if bench is None else bench
+    for fig in BENCH_FIGURES:
+        if fig.key in bench:
+            out.append(("README.md", fig.pattern, fig.value(bench[fig.key]["rows"])))
     return out
 
 
-def mismatches(rec: dict[str, Any] | None = None, root: Path = ROOT) -> list[str]:
+def mismatches(rec: dict[str, Any] | None = None, root: Path = ROOT, bench: dict[str, Any] | None = None) -> list[str]:
     """Every place where the text states another figure than the record (or none at all)."""
     rec = rec or record()
     bad = []
-    for rel, pat, want in _places(rec, root):
+    for rel, pat, want in _places(rec, root, bench):
         read: Callable[[str], str] = lambda r: (root / r).read_text(encoding="utf-8")  # noqa: E731
-        found = [int(m.group(2).replace(",", "")) for m in pat.finditer(read(rel))]
+        found = [m.group(2).replace(",", "") for m in pat.finditer(read(rel))]
         if not found:
             bad.append(f"{rel}: no figure matching {pat.pattern!r} (the record says {want})")
         elif any(f != want for f in found):
@@ -82,12 +94,12 @@ def mismatches(rec: dict[str, Any] | None = None, root: Path = ROOT) -> list[str
     return bad
 
 
-def apply(rec: dict[str, Any] | None = None, root: Path = ROOT) -> list[str]:
-    """Rewrite every figure from the record; returns the files changed (notebook ``.py``
+def apply(rec: dict[str, Any] | None = None, root: Path = ROOT, bench: dict[str, Any] | None = None) -> list[str]:
+    """Rewrite every figure from the records; returns the files changed (notebook ``.py``
     sources: re-pair them with ``jupytext --sync``)."""
     rec = rec or record()
     texts: dict[str, str] = {}
-    for rel, pat, want in _places(rec, root):
+    for rel, pat, want in _places(rec, root, bench):
         text = texts.get(rel) or (root / rel).read_text(encoding="utf-8")
         texts[rel] = pat.sub(lambda m, w=want: f"{m.group(1)}{w}{m.group(3)}", text)
     changed = []
@@ -96,3 +108,187 @@ def apply(rec: dict[str, Any] | None = None, root: Path = ROOT) -> list[str]:
             (root / rel).write_text(text, encoding="utf-8")
             changed.append(rel)
     return changed
+
+
+# --- performance figures: from the benches' --json rows ------------------------------------
+
+
+def bench_record(path: Path = BENCH_RECORD) -> dict[str, Any]:
+    """Bench key -> {"command", "measured", "conditions", "rows"} (``bench_records.json``; {} if absent)."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def _pick(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any]:
+    """The one row whose fields equal ``match`` (a clear error naming the match if none or several)."""
+    hits = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    if len(hits) != 1:
+        raise ValueError(f"{len(hits)} bench rows match {match}; re-record the bench (scripts/update_figures.py --bench)")
+    return hits[0]
+
+
+@dataclass(frozen=True)
+class BenchFigure:
+    """One performance figure of the README: ``phrase`` is a regular expression with three
+    groups (the words before, the number, the words after); the number is ``field`` of the
+    row of record ``key`` matching ``match``, times ``scale``, with ``digits`` decimals; with
+    ``over``, divided by the same field of the row matching ``over`` (a speed-up)."""
+
+    key: str
+    phrase: str
+    match: tuple[tuple[str, Any], ...]
+    field: str
+    digits: int = 0
+    scale: float = 1.0
+    over: tuple[tuple[str, Any], ...] = ()
+    fn: Callable[[list[dict[str, Any]]], float] | None = None  # computes the number instead
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return re.compile(self.phrase)
+
+    def value(self, rows: list[dict[str, Any]]) -> str:
+        """The figure as the text states it (``digits`` decimals, no thousands separator)."""
+        if self.fn is not None:
+            return f"{self.fn(rows):.{self.digits}f}"
+        x = float(_pick(rows, **dict(self.match))[self.field]) * self.scale
+        if self.over:
+            # speed-up = field(match) / field(over), both rows of the same run
+            x /= float(_pick(rows, **dict(self.over))[self.field]) * self.scale
+        return f"{x:.{self.digits}f}"
+
+
+NUM = r"(\d[\d,]*(?:\.\d+)?)"
+
+
+def _decode(key: str, label: str) -> list[BenchFigure]:
+    """FastDecoder's tokens/s and its two speed-ups, and the two HF baselines, of decode record ``key``."""
+    fd = (("impl", "codex_lab_fast_decode"),)
+    return [
+        BenchFigure(key, rf"({label}: FastDecoder ){NUM}( tokens/s)", fd, "tokens_per_s"),
+        BenchFigure(key, rf"({label}: FastDecoder [^|]*? = \*\*){NUM}(x\*\* HF `generate`)", fd, "speedup_vs_hf_generate", 2),
+        BenchFigure(key, rf"({label}: [^|]*?HF `generate` \(){NUM}(\))", (("impl", "hf_generate"),), "tokens_per_s"),
+        BenchFigure(key, rf"({label}: [^|]*?\*\*){NUM}(x\*\* HF static \+ compile)", fd, "speedup_vs_hf_generate_static_compile", 2),
+        BenchFigure(key, rf"({label}: [^|]*?HF static \+ compile \(){NUM}(\))", (("impl", "hf_generate_static_compile"),), "tokens_per_s"),
+        BenchFigure(key, rf"({label}: [^|]*?first call ){NUM}( s)", fd, "first_call_s", 1),
+    ]
+
+
+def _serving(key: str, label: str) -> list[BenchFigure]:
+    """TTFT and TBT p95 at 4, 8 and 16 streams of serving record ``key``."""
+    out = []
+    for c in (4, 8, 16):
+        for field, name in (("ttft_p95_ms", "TTFT"), ("tbt_p95_ms", "TBT")):
+            out.append(BenchFigure(key, rf"({label} {c} streams: [^|;]*?{name} p95 \**){NUM}( ms)",
+                                   (("concurrency", c),), field, 1))
+    return out
+
+
+def _code_edit(key: str) -> list[BenchFigure]:
+    """Prompt-lookup decoding against plain decoding on code edits."""
+    pl, plain = (("impl", "prompt_lookup_d16"),), (("impl", "plain_static_cache"),)
+    return [
+        BenchFigure(key, rf"(prompt lookup: \*\*){NUM}(x\*\* plain decoding)", pl, "speedup_vs_plain", 2),
+        BenchFigure(key, rf"(prompt lookup: [^|]*?plain decoding \(){NUM}( vs )", pl, "tokens_per_s"),
+        BenchFigure(key, rf"(prompt lookup: [^|]*?plain decoding \(\d+ vs ){NUM}( tokens/s\))", plain, "tokens_per_s"),
+        BenchFigure(key, rf"(prompt lookup: [^|]*?acceptance ){NUM}(,)", pl, "acceptance_rate", 2),
+    ]
+
+
+def _batching(key: str, label: str) -> list[BenchFigure]:
+    """Continuous batching (eager and compiled) against one request at a time."""
+    one, cont, comp = (("impl", "one_at_a_time"),), (("impl", "continuous_batching"),), (("impl", "continuous_batching_compiled"),)
+    return [
+        BenchFigure(key, rf"({label}: continuous batching \*\*){NUM}(x\*\* one at a time)", cont, "tokens_per_s", 2, over=one),
+        BenchFigure(key, rf"({label}: continuous batching [^|;]*?one at a time \(){NUM}( vs )", cont, "tokens_per_s"),
+        BenchFigure(key, rf"({label}: continuous batching [^|;]*?one at a time \(\d+ vs ){NUM}( tokens/s\))", one, "tokens_per_s"),
+        BenchFigure(key, rf"({label}: [^|;]*?compiled engine ){NUM}( tokens/s)", comp, "tokens_per_s"),
+        BenchFigure(key, rf"({label}: [^|;]*?compiled engine \d+ tokens/s = \*\*){NUM}(x\*\* the eager engine)",
+                    comp, "tokens_per_s", 2, over=cont),
+        BenchFigure(key, rf"({label}: [^|;]*?buckets compiled in ){NUM}( s)", comp, "compile_s"),
+    ]
+
+
+def _attention(key: str) -> list[BenchFigure]:
+    """Sparse attention at N=8192 against dense SDPA: speed-ups, times, pairs computed, peaks."""
+    at = lambda impl: (("impl", impl), ("N", 8192))  # noqa: E731
+    fw, fb = "N=8192 forward: ", "N=8192 forward \\+ backward: "
+    out = [
+        BenchFigure(key, rf"({fw}`fast` [^|]*?\*\*){NUM}(x\*\* SDPA)", at("fast"), "speedup_vs_sdpa", 2),
+        BenchFigure(key, rf"({fw}[^|]*?SDPA \(){NUM}( vs )", at("fast"), "median_ms", 1),
+        BenchFigure(key, rf"({fw}[^|]*?SDPA \([\d.]+ vs ){NUM}( ms)", at("sdpa"), "median_ms"),
+        BenchFigure(key, rf"({fw}[^|]*?computes ){NUM}(% of the causal pairs)", at("fast"), "computed_fraction", 1, 100.0),
+        BenchFigure(key, rf"({fb}`fast` [^|]*?\*\*){NUM}(x\*\* SDPA)", at("fast"), "fwd_bwd_speedup_vs_sdpa", 2),
+        BenchFigure(key, rf"({fb}[^|]*?SDPA \(){NUM}( vs )", at("fast"), "fwd_bwd_ms", 1),
+        BenchFigure(key, rf"({fb}[^|]*?SDPA \([\d.]+ vs ){NUM}( ms)", at("sdpa"), "fwd_bwd_ms"),
+        BenchFigure(key, rf"({fw}[^|]*?\(SDPA ){NUM}( MiB\))", at("sdpa"), "peak_mib"),
+    ]
+    for impl in ("fast-flash", "blocks", "flex"):
+        out.append(BenchFigure(key, rf"({fw}[^|]*?`{impl}` ){NUM}(x)", at(impl), "speedup_vs_sdpa", 2))
+    for impl in ("fast-flash", "blocks"):
+        out.append(BenchFigure(key, rf"({fb}[^|]*?`{impl}` ){NUM}(x)", at(impl), "fwd_bwd_speedup_vs_sdpa", 2))
+    for i, impl in enumerate(("fast", "fast-flash", "blocks", "flex")):
+        before = "peak " + "".join(r"\d+ / " for _ in range(i))
+        after = " MiB" if impl == "flex" else " / "
+        out.append(BenchFigure(key, rf"({fw}[^|]*?{before}){NUM}({after})", at(impl), "peak_mib"))
+    return out
+
+
+def _moba(key: str) -> list[BenchFigure]:
+    """The learned pattern (MoBA) against the fixed pattern's fast kernel at N=8192."""
+    row = lambda rows, impl: _pick(rows, impl=impl, N=8192)  # noqa: E731
+    # time ratio per kept pair = (t_moba / t_fast) x (d_fast / d_moba): each kernel's time over the pairs it keeps
+    per_pair = lambda r: (row(r, "moba")["median_ms"] / row(r, "fast")["median_ms"]  # noqa: E731
+                          * row(r, "fast")["density"] / row(r, "moba")["density"])
+    # share of the sparse limit = speed-up x density (the limit is 1/d)
+    of_limit = lambda r: row(r, "fast")["speedup_vs_sdpa"] * row(r, "fast")["density"]  # noqa: E731
+    lab = "N=8192, learned pattern: "
+    mob, fast = (("impl", "moba"), ("N", 8192)), (("impl", "fast"), ("N", 8192))
+    return [
+        BenchFigure(key, rf"({lab}forward \*\*){NUM}(x\*\* the fixed pattern's time)", mob, "median_ms", 2, over=fast),
+        BenchFigure(key, rf"({lab}[^|]*?at density ){NUM}( vs )", mob, "density", 3),
+        BenchFigure(key, rf"({lab}[^|]*?at density [\d.]+ vs ){NUM}( \()", fast, "density", 3),
+        BenchFigure(key, rf"({lab}[^|]*?\(){NUM}(x per kept pair\))", (), "", 2, fn=per_pair),
+        BenchFigure(key, rf"({lab}[^|]*?forward \+ backward \*\*){NUM}(x\*\*)", mob, "fwd_bwd_ms", 2, over=fast),
+        BenchFigure(key, rf"({lab}[^|]*?the fixed `fast` kernel ){NUM}(x SDPA)", fast, "speedup_vs_sdpa", 2),
+        BenchFigure(key, rf"({lab}[^|]*?x SDPA = \*\*){NUM}( of 1/d\*\*)", (), "", 2, fn=of_limit),
+    ]
+
+
+def _moe(fast: str, full: str) -> list[BenchFigure]:
+    """MoE grouped dispatch against the fastest HF Mixtral block, per size, fast and full mode."""
+    out = []
+    for key, label, sizes in ((fast, "fast: ", ((256, 8, 2), (512, 8, 2), (512, 16, 4))),
+                              (full, "full: ", ((512, 8, 2), (2048, 8, 2), (2048, 16, 2), (2048, 16, 4), (8192, 8, 2)))):
+        for n, e, k in sizes:
+            m = (("impl", "grouped"), ("tokens", n), ("experts", e), ("top_k", k))
+            out.append(BenchFigure(key, rf"({label}[^|]*?{n} tokens, {e} experts top-{k} \*\*){NUM}(x\*\*)", m,
+                                   "speedup_vs_fastest_hf", 2))
+    # the largest difference of any implementation's output from the reference loop's, both modes
+    out.append(BenchFigure(full, rf"(max abs diff from the reference loop ){NUM}( x 1e-6)", (), "", 1,
+                           fn=lambda rows: 1e6 * max(float(r["max_abs_diff"]) for r in rows)))
+    return out
+
+
+BENCH_FIGURES: list[BenchFigure] = [
+    *_attention("attention"),
+    *_moba("moba"),
+    *_moe("moe_fast", "moe_full"),
+    *_code_edit("code_edit"),
+    *_batching("batching", "16 slots"),
+    *_batching("batching_8slots", "8 slots"),
+    *_decode("decode", "2 threads"),
+    *_decode("decode_1thread", "1 thread"),
+    *_serving("serving", "batched prefill,"),
+    *_serving("serving_reference", "one forward per request,"),
+]
+
+
+def record_bench(key: str, rows: list[dict[str, Any]], command: str, conditions: str, measured: str,
+                 path: Path = BENCH_RECORD) -> None:
+    """Store a bench's ``--json`` rows under ``key`` (checked against the figures that read them first)."""
+    for fig in BENCH_FIGURES:
+        if fig.key == key:
+            fig.value(rows)  # raises, naming the row, if the rows lack what a figure reads
+    rec = bench_record(path)
+    rec[key] = {"command": command, "measured": measured, "conditions": conditions, "rows": rows}
+    path.write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")

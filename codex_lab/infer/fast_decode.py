@@ -41,8 +41,12 @@ def graphs_compiled() -> int:
 
 def cpu_compile_options(options: dict | None, backend: str, mode: str | None, device: torch.device) -> dict | None:
     """Inductor options of a fixed-shape decode step: ``options`` if given; on a CPU with the
-    inductor backend and no mode, ``freezing`` (weights become graph constants, packed once for
-    the CPU's matmul kernels) and ``cpp_wrapper`` (the code calling the kernels is C++)."""
+    inductor backend and no mode, ``freezing`` and ``cpp_wrapper`` (the code calling the kernels
+    is C++). ``freezing`` alone changes nothing: dynamo keeps the weights as graph inputs unless
+    the *global* ``torch._inductor.config.freezing`` is on while it traces, which
+    :meth:`FastDecoder._traced` does and the engine's step (``infer/paged_step.py``) does not
+    (there the frozen C++ GEMM template gave no clear gain at 4-16 streams, single runs, for
+    about twice the cold compile time: ``docs/PROFILE.md``)."""
     if options is None and backend == "inductor" and mode is None and device.type == "cpu":
         return {"freezing": True, "cpp_wrapper": True}
     return options

@@ -58,9 +58,8 @@ class CompiledPagedStep:
             is longer runs the same padded step eagerly (a model of 32k positions would
             otherwise compile ~16 buckets before serving). Default 2048; None: up to ``max_seq_len``.
         backend, mode, options: ``torch.compile``'s; ``options`` defaults on a CPU (inductor,
-            no mode) to ``{"freezing": True, "cpp_wrapper": True}``, as
-            :class:`~codex_lab.infer.fast_decode.FastDecoder` (weights are read once: build a
-            new engine after changing the model's weights).
+            no mode) to ``{"freezing": True, "cpp_wrapper": True}`` (the weights stay graph
+            inputs: see :func:`~codex_lab.infer.fast_decode.cpu_compile_options`).
         compile: False runs the padded step eagerly (the reference the tests hold it to).
     """
 

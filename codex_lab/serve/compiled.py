@@ -11,7 +11,9 @@ def compiled_engine(model: Any, tokenizer: Any, **kw: Any) -> Any:
     once: every bucket compiles in a background thread while steps run the same padded step
     eagerly (the same tokens), and all steps switch to the graphs when the last one is built
     (21.8 s after start on 2 quiet CPU cores with Inductor's cache warm, 2026-12-02; the first
-    answer does not wait for it). Prints what it did."""
+    answer does not wait for it). Prints what it did on stderr (stdout stays the caller's: a
+    bench's ``--json`` rows)."""
+    import sys
     import time
 
     from codex_lab.infer.engine import Engine
@@ -23,13 +25,13 @@ def compiled_engine(model: Any, tokenizer: Any, **kw: Any) -> Any:
     def done(per: dict[int, float]) -> None:
         if step.compiled:
             print(f"compiled {len(per)} decode buckets in {time.perf_counter() - t0:.1f} s: "
-                  "steps now run the compiled graphs", flush=True)
+                  "steps now run the compiled graphs", file=sys.stderr, flush=True)
         else:
-            print(f"compiling failed, decoding eagerly: {step.compile_error}", flush=True)
+            print(f"compiling failed, decoding eagerly: {step.compile_error}", file=sys.stderr, flush=True)
 
     if step.compiled:
         print("serving now with the eager decode step; compiling the fast one in the background "
-              "(one graph per block bucket)...", flush=True)
+              "(one graph per block bucket)...", file=sys.stderr, flush=True)
         step.warmup_background(done)
     else:
         done({})

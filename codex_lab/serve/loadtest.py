@@ -179,6 +179,39 @@ def run_load(url: str, **kwargs: Any) -> LoadReport:
     return run_sync(lambda: run_load_async(url, **kwargs))
 
 
+def _load_in_child(url: str, kwargs: dict[str, Any], out: Any) -> None:
+    """The child process of :func:`run_load_in_process`: the summary (or the error) to ``out``."""
+    try:
+        out.send(("ok", run_load(url, **kwargs).summary()))
+    except BaseException as exc:  # noqa: BLE001 - the parent re-raises it
+        out.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        out.close()
+
+
+def run_load_in_process(url: str, **kwargs: Any) -> dict[str, Any]:
+    """:func:`run_load` in a process of its own; returns its ``summary()``.
+
+    Clients in the server's process share its interpreter lock: every streamed event they
+    parse delays the engine's next step, which a real client (another process) does not do.
+    ``codex-lab bench serving`` measures this way. Raises RuntimeError naming the child's error."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # a fresh interpreter: no copy of the server's threads or model
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_load_in_child, args=(url, kwargs, send), name="codex-lab-loadtest")
+    child.start()
+    send.close()
+    try:
+        status, value = recv.recv()
+    except EOFError:
+        status, value = "error", f"the load-test process ended with code {child.exitcode} and no result"
+    child.join()
+    if status != "ok":
+        raise RuntimeError(f"load test failed: {value}")
+    return value
+
+
 def malformed_bodies(model: str, max_seq_len: int) -> list[tuple[str, bytes]]:
     """Named bad request bodies for POST /v1/completions (each must get a 4xx)."""
     ok = {"model": model, "prompt": "def f():", "max_tokens": 4}

@@ -2,7 +2,9 @@
 
 Starts the OpenAI-compatible server (``codex_lab.serve.app``) on a free loopback port with
 the shipped model (or ``--checkpoint``), then drives it with ``codex_lab.serve.loadtest`` at each
-concurrency: one record per level with TTFT/TBT p50/p95/p99 (ms), the shares within the
+concurrency, the clients in a process of their own as real clients are
+(:func:`~codex_lab.serve.loadtest.run_load_in_process`): one record per level with TTFT/TBT
+p50/p95/p99 (ms), the shares within the
 seed's targets (100 ms / 20 ms), throughput and errors. All levels run in one process on
 one machine, so they compare with each other; absolute numbers depend on the machine.
 """
@@ -25,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=None, help="requests per level (default 4x clients fast, 16x full)")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the shipped tiny model)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="the server's math threads (default: codex_lab.runtime.compute_threads, as `codex-lab serve`)")
     p.add_argument("--compiled", action="store_true",
                    help="the engine `codex-lab serve` runs: compiled decode step (the levels start once every bucket is built)")
     p.add_argument("--no-batch-prefill", action="store_true",
@@ -34,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
-    from codex_lab.serve.loadtest import run_load
+    from codex_lab.runtime import compute_threads
+    from codex_lab.serve.loadtest import run_load, run_load_in_process
     from codex_lab.infer.paged_step import freeze_long_lived
     from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
 
@@ -42,8 +46,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if not levels or min(levels) < 1:
         raise ValueError(f"--concurrency must list client counts >= 1, got {args.concurrency!r}")
     old_threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or compute_threads())
     ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained()
     engines: list[Any] = []
 
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 raise RuntimeError("the decode step's background compile took over 600 s")
         for c in levels:
             n = args.requests or c * pick(fast=4, full=16)
-            s = run_load(bg.url, concurrency=c, requests=n, max_tokens=args.max_tokens, duration_s=300).summary()
+            s = run_load_in_process(bg.url, concurrency=c, requests=n, max_tokens=args.max_tokens, duration_s=300)
             rows.append({"concurrency": c, "requests": s["requests_ok"], "threads": torch.get_num_threads(),
                          "compiled": bool(getattr(args, "compiled", False)), "batch_prefill": not getattr(args, "no_batch_prefill", False),
                          **{k: s[k] for k in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tbt_p50_ms", "tbt_p95_ms",
