@@ -56,8 +56,6 @@ from codex_lab.nn.model import CodexModel, attention_reference, attention_sdpa
 T_START = time.perf_counter()
 cl.seed_everything(0)
 FAST = cl.lesson_header("03")  # prints the mode, why, and this lesson's expected time here
-if FAST:
-    torch.set_num_threads(1)  # CI: 2 cores shared by parallel test workers, avoid oversubscription
 device = cl.get_device()
 print("fast mode:", FAST, "| device:", device)
 

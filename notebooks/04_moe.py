@@ -53,9 +53,6 @@ from codex_lab.lessons.l04_moe.experiments import (CATEGORIES, expert_by_categor
 
 cl.seed_everything(0)
 FAST = cl.lesson_header("04")  # prints the mode, why, and this lesson's expected time here
-if FAST:
-    # CI runs two notebooks at once on 2 cores; one thread each avoids OpenMP oversubscription
-    torch.set_num_threads(1)
 device = cl.get_device()
 print("fast mode:", FAST, "| device:", device, "| threads:", torch.get_num_threads())
 

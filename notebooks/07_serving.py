@@ -71,9 +71,9 @@ from codex_lab import SUITE, engine_completer, histogram_attainment, parse_metri
 cl.seed_everything(0)
 FAST = cl.lesson_header("07")  # prints the mode, why, and this lesson's expected time here
 # The engine thread, the HTTP event loop and the load clients share this machine's cores:
-# one intra-op thread per matrix multiply avoids threads spinning against each other
-# (on a busy 2-core machine, 2 threads made the engine over 10x slower in our runs).
-torch.set_num_threads(1)
+# lesson_header set the math threads from codex_lab.runtime.compute_threads(), the one setting
+# every lesson and `codex-lab serve` use (1 on a 2-core machine: there 2 threads made the
+# engine over 10x slower on a busy machine in our runs; CODEX_LAB_THREADS=N to change).
 print("fast mode:", FAST, "| torch threads:", torch.get_num_threads())
 
 # %% [markdown]
@@ -571,7 +571,10 @@ assert refused and reg.current() == v1
 # The numbers of this run, in words (timings on a shared machine move with its load:
 # measure on a quiet one before judging the 100 ms / 20 ms targets; `codex-lab report`
 # records the same with verdicts, `codex-lab loadtest --json` measures any running server,
-# and `codex-lab bench serving --concurrency 1,4,8` compares concurrency levels).
+# and `codex-lab bench serving --concurrency 1,4,8` compares concurrency levels). Here the
+# load clients run in this notebook's process, so they share the server's interpreter lock and
+# every event they parse delays the engine a little; `codex-lab bench serving` runs its clients
+# in a process of their own, as real clients are (`codex_lab.serve.loadtest.run_load_in_process`).
 
 # %%
 ttft_ok = s4["ttft_p95_ms"] < 100

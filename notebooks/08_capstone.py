@@ -63,10 +63,6 @@ from codex_lab.nn.sparse import tiles_computed
 
 cl.seed_everything(0)
 FAST = cl.lesson_header("08")  # prints the mode, why, and this lesson's expected time here
-if FAST:
-    # CI: 2 cores shared by parallel test workers; the engine and server threads below also
-    # run on them, and one intra-op thread avoids oversubscription
-    torch.set_num_threads(1)
 T_START = time.perf_counter()
 device = cl.get_device()
 sizes = cap.default_sizes()

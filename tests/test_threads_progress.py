@@ -88,3 +88,25 @@ def test_a_short_section_prints_no_heartbeat():
     with rep.Heartbeat("02", 5.0, lines.append, first_s=0.5):
         time.sleep(0.05)
     assert lines == []
+
+
+def test_no_lesson_or_section_sets_its_own_thread_count():
+    """The one place: a lesson or report section that calls torch.set_num_threads with a number
+    of its own would diverge from compute_threads() on a machine with more cores. Allowed:
+    lesson 06's measured choice (it times 1 vs the policy's threads and keeps the faster, a
+    lesson in itself) and restoring a saved count (``set_num_threads(threads)``)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "notebooks").glob("0*.py")) + sorted((root / "codex_lab" / "lessons").glob("l0*/report.py"))
+    allowed = {"notebooks/06_fast_inference.py": {"threads", "best"}, "codex_lab/lessons/l06_inference/report.py": {"1"}}
+    bad = []
+    for f in files:
+        rel = str(f.relative_to(root))
+        for arg in re.findall(r"set_num_threads\(([^)]*)\)", f.read_text(encoding="utf-8")):
+            if arg.strip() not in {"threads", "old_threads", "before"} | allowed.get(rel, set()):
+                bad.append(f"{rel}: set_num_threads({arg})")
+    assert not bad, "use runtime.compute_threads() (lesson_header / the report do):\n" + "\n".join(bad)
+    src = (root / "codex_lab" / "commands" / "serve.py").read_text(encoding="utf-8")
+    assert "torch.set_num_threads(threads)" in src and "threads = compute_threads()" in src

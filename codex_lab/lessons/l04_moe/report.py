@@ -50,8 +50,8 @@ def run(ctx: Any) -> str:
                                    token_categories, train_run)
 
     threads = torch.get_num_threads()
-    if ctx.fast:
-        torch.set_num_threads(1)  # shared CI cores: avoid OpenMP oversubscription
+    # the math threads are the report's (course.report runs each section under
+    # runtime.use_compute_threads: 1 on a 2-core machine), as in the lesson
     try:
         tok = ctx.checkpoint().tokenizer
         corpus = ctx.corpus()

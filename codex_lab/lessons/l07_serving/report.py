@@ -33,7 +33,8 @@ def run(ctx) -> str:  # noqa: ANN001
     from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # engine thread + HTTP loop + clients share the cores (see lesson 07)
+    # the math threads are the report's (course.report runs each section under
+    # runtime.use_compute_threads: 1 on a 2-core machine), as in the lesson
     ck = ctx.checkpoint()
     lines: list[str] = []
     try:

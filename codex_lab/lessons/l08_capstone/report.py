@@ -23,11 +23,10 @@ def run(ctx: Any) -> str:
     import torch
 
     from codex_lab.lessons.l08_capstone import pipeline as cap
-    from codex_lab.runtime import fast_mode
 
     threads = torch.get_num_threads()
-    if fast_mode():
-        torch.set_num_threads(1)  # engine, server and clients share 2 cores (see lesson 07)
+    # the math threads are the report's (course.report runs each section under
+    # runtime.use_compute_threads: 1 on a 2-core machine), as in the lesson
     try:
         ck = ctx.checkpoint()
         base, tok = ck.model.eval(), ck.tokenizer
