@@ -97,3 +97,29 @@ def test_after_the_background_compile_long_lived_objects_are_frozen(tok, freeze)
     # the engine itself (alive now) is among the frozen objects when freezing is on
     assert (gc.get_freeze_count() > 1000) == freeze, gc.get_freeze_count()
     gc.unfreeze()
+
+
+def test_the_compile_thread_hands_the_interpreter_lock_back_quickly_then_restores_it(tok):
+    """While buckets compile in the background the switch interval is short (the serving
+    thread, which lets go of the lock in every torch op, gets it back within 0.2 ms instead of
+    5 ms per op); afterwards, and after a failed compile, the process's own interval is back."""
+    import sys
+
+    from codex_lab.infer import paged_step
+
+    before = sys.getswitchinterval()
+    for fail in (False, True):
+        eng = Engine(_model(tok), tok, max_batch_size=2, compile=True, compile_backend="eager")
+        seen = []
+
+        def warmup(buckets=None, _fail=fail):
+            seen.append(sys.getswitchinterval())
+            if _fail:
+                raise RuntimeError("the compiler broke")
+            return {}
+
+        eng.fast_step.warmup = warmup
+        eng.fast_step.warmup_background(freeze_gc=False).join(60)
+        assert seen and seen[0] <= paged_step.COMPILE_SWITCH_INTERVAL_S < before
+        assert sys.getswitchinterval() == before
+        assert ("the compiler broke" in eng.fast_step.compile_error) == fail

@@ -32,6 +32,7 @@ to its cache). ``codex-lab serve`` answers within seconds of loading the model t
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
 from typing import Callable, Sequence
@@ -43,6 +44,10 @@ from codex_lab.infer.fast_decode import cpu_compile_options, graphs_compiled
 from codex_lab.infer.generate import decode_step
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
+
+
+# the interpreter's thread switch interval while buckets compile in the background (seconds)
+COMPILE_SWITCH_INTERVAL_S = 0.0002
 
 
 class CompiledPagedStep:
@@ -183,12 +188,20 @@ class CompiledPagedStep:
 
         def work() -> None:
             per: dict[int, float] = {}
+            # the compiler is pure Python for long stretches; a serving thread that let go of the
+            # interpreter lock (every torch op does) waits for the compiler's switch interval to
+            # get it back: 5 ms by default, per op, so one eager step of ~300 ops could take
+            # seconds (completions of 16 tokens took up to 8.5 s during a warm-cache compile,
+            # 2026-12-02). A short interval while compiling hands the lock back within 0.2 ms.
+            switch = sys.getswitchinterval()
+            sys.setswitchinterval(min(switch, COMPILE_SWITCH_INTERVAL_S))
             try:
                 per = self.warmup()
             except Exception as exc:  # noqa: BLE001 - never take the server down: stay eager
                 self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
                 self._fn = None
             finally:
+                sys.setswitchinterval(switch)
                 if freeze_gc:
                     freeze_long_lived()
                 self.ready.set()

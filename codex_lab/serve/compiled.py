@@ -10,7 +10,7 @@ def compiled_engine(model: Any, tokenizer: Any, **kw: Any) -> Any:
     """An :class:`~codex_lab.infer.engine.Engine` with the compiled decode step. It serves at
     once: every bucket compiles in a background thread while steps run the same padded step
     eagerly (the same tokens), and all steps switch to the graphs when the last one is built
-    (21.8 s after start on 2 quiet CPU cores with Inductor's cache warm, 2026-12-02; the first
+    (18-22 s after start on 2 quiet CPU cores with Inductor's cache warm, 2026-12-02; the first
     answer does not wait for it). Prints what it did on stderr (stdout stays the caller's: a
     bench's ``--json`` rows)."""
     import sys
