@@ -667,7 +667,12 @@ print(lookup_text)
 # - `cl.FastDecoder` (batch 1): a static cache of fixed length, every step attends over all
 #   its slots under a mask, the position is a tensor, so one graph serves every token
 #   (`--scenarios decode` prints its tokens/s against HF `generate`, with and without a
-#   static cache and `torch.compile`, and its recompile count);
+#   static cache and `torch.compile`, and its recompile count). At batch 1 a step reads every
+#   weight once for a few FLOPs each, so its speed is how fast the weights can be read: the
+#   decoder freezes them into the graph (the global `torch._inductor.config.freezing` must be
+#   on while dynamo traces; the `options=` flag alone leaves them graph inputs) so that
+#   Inductor's C++ GEMM template can pack them once and split each matrix-vector product
+#   over the cores (`python scripts/decode_configs.py` times each configuration);
 # - `cl.Engine(..., compile=True)` (what `codex-lab serve` runs): the batch is padded to
 #   `max_batch_size` rows (padding rows write a scratch block no request owns) and each block
 #   table to a *bucket* (1, 1.5, 2, 3, 4, ... times 128 tokens), one graph per bucket, compiled
