@@ -123,3 +123,27 @@ def test_the_compile_thread_hands_the_interpreter_lock_back_quickly_then_restore
         assert seen and seen[0] <= paged_step.COMPILE_SWITCH_INTERVAL_S < before
         assert sys.getswitchinterval() == before
         assert ("the compiler broke" in eng.fast_step.compile_error) == fail
+
+
+def test_the_engine_step_with_frozen_weights_and_the_gemm_template_matches_eager(tok):
+    """What `codex-lab serve` compiles (serve.compiled.compiled_engine): the same greedy tokens
+    as the eager engine; use_options() is refused once a bucket has compiled; and where the
+    template cannot serve (here: freezing left off, so the weights are not constants), the first
+    bucket recompiles with ATen's matmuls and says so instead of going eager."""
+    from codex_lab.infer.fast_decode import decode_compile_options
+
+    model = _model(tok)
+    prompts = [[5, 9, 2, 7], [11, 3]]
+    want = [generate_ids(model, p, max_new_tokens=6)[0] for p in prompts]
+    eng = Engine(model, tok, max_batch_size=2, compile=True)
+    eng.fast_step.use_options(decode_compile_options(None, "inductor", None, torch.device("cpu")))
+    eng.fast_step.warmup([1])
+    assert eng.fast_step.compiled and eng.fast_step.compile_error == ""
+    assert _run(eng, prompts, n=6) == want and eng.fast_step.recompiles == 0
+    with pytest.raises(RuntimeError, match="none of whose buckets has compiled"):
+        eng.fast_step.use_options({})
+    eng2 = Engine(model, tok, max_batch_size=2, compile=True)
+    eng2.fast_step.use_options({"max_autotune": True, "max_autotune_gemm_backends": "CPP"})
+    eng2.fast_step.warmup([1])
+    assert eng2.fast_step.compiled and eng2.fast_step.compile_error.startswith("without the C++ GEMM template")
+    assert _run(eng2, prompts, n=6) == want

@@ -45,8 +45,8 @@ def cpu_compile_options(options: dict | None, backend: str, mode: str | None, de
     is C++). ``freezing`` alone changes nothing: dynamo keeps the weights as graph inputs unless
     the *global* ``torch._inductor.config.freezing`` is on while it traces, which
     :meth:`FastDecoder._traced` does and the engine's step (``infer/paged_step.py``) does not
-    (there the frozen C++ GEMM template gave no clear gain at 4-16 streams, single runs, for
-    about twice the cold compile time: ``docs/PROFILE.md``)."""
+    (there the frozen C++ GEMM template, ``CompiledPagedStep.use_options``, settled no gain at
+    4-16 streams and takes ~110 s to compile on every start: ``docs/PROFILE.md``)."""
     if options is None and backend == "inductor" and mode is None and device.type == "cpu":
         return {"freezing": True, "cpp_wrapper": True}
     return options

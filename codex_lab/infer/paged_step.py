@@ -100,6 +100,16 @@ class CompiledPagedStep:
             except Exception as exc:  # pragma: no cover - torch without dynamo
                 self.compile_error = f"{type(exc).__name__}: {exc}"[:200]
 
+    def use_options(self, options: dict) -> None:
+        """Compile with these Inductor ``options`` instead (before any bucket has compiled),
+        e.g. :func:`~codex_lab.infer.fast_decode.decode_compile_options`'s frozen weights and
+        C++ GEMM template, which ``codex-lab serve`` uses. With ``freezing``, each bucket's
+        first call turns it on while dynamo traces (else the weights stay graph inputs)."""
+        if self.compile_s or self._fn is None:
+            raise RuntimeError("use_options() needs a compiled step none of whose buckets has compiled yet")
+        self.options = dict(options)
+        self._fn = torch.compile(self._step, dynamic=False, options=self.options)
+
     @property
     def compiled(self) -> bool:
         """True while steps run the compiled graphs."""
@@ -153,9 +163,18 @@ class CompiledPagedStep:
         if self._graphs_at_start is None:
             self._graphs_at_start = before
         try:
-            logits = self._fn(idx, pos, tab)  # (Bmax, V) the first call of this bucket compiles
+            import torch._inductor.config as inductor_config
+
+            # freezing on while dynamo traces, or the weights stay graph inputs (FastDecoder._traced)
+            with inductor_config.patch(freezing=bool(self.options.get("freezing"))):
+                logits = self._fn(idx, pos, tab)  # (Bmax, V) the first call of this bucket compiles
         except Exception as exc:  # no C++ compiler, unsupported op: the same step, eager
             self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if self.options.get("max_autotune") and not self.compile_s:  # no C++ GEMM template here
+                self.use_options({k: v for k, v in self.options.items() if not k.startswith(("max_autotune", "autotune"))})
+                self.compile_error = f"without the C++ GEMM template ({self.compile_error})"[:300]
+                self._graphs_at_start = None  # count from the retry
+                return self._compiled(idx, pos, tab, nb)
             self._fn = None
             return self._step(idx, pos, tab)
         self.compile_s[nb] = time.perf_counter() - t0

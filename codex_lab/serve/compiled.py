@@ -6,13 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 
-def compiled_engine(model: Any, tokenizer: Any, **kw: Any) -> Any:
+def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = False, **kw: Any) -> Any:
     """An :class:`~codex_lab.infer.engine.Engine` with the compiled decode step. It serves at
     once: every bucket compiles in a background thread while steps run the same padded step
-    eagerly (the same tokens), and all steps switch to the graphs when the last one is built
-    (18-22 s after start on 2 quiet CPU cores with Inductor's cache warm, 2026-12-02; the first
-    answer does not wait for it). Prints what it did on stderr (stdout stays the caller's: a
-    bench's ``--json`` rows)."""
+    eagerly (the same tokens), and all steps switch to the graphs when the last one is built.
+    The first answer does not wait for it. Prints what it did on stderr (stdout stays the
+    caller's: a bench's ``--json`` rows).
+
+    ``gemm_template``: compile with the weights frozen and Inductor's C++ GEMM template, as
+    :class:`~codex_lab.infer.fast_decode.FastDecoder` does. Off by default: it did not settle a
+    gain at 4-16 streams (``codex-lab bench serving``, quiet, 2026-12-02: TBT p95 at 16 streams
+    17.3 / 17.4 / 23.5 ms in three runs against 17.4-26.0 ms in seven with ATen's matmuls),
+    and Inductor does not cache frozen graphs, so its 7 buckets take ~110 s to compile on every
+    start (13-55 s with ATen's matmuls). ``docs/PROFILE.md`` has the runs.
+    """
     import sys
     import time
 
@@ -21,6 +28,12 @@ def compiled_engine(model: Any, tokenizer: Any, **kw: Any) -> Any:
     eng = Engine(model, tokenizer, compile=True, **kw)
     t0 = time.perf_counter()
     step = eng.fast_step
+    if gemm_template and step.compiled:  # frozen weights, Inductor's C++ GEMM template (as FastDecoder)
+        from codex_lab.infer.fast_decode import decode_compile_options
+
+        opts = decode_compile_options(None, "inductor", None, next(model.parameters()).device)
+        if opts:
+            step.use_options(opts)
 
     def done(per: dict[int, float]) -> None:
         if step.compiled:

@@ -179,37 +179,39 @@ def run_load(url: str, **kwargs: Any) -> LoadReport:
     return run_sync(lambda: run_load_async(url, **kwargs))
 
 
-def _load_in_child(url: str, kwargs: dict[str, Any], out: Any) -> None:
-    """The child process of :func:`run_load_in_process`: the summary (or the error) to ``out``."""
-    try:
-        out.send(("ok", run_load(url, **kwargs).summary()))
-    except BaseException as exc:  # noqa: BLE001 - the parent re-raises it
-        out.send(("error", f"{type(exc).__name__}: {exc}"))
-    finally:
-        out.close()
+_CHILD = """
+import json, sys
+from codex_lab.serve.loadtest import run_load
+try:
+    out = {"ok": run_load(sys.argv[1], **json.loads(sys.argv[2])).summary()}
+except Exception as exc:
+    out = {"error": f"{type(exc).__name__}: {exc}"}
+print(json.dumps(out))
+"""
 
 
 def run_load_in_process(url: str, **kwargs: Any) -> dict[str, Any]:
-    """:func:`run_load` in a process of its own; returns its ``summary()``.
+    """:func:`run_load` in a process of its own (a fresh interpreter); returns its ``summary()``.
 
     Clients in the server's process share its interpreter lock: every streamed event they
     parse delays the engine's next step, which a real client (another process) does not do.
-    ``codex-lab bench serving`` measures this way. Raises RuntimeError naming the child's error."""
-    import multiprocessing as mp
+    ``codex-lab bench serving`` measures this way. ``kwargs`` must be JSON values (``prompts``
+    a list of strings). Raises RuntimeError naming the child's error. A plain subprocess, not
+    ``multiprocessing``: its spawn would re-run the caller's ``__main__`` (a script without a
+    ``__main__`` guard would start a second server)."""
+    import subprocess
+    import sys
 
-    ctx = mp.get_context("spawn")  # a fresh interpreter: no copy of the server's threads or model
-    recv, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_load_in_child, args=(url, kwargs, send), name="codex-lab-loadtest")
-    child.start()
-    send.close()
+    proc = subprocess.run([sys.executable, "-c", _CHILD, url, json.dumps(kwargs)], stdout=subprocess.PIPE,
+                          text=True)  # stderr passes through: the child's progress bar
     try:
-        status, value = recv.recv()
-    except EOFError:
-        status, value = "error", f"the load-test process ended with code {child.exitcode} and no result"
-    child.join()
-    if status != "ok":
-        raise RuntimeError(f"load test failed: {value}")
-    return value
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise RuntimeError(f"load test failed: the load-test process ended with code {proc.returncode} "
+                           f"and no result") from None
+    if "ok" not in out:
+        raise RuntimeError(f"load test failed: {out.get('error')}")
+    return out["ok"]
 
 
 def malformed_bodies(model: str, max_seq_len: int) -> list[tuple[str, bytes]]:
