@@ -142,7 +142,10 @@ def test_the_engine_step_with_frozen_weights_and_the_gemm_template_matches_eager
     assert _run(eng, prompts, n=6) == want and eng.fast_step.recompiles == 0
     with pytest.raises(RuntimeError, match="none of whose buckets has compiled"):
         eng.fast_step.use_options({})
-    eng2 = Engine(model, tok, max_batch_size=2, compile=True)
+    torch.manual_seed(1)  # another model: dynamo must trace anew, not reuse the graph built above
+    other = CodexModel(tiny_config(vocab_size=tok.vocab_size)).eval()
+    want = [generate_ids(other, p, max_new_tokens=6)[0] for p in prompts]
+    eng2 = Engine(other, tok, max_batch_size=2, compile=True)
     eng2.fast_step.use_options({"max_autotune": True, "max_autotune_gemm_backends": "CPP"})
     eng2.fast_step.warmup([1])
     assert eng2.fast_step.compiled and eng2.fast_step.compile_error.startswith("without the C++ GEMM template")

@@ -85,7 +85,13 @@ def check_causal_attention_probs(fn: Callable[..., Any]) -> None:
         k = q + torch.randn(2, 7, 8, generator=gen)  # q_i . k_i ~ |q|^2 / sqrt(D): far past exp's float32 limit 88.7
         got, want = fn(q.clone(), k.clone()), _probs(q, k, 1 / math.sqrt(8))
         assert not overflow(got, want), OVERFLOW
-        assert _close(got, want), "with large scores (|q . k| / sqrt(D) in the hundreds) the probabilities differ from softmax"
+        # tolerance: scores here reach ~2,500, where one float32 rounding is ~3e-4 and a correct
+        # solution's order of operations (einsum, or q/sqrt(D) @ k^T) moves a score by up to ~2e-3;
+        # a probability moves by at most 1/4 of that (the softmax's slope p(1 - p) <= 1/4): 5e-4.
+        # Measured: correct solutions differ by up to 6.1e-5 over 3,000 run seeds (ATOL = 1e-5 failed
+        # the reference solution at some seeds); an overflowing or unmasked softmax is off by ~1.
+        assert isinstance(got, Tensor) and got.shape == want.shape and torch.allclose(got.float(), want, atol=5e-4, rtol=0), \
+            "with large scores (|q . k| / sqrt(D) in the hundreds) the probabilities differ from softmax"
 
 
 def _causal_map(T: int, gen: torch.Generator) -> Tensor:
