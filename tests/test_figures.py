@@ -15,12 +15,17 @@ def test_every_stated_figure_agrees_with_the_record():
     assert not bad, "run `python scripts/update_figures.py` after re-timing:\n" + "\n".join(bad)
 
 
-def test_a_stale_figure_is_caught_and_rewritten(tmp_path):
-    root = tmp_path
+def _copy_texts(root: Path) -> Path:
+    """The README and the notebook sources, copied under ``root`` (the texts figures rewrite)."""
     (root / "notebooks").mkdir()
     shutil.copy(figures.ROOT / "README.md", root / "README.md")
     for p in (figures.ROOT / "notebooks").glob("0*.py"):
         shutil.copy(p, root / "notebooks" / p.name)
+    return root
+
+
+def test_a_stale_figure_is_caught_and_rewritten(tmp_path):
+    root = _copy_texts(tmp_path)
     rec = figures.record()
     key, secs = sorted(figures.lesson_seconds(rec).items())[3]
     nb = next((root / "notebooks").glob(f"{key}_*.py"))
@@ -43,11 +48,7 @@ def test_report_total_is_the_sum_of_its_sections():
 def test_a_stale_performance_figure_is_caught_and_rewritten(tmp_path):
     """The README's decode figures come from the bench record: a changed ratio in the text is
     listed with the record's value, and apply() writes the record's value back."""
-    root = tmp_path
-    (root / "notebooks").mkdir()
-    shutil.copy(figures.ROOT / "README.md", root / "README.md")
-    for p in (figures.ROOT / "notebooks").glob("0*.py"):
-        shutil.copy(p, root / "notebooks" / p.name)
+    root = _copy_texts(tmp_path)
     bench = figures.bench_record()
     fig = next(f for f in figures.BENCH_FIGURES if f.key == "decode" and f.field == "speedup_vs_hf_generate")
     want = fig.value(bench["decode"]["rows"])

@@ -41,13 +41,21 @@ def test_malformed_bodies_cover_the_issue_cases():
         assert must in names
 
 
-def test_cli_loadtest_json(small_tokenizer, capsys):
+def _tiny_model(tokenizer) -> CodexModel:
     torch.manual_seed(0)
-    m = CodexModel(ModelConfig(vocab_size=small_tokenizer.vocab_size, d_model=64, n_layer=2, n_head=4,
-                               max_seq_len=128)).eval()
-    srv = ModelServer(small_tokenizer, ServerConfig(model_name="tiny"))
-    srv.add_version("v0001", m)
-    bg = serve_in_background(srv)
+    return CodexModel(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, n_layer=2, n_head=4,
+                                  max_seq_len=128)).eval()
+
+
+def _served(tokenizer):
+    """A tiny model served in the background (``.url``; ``.stop()`` when done)."""
+    srv = ModelServer(tokenizer, ServerConfig(model_name="tiny"))
+    srv.add_version("v0001", _tiny_model(tokenizer))
+    return serve_in_background(srv)
+
+
+def test_cli_loadtest_json(small_tokenizer, capsys):
+    bg = _served(small_tokenizer)
     try:
         assert cli_main(["loadtest", "--url", bg.url, "--concurrency", "2", "--requests", "4",
                          "--max-tokens", "4", "--json"]) == 0
@@ -64,10 +72,7 @@ def test_bench_serving_records(tmp_path, small_tokenizer):
     from codex_lab.course.benches import discover
     from codex_lab.training.checkpoint import save_checkpoint
 
-    torch.manual_seed(0)
-    m = CodexModel(ModelConfig(vocab_size=small_tokenizer.vocab_size, d_model=64, n_layer=2, n_head=4,
-                               max_seq_len=128)).eval()
-    save_checkpoint(tmp_path / "ck", m, small_tokenizer)
+    save_checkpoint(tmp_path / "ck", _tiny_model(small_tokenizer), small_tokenizer)
     bench = discover()["serving"]
     rows = bench.run(argparse.Namespace(concurrency="1,2", requests=2, max_tokens=4, checkpoint=str(tmp_path / "ck"),
                                         threads=None))
@@ -80,12 +85,7 @@ def test_load_in_a_process_of_its_own(small_tokenizer):
     server): the same summary comes back, and a failure in the child is raised here by name."""
     from codex_lab.serve.loadtest import run_load_in_process
 
-    torch.manual_seed(0)
-    m = CodexModel(ModelConfig(vocab_size=small_tokenizer.vocab_size, d_model=64, n_layer=2, n_head=4,
-                               max_seq_len=128)).eval()
-    srv = ModelServer(small_tokenizer, ServerConfig(model_name="tiny"))
-    srv.add_version("v0001", m)
-    bg = serve_in_background(srv)
+    bg = _served(small_tokenizer)
     try:
         s = run_load_in_process(bg.url, concurrency=2, requests=4, max_tokens=4, progress=False)
         assert s["requests_ok"] == 4 and s["errors"] == 0 and s["ttft_p95_ms"] > 0 and s["tokens_per_s"] > 0

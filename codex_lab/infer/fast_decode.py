@@ -41,30 +41,35 @@ def graphs_compiled() -> int:
 
 def cpu_compile_options(options: dict | None, backend: str, mode: str | None, device: torch.device) -> dict | None:
     """Inductor options of a fixed-shape decode step: ``options`` if given; on a CPU with the
-    inductor backend and no mode, ``freezing`` and ``cpp_wrapper`` (the code calling the kernels
-    is C++). ``freezing`` alone changes nothing: dynamo keeps the weights as graph inputs unless
-    the *global* ``torch._inductor.config.freezing`` is on while it traces, which
-    :meth:`FastDecoder._traced` does and the engine's step (``infer/paged_step.py``) does not
-    (there the frozen C++ GEMM template, ``CompiledPagedStep.use_options``, settled no gain at
-    4-16 streams and takes ~110 s to compile on every start: ``docs/PROFILE.md``)."""
+    inductor backend and no mode, ``cpp_wrapper`` (the code calling the kernels is C++). The
+    engine's step (``infer/paged_step.py``) uses these: its weights stay graph inputs, read by
+    ATen's matmuls. :func:`decode_compile_options` adds frozen weights and the C++ GEMM template."""
     if options is None and backend == "inductor" and mode is None and device.type == "cpu":
-        return {"freezing": True, "cpp_wrapper": True}
+        return {"cpp_wrapper": True}
     return options
 
 
 def decode_compile_options(options: dict | None, backend: str, mode: str | None, device: torch.device) -> dict | None:
     """Inductor options of :class:`FastDecoder`'s batch-1 step: ``options`` if given; on a CPU
-    (inductor, no mode) :func:`cpu_compile_options` plus Inductor's own C++ GEMM template
-    (``max_autotune`` with the ``CPP`` GEMM backend; ATen's matmul where the template does not
-    apply). The template packs each frozen weight once into blocks for the CPU's vector width and
-    splits every matrix-vector product across the cores; ATen's ``mm`` of one row runs on one
-    core over the unpacked weight. That took a 4.2M-parameter model's decode step from ~1 ms to
-    ~0.35 ms on a 2-core AMD EPYC (2026-12-02, ``docs/PROFILE.md``): the step is bound by
-    reading 17 MB of weights, which the packed, two-core kernels read faster."""
+    (inductor, no mode) :func:`cpu_compile_options` plus ``freezing`` (the weights become graph
+    constants; the compiling call must also turn the *global* flag on while dynamo traces, see
+    :meth:`FastDecoder._traced`) and Inductor's own C++ GEMM template (``max_autotune`` with the
+    ``CPP`` GEMM backend). The template packs each frozen weight once into blocks for the CPU's
+    vector width and splits every matrix-vector product across the cores; ATen's ``mm`` of one
+    row runs on one core over the unpacked weight. That took a 4.2M-parameter model's decode
+    step from ~1 ms to ~0.4 ms on a 2-core AMD EPYC (2026-12-02, ``docs/PROFILE.md``): the step
+    is bound by reading 17 MB of weights, which the packed, two-core kernels read faster."""
     base = cpu_compile_options(options, backend, mode, device)
     if options is None and base is not None:
-        return {**base, "max_autotune": True, "max_autotune_gemm_backends": "CPP", "autotune_fallback_to_aten": True}
+        return {**base, "freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP",
+                "autotune_fallback_to_aten": True}
     return base
+
+
+def without_gemm_template(options: dict) -> dict:
+    """``options`` less Inductor's autotuning (the C++ GEMM template): ATen's matmuls. What a
+    compiled step retries with where the template cannot serve (a CPU or dtype it lacks)."""
+    return {k: v for k, v in options.items() if not k.startswith(("max_autotune", "autotune"))}
 
 
 class FastDecoder:
@@ -207,25 +212,7 @@ class FastDecoder:
         the same function eagerly."""
         first = self._compiled is not None and self.decode_calls == 0
         t0 = time.perf_counter()
-        out = None
-        if self._compiled is not None:
-            try:
-                if self.skip_guards and not first:
-                    out = self._unguarded(self._compiled, tokens, pos, guarded=self._traced)
-                else:
-                    out = self._traced(tokens, pos)  # the first call compiles
-            except Exception as exc:  # no C++ compiler, an unsupported op, a failed recompile
-                self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
-                self._compiled = None
-                if first and self.options.get("max_autotune"):  # no C++ GEMM template here: ATen's matmuls
-                    self.options = {k: v for k, v in self.options.items() if not k.startswith(("max_autotune", "autotune"))}
-                    self._compiled = torch.compile(self._next, dynamic=False, options=self.options)
-                    try:
-                        out = self._traced(tokens, pos)
-                        self.compile_error = f"without the C++ GEMM template ({self.compile_error})"[:300]
-                    except Exception as exc2:
-                        self.compile_error = f"{type(exc2).__name__}: {str(exc2)[:200]}"
-                        self._compiled = None
+        out = self._compiled_step(tokens, pos, first) if self._compiled is not None else None
         if out is None:  # eager: the same function
             out = self._next(tokens, pos)
         if first:
@@ -233,6 +220,24 @@ class FastDecoder:
             self._graphs_after_first = graphs_compiled()
         self.decode_calls += 1
         return out
+
+    def _compiled_step(self, tokens: Tensor, pos: Tensor, first: bool) -> Tensor | None:
+        """The step through the graph (None, and the decoder eager from now on, if compiling or
+        running it fails: :attr:`compile_error` says why). A first call that fails with the C++
+        GEMM template in the options compiles again with ATen's matmuls."""
+        while True:
+            try:
+                if self.skip_guards and not first:
+                    return self._unguarded(self._compiled, tokens, pos, guarded=self._traced)
+                return self._traced(tokens, pos)  # the first call compiles
+            except Exception as exc:  # no C++ compiler, an unsupported op, a failed recompile
+                why = f"{type(exc).__name__}: {str(exc)[:200]}"
+                if not (first and self.options.get("max_autotune")):
+                    self.compile_error, self._compiled = why, None
+                    return None
+                self.options = without_gemm_template(self.options)
+                self._compiled = torch.compile(self._next, dynamic=False, options=self.options)
+                self.compile_error = f"without the C++ GEMM template ({why})"[:300]
 
     def _traced(self, tokens: Tensor, pos: Tensor) -> Tensor:
         """The compiled step with every guard, freezing on while dynamo traces: dynamo turns the

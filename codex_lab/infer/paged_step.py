@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from codex_lab.infer.fast_decode import cpu_compile_options, graphs_compiled
+from codex_lab.infer.fast_decode import cpu_compile_options, graphs_compiled, without_gemm_template
 from codex_lab.infer.generate import decode_step
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
@@ -63,8 +63,8 @@ class CompiledPagedStep:
             is longer runs the same padded step eagerly (a model of 32k positions would
             otherwise compile ~16 buckets before serving). Default 2048; None: up to ``max_seq_len``.
         backend, mode, options: ``torch.compile``'s; ``options`` defaults on a CPU (inductor,
-            no mode) to ``{"freezing": True, "cpp_wrapper": True}`` (the weights stay graph
-            inputs: see :func:`~codex_lab.infer.fast_decode.cpu_compile_options`).
+            no mode) to ``{"cpp_wrapper": True}``: the weights stay graph inputs, read by
+            ATen's matmuls (:meth:`use_options` freezes them and adds the C++ GEMM template).
         compile: False runs the padded step eagerly (the reference the tests hold it to).
     """
 
@@ -103,8 +103,9 @@ class CompiledPagedStep:
     def use_options(self, options: dict) -> None:
         """Compile with these Inductor ``options`` instead (before any bucket has compiled),
         e.g. :func:`~codex_lab.infer.fast_decode.decode_compile_options`'s frozen weights and
-        C++ GEMM template, which ``codex-lab serve`` uses. With ``freezing``, each bucket's
-        first call turns it on while dynamo traces (else the weights stay graph inputs)."""
+        C++ GEMM template (``serve.compiled.compiled_engine(gemm_template=True)``). With
+        ``freezing``, each bucket's first call turns it on while dynamo traces (else the
+        weights stay graph inputs)."""
         if self.compile_s or self._fn is None:
             raise RuntimeError("use_options() needs a compiled step none of whose buckets has compiled yet")
         self.options = dict(options)
@@ -171,7 +172,7 @@ class CompiledPagedStep:
         except Exception as exc:  # no C++ compiler, unsupported op: the same step, eager
             self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
             if self.options.get("max_autotune") and not self.compile_s:  # no C++ GEMM template here
-                self.use_options({k: v for k, v in self.options.items() if not k.startswith(("max_autotune", "autotune"))})
+                self.use_options(without_gemm_template(self.options))
                 self.compile_error = f"without the C++ GEMM template ({self.compile_error})"[:300]
                 self._graphs_at_start = None  # count from the retry
                 return self._compiled(idx, pos, tab, nb)
