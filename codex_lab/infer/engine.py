@@ -43,9 +43,9 @@ from typing import Any, Callable
 import torch
 
 from codex_lab.data.tokenizer import CodeTokenizer
-from codex_lab.infer.generate import decode_step
+from codex_lab.infer.mixed import mixed_step
 from codex_lab.infer.paged_step import CompiledPagedStep
-from codex_lab.infer.prefill import prefill_batch, prefill_one
+from codex_lab.infer.prefill import decode_next, prefill_batch, prefill_one
 from codex_lab.infer.sampling import GREEDY_BELOW, SamplingParams, batched_probs, sample_next, token_logprobs
 from codex_lab.infer.scheduler import (FINISH_REASONS, Finished, IncrementalText, Request, TokenCallback, admit,
                                        cut_at_stop, expired, grow, kv_stats, streamable)
@@ -71,8 +71,9 @@ class Engine:
         compile: decode with :class:`~codex_lab.infer.paged_step.CompiledPagedStep` (the batch
             padded to ``max_batch_size``, block tables to buckets 1.5x apart, one graph per
             bucket compiled on first use or by ``fast_step.warmup()``); the same tokens as the
-            eager step. Prefill stays eager (prompt lengths vary).
-        compile_backend: ``torch.compile`` backend of that step ("eager" only traces: tests).
+            eager step. Prefill is eager unless ``step_options`` has ``mixed_rows`` (``mixed.py``).
+        compile_backend, step_options: ``torch.compile``'s backend ("eager" only traces: tests) and
+            more keyword arguments (``min_bucket_tokens``, ``mixed_rows``) of that step.
     """
 
     def __init__(
@@ -87,6 +88,7 @@ class Engine:
         max_prefill_tokens: int | None = None,
         compile: bool = False,
         compile_backend: str = "inductor",
+        step_options: dict[str, Any] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -107,7 +109,8 @@ class Engine:
         self.usable_blocks = cap // block_size  # plus one scratch block
         self.pool = PagedKVPool(self.cfg.n_layer, self.cfg.n_kv_head, self.cfg.head_dim, self.usable_blocks + 1,
                                 block_size, device=self.device, dtype=p.dtype)
-        self.fast_step = CompiledPagedStep(model, self.pool, max_batch_size, backend=compile_backend) if compile else None
+        self.fast_step = CompiledPagedStep(model, self.pool, max_batch_size, backend=compile_backend,
+                                           **(step_options or {})) if compile else None
         # one block no request owns: padding rows of the compiled step and of batched prefill write there
         self.scratch = self.fast_step.scratch if self.fast_step else self.pool.allocate(1)[0]
         self.batch_prefill = True  # False: one prefill forward per request (the reference path)
@@ -211,11 +214,9 @@ class Engine:
 
     @torch.no_grad()
     def step(self) -> list[Finished]:
-        """One iteration: admit, prefill the admitted, one decode step for the others.
-
-        A request whose prefill, decode or sampling raises finishes with "error"; the
-        others are unaffected.
-        """
+        """One iteration: admit, prefill the admitted, one decode step for the others (with
+        ``mixed_rows``, both in one compiled call). A request whose prefill, decode or sampling
+        raises finishes with "error"; the others are unaffected."""
         with self._state_lock:
             finished, self._done = self._done, []
             finished.extend(self._drain_inbox())
@@ -232,9 +233,8 @@ class Engine:
                 rows.append((req, min(len(req.prompt) - req.cached, budget)))
                 budget -= rows[-1][1]
             prefilled = [r.rid for r, _ in rows]
-            finished.extend(self._prefill(rows))
-            if decoding:
-                finished.extend(self._decode(decoding))
+            mixed = mixed_step(self, rows, decoding) if rows else None  # one compiled graph for both, or None
+            finished.extend(mixed if mixed is not None else self._prefill(rows) + (self._decode(decoding) if decoding else []))
             self.timeline.append((self.steps, prefilled, [r.rid for r in decoding]))
             self.steps += 1
             return finished
@@ -296,12 +296,7 @@ class Engine:
         """One cached decode step for ``reqs`` (their last token each); logits (B, V)."""
         if self.fast_step is not None:  # fixed shapes, compiled once per bucket
             return self.fast_step([r.output[-1] for r in reqs], [r.cached for r in reqs], [r.blocks for r in reqs])
-        nb = max(len(r.blocks) for r in reqs)
-        # pad each block table to nb with its own first block (padding slots are masked)
-        tables = torch.tensor([r.blocks + r.blocks[:1] * (nb - len(r.blocks)) for r in reqs], device=self.device)  # (B, NB)
-        idx = torch.tensor([[r.output[-1]] for r in reqs], device=self.device)  # (B, 1)
-        pos = torch.tensor([[r.cached] for r in reqs], device=self.device)  # (B, 1)
-        return decode_step(self.model, idx, pos, self.pool.views(tables))  # (B, V)
+        return decode_next(self.model, self.pool, reqs, self.device)  # (B, V)
 
     def _decode(self, reqs: list[Request]) -> list[Finished]:
         out: list[Finished] = []
@@ -326,6 +321,11 @@ class Engine:
             if not rows:
                 return out
             ok, logits = [r for r, _ in rows], torch.cat([lg for _, lg in rows])  # (B', V)
+        return out + self._emit_rows(ok, logits)
+
+    def _emit_rows(self, ok: list[Request], logits: torch.Tensor) -> list[Finished]:
+        """Each decoded request's next token from its row of ``logits`` (B, V); the finished."""
+        out: list[Finished] = []
         greedy = logits.argmax(dim=-1).tolist()  # (B,)
         # rows that sample (and have no penalty to apply first): one batched distribution
         batch = [i for i, r in enumerate(ok) if r.params.temperature >= GREEDY_BELOW and not r.params.penalized]
@@ -343,10 +343,6 @@ class Engine:
                 out.append(done)
         return out
 
-    def _sample(self, req: Request, logits: torch.Tensor) -> int:
-        p = req.params
-        return int(sample_next(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, generator=req.gen).item())
-
     def _emit(self, req: Request, logits: torch.Tensor, greedy: int | None = None,
               probs: torch.Tensor | None = None) -> Finished | None:
         """Pick the next token of ``req`` from its logits (1, V), stream it, maybe finish it.
@@ -360,7 +356,8 @@ class Engine:
             tok = int(torch.multinomial(probs if req.gen is None or req.gen.device == probs.device else probs.cpu(),
                                         1, generator=req.gen).item())
         else:
-            tok = self._sample(req, logits)
+            p = req.params
+            tok = int(sample_next(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, generator=req.gen).item())
         now = self.clock()
         if req.params.logprobs is not None:  # the model's own distribution (raw logits); a final eot too
             req.logprobs.append(token_logprobs(raw, tok, req.params.logprobs))

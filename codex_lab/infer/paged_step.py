@@ -22,6 +22,14 @@ The step is :func:`~codex_lab.infer.generate.decode_step` itself, so its tokens 
 eager engine's. If compiling fails (no C++ compiler, an op Inductor lacks), the same
 function runs eagerly and :attr:`CompiledPagedStep.compile_error` says why.
 
+A step can also carry the new prompts' tokens (``mixed_rows``): each prompt token is one more
+row, at its own position over its request's table. Every layer writes all rows' keys and
+values before any row attends, and a row sees only slots at or before its position, so a
+prompt token attends exactly to its prefix, as in a prefill forward. Those steps run a
+second compiled shape of ``mixed_rows`` rows (for buckets up to ``mixed_max_tokens``), so a
+step that admits requests is one graph call instead of an eager prefill of ~300 ops, each
+of which waits for the interpreter lock while the server streams.
+
 A server need not wait for the compiler: :meth:`CompiledPagedStep.warmup_background`
 compiles every bucket in a thread of its own while every step runs the same padded step
 eagerly (identical tokens), and switches all steps to the graphs at once when the last
@@ -48,6 +56,9 @@ from codex_lab.nn.model import CodexModel
 
 # the interpreter's thread switch interval while buckets compile in the background (seconds)
 COMPILE_SWITCH_INTERVAL_S = 0.0002
+# dynamo's graph limit per function during a bucket's first call (its default, 8, is hit by one
+# engine's 9 + 4 buckets, or by two engines' steps in one process)
+GRAPH_LIMIT = 100_000
 
 
 class CompiledPagedStep:
@@ -66,12 +77,19 @@ class CompiledPagedStep:
             no mode) to ``{"cpp_wrapper": True}``: the weights stay graph inputs, read by
             ATen's matmuls (:meth:`use_options` freezes them and adds the C++ GEMM template).
         compile: False runs the padded step eagerly (the reference the tests hold it to).
+        mixed_rows: rows of the second compiled shape, for steps that also carry prompt tokens
+            as rows (0: none; the engine then prefills eagerly). Must exceed ``max_batch_size``.
+        mixed_max_tokens: the largest bucket, in tokens, compiled in that shape (longer tables
+            prefill eagerly).
     """
 
     def __init__(self, model: CodexModel, pool: PagedKVPool, max_batch_size: int, *, min_bucket_tokens: int = 128,
                  max_bucket_tokens: int | None = 2048, backend: str = "inductor", mode: str | None = None,
-                 options: dict | None = None, compile: bool = True) -> None:
-        self.model, self.pool, self.max_batch_size = model, pool, max_batch_size
+                 options: dict | None = None, compile: bool = True, mixed_rows: int = 0,
+                 mixed_max_tokens: int = 256) -> None:
+        if mixed_rows and mixed_rows <= max_batch_size:
+            raise ValueError(f"mixed_rows={mixed_rows} must exceed max_batch_size={max_batch_size} (or be 0: none)")
+        self.model, self.pool, self.max_batch_size, self.mixed_rows = model, pool, max_batch_size, mixed_rows
         self.device = pool.k[0].device
         self.scratch = pool.allocate(1)[0]  # padding rows write only here
         self.max_blocks = pool.blocks_for(model.cfg.max_seq_len)
@@ -80,10 +98,13 @@ class CompiledPagedStep:
         # tables longer than this many blocks run eagerly
         self.max_compiled_blocks = self.max_blocks if max_bucket_tokens is None else \
             max(self.min_blocks, min(self.max_blocks, pool.blocks_for(max_bucket_tokens)))
+        # tables longer than this many blocks never run in the mixed shape
+        self.max_mixed_blocks = min(self.max_compiled_blocks, self.bucket(pool.blocks_for(mixed_max_tokens)))
         options = cpu_compile_options(options, backend, mode, self.device)
         self.options = options or {}
         self.compile_error = ""
         self.compile_s: dict[int, float] = {}  # bucket (blocks) -> seconds its first call took
+        self.mixed_compile_s: dict[int, float] = {}  # the same for the mixed_rows shape
         self._graphs_at_start: int | None = None  # dynamo's graph count before the first bucket compiled
         self._bucket_graphs = 0  # graphs compiled by the buckets' first calls
         self._fn = None
@@ -117,6 +138,22 @@ class CompiledPagedStep:
         return self._fn is not None
 
     @property
+    def serving_graphs(self) -> bool:
+        """True when a step runs a compiled graph (not while the background compile goes on)."""
+        return self._fn is not None and (not self._background or self.ready.is_set())
+
+    def can_mix(self, n_rows: int, n_blocks: int) -> bool:
+        """Whether a step of ``n_rows`` rows (decode rows plus prompt tokens) whose longest
+        table has ``n_blocks`` blocks runs as one compiled graph (of either shape)."""
+        if 0 < n_rows <= self.max_batch_size:  # the decode shape holds them
+            limit = self.max_compiled_blocks
+        elif n_rows <= self.mixed_rows:
+            limit = self.max_mixed_blocks
+        else:
+            return False
+        return self.serving_graphs and self.bucket(n_blocks) <= limit
+
+    @property
     def recompiles(self) -> int:
         """Graphs compiled beyond those of each bucket's first call (0: each bucket compiled once,
         then reused). Dynamo's counter is per process: compile nothing else meanwhile to read it."""
@@ -141,24 +178,27 @@ class CompiledPagedStep:
         """One decode step for ``len(tokens)`` rows: each row's last token, its position and its
         block table (which must cover the position). Returns logits (B, V) of the real rows."""
         B = len(tokens)
-        if not 1 <= B <= self.max_batch_size:
-            raise ValueError(f"{B} rows for a step of max_batch_size={self.max_batch_size}")
+        if not 1 <= B <= max(self.max_batch_size, self.mixed_rows):
+            raise ValueError(f"{B} rows for a step of max_batch_size={self.max_batch_size}, mixed_rows={self.mixed_rows}")
         nb = self.bucket(max(len(t) for t in tables))
-        pad = self.max_batch_size - B
+        rows_shape = self.max_batch_size if B <= self.max_batch_size else self.mixed_rows
+        pad = rows_shape - B
         # real rows: own table padded with its first block; padding rows: the scratch block only
         rows = [list(t) + [t[0]] * (nb - len(t)) for t in tables] + [[self.scratch] * nb] * pad
         idx = torch.tensor([[t] for t in tokens] + [[0]] * pad, device=self.device)  # (Bmax, 1)
         pos = torch.tensor([[p] for p in positions] + [[0]] * pad, device=self.device)  # (Bmax, 1)
         tab = torch.tensor(rows, device=self.device)  # (Bmax, NB)
-        if self._fn is None or nb > self.max_compiled_blocks or (self._background and not self.ready.is_set()):
+        too_long = nb > (self.max_compiled_blocks if rows_shape == self.max_batch_size else self.max_mixed_blocks)
+        if too_long or not self.serving_graphs:
             # (B, V) eager: no compiler, past the compiled buckets, or the graphs still compiling in the background
             return self._step(idx, pos, tab)[:B]
         return self._compiled(idx, pos, tab, nb)[:B]
 
     def _compiled(self, idx: Tensor, pos: Tensor, tab: Tensor, nb: int) -> Tensor:
-        """The padded step through its bucket's graph, compiling it on its first call; (Bmax, V)."""
-        if nb in self.compile_s:
-            return self._fn(idx, pos, tab)  # (Bmax, V) a graph compiled before
+        """The padded step through its bucket's graph, compiling it on its first call; (R, V)."""
+        done = self.compile_s if idx.shape[0] == self.max_batch_size else self.mixed_compile_s
+        if nb in done:
+            return self._fn(idx, pos, tab)  # (R, V) a graph compiled before
         t0 = time.perf_counter()
         before = graphs_compiled()
         if self._graphs_at_start is None:
@@ -166,9 +206,13 @@ class CompiledPagedStep:
         try:
             import torch._inductor.config as inductor_config
 
-            # freezing on while dynamo traces, or the weights stay graph inputs (FastDecoder._traced)
-            with inductor_config.patch(freezing=bool(self.options.get("freezing"))):
-                logits = self._fn(idx, pos, tab)  # (Bmax, V) the first call of this bucket compiles
+            # freezing on while dynamo traces, or the weights stay graph inputs (FastDecoder._traced).
+            # Dynamo keeps at most 8 graphs per function (all steps share _step's code: a canary's
+            # engine and the primary's too) and past that runs the frame eagerly without a word;
+            # a bucket's first call is a planned graph, so the limit is lifted for it alone
+            with inductor_config.patch(freezing=bool(self.options.get("freezing"))), \
+                    torch._dynamo.config.patch(recompile_limit=GRAPH_LIMIT, accumulated_recompile_limit=GRAPH_LIMIT):
+                logits = self._fn(idx, pos, tab)  # (R, V) the first call of this bucket compiles
         except Exception as exc:  # no C++ compiler, unsupported op: the same step, eager
             self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
             if self.options.get("max_autotune") and not self.compile_s:  # no C++ GEMM template here
@@ -178,23 +222,25 @@ class CompiledPagedStep:
                 return self._compiled(idx, pos, tab, nb)
             self._fn = None
             return self._step(idx, pos, tab)
-        self.compile_s[nb] = time.perf_counter() - t0
+        done[nb] = time.perf_counter() - t0
         self._bucket_graphs += graphs_compiled() - before
         return logits
 
     def warmup(self, buckets: Sequence[int] | None = None) -> dict[int, float]:
         """Compile the buckets holding tables of the given block counts (default: every bucket
-        up to ``max_bucket_tokens``) with one row in the scratch block, so no request waits for a
-        compile. Returns seconds per bucket (0.0 when nothing compiles: eager steps)."""
+        up to ``max_bucket_tokens``, and in the mixed shape those up to ``mixed_max_tokens``) with
+        every row in the scratch block, so no request waits for a compile. Returns seconds per
+        bucket, both shapes together (0.0 when nothing compiles: eager steps)."""
         nbs = sorted({nb for nb in map(self.bucket, buckets or self.buckets) if nb <= self.max_compiled_blocks})
-        for nb in nbs:
-            if nb not in self.compile_s and self._fn is not None:
-                # one real row in the scratch block, the rest padding (also the scratch block)
-                idx = torch.zeros(self.max_batch_size, 1, dtype=torch.long, device=self.device)  # (Bmax, 1)
-                tab = torch.full((self.max_batch_size, nb), self.scratch, dtype=torch.long, device=self.device)
-                with torch.no_grad():  # as __call__: dynamo guards on the grad mode at entry
-                    self._compiled(idx, torch.zeros_like(idx), tab, nb)
-        return {nb: self.compile_s.get(nb, 0.0) for nb in nbs}
+        shapes = [(self.max_batch_size, self.compile_s)] + ([(self.mixed_rows, self.mixed_compile_s)] if self.mixed_rows else [])
+        for rows, done in shapes:
+            for nb in nbs:
+                if nb not in done and self._fn is not None and (rows == self.max_batch_size or nb <= self.max_mixed_blocks):
+                    idx = torch.zeros(rows, 1, dtype=torch.long, device=self.device)  # (R, 1)
+                    tab = torch.full((rows, nb), self.scratch, dtype=torch.long, device=self.device)  # (R, NB)
+                    with torch.no_grad():  # as __call__: dynamo guards on the grad mode at entry
+                        self._compiled(idx, torch.zeros_like(idx), tab, nb)
+        return {nb: self.compile_s.get(nb, 0.0) + self.mixed_compile_s.get(nb, 0.0) for nb in nbs}
 
     def warmup_background(self, on_done: Callable[[dict[int, float]], None] | None = None, *,
                           freeze_gc: bool = True) -> threading.Thread:

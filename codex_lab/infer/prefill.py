@@ -30,7 +30,7 @@ from codex_lab.infer.scheduler import Request
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
 
-__all__ = ["prefill_batch", "prefill_one"]
+__all__ = ["decode_next", "prefill_batch", "prefill_one"]
 
 
 @torch.no_grad()
@@ -67,3 +67,15 @@ def prefill_batch(model: CodexModel, pool: PagedKVPool, rows: Sequence[tuple[Req
     last = torch.tensor([n - 1 for _, n in rows], device=device)  # (B,) index of each row's last real token
     logits = model(idx, positions=pos, caches=pool.views(tables), last_index=last).logits  # (B, 1, V)
     return logits[:, 0]  # (B, V)
+
+
+@torch.no_grad()
+def decode_next(model: CodexModel, pool: PagedKVPool, reqs: Sequence[Request], device: torch.device) -> Tensor:
+    """One eager cached decode step for ``reqs`` (their last output token each, at position
+    ``cached``; the blocks must be owned). Returns logits (B, V)."""
+    nb = max(len(r.blocks) for r in reqs)
+    # pad each block table to nb with its own first block (padding slots are masked)
+    tables = torch.tensor([r.blocks + r.blocks[:1] * (nb - len(r.blocks)) for r in reqs], device=device)  # (B, NB)
+    idx = torch.tensor([[r.output[-1]] for r in reqs], device=device)  # (B, 1)
+    pos = torch.tensor([[r.cached] for r in reqs], device=device)  # (B, 1)
+    return decode_step(model, idx, pos, pool.views(tables))  # (B, V)

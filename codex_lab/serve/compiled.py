@@ -26,6 +26,11 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = False, 
 
     from codex_lab.infer.engine import Engine
 
+    # new prompts ride in the compiled step (codex_lab.infer.mixed) in a second shape of twice
+    # the batch's rows; the smallest bucket holds a short completion (48 tokens: 3 blocks of 16),
+    # as every padded slot costs a gather and a dot product in every layer
+    rows = 2 * kw.get("max_batch_size", 8)
+    kw.setdefault("step_options", {"min_bucket_tokens": 48, "mixed_rows": rows})
     eng = Engine(model, tokenizer, compile=True, **kw)
     t0 = time.perf_counter()
     step = eng.fast_step

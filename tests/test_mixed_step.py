@@ -1,0 +1,155 @@
+"""New prompts ride in the compiled decode step as extra rows (codex_lab.infer.mixed): one graph
+call per step instead of an eager prefill beside it. The tokens stay the plain generator's, a
+prompt row's logits are its prefill's, every bucket of both shapes compiles (past dynamo's
+default limit of 8 graphs), and steps that do not fit, or whose combined call fails, take
+the separate path with the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codex_lab.infer.engine import Engine, SamplingParams
+from codex_lab.infer.generate import decode_step, generate_ids
+from codex_lab.infer.paged_step import CompiledPagedStep
+from codex_lab.nn.kv_cache import PagedKVPool
+from codex_lab.nn.model import CodexModel
+
+from conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from codex_lab.data.corpus import load_corpus
+    from codex_lab.data.tokenizer import train_tokenizer
+
+    return train_tokenizer(load_corpus(max_files=10).texts("train"), vocab_size=300)
+
+
+def _model(tok, **kw) -> CodexModel:
+    torch.manual_seed(0)
+    return CodexModel(tiny_config(vocab_size=tok.vocab_size, **kw)).eval()
+
+
+def _staggered(eng: Engine, prompts: list[list[int]], n_tokens: list[int]) -> dict[int, list[int]]:
+    """Submit two prompts, then one more every other step, so prompts arrive while others decode."""
+    done: dict[int, list[int]] = {}
+    queue = list(enumerate(prompts))
+    for i, p in queue[:2]:
+        eng.submit(p, SamplingParams(max_tokens=n_tokens[i], ignore_eos=True))
+    queue, step = queue[2:], 0
+    while eng.has_work() or queue:
+        if queue and step % 2 == 1:
+            i, p = queue.pop(0)
+            eng.submit(p, SamplingParams(max_tokens=n_tokens[i], ignore_eos=True))
+        done.update({f.rid: f.output_ids for f in eng.step()})
+        step += 1
+    return done
+
+
+def _row_counts(monkeypatch) -> list[int]:
+    """Rows of every call of a CompiledPagedStep from now on."""
+    seen: list[int] = []
+    call = CompiledPagedStep.__call__
+
+    def counting(self, tokens, positions, tables):
+        seen.append(len(tokens))
+        return call(self, tokens, positions, tables)
+
+    monkeypatch.setattr(CompiledPagedStep, "__call__", counting)
+    return seen
+
+
+@pytest.mark.parametrize("backend,kw", [("eager", {}), ("eager", {"n_kv_head": 2, "attn_patterns": ["window:6", "dense"]}),
+                                        ("inductor", {})])
+def test_mixed_steps_give_the_plain_generators_tokens(tok, backend, kw, monkeypatch):
+    model = _model(tok, **kw)
+    g = torch.Generator().manual_seed(3)
+    lengths = [5, 9, 3, 14, 30, 2, 7]  # the 30-token prompt does not fit the spare rows: the separate path
+    prompts = [torch.randint(0, tok.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    n_tokens = [6 + 3 * i for i in range(len(prompts))]
+    rows = _row_counts(monkeypatch)
+    eng = Engine(model, tok, max_batch_size=3, block_size=8, compile=True, compile_backend=backend,
+                 step_options={"mixed_rows": 16, "min_bucket_tokens": 16})
+    done = _staggered(eng, prompts, n_tokens)
+    for i, p in enumerate(prompts):
+        assert done[i] == generate_ids(model, p, max_new_tokens=n_tokens[i])[0], f"request {i}"
+    fast = eng.fast_step
+    assert any(r > 3 for r in rows), rows  # steps of the mixed shape ran (decode rows + prompt tokens)
+    assert fast.mixed_compile_s and fast.recompiles == 0 and fast.compile_error == ""
+    # a prompt-only step that fits the decode shape rides it too; the long prompt prefilled eagerly
+    assert any(r <= 3 for r in rows) and eng.pool.n_free == eng.usable_blocks
+
+
+def test_a_prompt_tokens_rows_give_its_prefill_logits(tok):
+    """The last of a prompt's rows gives the logits a prefill forward gives, beside a decode row."""
+    model = _model(tok, n_kv_head=2)
+    pool = PagedKVPool(model.cfg.n_layer, model.cfg.n_kv_head, model.cfg.head_dim, 40, 4)
+    step = CompiledPagedStep(model, pool, 2, min_bucket_tokens=16, mixed_rows=8, compile=False)
+    other = pool.allocate(2)  # a request with 5 tokens cached, decoding its 6th
+    decode_step(model, torch.arange(1, 6)[None], torch.arange(5)[None], pool.views(torch.tensor([other])))
+    prompt, table = [9, 4, 7, 1, 3, 8], pool.allocate(2)
+    got = step([2] + prompt, [5] + list(range(6)), [other] + [table] * 6)  # (7, V): 1 decode row + 6 prompt rows
+    ref_pool = PagedKVPool(model.cfg.n_layer, model.cfg.n_kv_head, model.cfg.head_dim, 40, 4)
+    want = decode_step(model, torch.tensor([prompt]), torch.arange(6)[None], ref_pool.views(torch.tensor([table])))
+    assert got.shape == (7, model.cfg.vocab_size)
+    # the same math over the same keys; only the order of float sums differs (padded slots are masked)
+    torch.testing.assert_close(got[-1:], want, atol=1e-5, rtol=1e-5)
+    # and the keys/values the rows wrote are the prefill's
+    for layer in range(model.cfg.n_layer):
+        torch.testing.assert_close(pool.k[layer][table], ref_pool.k[layer][table], atol=1e-5, rtol=1e-5)
+
+
+def test_which_steps_can_mix(tok):
+    model = _model(tok)  # max_seq_len 128: 32 blocks of 4
+    pool = PagedKVPool(model.cfg.n_layer, model.cfg.n_kv_head, model.cfg.head_dim, 40, 4)
+    with pytest.raises(ValueError, match="must exceed max_batch_size"):
+        CompiledPagedStep(model, pool, 4, mixed_rows=4)
+    step = CompiledPagedStep(model, pool, 4, min_bucket_tokens=16, mixed_rows=8, mixed_max_tokens=32, backend="eager")
+    assert step.max_mixed_blocks == 8 and step.max_compiled_blocks == 32
+    assert step.can_mix(8, 8) and step.can_mix(3, 30)  # the mixed shape; the decode shape (any bucket)
+    assert not step.can_mix(9, 1) and not step.can_mix(5, 9)  # too many rows; too long a table for the mixed shape
+    with pytest.raises(ValueError, match="mixed_rows=8"):
+        step([1] * 9, [0] * 9, [[0]] * 9)
+    plain = CompiledPagedStep(model, pool, 4, backend="eager")
+    assert not plain.can_mix(5, 1) and plain.mixed_rows == 0
+
+
+def test_every_bucket_of_both_shapes_compiles_past_dynamos_default_limit(tok):
+    """9 buckets in 2 shapes are 18 graphs of one function; dynamo's default limit (8) would
+    run the rest eagerly, silently."""
+    from codex_lab.infer.fast_decode import graphs_compiled
+
+    model = _model(tok)
+    pool = PagedKVPool(model.cfg.n_layer, model.cfg.n_kv_head, model.cfg.head_dim, 40, 4)
+    step = CompiledPagedStep(model, pool, 2, min_bucket_tokens=8, mixed_rows=4, mixed_max_tokens=128, backend="eager")
+    assert len(step.buckets) == 9
+    before = graphs_compiled()
+    per = step.warmup()
+    assert sorted(per) == list(step.buckets) and len(step.compile_s) == len(step.mixed_compile_s) == 9
+    assert graphs_compiled() - before == 18 and step.recompiles == 0
+    # every later step, in any bucket of either shape, replays a graph
+    for rows in (1, 3):
+        for nb in step.buckets:
+            step([1] * rows, [nb * 4 - 1] * rows, [[step.scratch] * nb] * rows)
+    assert step.recompiles == 0
+
+
+def test_a_failing_mixed_call_falls_back_to_the_separate_path(tok, monkeypatch):
+    model = _model(tok)
+    prompts = [[5, 9, 2, 7], [11, 3, 8], [4, 4, 1, 9, 2]]
+    want = [generate_ids(model, p, max_new_tokens=8)[0] for p in prompts]
+    call = CompiledPagedStep.__call__
+    failed = []
+
+    def broken(self, tokens, positions, tables):
+        if len(tokens) > self.max_batch_size:  # the mixed shape only
+            failed.append(len(tokens))
+            raise RuntimeError("the mixed graph broke")
+        return call(self, tokens, positions, tables)
+
+    monkeypatch.setattr(CompiledPagedStep, "__call__", broken)
+    eng = Engine(model, tok, max_batch_size=2, compile=True, compile_backend="eager", step_options={"mixed_rows": 12})
+    done = _staggered(eng, prompts, [8, 8, 8])
+    assert failed and [done[i] for i in range(3)] == want
+    assert eng.pool.n_free == eng.usable_blocks
