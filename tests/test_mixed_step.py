@@ -153,3 +153,43 @@ def test_a_failing_mixed_call_falls_back_to_the_separate_path(tok, monkeypatch):
     done = _staggered(eng, prompts, [8, 8, 8])
     assert failed and [done[i] for i in range(3)] == want
     assert eng.pool.n_free == eng.usable_blocks
+
+
+def test_prompts_that_do_not_all_fit_wait_their_turn_a_step_each(tok):
+    """Two requests decode; three 4-token prompts arrive at once into 8 mixed rows: each step
+    takes the prompts that fit the rows left (in order), the rest wait for the next step."""
+    model = _model(tok)
+    eng = Engine(model, tok, max_batch_size=5, compile=True, compile_backend="eager", step_options={"mixed_rows": 8})
+    first = [[5, 9, 2], [11, 3, 8]]
+    later = [[4, 4, 1, 9], [7, 2, 2, 6], [1, 8, 3, 5]]
+    for p in first:
+        eng.submit(p, SamplingParams(max_tokens=12, ignore_eos=True))
+    done = {f.rid: f.output_ids for f in eng.step()}  # both prefilled (6 rows): no decode yet
+    for p in later:
+        eng.submit(p, SamplingParams(max_tokens=6, ignore_eos=True))
+    start = eng.steps
+    while eng.has_work():
+        done.update({f.rid: f.output_ids for f in eng.step()})
+    steps = {s: pre for s, pre, _ in eng.timeline}
+    # 2 decoding + 4 prompt rows; then 3 + 4; then 4 + 4: one prompt per step
+    assert [steps[start], steps[start + 1], steps[start + 2]] == [[2], [3], [4]], list(eng.timeline)[:6]
+    want = [generate_ids(model, p, max_new_tokens=12)[0] for p in first] + \
+        [generate_ids(model, p, max_new_tokens=6)[0] for p in later]
+    assert [done[i] for i in range(5)] == want
+
+
+def test_a_burst_at_an_idle_engine_that_does_not_fit_is_prefilled_together(tok, monkeypatch):
+    """Nobody decodes yet: three 4-token prompts into 8 mixed rows go through one eager prefill
+    (no prompt waits a step), and the step after decodes all three in the decode shape."""
+    model = _model(tok)
+    rows = _row_counts(monkeypatch)
+    eng = Engine(model, tok, max_batch_size=5, compile=True, compile_backend="eager", step_options={"mixed_rows": 8})
+    later = [[4, 4, 1, 9], [7, 2, 2, 6], [1, 8, 3, 5]]
+    for p in later:
+        eng.submit(p, SamplingParams(max_tokens=6, ignore_eos=True))
+    done = {f.rid: f.output_ids for f in eng.step()}
+    assert list(eng.timeline)[0][1] == [0, 1, 2] and rows == []  # all prefilled at once, eagerly
+    while eng.has_work():
+        done.update({f.rid: f.output_ids for f in eng.step()})
+    assert rows and max(rows) == 3
+    assert [done[i] for i in range(3)] == [generate_ids(model, p, max_new_tokens=6)[0] for p in later]

@@ -195,15 +195,20 @@ def _code_edit(key: str) -> list[BenchFigure]:
 
 
 def _batching(key: str, label: str) -> list[BenchFigure]:
-    """Continuous batching (eager and compiled) against one request at a time."""
+    """Continuous batching (eager and compiled) against one request at a time: medians of the
+    per-round ratios, their range, and the median round's tokens/s."""
     one, cont, comp = (("impl", "one_at_a_time"),), (("impl", "continuous_batching"),), (("impl", "continuous_batching_compiled"),)
     return [
-        BenchFigure(key, rf"({label}: continuous batching \*\*){NUM}(x\*\* one at a time)", cont, "tokens_per_s", 2, over=one),
-        BenchFigure(key, rf"({label}: continuous batching [^|;]*?one at a time \(){NUM}( vs )", cont, "tokens_per_s"),
-        BenchFigure(key, rf"({label}: continuous batching [^|;]*?one at a time \(\d+ vs ){NUM}( tokens/s\))", one, "tokens_per_s"),
+        BenchFigure(key, rf"({label}: continuous batching \*\*){NUM}(x\*\* one at a time)", cont, "vs_one_median", 2),
+        BenchFigure(key, rf"({label}: continuous batching [^|;]*?one at a time \(rounds ){NUM}(-)", cont, "vs_one_lo", 2),
+        BenchFigure(key, rf"({label}: continuous batching [^|;]*?one at a time \(rounds \d+\.\d+-){NUM}(x; )", cont, "vs_one_hi", 2),
+        BenchFigure(key, rf"({label}: continuous batching [^|;]*?x; ){NUM}( vs )", cont, "tokens_per_s"),
+        BenchFigure(key, rf"({label}: continuous batching [^|;]*?x; \d+ vs ){NUM}( tokens/s\))", one, "tokens_per_s"),
         BenchFigure(key, rf"({label}: [^|;]*?compiled engine ){NUM}( tokens/s)", comp, "tokens_per_s"),
         BenchFigure(key, rf"({label}: [^|;]*?compiled engine \d+ tokens/s = \*\*){NUM}(x\*\* the eager engine)",
-                    comp, "tokens_per_s", 2, over=cont),
+                    comp, "vs_eager_median", 2),
+        BenchFigure(key, rf"({label}: [^|;]*?the eager engine \(rounds ){NUM}(-)", comp, "vs_eager_lo", 2),
+        BenchFigure(key, rf"({label}: [^|;]*?the eager engine \(rounds \d+\.\d+-){NUM}(x\))", comp, "vs_eager_hi", 2),
         BenchFigure(key, rf"({label}: [^|;]*?buckets compiled in ){NUM}( s)", comp, "compile_s"),
     ]
 
@@ -278,7 +283,8 @@ BENCH_FIGURES: list[BenchFigure] = [
     *_batching("batching_8slots", "8 slots"),
     *_decode("decode", "2 threads"),
     *_decode("decode_1thread", "1 thread"),
-    *_serving("serving", "batched prefill,"),
+    *_serving("serving", "prompts in the step,"),
+    *_serving("serving_batched", "batched eager prefill,"),
     *_serving("serving_reference", "one forward per request,"),
 ]
 

@@ -232,9 +232,12 @@ class Engine:
                     break
                 rows.append((req, min(len(req.prompt) - req.cached, budget)))
                 budget -= rows[-1][1]
+            mixed = mixed_step(self, rows, decoding) if rows else None  # one compiled call: (finished, rows it took)
+            if mixed is not None:
+                finished, rows = finished + mixed[0], mixed[1]
+            else:
+                finished.extend(self._prefill(rows) + (self._decode(decoding) if decoding else []))
             prefilled = [r.rid for r, _ in rows]
-            mixed = mixed_step(self, rows, decoding) if rows else None  # one compiled graph for both, or None
-            finished.extend(mixed if mixed is not None else self._prefill(rows) + (self._decode(decoding) if decoding else []))
             self.timeline.append((self.steps, prefilled, [r.rid for r in decoding]))
             self.steps += 1
             return finished

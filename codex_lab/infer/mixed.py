@@ -17,6 +17,7 @@ prefix: the same keys, values and logits as a prefill forward, up to the float r
 of a differently shaped matmul. The step falls back to the engine's separate prefill and
 decode when the rows do not fit the compiled shapes (``CompiledPagedStep.can_mix``), and
 when the combined call raises (the separate path then finds the request that fails).
+Prompts that arrive together and do not all fit wait their turn, a step each.
 """
 
 from __future__ import annotations
@@ -28,20 +29,35 @@ from codex_lab.infer.scheduler import Finished, Request, grow
 __all__ = ["mixed_step"]
 
 
-def mixed_step(engine: Any, rows: list[tuple[Request, int]], decoding: list[Request]) -> list[Finished] | None:
+def mixed_step(engine: Any, rows: list[tuple[Request, int]],
+               decoding: list[Request]) -> tuple[list[Finished], list[tuple[Request, int]]] | None:
     """Prefill ``rows`` (request, prompt tokens now) and decode ``decoding`` in one compiled call.
 
     ``engine``: an :class:`~codex_lab.infer.engine.Engine` (its pool, ``fast_step`` and
-    ``_emit`` / ``_emit_rows`` / ``_prefill`` / ``_decode`` / ``_fail``). Returns the
-    requests that finished, or None when the step cannot run this way (no mixed shape,
-    graphs not serving yet, too many rows or too long a table): the caller then prefills
-    and decodes separately, and nothing has changed.
+    ``_emit`` / ``_emit_rows`` / ``_prefill`` / ``_decode`` / ``_fail``). The prompts go in,
+    in order, while their tokens fit the rows the decode rows leave; the others wait for the
+    next step (their turn comes first then), which costs them one step of waiting instead of
+    holding every stream up for an eager prefill. With no request decoding, nobody waits for a
+    token: prompts that do not all fit are prefilled eagerly, together. Returns the requests that finished and the
+    rows prefilled, or None when the step cannot run this way (no mixed shape, graphs not
+    serving yet, the first prompt alone too long for the rows, too long a table): the
+    caller then prefills and decodes separately, and nothing has changed.
     """
     fs = engine.fast_step
     if fs is None or not fs.mixed_rows or not rows:
         return None
+    spare, taken = fs.mixed_rows - len(decoding), 0
+    for k, (_, n) in enumerate(rows):
+        if taken + n > spare:
+            # no stream waits for a token (a burst arrived at an idle engine): one batched eager
+            # prefill of all of them serves every prompt sooner than a few per step
+            rows = rows[:k] if decoding else []
+            break
+        taken += n
+    if not rows:
+        return None
     bs = engine.pool.block_size
-    n_rows = len(decoding) + sum(n for _, n in rows)
+    n_rows = len(decoding) + taken
     # blocks the longest table will have: ceil(last position + 1, block_size)
     n_blocks = max([-(-(r.cached + n) // bs) for r, n in rows] + [-(-(r.cached + 1) // bs) for r in decoding])
     if not fs.can_mix(n_rows, n_blocks):
@@ -60,18 +76,18 @@ def mixed_step(engine: Any, rows: list[tuple[Request, int]], decoding: list[Requ
         else:
             out.append(d)
     if not pre:
-        return out + (engine._decode(dec) if dec else [])
+        return out + (engine._decode(dec) if dec else []), rows
     tokens = [r.output[-1] for r in dec] + [t for r, n in pre for t in r.prompt[r.cached : r.cached + n]]
     positions = [r.cached for r in dec] + [p for r, n in pre for p in range(r.cached, r.cached + n)]
     tables = [r.blocks for r in dec] + [r.blocks for r, n in pre for _ in range(n)]
     try:
         logits = fs(tokens, positions, tables)  # (rows, V)
     except Exception:  # noqa: BLE001 (the separate path finds the request that fails; K/V writes are idempotent)
-        return out + engine._prefill(pre) + (engine._decode(dec) if dec else [])
+        return out + engine._prefill(pre) + (engine._decode(dec) if dec else []), rows
     end = len(dec)
     for r, n in pre:  # a prompt done: its last row's logits give its first token
         end += n
         r.cached += n
         if r.cached == len(r.prompt) and (d := engine._guarded(r, engine._emit, r, logits[end - 1 : end])):
             out.append(d)
-    return out + (engine._emit_rows(dec, logits[: len(dec)]) if dec else [])
+    return out + (engine._emit_rows(dec, logits[: len(dec)]) if dec else []), rows

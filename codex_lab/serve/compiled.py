@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 
-def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = False, **kw: Any) -> Any:
+def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = False, mixed: bool = True, **kw: Any) -> Any:
     """An :class:`~codex_lab.infer.engine.Engine` with the compiled decode step. It serves at
     once: every bucket compiles in a background thread while steps run the same padded step
     eagerly (the same tokens), and all steps switch to the graphs when the last one is built.
     The first answer does not wait for it. Prints what it did on stderr (stdout stays the
     caller's: a bench's ``--json`` rows).
+
+    ``mixed``: arriving prompts ride in the compiled step as extra rows
+    (:func:`~codex_lab.infer.paged_step.served_step_options`); False prefills them eagerly beside it.
 
     ``gemm_template``: compile with the weights frozen and Inductor's C++ GEMM template, as
     :class:`~codex_lab.infer.fast_decode.FastDecoder` does. Off by default: it did not settle a
@@ -26,11 +29,9 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = False, 
 
     from codex_lab.infer.engine import Engine
 
-    # new prompts ride in the compiled step (codex_lab.infer.mixed) in a second shape of twice
-    # the batch's rows; the smallest bucket holds a short completion (48 tokens: 3 blocks of 16),
-    # as every padded slot costs a gather and a dot product in every layer
-    rows = 2 * kw.get("max_batch_size", 8)
-    kw.setdefault("step_options", {"min_bucket_tokens": 48, "mixed_rows": rows})
+    from codex_lab.infer.paged_step import served_step_options
+
+    kw.setdefault("step_options", served_step_options(kw.get("max_batch_size", 8), mixed=mixed))
     eng = Engine(model, tokenizer, compile=True, **kw)
     t0 = time.perf_counter()
     step = eng.fast_step
@@ -43,7 +44,8 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = False, 
 
     def done(per: dict[int, float]) -> None:
         if step.compiled:
-            print(f"compiled {len(per)} decode buckets in {time.perf_counter() - t0:.1f} s: "
+            mixed = f" (and {len(step.mixed_compile_s)} that also carry prompt tokens)" if step.mixed_compile_s else ""
+            print(f"compiled {len(per)} decode buckets{mixed} in {time.perf_counter() - t0:.1f} s: "
                   "steps now run the compiled graphs", file=sys.stderr, flush=True)
         else:
             print(f"compiling failed, decoding eagerly: {step.compile_error}", file=sys.stderr, flush=True)

@@ -17,7 +17,7 @@ import torch
 from codex_lab.infer.generate import compiled_forward, generate_batch_cached, generate_ids_cached
 from codex_lab.infer.engine import Engine, Finished, SamplingParams
 from codex_lab.infer.generate import generate_ids
-from codex_lab.infer.paged_step import freeze_long_lived
+from codex_lab.infer.paged_step import freeze_long_lived, served_step_options
 from codex_lab.nn.model import CodexModel
 from codex_lab.runtime import pick, progress, seed_everything
 from codex_lab.infer.speculative import expected_tokens_per_round, speculative_generate
@@ -175,7 +175,9 @@ def run_engine(model: CodexModel, tok: CodeTokenizer, reqs: list[tuple[list[int]
     the clock starts (its seconds are in ``eng.fast_step.compile_s``), then
     :func:`~codex_lab.infer.paged_step.freeze_long_lived`, as ``codex-lab serve`` does.
     """
-    eng = Engine(model, tok, max_batch_size=max_batch_size, compile=compile)
+    # the compiled step as `codex-lab serve` runs it (prompts as rows of the step, 48-token smallest bucket)
+    eng = Engine(model, tok, max_batch_size=max_batch_size, compile=compile,
+                 step_options=served_step_options(max_batch_size) if compile else None)
     if eng.fast_step is not None:
         eng.fast_step.warmup()
         # as `codex-lab serve` does once its graphs are built: the ~550k objects the compiler
@@ -199,32 +201,50 @@ def run_engine(model: CodexModel, tok: CodeTokenizer, reqs: list[tuple[list[int]
 
 
 def bench_batching(model: CodexModel, tok: CodeTokenizer, n_requests: int, batch: int = 8, *, compile: bool = False,
-                   ) -> tuple[list[dict[str, Any]], dict[str, list[Finished]]]:
+                   rounds: int = 1) -> tuple[list[dict[str, Any]], dict[str, list[Finished]]]:
     """Continuous vs static batching vs one at a time on ``n_requests`` mixed-length requests;
-    ``compile`` adds continuous batching with the engine's compiled decode step (same tokens)."""
+    ``compile`` adds continuous batching with the engine's compiled decode step (same tokens).
+
+    ``rounds``: each implementation runs once per round, the rounds interleaved, so a machine
+    whose speed drifts moves all alike; ``tokens_per_s`` is the median round's, with the
+    slowest and fastest (``tokens_per_s_lo`` / ``_hi``) and, for batching, the per-round ratio
+    over one at a time (``vs_one_median`` / ``_lo`` / ``_hi``). Latencies are the last round's."""
     reqs = mixed_requests(tok, n_requests)
-    rows, runs = [], {}
     impls: list[tuple[str, dict[str, Any]]] = [
         ("one_at_a_time", dict(max_batch_size=1)), ("static_batching", dict(max_batch_size=batch, static=True)),
         ("continuous_batching", dict(max_batch_size=batch))]
     if compile:
         impls.append(("continuous_batching_compiled", dict(max_batch_size=batch, compile=True)))
-    for impl, kw in impls:
-        done, wall, eng = run_engine(model, tok, reqs, **kw)
-        n_tok = sum(len(f.output_ids) for f in done)
-        row = {"scenario": "batching", "impl": impl, "requests": len(reqs), "max_batch_size": kw["max_batch_size"],
-               "tokens_per_s": n_tok / wall, "wall_s": wall, "steps": eng.steps, **latency_fields(done)}
-        if eng.fast_step is not None:
-            fast = eng.fast_step
-            row.update(compiled=fast.compiled, compile_s=sum(fast.compile_s.values()), buckets=sorted(fast.compile_s),
-                       recompiles=fast.recompiles, compile_error=fast.compile_error)
-        rows.append(row)
-        runs[impl] = done
+    speed: dict[str, list[float]] = {impl: [] for impl, _ in impls}
+    rows_by: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[Finished]] = {}
+    for _ in range(rounds):
+        for impl, kw in impls:
+            done, wall, eng = run_engine(model, tok, reqs, **kw)
+            n_tok = sum(len(f.output_ids) for f in done)
+            speed[impl].append(n_tok / wall)
+            row = {"scenario": "batching", "impl": impl, "requests": len(reqs), "max_batch_size": kw["max_batch_size"],
+                   "wall_s": wall, "steps": eng.steps, **latency_fields(done)}
+            if eng.fast_step is not None:
+                fast = eng.fast_step
+                first = rows_by.get(impl, {})  # the compile happened in the first round
+                row.update(compiled=fast.compiled, buckets=sorted(fast.compile_s), mixed_buckets=sorted(fast.mixed_compile_s),
+                           compile_s=first.get("compile_s", sum(fast.compile_s.values()) + sum(fast.mixed_compile_s.values())),
+                           recompiles=fast.recompiles, compile_error=fast.compile_error)
+            rows_by[impl], runs[impl] = row, done
     ref = {tuple(f.output_ids) for f in runs["one_at_a_time"]}
-    for impl in runs:
+    rows = []
+    for impl, _ in impls:
         assert ref == {tuple(f.output_ids) for f in runs[impl]}, f"{impl} tokens differ from one-at-a-time"
-    for r in rows:
-        r["same_tokens"] = True
+        # ratio per round = tokens/s of this impl / tokens/s of one at a time in the same round
+        ratio = [a / b for a, b in zip(speed[impl], speed["one_at_a_time"])]
+        rows.append({**rows_by[impl], "rounds": rounds, "tokens_per_s": float(np.median(speed[impl])),
+                     "tokens_per_s_lo": min(speed[impl]), "tokens_per_s_hi": max(speed[impl]),
+                     "vs_one_median": float(np.median(ratio)), "vs_one_lo": min(ratio), "vs_one_hi": max(ratio),
+                     "same_tokens": True})
+        if impl == "continuous_batching_compiled":  # the same, over the eager engine
+            eager = [a / b for a, b in zip(speed[impl], speed["continuous_batching"])]
+            rows[-1].update(vs_eager_median=float(np.median(eager)), vs_eager_lo=min(eager), vs_eager_hi=max(eager))
     return rows, runs
 
 
@@ -315,7 +335,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "hf": lambda: bench_hf(model, 64, pick(fast=32, full=128)),
         "batching": lambda: bench_batching(model, tok, args.requests or pick(fast=16, full=32),
                                            batch=getattr(args, "slots", None) or pick(fast=16, full=8),
-                                           compile=not getattr(args, "no_compile", False))[0],
+                                           compile=not getattr(args, "no_compile", False),
+                                           rounds=pick(fast=3, full=5))[0],
         "streams": lambda: [r for chunk in (None, 32)
                             for r in bench_streams(model, tok, pick(fast=8, full=32), max_prefill_tokens=chunk)[0]],
         "speculative": lambda: bench_speculative(model, tok, pick(fast=3, full=12), pick(fast=48, full=128)),

@@ -31,8 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the server's math threads (default: codex_lab.runtime.compute_threads, as `codex-lab serve`)")
     p.add_argument("--compiled", action="store_true",
                    help="the engine `codex-lab serve` runs: compiled decode step (the levels start once every bucket is built)")
-    p.add_argument("--no-batch-prefill", action="store_true",
-                   help="prefill arriving prompts one forward per request (the reference path) instead of one batched forward")
+    p.add_argument("--prefill", choices=("step", "batched", "each"), default="step",
+                   help="how arriving prompts are prefilled: step = as rows of the compiled decode step (with "
+                        "--compiled: what `codex-lab serve` runs; else batched), batched = one eager forward for "
+                        "all beside the step, each = one eager forward per request (the reference path)")
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -42,6 +44,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from codex_lab.infer.paged_step import freeze_long_lived
     from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
 
+    compiled = bool(getattr(args, "compiled", False))
+    prefill = getattr(args, "prefill", "step")
+    prefill = "batched" if prefill == "step" and not compiled else prefill  # in the step needs the compiled step
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     if not levels or min(levels) < 1:
         raise ValueError(f"--concurrency must list client counts >= 1, got {args.concurrency!r}")
@@ -54,8 +59,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         from codex_lab.serve.compiled import compiled_engine
         from codex_lab.infer.engine import Engine
 
-        eng = compiled_engine(model, tokenizer, **kw) if getattr(args, "compiled", False) else Engine(model, tokenizer, **kw)
-        eng.batch_prefill = not getattr(args, "no_batch_prefill", False)
+        eng = compiled_engine(model, tokenizer, mixed=prefill == "step", **kw) if compiled else Engine(model, tokenizer, **kw)
+        eng.batch_prefill = prefill != "each"
         engines.append(eng)
         return eng
 
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             n = args.requests or c * pick(fast=4, full=16)
             s = run_load_in_process(bg.url, concurrency=c, requests=n, max_tokens=args.max_tokens, duration_s=300)
             rows.append({"concurrency": c, "requests": s["requests_ok"], "threads": torch.get_num_threads(),
-                         "compiled": bool(getattr(args, "compiled", False)), "batch_prefill": not getattr(args, "no_batch_prefill", False),
+                         "compiled": compiled, "prefill": prefill,
                          **{k: s[k] for k in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tbt_p50_ms", "tbt_p95_ms",
                                               "tbt_p99_ms", "ttft_share_under_100ms", "tbt_share_under_20ms",
                                               "tokens_per_s", "errors")}})
