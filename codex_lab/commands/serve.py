@@ -27,7 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="loopback only (127.0.0.1, localhost, ::1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model-name", default="codex-lab-tiny", help="the `model` clients send")
-    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-batch-size", type=int, default=16,
+                   help="requests decoded together (a busy editor sends more than 8; at 16 streams a server of 8 "
+                        "slots queued half of them: TTFT p95 254 ms against 36-68 ms with 16, 2026-12-02)")
     p.add_argument("--max-waiting", type=int, default=32, help="queued requests beyond the batch; more get 429")
     p.add_argument("--deadline-s", type=float, default=30.0, help="seconds a request may take (seed: 30)")
     p.add_argument("--max-tokens", type=int, default=256, help="largest max_tokens a request may ask for")
