@@ -673,10 +673,14 @@ print(lookup_text)
 #   on while dynamo traces; the `options=` flag alone leaves them graph inputs) so that
 #   Inductor's C++ GEMM template can pack them once and split each matrix-vector product
 #   over the cores (`python scripts/decode_configs.py` times each configuration);
-# - `cl.Engine(..., compile=True)` (what `codex-lab serve` runs): the batch is padded to
-#   `max_batch_size` rows (padding rows write a scratch block no request owns) and each block
-#   table to a *bucket* (1, 1.5, 2, 3, 4, ... times 128 tokens), one graph per bucket, compiled
-#   before serving (`--scenarios batching` adds the row `continuous_batching_compiled`).
+# - `cl.Engine(..., compile=True)`: the batch is padded to `max_batch_size` rows (padding
+#   rows write a scratch block no request owns) and each block table to a *bucket* (1, 1.5,
+#   2, 3, 4, ... times 128 tokens), one graph per bucket, compiled before serving
+#   (`--scenarios batching` adds the row `continuous_batching_compiled`). `codex-lab serve`
+#   runs it with `cl.served_step_options(...)`: buckets from 48 tokens, and arriving prompts
+#   ride in the same compiled step, one row per prompt token at its own position
+#   (`cl.mixed_step`), in a second shape of twice the rows; `codex-lab bench serving
+#   --compiled --prefill batched` compares it with the eager prefill beside the step.
 #
 # ## What we measured
 # Every line below is computed from this run; compared timings are alternating rounds with their range.
