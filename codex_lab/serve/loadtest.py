@@ -179,6 +179,9 @@ def run_sync(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
     def target() -> None:
         try:
+            if not hasattr(asyncio, "Runner"):  # Python 3.10: asyncio's own loop
+                box["v"] = asyncio.run(coro_fn())
+                return
             with asyncio.Runner(loop_factory=fast_event_loop()) as runner:
                 box["v"] = runner.run(coro_fn())
         except BaseException as exc:  # re-raised in the caller
