@@ -150,3 +150,19 @@ def test_the_engine_step_with_frozen_weights_and_the_gemm_template_matches_eager
     eng2.fast_step.warmup([1])
     assert eng2.fast_step.compiled and eng2.fast_step.compile_error.startswith("without the C++ GEMM template")
     assert _run(eng2, prompts, n=6) == want
+
+
+def test_the_served_engine_carries_prompts_in_its_step(tok):
+    """`codex-lab serve`'s engine (compiled_engine): the step's second shape has twice the
+    batch's rows and its smallest bucket holds 48 tokens; mixed=False leaves prefill eager."""
+    from codex_lab.serve.compiled import compiled_engine
+
+    model = _model(tok)
+    eng = compiled_engine(model, tok, max_batch_size=3, block_size=8, compile_backend="eager")
+    step = eng.fast_step
+    assert step.mixed_rows == 6 and step.min_blocks == 6  # 48 tokens in blocks of 8
+    assert step.ready.wait(120) and step.compile_error == "" and step.mixed_compile_s
+    prompts = [[5, 9, 2, 7], [11, 3]]
+    assert _run(eng, prompts) == [generate_ids(model, p, max_new_tokens=10)[0] for p in prompts]
+    plain = compiled_engine(model, tok, max_batch_size=3, compile_backend="eager", mixed=False)
+    assert plain.fast_step.mixed_rows == 0 and plain.fast_step.ready.wait(120)
