@@ -36,6 +36,18 @@ def small_tokenizer(small_corpus) -> CodeTokenizer:
     return train_tokenizer(small_corpus.texts("train"), vocab_size=512)
 
 
+@pytest.fixture(scope="session")
+def tok() -> CodeTokenizer:
+    """A 300-token BPE on the first 10 files: the engine tests' tokenizer (one per session)."""
+    return train_tokenizer(load_corpus(max_files=10).texts("train"), vocab_size=300)
+
+
+def seeded_model(tok: CodeTokenizer, **kw) -> CodexModel:
+    """A tiny model (seed 0, eval mode) over ``tok``'s vocabulary; ``kw`` override the config."""
+    torch.manual_seed(0)
+    return CodexModel(tiny_config(vocab_size=tok.vocab_size, **kw)).eval()
+
+
 def tiny_config(**kw) -> ModelConfig:
     """A 2-layer, 64-wide model config; keyword arguments override fields."""
     base = dict(vocab_size=512, d_model=64, n_layer=2, n_head=4, max_seq_len=128)

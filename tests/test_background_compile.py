@@ -14,20 +14,7 @@ from codex_lab.infer.engine import Engine, SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.model import CodexModel
 
-from conftest import tiny_config
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from codex_lab.data.corpus import load_corpus
-    from codex_lab.data.tokenizer import train_tokenizer
-
-    return train_tokenizer(load_corpus(max_files=10).texts("train"), vocab_size=300)
-
-
-def _model(tok) -> CodexModel:
-    torch.manual_seed(0)
-    return CodexModel(tiny_config(vocab_size=tok.vocab_size)).eval()
+from conftest import seeded_model, tiny_config
 
 
 def _run(eng: Engine, prompts: list[list[int]], n: int = 10) -> list[list[int]]:
@@ -40,7 +27,7 @@ def _run(eng: Engine, prompts: list[list[int]], n: int = 10) -> list[list[int]]:
 
 
 def test_steps_stay_eager_until_every_bucket_is_compiled_then_switch(tok):
-    model = _model(tok)
+    model = seeded_model(tok)
     eng = Engine(model, tok, max_batch_size=2, compile=True, compile_backend="eager")
     step = eng.fast_step
     gate = threading.Event()
@@ -68,7 +55,7 @@ def test_steps_stay_eager_until_every_bucket_is_compiled_then_switch(tok):
 
 
 def test_a_failed_background_compile_stays_eager_and_says_why(tok):
-    model = _model(tok)
+    model = seeded_model(tok)
     eng = Engine(model, tok, max_batch_size=2, compile=True, compile_backend="eager")
     step = eng.fast_step
 
@@ -91,7 +78,7 @@ def test_after_the_background_compile_long_lived_objects_are_frozen(tok, freeze)
 
     gc.unfreeze()  # this worker's earlier tests may have frozen objects
     assert gc.get_freeze_count() == 0
-    eng = Engine(_model(tok), tok, max_batch_size=2, compile=True, compile_backend="eager")
+    eng = Engine(seeded_model(tok), tok, max_batch_size=2, compile=True, compile_backend="eager")
     eng.fast_step.warmup_background(freeze_gc=freeze).join(120)
     assert eng.fast_step.ready.is_set()
     # the engine itself (alive now) is among the frozen objects when freezing is on
@@ -109,7 +96,7 @@ def test_the_compile_thread_hands_the_interpreter_lock_back_quickly_then_restore
 
     before = sys.getswitchinterval()
     for fail in (False, True):
-        eng = Engine(_model(tok), tok, max_batch_size=2, compile=True, compile_backend="eager")
+        eng = Engine(seeded_model(tok), tok, max_batch_size=2, compile=True, compile_backend="eager")
         seen = []
 
         def warmup(buckets=None, _fail=fail):
@@ -132,7 +119,7 @@ def test_the_engine_step_with_frozen_weights_and_the_gemm_template_matches_eager
     bucket recompiles with ATen's matmuls and says so instead of going eager."""
     from codex_lab.infer.fast_decode import decode_compile_options
 
-    model = _model(tok)
+    model = seeded_model(tok)
     prompts = [[5, 9, 2, 7], [11, 3]]
     want = [generate_ids(model, p, max_new_tokens=6)[0] for p in prompts]
     eng = Engine(model, tok, max_batch_size=2, compile=True)
@@ -157,7 +144,7 @@ def test_the_served_engine_carries_prompts_in_its_step(tok):
     batch's rows and its smallest bucket holds 48 tokens; mixed=False leaves prefill eager."""
     from codex_lab.serve.compiled import compiled_engine
 
-    model = _model(tok)
+    model = seeded_model(tok)
     eng = compiled_engine(model, tok, max_batch_size=3, block_size=8, compile_backend="eager")
     step = eng.fast_step
     assert step.mixed_rows == 6 and step.min_blocks == 6  # 48 tokens in blocks of 8

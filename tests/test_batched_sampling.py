@@ -57,14 +57,6 @@ def test_greedy_rows_are_refused():
         batched_probs(torch.zeros(2, 5), [1.0, 0.0], [0, 0], [1.0, 1.0])
 
 
-@pytest.fixture(scope="module")
-def tok():
-    from codex_lab.data.corpus import load_corpus
-    from codex_lab.data.tokenizer import train_tokenizer
-
-    return train_tokenizer(load_corpus(max_files=10).texts("train"), vocab_size=300)
-
-
 def test_engine_batch_gives_each_seeded_request_its_own_tokens(tok):
     torch.manual_seed(0)
     model = CodexModel(tiny_config(vocab_size=tok.vocab_size)).eval()

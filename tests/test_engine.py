@@ -10,7 +10,7 @@ from codex_lab.infer.engine import Engine, Finished, SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.model import CodexModel
 
-from conftest import tiny_config
+from conftest import seeded_model, tiny_config
 
 
 
@@ -25,17 +25,7 @@ class FakeClock:
         return self.t
 
 
-@pytest.fixture(scope="module")
-def tok():
-    from codex_lab.data.corpus import load_corpus
-    from codex_lab.data.tokenizer import train_tokenizer
-
-    return train_tokenizer(load_corpus(max_files=10).texts("train"), vocab_size=300)
-
-
-def model_for(tok, **kw) -> CodexModel:
-    torch.manual_seed(0)
-    return CodexModel(tiny_config(vocab_size=tok.vocab_size, **kw)).eval()
+model_for = seeded_model  # a tiny seeded model over tok's vocabulary
 
 
 @pytest.mark.parametrize("kw", [{}, {"n_kv_head": 2, "attn_patterns": ["window:6", "dense"]}])

@@ -13,22 +13,8 @@ from codex_lab.infer.engine import Engine, SamplingParams
 from codex_lab.infer.generate import decode_step, generate_ids
 from codex_lab.infer.paged_step import CompiledPagedStep
 from codex_lab.nn.kv_cache import PagedKVPool
-from codex_lab.nn.model import CodexModel
 
-from conftest import tiny_config
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from codex_lab.data.corpus import load_corpus
-    from codex_lab.data.tokenizer import train_tokenizer
-
-    return train_tokenizer(load_corpus(max_files=10).texts("train"), vocab_size=300)
-
-
-def _model(tok, **kw) -> CodexModel:
-    torch.manual_seed(0)
-    return CodexModel(tiny_config(vocab_size=tok.vocab_size, **kw)).eval()
+from conftest import seeded_model
 
 
 def _staggered(eng: Engine, prompts: list[list[int]], n_tokens: list[int]) -> dict[int, list[int]]:
@@ -63,7 +49,7 @@ def _row_counts(monkeypatch) -> list[int]:
 @pytest.mark.parametrize("backend,kw", [("eager", {}), ("eager", {"n_kv_head": 2, "attn_patterns": ["window:6", "dense"]}),
                                         ("inductor", {})])
 def test_mixed_steps_give_the_plain_generators_tokens(tok, backend, kw, monkeypatch):
-    model = _model(tok, **kw)
+    model = seeded_model(tok, **kw)
     g = torch.Generator().manual_seed(3)
     lengths = [5, 9, 3, 14, 30, 2, 7]  # the 30-token prompt does not fit the spare rows: the separate path
     prompts = [torch.randint(0, tok.vocab_size, (n,), generator=g).tolist() for n in lengths]
@@ -83,7 +69,7 @@ def test_mixed_steps_give_the_plain_generators_tokens(tok, backend, kw, monkeypa
 
 def test_a_prompt_tokens_rows_give_its_prefill_logits(tok):
     """The last of a prompt's rows gives the logits a prefill forward gives, beside a decode row."""
-    model = _model(tok, n_kv_head=2)
+    model = seeded_model(tok, n_kv_head=2)
     pool = PagedKVPool(model.cfg.n_layer, model.cfg.n_kv_head, model.cfg.head_dim, 40, 4)
     step = CompiledPagedStep(model, pool, 2, min_bucket_tokens=16, mixed_rows=8, compile=False)
     other = pool.allocate(2)  # a request with 5 tokens cached, decoding its 6th
@@ -101,7 +87,7 @@ def test_a_prompt_tokens_rows_give_its_prefill_logits(tok):
 
 
 def test_which_steps_can_mix(tok):
-    model = _model(tok)  # max_seq_len 128: 32 blocks of 4
+    model = seeded_model(tok)  # max_seq_len 128: 32 blocks of 4
     pool = PagedKVPool(model.cfg.n_layer, model.cfg.n_kv_head, model.cfg.head_dim, 40, 4)
     with pytest.raises(ValueError, match="must exceed max_batch_size"):
         CompiledPagedStep(model, pool, 4, mixed_rows=4)
@@ -120,7 +106,7 @@ def test_every_bucket_of_both_shapes_compiles_past_dynamos_default_limit(tok):
     run the rest eagerly, silently."""
     from codex_lab.infer.fast_decode import graphs_compiled
 
-    model = _model(tok)
+    model = seeded_model(tok)
     pool = PagedKVPool(model.cfg.n_layer, model.cfg.n_kv_head, model.cfg.head_dim, 40, 4)
     step = CompiledPagedStep(model, pool, 2, min_bucket_tokens=8, mixed_rows=4, mixed_max_tokens=128, backend="eager")
     assert len(step.buckets) == 9
@@ -136,7 +122,7 @@ def test_every_bucket_of_both_shapes_compiles_past_dynamos_default_limit(tok):
 
 
 def test_a_failing_mixed_call_falls_back_to_the_separate_path(tok, monkeypatch):
-    model = _model(tok)
+    model = seeded_model(tok)
     prompts = [[5, 9, 2, 7], [11, 3, 8], [4, 4, 1, 9, 2]]
     want = [generate_ids(model, p, max_new_tokens=8)[0] for p in prompts]
     call = CompiledPagedStep.__call__
@@ -158,7 +144,7 @@ def test_a_failing_mixed_call_falls_back_to_the_separate_path(tok, monkeypatch):
 def test_prompts_that_do_not_all_fit_wait_their_turn_a_step_each(tok):
     """Two requests decode; three 4-token prompts arrive at once into 8 mixed rows: each step
     takes the prompts that fit the rows left (in order), the rest wait for the next step."""
-    model = _model(tok)
+    model = seeded_model(tok)
     eng = Engine(model, tok, max_batch_size=5, compile=True, compile_backend="eager", step_options={"mixed_rows": 8})
     first = [[5, 9, 2], [11, 3, 8]]
     later = [[4, 4, 1, 9], [7, 2, 2, 6], [1, 8, 3, 5]]
@@ -181,7 +167,7 @@ def test_prompts_that_do_not_all_fit_wait_their_turn_a_step_each(tok):
 def test_a_burst_at_an_idle_engine_that_does_not_fit_is_prefilled_together(tok, monkeypatch):
     """Nobody decodes yet: three 4-token prompts into 8 mixed rows go through one eager prefill
     (no prompt waits a step), and the step after decodes all three in the decode shape."""
-    model = _model(tok)
+    model = seeded_model(tok)
     rows = _row_counts(monkeypatch)
     eng = Engine(model, tok, max_batch_size=5, compile=True, compile_backend="eager", step_options={"mixed_rows": 8})
     later = [[4, 4, 1, 9], [7, 2, 2, 6], [1, 8, 3, 5]]

@@ -27,7 +27,7 @@ row, at its own position over its request's table. Every layer writes all rows' 
 values before any row attends, and a row sees only slots at or before its position, so a
 prompt token attends exactly to its prefix, as in a prefill forward. Those steps run a
 second compiled shape of ``mixed_rows`` rows (for buckets up to ``mixed_max_tokens``), so a
-step that admits requests is one graph call instead of an eager prefill of ~300 ops, each
+step that admits requests is one graph call instead of an eager prefill of ~340 ops, each
 of which waits for the interpreter lock while the server streams.
 
 A server need not wait for the compiler: :meth:`CompiledPagedStep.warmup_background`

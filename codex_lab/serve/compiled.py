@@ -20,15 +20,15 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = False, 
     :class:`~codex_lab.infer.fast_decode.FastDecoder` does. Off by default: it did not settle a
     gain at 4-16 streams (``codex-lab bench serving``, quiet, 2026-12-02: TBT p95 at 16 streams
     17.3 / 17.4 / 23.5 ms in three runs against 14.6-26.0 ms in nine with ATen's matmuls),
-    and Inductor does not cache frozen graphs, so its 7 buckets take ~110 s to compile on every
-    start (with the weights as graph inputs: ~45-56 s cold, ~6 s with Inductor's cache warm).
+    and Inductor does not cache frozen graphs, so its buckets took ~110 s to compile on every
+    start (the 7 of 8 slots then; with the weights as graph inputs ~45-56 s cold, ~6 s with Inductor's
+    cache warm).
     ``docs/PROFILE.md`` has the runs.
     """
     import sys
     import time
 
     from codex_lab.infer.engine import Engine
-
     from codex_lab.infer.paged_step import served_step_options
 
     kw.setdefault("step_options", served_step_options(kw.get("max_batch_size", 8), mixed=mixed))
