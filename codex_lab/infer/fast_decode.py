@@ -19,6 +19,7 @@ Tokens equal :func:`codex_lab.infer.generate.generate_ids` (greedy).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Sequence
 
@@ -37,6 +38,30 @@ def graphs_compiled() -> int:
     except ImportError:  # pragma: no cover - no dynamo
         return 0
     return int(counters["stats"]["unique_graphs"])
+
+
+# dynamo's graph limit per function while a planned graph is first built (its default, 8, counts
+# every graph of the function's code: all FastDecoders share one, all engine steps another)
+GRAPH_LIMIT = 100_000
+
+
+def first_compile(options: dict | None) -> contextlib.AbstractContextManager:
+    """The context of a fixed-shape step's planned first (compiling) call.
+
+    - ``freezing`` on while dynamo traces, if ``options`` ask for it: dynamo turns the weights
+      into graph constants only if the global flag is set then (``options`` reach Inductor only
+      after the trace), and the C++ GEMM template needs constant weights.
+    - Dynamo's graph limit lifted: past 8 graphs of one function's code it runs the frame
+      eagerly without a word. Measured 2026-12-02: the 9th and 10th ``FastDecoder`` of one
+      process compiled no graph and still said ``compiled``; a second engine of another shape
+      compiled 1 of its 7 buckets.
+    """
+    import torch._inductor.config as inductor_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(inductor_config.patch(freezing=bool((options or {}).get("freezing"))))
+    stack.enter_context(torch._dynamo.config.patch(recompile_limit=GRAPH_LIMIT, accumulated_recompile_limit=GRAPH_LIMIT))
+    return stack
 
 
 def cpu_compile_options(options: dict | None, backend: str, mode: str | None, device: torch.device) -> dict | None:
@@ -240,12 +265,9 @@ class FastDecoder:
                 self.compile_error = f"without the C++ GEMM template ({why})"[:300]
 
     def _traced(self, tokens: Tensor, pos: Tensor) -> Tensor:
-        """The compiled step with every guard, freezing on while dynamo traces: dynamo turns the
-        weights into graph constants only if the global flag is set then (``options`` reach
-        Inductor only after the trace), and the C++ GEMM template needs constant weights."""
-        import torch._inductor.config as inductor_config
-
-        with inductor_config.patch(freezing=bool(self.options.get("freezing"))):
+        """The compiled step with every guard, in :func:`first_compile`'s context (freezing while
+        dynamo traces, dynamo's graph limit lifted)."""
+        with first_compile(self.options):
             return self._compiled(tokens, pos)  # type: ignore[misc]
 
     @staticmethod

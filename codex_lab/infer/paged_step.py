@@ -48,7 +48,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from codex_lab.infer.fast_decode import cpu_compile_options, graphs_compiled, without_gemm_template
+from codex_lab.infer.fast_decode import cpu_compile_options, first_compile, graphs_compiled, without_gemm_template
 from codex_lab.infer.generate import decode_step
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
@@ -56,9 +56,6 @@ from codex_lab.nn.model import CodexModel
 
 # the interpreter's thread switch interval while buckets compile in the background (seconds)
 COMPILE_SWITCH_INTERVAL_S = 0.0002
-# dynamo's graph limit per function during a bucket's first call (its default, 8, is hit by one
-# engine's 9 + 4 buckets, or by two engines' steps in one process)
-GRAPH_LIMIT = 100_000
 
 
 class CompiledPagedStep:
@@ -204,14 +201,9 @@ class CompiledPagedStep:
         if self._graphs_at_start is None:
             self._graphs_at_start = before
         try:
-            import torch._inductor.config as inductor_config
-
-            # freezing on while dynamo traces, or the weights stay graph inputs (FastDecoder._traced).
-            # Dynamo keeps at most 8 graphs per function (all steps share _step's code: a canary's
-            # engine and the primary's too) and past that runs the frame eagerly without a word;
-            # a bucket's first call is a planned graph, so the limit is lifted for it alone
-            with inductor_config.patch(freezing=bool(self.options.get("freezing"))), \
-                    torch._dynamo.config.patch(recompile_limit=GRAPH_LIMIT, accumulated_recompile_limit=GRAPH_LIMIT):
+            # freezing while dynamo traces, and dynamo's limit of 8 graphs per function lifted (all
+            # steps share _step's code: one engine has up to 14 graphs, a canary's engine adds its own)
+            with first_compile(self.options):
                 logits = self._fn(idx, pos, tab)  # (R, V) the first call of this bucket compiles
         except Exception as exc:  # no C++ compiler, unsupported op: the same step, eager
             self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
