@@ -12,14 +12,15 @@ from codex_lab import commands
 
 # commands that run experiments: they take --mode (the global option works before any command too)
 MODE_COMMANDS = ("report", "bench", "train", "finetune")
-MODE_HELP = ("fast (minutes on a CPU) or full (the real sizes, meant for a GPU); "
-             "default: full on a CUDA GPU, fast otherwise, or CODEX_LAB_FAST=1/0")
+MODE_HELP = ("fast (minutes on a CPU; quality experiments too short to converge: CI's mode), standard (fast sizes, "
+             "quality experiments sized to converge on a laptop) or full (the article's sizes, meant for a GPU); "
+             "default: full on a CUDA GPU, standard otherwise, or CODEX_LAB_MODE=fast|standard|full")
 
 
 def _add_mode(p: argparse.ArgumentParser) -> None:
     """Add --mode to a parser and to every nested sub-command parser (e.g. each bench)."""
     # SUPPRESS: a sub-parser must not overwrite a --mode given at an outer level with a default
-    p.add_argument("--mode", choices=("fast", "full"), default=argparse.SUPPRESS, help=MODE_HELP)
+    p.add_argument("--mode", choices=("fast", "standard", "full"), default=argparse.SUPPRESS, help=MODE_HELP)
     for action in p._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in set(action.choices.values()):
@@ -56,8 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from codex_lab.runtime import mode_info
 
         info = mode_info()
-        other = "full" if info.fast else "fast"
-        print(f"[codex-lab {args.command}] {info.mode} mode: {info.reason} (--mode {other} for {other} mode)",
+        others = "/".join(m for m in ("fast", "standard", "full") if m != info.mode)
+        print(f"[codex-lab {args.command}] {info.mode} mode: {info.reason} (--mode {others} for the others)",
               file=sys.stderr, flush=True)
     from codex_lab.sandbox import SandboxUnavailable
 

@@ -1,15 +1,28 @@
 """Runtime knobs shared by every lesson: device choice, seeding, the mode and its expected time.
 
-Two modes. **Fast** shrinks steps and sizes so every notebook and the report run in minutes
-on 2 CPU cores; **full** is the course at its real sizes, meant for a CUDA GPU.
+Three modes:
+
+- **fast** shrinks steps and sizes so every notebook and the report run in minutes on 2 CPU
+  cores: continuous integration's mode. Quality experiments are too short to converge there,
+  and the training-state rule (:mod:`codex_lab.training_state`) says so: "under-trained: no
+  verdict".
+- **standard** (the default on a CPU): the fast sizes, except the quality experiments, which
+  are sized (smaller models, shorter sequences, more steps and seeds) to reach a plateau on
+  2 CPU cores within the report's 25 minutes, so their verdicts stand.
+- **full** is the course at the article's sizes, meant for a CUDA GPU (hours on a CPU).
 
 Who chooses, strongest first:
 
-1. a ``--mode fast|full`` flag of the CLI (``set_mode``), which also sets ``CODEX_LAB_FAST``
-   for child processes;
-2. ``CODEX_LAB_FAST=1`` (fast) or ``CODEX_LAB_FAST=0`` (full);
-3. ``CI`` set to a non-empty, non-false value: fast;
-4. the device: full on CUDA, fast on a CPU (and on Apple's MPS, which full sizes do not target).
+1. a ``--mode fast|standard|full`` flag of the CLI (``set_mode``), which also sets
+   ``CODEX_LAB_MODE`` for child processes;
+2. ``CODEX_LAB_MODE=fast|standard|full``;
+3. ``CODEX_LAB_FAST=1`` (fast) or ``CODEX_LAB_FAST=0`` (full);
+4. ``CI`` set to a non-empty, non-false value: fast;
+5. the device: full on CUDA, standard on a CPU (and on Apple's MPS, which full sizes do not target).
+
+``pick(fast=..., full=..., standard=...)`` chooses a size; ``standard`` defaults to the fast
+value, so only what standard mode changes is named there. ``fast_mode()`` (and a notebook's
+``FAST``) is True in fast *and* standard mode: it means "laptop sizes".
 
 ``mode_info()`` says which mode and why; ``lesson_header("05")`` prints that and the lesson's
 expected time on this machine (recorded timings scaled by a quick matmul calibration).
@@ -35,15 +48,16 @@ T = TypeVar("T")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-MODES = ("fast", "full")
+MODES = ("fast", "standard", "full")
 TIMINGS_PATH = Path(__file__).parent / "assets" / "timings.json"
 _override: tuple[str, str] | None = None  # (mode, reason) set by set_mode / the CLI flag
-_saved_env: dict[str, str | None] = {}  # CODEX_LAB_FAST as it was before set_mode changed it
+_saved_env: dict[str, str | None] = {}  # CODEX_LAB_MODE as it was before set_mode changed it
+_MISSING: Any = object()
 
 
 @dataclass(frozen=True)
 class ModeInfo:
-    """The mode in force (``"fast"`` or ``"full"``), why, and the device it was decided on."""
+    """The mode in force (``"fast"``, ``"standard"`` or ``"full"``), why, and the device it was decided on."""
 
     mode: str
     reason: str
@@ -52,18 +66,34 @@ class ModeInfo:
 
     @property
     def fast(self) -> bool:
-        return self.mode == "fast"
+        """Laptop sizes: True in fast and standard mode (standard differs in the quality experiments only)."""
+        return self.mode != "full"
+
+    @property
+    def converge(self) -> bool:
+        """The quality experiments are sized to reach a plateau (standard and full mode)."""
+        return self.mode != "fast"
 
     def how_to_switch(self) -> str:
-        """One sentence telling the user how to get the other mode."""
-        other = "full" if self.fast else "fast"
-        hint = f"for {other} mode use `--mode {other}` on the command line or set CODEX_LAB_FAST={1 if other == 'fast' else 0}"
-        if other == "full" and self.device != "cuda":
-            hint += " (full sizes are meant for a GPU; on a CPU the report keeps its heaviest sections small to fit ~30 min)"
+        """One sentence telling the user how to get the other modes."""
+        others = [m for m in MODES if m != self.mode]
+        hint = "; ".join(f"for {m} mode use `--mode {m}` on the command line or set CODEX_LAB_MODE={m}" for m in others)
+        if self.device != "cuda" and self.mode != "full":
+            hint += " (full mode runs the article's sizes, meant for a GPU: hours on a CPU)"
         return hint + "."
 
 
-def _env_mode() -> str | None:
+def _env_mode() -> tuple[str, str] | None:
+    mode = os.environ.get("CODEX_LAB_MODE", "").strip().lower()
+    if mode:
+        if mode not in MODES:
+            raise ValueError(f"CODEX_LAB_MODE={mode!r} is not understood; use one of {', '.join(MODES)}.")
+        return mode, f"CODEX_LAB_MODE={mode} is set"
+    fast = _env_fast()
+    return (fast, f"CODEX_LAB_FAST={os.environ['CODEX_LAB_FAST'].strip()} is set") if fast else None
+
+
+def _env_fast() -> str | None:
     flag = os.environ.get("CODEX_LAB_FAST", "").strip().lower()
     if flag in _TRUE:
         return "fast"
@@ -75,69 +105,80 @@ def _env_mode() -> str | None:
 
 
 def mode_info() -> ModeInfo:
-    """Which mode is in force and why (flag > CODEX_LAB_FAST > CI > device)."""
+    """Which mode is in force and why (flag > CODEX_LAB_MODE > CODEX_LAB_FAST > CI > device)."""
     dev = get_device().type
     if _override is not None:
         return ModeInfo(_override[0], _override[1], "flag", dev)
     env = _env_mode()
     if env is not None:
-        return ModeInfo(env, f"CODEX_LAB_FAST={os.environ['CODEX_LAB_FAST'].strip()} is set", "env", dev)
+        return ModeInfo(env[0], env[1], "env", dev)
     ci = os.environ.get("CI", "").strip().lower()
     if ci and ci not in _FALSE:
         return ModeInfo("fast", f"CI={os.environ['CI'].strip()} is set (continuous integration runs fast mode)", "ci", dev)
     if dev == "cuda":
         return ModeInfo("full", "a CUDA GPU is available; full mode is the course at its real sizes", "device", dev)
-    return ModeInfo("fast", f"the device is {dev.upper()}, not a CUDA GPU; full mode is sized for a GPU", "device", dev)
+    return ModeInfo("standard", f"the device is {dev.upper()}, not a CUDA GPU: the laptop sizes, with the quality "
+                                "experiments sized to converge (full mode, the article's sizes, is meant for a GPU)",
+                    "device", dev)
 
 
 def fast_mode() -> bool:
-    """Return True when fast mode is on (see ``mode_info`` for who decides)."""
+    """Return True at laptop sizes: fast or standard mode (see ``mode_info`` for who decides)."""
     return mode_info().fast
 
 
 def set_mode(mode: str | None, reason: str = "the --mode flag") -> None:
-    """Force ``"fast"`` or ``"full"`` for this process and its children (via ``CODEX_LAB_FAST``).
+    """Force ``"fast"``, ``"standard"`` or ``"full"`` for this process and its children (via
+    ``CODEX_LAB_MODE``, which child processes read before ``CODEX_LAB_FAST``).
 
-    ``None`` removes the forced choice (``CODEX_LAB_FAST`` then keeps the value it had before).
+    ``None`` removes the forced choice (``CODEX_LAB_MODE`` then keeps the value it had before).
     """
     global _override
     if mode is None:
         if _override is not None:
-            prev = _saved_env.pop("CODEX_LAB_FAST", None)
+            prev = _saved_env.pop("CODEX_LAB_MODE", None)
             if prev is None:
-                os.environ.pop("CODEX_LAB_FAST", None)
+                os.environ.pop("CODEX_LAB_MODE", None)
             else:
-                os.environ["CODEX_LAB_FAST"] = prev
+                os.environ["CODEX_LAB_MODE"] = prev
         _override = None
         return
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not understood; use one of {MODES}.")
     if _override is None:
-        _saved_env["CODEX_LAB_FAST"] = os.environ.get("CODEX_LAB_FAST")
+        _saved_env["CODEX_LAB_MODE"] = os.environ.get("CODEX_LAB_MODE")
     _override = (mode, f"{reason} asked for {mode} mode")
-    os.environ["CODEX_LAB_FAST"] = "1" if mode == "fast" else "0"
+    os.environ["CODEX_LAB_MODE"] = mode
 
 
 @contextmanager
 def mode_override(mode: str, reason: str) -> Iterator[None]:
     """Run a block in ``mode`` and restore the previous choice afterwards (report plans use it)."""
     global _override
-    saved, saved_env = _override, os.environ.get("CODEX_LAB_FAST")
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not understood; use one of {MODES}.")
+    saved, saved_env = _override, os.environ.get("CODEX_LAB_MODE")
     _override = (mode, reason)
-    os.environ["CODEX_LAB_FAST"] = "1" if mode == "fast" else "0"
+    os.environ["CODEX_LAB_MODE"] = mode
     try:
         yield
     finally:
         _override = saved
         if saved_env is None:
-            os.environ.pop("CODEX_LAB_FAST", None)
+            os.environ.pop("CODEX_LAB_MODE", None)
         else:
-            os.environ["CODEX_LAB_FAST"] = saved_env
+            os.environ["CODEX_LAB_MODE"] = saved_env
 
 
-def pick(fast: T, full: T) -> T:
-    """Return ``fast`` in fast mode and ``full`` otherwise (one knob for every size)."""
-    return fast if fast_mode() else full
+def pick(fast: T, full: T, *, standard: T = _MISSING) -> T:
+    """The size for the mode in force: ``fast``, ``full``, or ``standard`` (default: ``fast``;
+    name it where standard mode differs, as the quality experiments do to converge)."""
+    mode = mode_info().mode
+    if mode == "full":
+        return full
+    if mode == "standard" and standard is not _MISSING:
+        return standard
+    return fast
 
 
 def get_device(prefer: str | None = None) -> torch.device:
@@ -299,10 +340,16 @@ def format_seconds(s: float) -> str:
 def timing_table(kind: str, mode: str, device: str) -> tuple[dict[str, float], str]:
     """Recorded seconds per lesson/section (``kind`` "lesson" or "report") and where they come from.
 
-    CUDA uses the GPU table (unscaled); every other device the CPU table."""
+    CUDA uses the GPU table (unscaled); every other device the CPU table. Standard mode runs
+    the fast sizes except its quality experiments: its table is the fast one, overridden by
+    the recorded standard times."""
     table = recorded_timings()[kind]
-    key = f"{mode}/{'cuda' if device == 'cuda' else 'cpu'}"
-    return {k: float(v) for k, v in table.get(key, {}).items()}, recorded_timings()["provenance"].get(f"{kind} {key}", key)
+    dev = 'cuda' if device == 'cuda' else 'cpu'
+    key = f"{mode}/{dev}"
+    out = {k: float(v) for k, v in table.get(key, {}).items()}
+    if mode == "standard":
+        out = {**{k: float(v) for k, v in table.get(f"fast/{dev}", {}).items()}, **out}
+    return out, recorded_timings()["provenance"].get(f"{kind} {key}", key)
 
 
 def expected_seconds(kind: str, keys: Iterable[str], mode: str | None = None, device: str | None = None) -> Estimate:
@@ -365,13 +412,13 @@ def lesson_header(lesson: str) -> bool:
     print(f"lesson {key} | {info.mode} mode: {info.reason} | {torch.get_num_threads()} math thread(s) "
           "(codex_lab.runtime.compute_threads; CODEX_LAB_THREADS=N to change)")
     print(f"expected time of this notebook on this machine: {est.text()}")
-    if est.seconds is None and not info.fast and info.device != "cuda":
+    if est.seconds is None and info.mode == "full" and info.device != "cuda":
         fast = expected_seconds("lesson", [key], "fast", info.device)
         print(f"full sizes are meant for a GPU: on this {info.device.upper()} expect many times the fast-mode "
               f"time ({fast.text()})")
-    other = "full" if info.fast else "fast"
-    print(f"for {other} mode: set CODEX_LAB_FAST={0 if info.fast else 1} before starting Jupyter "
-          f"(or run `%env CODEX_LAB_FAST={0 if info.fast else 1}` in a cell, then run the notebook again from the top)")
+    others = " or ".join(m for m in MODES if m != info.mode)
+    print(f"for {others} mode: set CODEX_LAB_MODE=<mode> before starting Jupyter "
+          f"(or run `%env CODEX_LAB_MODE=<mode>` in a cell, then run the notebook again from the top)")
     return info.fast
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("CODEX_LAB_FAST", "1")
+os.environ.setdefault("CODEX_LAB_MODE", "fast")  # stronger than CODEX_LAB_FAST (codex_lab.runtime)
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Two xdist workers (plus the notebook kernels they start) share 2 cores: one math thread
 # per process avoids oversubscription, where OpenMP threads spin waiting for each other.

@@ -68,9 +68,10 @@ def test_experiment_commands_announce_their_mode(monkeypatch, capsys):
     from codex_lab.commands import bench
 
     monkeypatch.delenv("CODEX_LAB_FAST", raising=False)
+    monkeypatch.delenv("CODEX_LAB_MODE", raising=False)
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.setenv("CODEX_LAB_DEVICE", "cpu")
     monkeypatch.setattr(bench, "main", lambda args: 0)
     assert cli.main(["bench"]) == 0
     err = capsys.readouterr().err
-    assert "[codex-lab bench] fast mode: the device is CPU" in err and "--mode full" in err
+    assert "[codex-lab bench] standard mode: the device is CPU" in err and "--mode fast/full" in err

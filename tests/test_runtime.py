@@ -8,7 +8,7 @@ from codex_lab import runtime
 def clean_mode(monkeypatch):
     """No flag, no CODEX_LAB_FAST, no CI, CPU device: the state of a learner's laptop."""
     runtime.set_mode(None)
-    for var in ("CODEX_LAB_FAST", "CI"):
+    for var in ("CODEX_LAB_FAST", "CODEX_LAB_MODE", "CI"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CODEX_LAB_DEVICE", "cpu")
     yield
@@ -26,7 +26,10 @@ def test_fast_mode_flag(clean_mode, monkeypatch):
 
 def test_default_follows_the_device(clean_mode, monkeypatch):
     info = runtime.mode_info()
-    assert info.mode == "fast" and info.source == "device" and "CPU" in info.reason
+    # a laptop's default: standard mode (fast sizes, the quality experiments sized to converge)
+    assert info.mode == "standard" and info.source == "device" and "CPU" in info.reason
+    assert runtime.fast_mode() and info.converge  # laptop sizes, converged quality runs
+    assert runtime.pick(1, 2) == 1 and runtime.pick(1, 2, standard=3) == 3
     # a CUDA device (faked: the check only reads get_device().type) means full mode
     monkeypatch.setattr(runtime, "get_device", lambda prefer=None: torch.device("cuda"))
     info = runtime.mode_info()
@@ -48,9 +51,9 @@ def test_set_mode_beats_env_and_is_undone(clean_mode, monkeypatch):
     assert info.mode == "full" and info.source == "flag" and "--mode" in info.reason
     import os
 
-    assert os.environ["CODEX_LAB_FAST"] == "0"  # child processes follow the flag
+    assert os.environ["CODEX_LAB_MODE"] == "full"  # child processes follow the flag (it beats CODEX_LAB_FAST)
     runtime.set_mode(None)
-    assert runtime.fast_mode() and os.environ["CODEX_LAB_FAST"] == "1"
+    assert runtime.fast_mode() and "CODEX_LAB_MODE" not in os.environ and os.environ["CODEX_LAB_FAST"] == "1"
     with pytest.raises(ValueError, match="medium"):
         runtime.set_mode("medium")
 
@@ -97,8 +100,8 @@ def test_calibration_is_a_plausible_time():
 def test_lesson_header_prints_mode_and_time(clean_mode, capsys):
     assert runtime.lesson_header("l03") is True
     out = capsys.readouterr().out
-    assert "lesson 03" in out and "fast mode" in out and "CPU" in out and "expected time" in out
-    assert "CODEX_LAB_FAST=0" in out  # how to choose the other mode
+    assert "lesson 03" in out and "standard mode" in out and "CPU" in out and "expected time" in out
+    assert "CODEX_LAB_MODE=<mode>" in out and "fast or full" in out  # how to choose the other modes
 
 
 def test_format_seconds():
@@ -120,3 +123,26 @@ def test_seed_everything_repeats():
     a = torch.rand(3)
     runtime.seed_everything(3)
     assert torch.equal(a, torch.rand(3))
+
+
+def test_three_modes_by_environment_and_pick(clean_mode, monkeypatch):
+    monkeypatch.setenv("CODEX_LAB_MODE", "standard")
+    monkeypatch.setenv("CODEX_LAB_FAST", "1")  # CODEX_LAB_MODE is the stronger of the two
+    info = runtime.mode_info()
+    assert info.mode == "standard" and info.source == "env" and info.fast and info.converge
+    assert runtime.pick(fast=1, full=2, standard=3) == 3 and runtime.pick(fast=1, full=2) == 1
+    monkeypatch.setenv("CODEX_LAB_MODE", "fast")
+    assert runtime.pick(fast=1, full=2, standard=3) == 1 and not runtime.mode_info().converge
+    monkeypatch.setenv("CODEX_LAB_MODE", "full")
+    assert runtime.pick(fast=1, full=2, standard=3) == 2 and not runtime.fast_mode()
+    monkeypatch.setenv("CODEX_LAB_MODE", "quick")
+    with pytest.raises(ValueError, match="CODEX_LAB_MODE='quick'.*fast, standard, full"):
+        runtime.mode_info()
+
+
+def test_standard_timings_fall_back_to_fast_per_section(clean_mode, monkeypatch):
+    monkeypatch.setattr(runtime, "recorded_timings", lambda: {
+        "report": {"fast/cpu": {"00": 10.0, "03": 20.0}, "standard/cpu": {"03": 200.0}}, "provenance": {}})
+    table, _ = runtime.timing_table("report", "standard", "cpu")
+    # section 00 runs its fast sizes in standard mode; section 03 has its own standard time
+    assert table == {"00": 10.0, "03": 200.0}
