@@ -133,3 +133,23 @@ def test_loop_accumulation_equals_one_big_batch_and_hooks_fire():
     assert torch.allclose(run(1), run(2), rtol=1e-5, atol=1e-6)
     assert lr_schedule(0, 1.0, 4, 10) == 0.25 and lr_schedule(7, 1.0, 4, 10) == 1.0  # constant without min_lr
     assert lr_schedule(10, 1.0, 4, 10, min_lr=0.1) == pytest.approx(0.1)
+
+
+def test_warmup_convention_against_hugging_face():
+    """Ours is Hugging Face's cosine schedule with the warm-up one step earlier (documented in
+    lr_schedule): ours(t) = HF(t + 1) while warming up, ours(t) = HF(t) from step `warmup` on."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from codex_lab.training.loop import lr_schedule
+
+    lr, warmup, steps = 1e-3, 10, 50
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    sched = transformers.get_cosine_schedule_with_warmup(opt, num_warmup_steps=warmup, num_training_steps=steps)
+    hf = [sched.lr_lambdas[0](t) * lr for t in range(steps + 1)]
+    assert hf[0] == 0.0 and lr_schedule(0, lr, warmup, steps, min_lr=0.0) == pytest.approx(lr / warmup)
+    for t in range(warmup):
+        assert lr_schedule(t, lr, warmup, steps, min_lr=0.0) == pytest.approx(hf[t + 1], rel=1e-12)
+    for t in range(warmup, steps + 1):
+        # 1e-12 relative: the same cosine formula, evaluated in the same order up to rounding
+        assert lr_schedule(t, lr, warmup, steps, min_lr=0.0) == pytest.approx(hf[t], rel=1e-12, abs=1e-18)

@@ -72,6 +72,10 @@ def test_masked_token_loss_wrong_answers():
     def as_float(lg, y):
         return float(F.cross_entropy(lg.detach().reshape(-1, lg.shape[-1]), y.reshape(-1), ignore_index=-100))
 
+    def zero_is_padding(lg, y):  # the red team's miss: token id 0 treated as padding
+        v = (y > 0).float()
+        return (_nll(lg, y) * v).sum() / v.sum()
+
     _assert_wrong("05", "masked_token_loss", {
         "mean over every position": (all_positions, "carry loss"),
         "divides by B*T": (divide_by_all, "divided by all"),
@@ -80,6 +84,7 @@ def test_masked_token_loss_wrong_answers():
         "shifts again": (shifted, "do not shift"),
         "detached": (detached, "detached"),
         "python float": (as_float, "return a torch tensor"),
+        "target 0 as padding": (zero_is_padding, "token id 0 is a real token"),
         "package token_losses": (lambda lg, y: cl.token_losses(lg, y).sum() / (y != -100).sum(), SHORTCUT),
         "package balancer": (lambda lg, y: cl.make_balancer("token", 1)(cl.token_losses(lg, y), y, torch.zeros(len(y), dtype=torch.long))[0], SHORTCUT),
     })

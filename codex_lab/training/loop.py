@@ -69,7 +69,15 @@ class LoopConfig:
 
 def lr_schedule(step: int, lr: float, warmup: int, steps: int, min_lr: float | None = None) -> float:
     """Learning rate at 0-based ``step``: linear warm-up to ``lr`` over ``warmup`` steps, then a
-    cosine decay to ``min_lr`` at ``steps`` (constant ``lr`` when ``min_lr`` is None)."""
+    cosine decay to ``min_lr`` at ``steps`` (constant ``lr`` when ``min_lr`` is None).
+
+    The warm-up convention: step ``t`` (the ``t``-th optimiser update, from 0) uses
+    ``lr * (t + 1) / warmup``, so the first update is not wasted at a rate of 0 and the peak is
+    reached at step ``warmup - 1``. Hugging Face's schedulers (``get_cosine_schedule_with_warmup``)
+    and CS336's use ``lr * t / warmup``, 0 at step 0: during the warm-up ours equals theirs one
+    step later (ours(t) = theirs(t + 1)); from step ``warmup`` on the two are identical
+    (``tests/test_checkpoint_train.py`` holds both statements against transformers).
+    """
     if step < warmup:
         # lr * (step + 1) / warmup
         return lr * (step + 1) / warmup

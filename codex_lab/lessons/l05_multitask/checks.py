@@ -61,9 +61,13 @@ def check_masked_token_loss(fn: Callable[..., Any]) -> None:
     targets = torch.randint(0, V, (B, T), generator=g)
     targets[0, :4] = -100  # a prompt
     targets[2, 1:] = -100  # padding after one answer token
+    # token id 0 is a real token (a tokenizer's first id): two real targets are 0, so an answer
+    # that treats 0 as padding (targets > 0) sees a different loss
+    targets[1, 2], targets[0, 5] = 0, 0
     valid = (targets != -100).float()  # (B, T)
     nll = _nll(logits.detach(), targets)  # (B, T)
     want = (nll * valid).sum() / valid.sum()
+    pos = (targets > 0).float()
     p = torch.softmax(logits.detach(), dim=-1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     mistakes = {
         "masked positions (target -100) carry loss: they must be left out of the sum and of the count":
@@ -78,6 +82,8 @@ def check_masked_token_loss(fn: Callable[..., Any]) -> None:
             (-logits.detach().gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1) * valid).sum() / valid.sum(),
         "the loss is -log p(target); you used -p (the probability, not its log)":
             (-p * valid).sum() / valid.sum(),
+        "token id 0 is a real token: only -100 marks a masked position (you treated target 0 as padding)":
+            (nll * pos).sum() / pos.sum(),
     }
     if T > 1:  # the targets are already the next tokens: shifting again is a bug
         sh = _nll(logits.detach()[:, :-1], targets[:, 1:])
@@ -125,6 +131,7 @@ def check_task_token_mean_loss(fn: Callable[..., Any]) -> None:
     tg = torch.randint(0, 9, (6, 7), generator=g)
     tg[torch.rand(6, 7, generator=g) < 0.4] = -100
     tg[:, 0] = 3  # every row has at least one valid token
+    tg[0, 1], tg[4, 2] = 0, 0  # token id 0 is a real target, not padding: an answer using targets > 0 differs
     tk = torch.tensor([0, 2, 2, 0, 3, 2])
     valid = (tg != -100).float()
     means = [(tl * valid)[tk == k].sum() / valid[tk == k].sum() for k in (0, 2, 3)]
