@@ -1,0 +1,164 @@
+"""Reference runs: long experiments at larger sizes, run once with the project's own commands,
+shipped as data with their provenance and drawn beside a learner's run, labelled as reference.
+
+A reference run is a set of *units* (one arm at one seed, say), each a few minutes to hours
+of training. :class:`ResumableRun` keeps every finished unit in a JSON file, written
+atomically after each one, so a run that is stopped (a session that ends, Ctrl-C, a crash)
+loses at most the unit in progress and ``run()`` called again skips what is done.
+:func:`save_reference` writes the finished data with its provenance (commit, command,
+machine, date, duration) into ``codex_lab/assets/reference/<name>.json``;
+:func:`load_reference` reads it back and :func:`draw_reference` draws its curves, dashed and
+labelled "reference", on a learner's plot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from codex_lab.errors import InputError
+
+REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
+REQUIRED_PROVENANCE = ("commit", "command", "machine", "date", "duration_s", "mode")
+
+
+def _commit() -> str:
+    """The checkout's commit (with ``+dirty`` when it has changes), or ``"unknown"`` outside git."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty else "")
+
+
+def machine() -> str:
+    """One line naming the machine: CPU model and cores, or the GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} (CUDA), {os.cpu_count()} CPU cores"
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {cores} CPU cores, torch {torch.__version__}, {torch.get_num_threads()} math thread(s)"
+
+
+def provenance(command: str, duration_s: float, mode: str, **extra: Any) -> dict[str, Any]:
+    """The provenance record of a reference run: commit, command, machine, date, duration, mode."""
+    return {"commit": _commit(), "command": command, "machine": machine(),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "duration_s": round(float(duration_s), 1),
+            "mode": mode, **extra}
+
+
+class ResumableRun:
+    """Units of a long run, each kept in ``path`` (JSON) as soon as it finishes.
+
+    ``run(key, fn)`` returns the stored result of ``key`` if a previous call finished it,
+    else calls ``fn()`` (which returns JSON-serialisable data), stores the result with its
+    seconds, and returns it. ``config`` is stored with the first unit and must be equal on a
+    resume (a changed size would mix two experiments in one file).
+    """
+
+    def __init__(self, path: str | Path, config: Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        self.config = json.loads(json.dumps(dict(config)))  # normalised (tuples -> lists)
+        if self.path.exists():
+            try:
+                state = json.loads(self.path.read_text())
+            except (OSError, ValueError) as exc:
+                raise InputError(f"{self.path}: not a readable run state ({exc}); delete it to start over") from None
+            if state.get("config") != self.config:
+                raise InputError(f"{self.path}: was started with another configuration ({state.get('config')}); "
+                                 "delete it, or resume with the same sizes")
+            self.state = state
+        else:
+            self.state = {"config": self.config, "units": {}, "started": time.time()}
+
+    @property
+    def done(self) -> dict[str, Any]:
+        """Finished units: key -> {"result": ..., "seconds": ...}."""
+        return self.state["units"]
+
+    def seconds(self) -> float:
+        """Compute time of the finished units (what the run cost, whatever the pauses between sessions)."""
+        return float(sum(u["seconds"] for u in self.done.values()))
+
+    def run(self, key: str, fn: Callable[[], Any]) -> Any:
+        """The result of unit ``key``, computed now only if no earlier call finished it."""
+        if key in self.done:
+            return self.done[key]["result"]
+        t0 = time.perf_counter()
+        result = fn()
+        self.done[key] = {"result": result, "seconds": round(time.perf_counter() - t0, 2)}
+        self._write()
+        return result
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.state))
+        os.replace(tmp, self.path)  # atomic: a kill between units never leaves half a file
+
+
+def save_reference(name: str, data: Mapping[str, Any], prov: Mapping[str, Any], *,
+                   directory: str | Path = REFERENCE_DIR) -> Path:
+    """Write reference data with its provenance to ``<directory>/<name>.json`` (atomically)."""
+    missing = [k for k in REQUIRED_PROVENANCE if k not in prov]
+    if missing:
+        raise InputError(f"reference {name!r}: provenance lacks {missing}; build it with codex_lab.reference.provenance")
+    path = Path(directory) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"provenance": dict(prov), "data": dict(data)}, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load_reference(name: str, *, directory: str | Path = REFERENCE_DIR) -> dict[str, Any] | None:
+    """The shipped reference ``name`` (``{"provenance": ..., "data": ...}``), or None when none is shipped."""
+    path = Path(directory) / f"{name}.json"
+    if not path.is_file():
+        return None
+    ref = json.loads(path.read_text())
+    missing = [k for k in REQUIRED_PROVENANCE if k not in ref.get("provenance", {})]
+    if missing:
+        raise InputError(f"{path}: reference data without provenance {missing}; regenerate it with its script")
+    return ref
+
+
+def describe_provenance(ref: Mapping[str, Any]) -> str:
+    """One line for a plot caption or a report: what ran, where, when, how long."""
+    p = ref["provenance"]
+    hours = float(p["duration_s"]) / 3600
+    took = f"{hours:.1f} h" if hours >= 1 else f"{float(p['duration_s']) / 60:.0f} min"
+    return (f"reference run ({p['mode']} mode): `{p['command']}` at commit {str(p['commit'])[:12]} on {p['machine']}, "
+            f"{p['date']}, {took} of compute")
+
+
+def draw_reference(ax: Any, curves: Mapping[str, Sequence[Sequence[Sequence[float]]]], *, colors: Mapping[str, str] | None = None,
+                   label: str = "reference") -> None:
+    """Draw reference curves on ``ax``: per arm, the mean over seeds, dashed, labelled
+    ``"<arm> (reference)"``. ``curves``: arm -> one ``[(step, value), ...]`` list per seed."""
+    for i, (arm, seeds) in enumerate(curves.items()):
+        if not seeds:
+            continue
+        steps = [p[0] for p in seeds[0]]
+        mean = [sum(s[j][1] for s in seeds) / len(seeds) for j in range(len(steps))]
+        color = (colors or {}).get(arm, f"C{i}")
+        ax.plot(steps, mean, ls="--", lw=1.2, color=color, alpha=0.7, label=f"{arm} ({label})")

@@ -1,0 +1,52 @@
+"""Reference runs: resumable units, provenance, shipped data (codex_lab.reference)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from codex_lab.errors import InputError
+from codex_lab.reference import (REQUIRED_PROVENANCE, ResumableRun, describe_provenance, load_reference, provenance,
+                                 save_reference)
+
+
+def test_a_stopped_run_resumes_without_redoing_finished_units(tmp_path):
+    calls = []
+
+    def unit(k):
+        def fn():
+            calls.append(k)
+            if k == "b/1" and len(calls) == 2:
+                raise KeyboardInterrupt  # the session ends in the middle of the second unit
+            return {"final": k}
+        return fn
+
+    run = ResumableRun(tmp_path / "state.json", {"steps": 100, "arms": ("a", "b")})
+    assert run.run("a/0", unit("a/0")) == {"final": "a/0"}
+    with pytest.raises(KeyboardInterrupt):
+        run.run("b/1", unit("b/1"))
+    # a new process: the finished unit is read back, the interrupted one runs again
+    again = ResumableRun(tmp_path / "state.json", {"steps": 100, "arms": ["a", "b"]})
+    assert again.run("a/0", unit("a/0")) == {"final": "a/0"} and calls == ["a/0", "b/1"]
+    assert again.run("b/1", unit("b/1")) == {"final": "b/1"} and calls == ["a/0", "b/1", "b/1"]
+    assert set(json.loads((tmp_path / "state.json").read_text())["units"]) == {"a/0", "b/1"}
+    assert not list(tmp_path.glob("*.tmp"))
+    # another configuration cannot be mixed into the same file
+    with pytest.raises(InputError, match="another configuration"):
+        ResumableRun(tmp_path / "state.json", {"steps": 200, "arms": ["a", "b"]})
+
+
+def test_reference_data_carries_its_provenance(tmp_path):
+    prov = provenance("codex-lab report --mode full --sections 03", 7260.0, "full")
+    assert set(REQUIRED_PROVENANCE) <= set(prov) and prov["duration_s"] == 7260.0
+    path = save_reference("l03", {"curves": {"g=1": [[[0, 3.0], [10, 2.0]]]}}, prov, directory=tmp_path)
+    ref = load_reference("l03", directory=tmp_path)
+    assert ref is not None and ref["data"]["curves"]["g=1"][0][1] == [10, 2.0]
+    assert "2.0 h of compute" in describe_provenance(ref) and "--sections 03" in describe_provenance(ref)
+    assert load_reference("l99", directory=tmp_path) is None
+    with pytest.raises(InputError, match="provenance lacks"):
+        save_reference("bad", {}, {"command": "x"}, directory=tmp_path)
+    path.write_text(json.dumps({"provenance": {"command": "x"}, "data": {}}))
+    with pytest.raises(InputError, match="without provenance"):
+        load_reference("l03", directory=tmp_path)
