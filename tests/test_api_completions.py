@@ -241,10 +241,15 @@ def test_suffix_is_served_by_fim_prompt(served):
     assert r.status_code == 200, r.text
     ids = fim_prompt_ids(tok, prefix, suffix, "psm")
     assert r.json()["usage"]["prompt_tokens"] == len(ids)
-    assert r.json()["choices"][0]["text"] == tok.decode(greedy(model, tok, ids, 8))
+    want = greedy(model, tok, ids, 8)
+    # in FIM mode a generated sentinel does not end the answer; the text leaves it out (skip_special_tokens)
+    assert r.json()["choices"][0]["text"] == tok.decode(want, skip_special_tokens=True)
     streamed = "".join(c["text"] for ch in sse(bg, {"model": NAME, "prompt": prefix, "suffix": suffix, "max_tokens": 8,
                                                      "temperature": 0}) for c in ch["choices"])
     assert streamed == r.json()["choices"][0]["text"]
+    raw = post(bg, {"model": NAME, "prompt": prefix, "suffix": suffix, "max_tokens": 8, "temperature": 0,
+                    "skip_special_tokens": False, "spaces_between_special_tokens": False}).json()
+    assert raw["choices"][0]["text"] == tok.decode(want)  # asked for: every token's text, control tokens too
 
 
 def test_suffix_refused_without_fim_training(small_corpus):

@@ -12,7 +12,7 @@ import torch
 
 from codex_lab.cli import main as cli
 from codex_lab.data.tokenizer import EOT, PAD, SPECIAL_TOKENS
-from codex_lab.infer.generate import generate
+from codex_lab.infer.generate import generate, generate_ids
 from codex_lab.infer.sampling import SamplingParams
 from codex_lab.training.checkpoint import load_pretrained
 
@@ -63,13 +63,16 @@ def test_transformers_greedy_equals_codex_lab_generate(exported, capsys):
             y = hf.generate(x, max_new_tokens=n, do_sample=False)[0, x.shape[1]:].tolist()
         if y and y[-1] == tok.eos_token_id:  # transformers keeps the end-of-text token; codex-lab stops before it
             y = y[:-1]
-        g = generate(ck.model, ck.tokenizer, prompt, SamplingParams(max_tokens=n))
-        assert y == g.ids, prompt
+        raw = generate_ids(ck.model, ck.tokenizer.encode(prompt), SamplingParams(max_tokens=n), eos_id=tok.eos_token_id)[0]
+        assert y == raw, prompt
         capsys.readouterr()
         assert cli(["generate", prompt, "--max-new-tokens", str(n)]) == 0
         printed = capsys.readouterr().out
-        # codex-lab prints every token's text, control tokens too (a FIM-trained model may emit a sentinel)
-        assert printed.startswith(prompt + tok.decode(y) + "\n")
+        # codex-lab generate leaves control tokens out of the text (as vLLM and llama.cpp) and a FIM sentinel
+        # ends a plain answer: the text is that of the tokens before the first sentinel, skipping special ones
+        g = generate(ck.model, ck.tokenizer, prompt, SamplingParams(max_tokens=n))
+        assert raw[: len(g.ids)] == g.ids and printed.startswith(prompt + g.text + "\n")
+        assert g.text == tok.decode(g.ids, skip_special_tokens=True) and "<|" not in g.text
 
 
 def test_gguf_reads_back_with_the_tensors_and_metadata(exported):
@@ -231,7 +234,9 @@ def test_llama_cpp_server_runs_the_gguf(exported):
         for prompt in PROMPTS:
             r = httpx.post(url + "/v1/completions", json={"model": "codex-lab-tiny", "prompt": prompt, "max_tokens": 24,
                                                           "temperature": 0}, timeout=120).json()
-            ids = generate(ck.model, ck.tokenizer, prompt, SamplingParams(max_tokens=24)).ids
+            # the raw greedy tokens (llama.cpp does not end at a FIM sentinel; codex-lab's text API does)
+            ids = generate_ids(ck.model, ck.tokenizer.encode(prompt), SamplingParams(max_tokens=24),
+                               eos_id=ck.tokenizer.eot_id)[0]
             # llama.cpp leaves control tokens (eos, the FIM sentinels) out of its text, as vLLM does by default
             assert r["choices"][0]["text"] == ck.tokenizer.decode(ids, skip_special_tokens=True), prompt
         rep = run_load(url, concurrency=2, requests=8, max_tokens=16, progress=False)

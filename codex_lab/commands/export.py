@@ -17,8 +17,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", default=None, choices=["llama", "qwen2"],
                    help="transformers architecture (default: qwen2 when the model has q/k/v biases, else llama)")
     p.add_argument("--gguf", action="store_true",
-                   help="also write DIR/model.gguf (llama architecture, float32) for llama.cpp; needs the "
-                        "gguf package: pip install 'codex_lab[gguf]'")
+                   help="also write DIR/model.gguf (llama architecture, with llama.cpp's FIM token keys) for "
+                        "llama.cpp; needs the gguf package: pip install 'codex_lab[gguf]'")
+    p.add_argument("--gguf-type", default="f32", choices=["f32", "f16", "q8_0"],
+                   help="tensor type of the GGUF (implies --gguf): f32 (exact), f16, or q8_0 (llama.cpp's 8-bit "
+                        "blocks of 32); norms stay f32, as llama.cpp's converter writes them")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -34,6 +37,8 @@ def main(args: argparse.Namespace) -> int:
         ck = Registry(args.registry).load(args.version, device="cpu")
     else:
         ck = load_checkpoint(args.checkpoint, "cpu") if args.checkpoint else load_pretrained("cpu")
+    gguf_type = getattr(args, "gguf_type", "f32")
+    args.gguf = args.gguf or gguf_type != "f32"
     if args.gguf:  # checked before anything is written
         try:
             import gguf  # noqa: F401
@@ -45,8 +50,8 @@ def main(args: argparse.Namespace) -> int:
         if args.gguf:
             from codex_lab.hf.gguf_export import export_gguf
 
-            path = export_gguf(ck.model, ck.tokenizer, out / "model.gguf")
-            print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, llama architecture, float32)")
+            path = export_gguf(ck.model, ck.tokenizer, out / "model.gguf", gguf_type=gguf_type)
+            print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, llama architecture, {gguf_type})")
     except ValueError as exc:  # the model has something the target format lacks (named)
         raise InputError(f"cannot export this model: {exc}") from None
     return 0

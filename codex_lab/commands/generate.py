@@ -18,6 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0, help="keep tokens with p >= MIN_P x the top token's (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="vLLM's: logits of tokens already in prompt or output divided (> 0) or multiplied (< 0) by it")
+    p.add_argument("--keep-special-tokens", action="store_true",
+                   help="print special tokens (FIM sentinels, task tags) in the text; by default they are left out "
+                        "as vLLM and llama.cpp do, and a FIM sentinel generated outside a FIM prompt ends the answer")
     p.add_argument("--device", default=None)
 
 
@@ -29,11 +35,13 @@ def main(args: argparse.Namespace) -> int:
     from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
 
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed)
+                            top_p=args.top_p, seed=args.seed, min_p=args.min_p,
+                            repetition_penalty=args.repetition_penalty,
+                            skip_special_tokens=not args.keep_special_tokens)
     try:
         params.validate()
     except ValueError as exc:  # the field names map to the flags: max_tokens is --max-new-tokens
-        raise InputError(f"{exc} (flags --max-new-tokens, --temperature, --top-k, --top-p)") from exc
+        raise InputError(f"{exc} (flags --max-new-tokens, --temperature, --top-k, --top-p, --min-p, --repetition-penalty)") from exc
     device = get_device(args.device)
     if args.hf and args.checkpoint:
         raise InputError("give --checkpoint or --hf, not both")

@@ -32,7 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "slots queued half of them: TTFT p95 254 ms against 36-68 ms with 16, 2026-12-02)")
     p.add_argument("--max-waiting", type=int, default=32, help="queued requests beyond the batch; more get 429")
     p.add_argument("--deadline-s", type=float, default=30.0, help="seconds a request may take (seed: 30)")
-    p.add_argument("--max-tokens", type=int, default=256, help="largest max_tokens a request may ask for")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="operator cap on a request's max_tokens (default: none; a request without max_tokens "
+                        "gets what the context leaves after its prompt, as vLLM)")
+    p.add_argument("--lenient", action="store_true",
+                   help="ignore request fields the server does not know (default: a 400 naming the field and "
+                        "listing the supported ones), for clients that send extras")
     p.add_argument("--allowed-hosts", default=None,
                    help="comma-separated names accepted in the Host header ('*' = any; default: loopback names)")
     p.add_argument("--api-key", default=None,
@@ -120,7 +125,7 @@ def scrub_argv(secret: str) -> bool:
 def build_config(args: argparse.Namespace) -> "ServerConfig":  # noqa: F821
     """The :class:`~codex_lab.serve.router.ServerConfig` of the flags; InputError on a bad value."""
     from codex_lab.errors import InputError
-    from codex_lab.serve.protocol import Limits
+    from codex_lab.serve.protocol import NO_TOKEN_CAP, Limits
     from codex_lab.serve.router import LOOPBACK, ServerConfig
 
     if not 0 <= args.port <= 65535:
@@ -128,7 +133,8 @@ def build_config(args: argparse.Namespace) -> "ServerConfig":  # noqa: F821
     hosts = LOOPBACK if args.allowed_hosts is None else tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
     key = api_key_of(args)
     cfg = ServerConfig(model_name=args.model_name, max_batch_size=args.max_batch_size, max_waiting=args.max_waiting,
-                       deadline_s=args.deadline_s, limits=Limits(max_tokens=args.max_tokens), allowed_hosts=hosts,
+                       deadline_s=args.deadline_s, limits=Limits(max_tokens=NO_TOKEN_CAP if args.max_tokens is None else args.max_tokens,
+                                     lenient=bool(getattr(args, "lenient", False))), allowed_hosts=hosts,
                        api_key=key, header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
                        max_connections=args.max_connections)
     try:

@@ -12,7 +12,11 @@
     out/codex_lab_meta.json       where the weights came from (the checkpoint's meta)
 
 so ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.from_pretrained(out)``
-need nothing else (no network, no codex_lab). The tokenizer config names
+need nothing else (no network, no codex_lab). Every file gets the mode a plain ``open()``
+would give under the user's umask (0644 with the usual 022), as ``save_pretrained``'s JSON
+files do: safetensors 0.8's ``save_file`` writes ``model.safetensors`` through a private
+temporary file that it renames into place, which leaves it 0600 (owner only), so another
+user or a container's user could not load the folder; :func:`umask_mode` puts it right. The tokenizer config names
 ``PreTrainedTokenizerFast`` and ``additional_special_tokens``, which transformers 4.x and
 5.x both read.
 """
@@ -20,6 +24,8 @@ need nothing else (no network, no codex_lab). The tokenizer config names
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,25 @@ from codex_lab.hf.llama import to_hf
 from codex_lab.nn.model import CodexModel
 
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux reports it (/proc/self/status);
+    elsewhere by setting and restoring it at once."""
+    try:
+        m = re.search(r"^Umask:\s*([0-7]+)", Path("/proc/self/status").read_text(), re.M)
+        if m:
+            return int(m.group(1), 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def umask_mode(path: str | Path) -> None:
+    """Give the regular file ``path`` the mode ``open()`` creates files with: 0666 minus the umask."""
+    os.chmod(path, 0o666 & ~current_umask())
 
 
 def special_tokens_of(tokenizer: CodeTokenizer) -> tuple[str, str | None, list[str]]:
@@ -82,7 +107,15 @@ def export_hf_folder(model: CodexModel, tokenizer: CodeTokenizer, out: str | Pat
     (out / "config.json").write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
     tokenizer_files(tokenizer, out, ctx)
     (out / "codex_lab_meta.json").write_text(json.dumps(meta or {}, indent=2, sort_keys=True, default=str) + "\n")
+    for f in out.iterdir():  # what this call wrote (and files it replaced): the user's umask, not 0600
+        if f.is_file() and not f.is_symlink() and (f.name in WRITTEN or f.suffix == ".safetensors"):
+            umask_mode(f)
     return out
+
+
+# the files export_hf_folder writes (besides model*.safetensors shards)
+WRITTEN = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+           "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "codex_lab_meta.json")
 
 
 __all__ = ["EOT", "PAD", "export_hf_folder", "special_tokens_of", "tokenizer_files"]

@@ -13,6 +13,17 @@ RoPE layout: codex_lab (like Hugging Face) rotates the two halves of each head; 
 ``llama`` rotates adjacent pairs. The q and k rows are reordered so both compute the same
 thing (:func:`permute_rope`, as ``convert_hf_to_gguf.py`` does):
 row ``(h, j, half)`` -> ``(h, 2j + half)`` within each head.
+
+Fill-in-the-middle: the sentinels' ids are written under llama.cpp's keys
+``tokenizer.ggml.fim_pre_token_id`` / ``fim_suf_token_id`` / ``fim_mid_token_id`` (and
+``eot_token_id``), so llama.cpp's infill (``/infill``) finds them without a table of its own.
+
+Tensor types (``gguf_type``), as ``convert_hf_to_gguf.py --outtype`` writes them: ``f32``;
+``f16`` (the 2-D weights in half precision, the 1-D norm weights kept in F32 as llama.cpp
+does); ``q8_0`` (the 2-D weights in llama.cpp's Q8_0: blocks of 32 values sharing one F16
+scale ``max|w| / 127``, each value an int8; a weight whose rows are not a multiple of 32 long
+falls back to F16, norms stay F32). :func:`read_gguf_state` reads a file back (dequantised)
+into the course model's state dict.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from codex_lab.data.tokenizer import SPECIAL_TOKENS, CodeTokenizer
+from codex_lab.data.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, SPECIAL_TOKENS, CodeTokenizer
 from codex_lab.nn.model import CodexModel
 
 
@@ -35,6 +46,11 @@ def permute_rope(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, hd // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+_LAYER_NAMES = {"attn_norm.weight": "attn_norm", "ffn_norm.weight": "ffn_norm", "attn.q_proj.weight": "attn_q",
+                "attn.k_proj.weight": "attn_k", "attn.v_proj.weight": "attn_v", "attn.o_proj.weight": "attn_output",
+                "ffn.gate_proj.weight": "ffn_gate", "ffn.up_proj.weight": "ffn_up", "ffn.down_proj.weight": "ffn_down"}
+
+
 def gguf_tensors(model: CodexModel) -> dict[str, np.ndarray]:
     """GGUF tensor name -> float32 array (q and k permuted for llama.cpp's RoPE)."""
     cfg = model.cfg
@@ -42,11 +58,8 @@ def gguf_tensors(model: CodexModel) -> dict[str, np.ndarray]:
     out = {"token_embd.weight": sd["embed.weight"], "output_norm.weight": sd["norm.weight"]}
     if not cfg.tie_embeddings:
         out["output.weight"] = sd["lm_head.weight"]
-    names = {"attn_norm.weight": "attn_norm", "ffn_norm.weight": "ffn_norm", "attn.q_proj.weight": "attn_q",
-             "attn.k_proj.weight": "attn_k", "attn.v_proj.weight": "attn_v", "attn.o_proj.weight": "attn_output",
-             "ffn.gate_proj.weight": "ffn_gate", "ffn.up_proj.weight": "ffn_up", "ffn.down_proj.weight": "ffn_down"}
     for i in range(cfg.n_layer):
-        for ours, theirs in names.items():
+        for ours, theirs in _LAYER_NAMES.items():
             w = sd[f"layers.{i}.{ours}"]
             if theirs == "attn_q":
                 w = permute_rope(w, cfg.n_head)
@@ -54,6 +67,48 @@ def gguf_tensors(model: CodexModel) -> dict[str, np.ndarray]:
                 w = permute_rope(w, int(cfg.n_kv_head or cfg.n_head))
             out[f"blk.{i}.{theirs}.weight"] = w
     return {k: v.numpy().astype(np.float32) for k, v in out.items()}
+
+
+GGUF_TYPES = ("f32", "f16", "q8_0")
+
+
+def _encode(name: str, arr: np.ndarray, gguf_type: str) -> tuple[np.ndarray, Any]:
+    """The array written for tensor ``name`` and its GGML type (None = the array's own dtype)."""
+    import gguf
+
+    if gguf_type == "f32" or arr.ndim < 2:  # norms stay F32 (llama.cpp's converter does the same)
+        return arr.astype(np.float32), None
+    if gguf_type == "q8_0" and arr.shape[-1] % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0] == 0:
+        return gguf.quants.quantize(arr.astype(np.float32), gguf.GGMLQuantizationType.Q8_0), \
+            gguf.GGMLQuantizationType.Q8_0
+    return arr.astype(np.float16), None
+
+
+def read_gguf_state(path: str | Path, model: CodexModel) -> dict[str, torch.Tensor]:
+    """The state dict of ``model``'s shape read back from a GGUF this module wrote: every tensor
+    dequantised to float32 (gguf-py's reader and ``gguf.quants.dequantize``) and q / k
+    un-permuted to codex_lab's RoPE layout. Load it with ``model.load_state_dict(..., strict=False)``."""
+    import gguf
+
+    cfg = model.cfg
+    r = gguf.GGUFReader(str(path))
+    got: dict[str, np.ndarray] = {}
+    for t in r.tensors:
+        arr = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        got[t.name] = arr.reshape([int(n) for n in reversed(t.shape)])  # GGUF lists dims fastest first
+    sd = {"embed.weight": got["token_embd.weight"], "norm.weight": got["output_norm.weight"]}
+    if "output.weight" in got:
+        sd["lm_head.weight"] = got["output.weight"]
+    for ours, theirs in _LAYER_NAMES.items():
+        for i in range(cfg.n_layer):
+            w = torch.from_numpy(got[f"blk.{i}.{theirs}.weight"])
+            if theirs in ("attn_q", "attn_k"):
+                heads = cfg.n_head if theirs == "attn_q" else int(cfg.n_kv_head or cfg.n_head)
+                hd = w.shape[0] // heads
+                # the inverse of permute_rope: (h, j, half, d) -> (h, half, j, d)
+                w = w.reshape(heads, hd // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+            sd[f"layers.{i}.{ours}"] = w
+    return {k: torch.as_tensor(v) for k, v in sd.items()}
 
 
 def _check(model: CodexModel) -> None:
@@ -67,13 +122,20 @@ def _check(model: CodexModel) -> None:
         raise ValueError(f"layers {sparse} use sparse attention, which llama.cpp's llama does not have")
 
 
-def export_gguf(model: CodexModel, tokenizer: CodeTokenizer, path: str | Path, *, name: str = "codex-lab") -> Path:
-    """Write ``model`` + ``tokenizer`` as one llama-architecture GGUF file (float32 tensors).
+def export_gguf(model: CodexModel, tokenizer: CodeTokenizer, path: str | Path, *, name: str = "codex-lab",
+                gguf_type: str = "f32") -> Path:
+    """Write ``model`` + ``tokenizer`` as one llama-architecture GGUF file, its tensors in
+    ``gguf_type`` (:data:`GGUF_TYPES`: "f32", "f16" or "q8_0"), with the user's umask (0644 by default).
 
-    Raises ValueError naming what llama's architecture lacks (biases, MoE, sparse attention).
+    Raises ValueError naming what llama's architecture lacks (biases, MoE, sparse attention),
+    or an unknown ``gguf_type``.
     """
     import gguf
 
+    from codex_lab.hf.export import umask_mode
+
+    if gguf_type not in GGUF_TYPES:
+        raise ValueError(f"gguf_type {gguf_type!r}; choose one of {GGUF_TYPES}")
     _check(model)
     cfg, path = model.cfg, Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,14 +153,20 @@ def export_gguf(model: CodexModel, tokenizer: CodeTokenizer, path: str | Path, *
     w.add_rope_freq_base(float(cfg.rope_theta))
     w.add_layer_norm_rms_eps(float(cfg.norm_eps))
     w.add_vocab_size(cfg.vocab_size)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[gguf_type])
     _add_tokenizer(w, tokenizer, cfg.vocab_size)
     for tname, arr in gguf_tensors(model).items():
-        w.add_tensor(tname, arr)
+        data, qtype = _encode(tname, arr, gguf_type)
+        if qtype is None:
+            w.add_tensor(tname, data)
+        else:  # quantised bytes (uint8): the writer derives the logical shape from the byte shape and type
+            w.add_tensor(tname, data, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    umask_mode(path)
     return path
 
 
@@ -121,6 +189,13 @@ def _add_tokenizer(w: Any, tokenizer: CodeTokenizer, vocab_size: int) -> None:
     w.add_token_types(types)
     w.add_token_merges(merges)
     w.add_eos_token_id(tokenizer.eot_id)
+    w.add_eot_token_id(tokenizer.eot_id)  # end of an infill too
     w.add_pad_token_id(tokenizer.pad_id)
+    # llama.cpp's FIM keys (llama-vocab reads them for /infill): the sentinels the tokenizer has
+    keys = gguf.Keys.Tokenizer
+    for key, token in ((keys.FIM_PRE_ID, FIM_PREFIX), (keys.FIM_SUF_ID, FIM_SUFFIX), (keys.FIM_MID_ID, FIM_MIDDLE)):
+        idx = vocab.token_to_id(token)
+        if idx is not None:
+            w.add_uint32(key, idx)
     w.add_add_bos_token(False)
     w.add_add_eos_token(False)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from codex_lab.data.tokenizer import CodeTokenizer
-from codex_lab.infer.sampling import SamplingParams, params_from, sample_next
+from codex_lab.infer.sampling import FIM_SENTINELS, SamplingParams, params_from, sample_next
 from codex_lab.nn.kv_cache import DynamicKVCache, make_static_caches
 from codex_lab.nn.model import CodexModel
 
@@ -110,11 +110,12 @@ def stream_tokens(
     B, T = prompts.shape
     dev = prompts.device
 
-    generated: list[list[int]] = [[] for _ in range(B)]  # per row, for presence / frequency penalties
+    generated: list[list[int]] = [[] for _ in range(B)]  # per row, for penalties and min_tokens
+    context = prompts.tolist() if params.repetition_penalty != 1.0 else [None] * B  # per row: its prompt
 
     def pick(logits: Tensor) -> Tensor:  # (B, V) -> (B,)
         if params.penalized:
-            logits = torch.stack([params.penalize(logits[b], generated[b]) for b in range(B)])  # (B, V)
+            logits = torch.stack([params.penalize(logits[b], generated[b], context[b]) for b in range(B)])  # (B, V)
         nxt = sample_next(logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator)
         if params.penalized:
             for b, t in enumerate(nxt.tolist()):
@@ -169,28 +170,94 @@ def generate_ids(
     eos_id: int | None = None,
     cache: str | None = None,
 ) -> tuple[list[int], str]:
-    """New token ids after ``prompt_ids`` and the finish reason ("stop" at ``eos_id``, else "length").
+    """New token ids after ``prompt_ids`` and the finish reason ("stop" at ``eos_id`` or one of
+    ``params.stop_token_ids``, else "length"); the ending token is not among the ids.
 
     Sampling is ``params`` (or the keyword arguments when it is None); ``seed`` /
     ``params.seed`` seeds a private generator (same seed, same tokens). ``cache=None``
     (default) re-runs the context each step and crops it to the last ``max_seq_len``
-    tokens; with a cache kind, prompt + new tokens must fit ``max_seq_len``.
+    tokens; with a cache kind, prompt + new tokens must fit ``max_seq_len``. ``min_tokens``
+    holds back ``eos_id`` and the stop ids before that many tokens.
     """
-    sp = params_from(params, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    ids, reason, _ = _generate_ids(model, prompt_ids, params_from(
+        params, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        eos_id=eos_id, cache=cache)
+    return ids, reason
+
+
+def _generate_ids(model: CodexModel, prompt_ids: Sequence[int], sp: SamplingParams, *, eos_id: int | None,
+                  cache: str | None, end_ids: Sequence[int] = ()) -> tuple[list[int], str, int | None]:
+    """:func:`generate_ids` that also ends at ``end_ids`` and returns the token that ended it (or None)."""
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one token")
     if sp.ignore_eos:
         eos_id = None
+    sp = sp.for_prompt(prompt_ids, eos_id=eos_id, end_ids=end_ids)
+    ends = set(sp.end_ids) | set(sp.stop_token_ids)
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(sp.seed) if sp.seed is not None else None
     idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)
     out: list[int] = []
     for nxt in stream_tokens(model, idx, sp, cache=cache, generator=gen):
         tok = int(nxt.item())
-        if eos_id is not None and tok == eos_id:
-            return out, "stop"
+        if tok in ends:
+            return out, "stop", tok
         out.append(tok)
-    return out, "length"
+    return out, "length", None
+
+
+def special_ids(tokenizer: CodeTokenizer) -> set[int]:
+    """Ids of the tokenizer's special tokens (end-of-text, pad, FIM sentinels, task tags, ...)."""
+    got = getattr(tokenizer, "_special_ids", None)
+    if got is None:
+        got = {i for i, t in tokenizer.tok.get_added_tokens_decoder().items() if t.special}
+        try:
+            tokenizer._special_ids = got  # type: ignore[attr-defined]  (asked per request: computed once)
+        except AttributeError:
+            pass
+    return got
+
+
+def fim_sentinel_ids(tokenizer: CodeTokenizer) -> list[int]:
+    """Ids of the FIM sentinels the tokenizer has (:data:`~codex_lab.infer.sampling.FIM_SENTINELS`)."""
+    return [i for i in (tokenizer.tok.token_to_id(s) for s in FIM_SENTINELS) if i is not None]
+
+
+def answer_end_ids(tokenizer: CodeTokenizer, prompt_ids: Sequence[int], fim: bool = False) -> list[int]:
+    """The FIM sentinels when they end an answer: outside fill-in-the-middle (``fim`` False and no
+    sentinel in the prompt), else none (see :mod:`codex_lab.infer.sampling`)."""
+    sentinels = fim_sentinel_ids(tokenizer)
+    if fim or any(t in sentinels for t in prompt_ids):
+        return []
+    return sentinels
+
+
+def output_text(tokenizer: CodeTokenizer, ids: Sequence[int], skip_special_tokens: bool = True,
+                spaces_between_special_tokens: bool = True) -> str:
+    """The text of generated ``ids`` as an answer shows it (vLLM's conventions).
+
+    ``skip_special_tokens``: special tokens leave no text. Otherwise each special token is
+    its own piece, and with ``spaces_between_special_tokens`` the pieces (special tokens and
+    the runs of text between them) are joined with one space, as vLLM joins them.
+    """
+    ids = list(ids)
+    if skip_special_tokens:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+    special = special_ids(tokenizer)
+    if not spaces_between_special_tokens or not any(t in special for t in ids):
+        return tokenizer.decode(ids)
+    pieces, run = [], []  # type: ignore[var-annotated]
+    for t in ids:
+        if t in special:
+            if run:
+                pieces.append(tokenizer.decode(run))
+                run = []
+            pieces.append(tokenizer.decode([t]))
+        else:
+            run.append(t)
+    if run:
+        pieces.append(tokenizer.decode(run))
+    return " ".join(pieces)
 
 
 def generate_ids_cached(
@@ -243,18 +310,41 @@ def generate(
 ) -> Generation:
     """Continue ``prompt``; greedy when temperature is 0, seeded sampling otherwise.
 
-    Generation ends at end-of-text, at the first of the stop strings (which is cut from the
-    text), or after ``max_new_tokens`` (``params.max_tokens``).
+    Generation ends at end-of-text, at a ``stop_token_ids`` id, at a FIM sentinel when the
+    prompt holds none (:mod:`codex_lab.infer.sampling`), at the first of the stop strings
+    (cut from the text, unless ``include_stop_str_in_output``; not before ``min_tokens``
+    tokens), or after ``max_new_tokens`` (``params.max_tokens``). ``ids`` are the raw tokens
+    before the ending one; ``text`` follows ``skip_special_tokens`` (default: no special token
+    in it) and ``spaces_between_special_tokens``.
     """
     sp = params_from(params, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop)
     was_training = model.training
+    prompt_ids = tokenizer.encode(prompt)
     model.eval()
     try:
-        ids, reason = generate_ids(model, tokenizer.encode(prompt), sp, eos_id=tokenizer.eot_id, cache=cache)
+        ids, reason, end = _generate_ids(model, prompt_ids, sp, eos_id=tokenizer.eot_id, cache=cache,
+                                         end_ids=answer_end_ids(tokenizer, prompt_ids))
     finally:
         model.train(was_training)
-    text = tokenizer.decode(ids)
-    cut = min((text.find(s) for s in sp.stop if s and s in text), default=-1)
+    shown = ids + [end] if end is not None and sp.include_stop_str_in_output else ids
+    text = output_text(tokenizer, shown, sp.skip_special_tokens, sp.spaces_between_special_tokens)
+    # stop strings count from the text of token min_tokens on (before it they do not end the answer)
+    floor = len(output_text(tokenizer, ids[: sp.min_tokens - 1], sp.skip_special_tokens,
+                            sp.spaces_between_special_tokens)) if sp.min_tokens > 1 else 0
+    cut, s = find_stop(text, sp.stop, floor)
     if cut >= 0:
-        text, reason = text[:cut], "stop"
+        text, reason = text[: cut + (len(s) if sp.include_stop_str_in_output else 0)], "stop"
     return Generation(text=text, ids=ids, finish_reason=reason)
+
+
+def find_stop(text: str, stop: Sequence[str], floor: int = 0) -> tuple[int, str]:
+    """Where the first stop string of ``text`` starts and which it is ((-1, "") when none); a
+    match must end after character ``floor`` (``min_tokens``: text before it cannot stop)."""
+    best, which = -1, ""
+    for s in stop:
+        if not s:
+            continue
+        at = text.find(s, max(0, floor - len(s) + 1))
+        if at >= 0 and (best < 0 or at < best):
+            best, which = at, s
+    return best, which

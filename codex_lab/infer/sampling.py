@@ -1,12 +1,33 @@
-"""Choosing the next token from logits: penalties, greedy, temperature, top-k and top-p (nucleus),
-and the log-probabilities a client may ask for.
+"""Choosing the next token from logits: penalties, greedy, temperature, min-p, top-k and top-p
+(nucleus), and the log-probabilities a client may ask for.
 
 :class:`SamplingParams` is the one description of how a request is decoded, shared by
-:func:`codex_lab.generate`, the engine and the server protocol. The order of one step:
-:func:`apply_penalties` (presence / frequency, over the tokens generated so far), then greedy
-or temperature + top-k + top-p sampling (:func:`sample_next`). :func:`token_logprobs` reports
-the model's own distribution (log-softmax of the raw logits, before penalties and
-temperature), as vLLM and the OpenAI API do.
+:func:`codex_lab.generate`, the engine and the server protocol. The order of one step
+(:meth:`SamplingParams.penalize`, then :func:`sample_next`), as vLLM's sampler:
+
+1. ``logit_bias`` is added;
+2. :func:`apply_repetition_penalty` over the prompt and the output so far (vLLM's
+   ``repetition_penalty``: positive logits divided by it, negative ones multiplied);
+3. :func:`apply_penalties` (OpenAI's presence / frequency, over the output so far);
+4. ``min_tokens``: end-of-text, ``stop_token_ids`` and the other ending ids get -inf while
+   fewer than ``min_tokens`` tokens were generated;
+5. :func:`min_p_filter` on the temperature-scaled distribution (vLLM V1's order: before top-k / top-p);
+6. greedy, or temperature + top-k + top-p sampling (:func:`sample_next`).
+
+:func:`token_logprobs` reports the model's own distribution (log-softmax of the raw logits,
+before penalties and temperature), as vLLM and the OpenAI API do: logprobs keep the raw
+tokens, special ones included, whatever the text shows.
+
+Special tokens and the text (``skip_special_tokens``, default true as in vLLM): the FIM
+sentinels, task tags, ``<|answer|>``, pad and end-of-text are left out of the text of an
+answer (server, :func:`codex_lab.generate` and ``codex-lab generate`` alike); the token ids
+and logprobs keep them. Outside fill-in-the-middle (a request without ``suffix`` whose prompt
+holds no sentinel) a generated FIM sentinel **ends the answer** like end-of-text
+(``finish_reason="stop"``; :data:`FIM_SENTINELS`): plain training documents never contain
+one, so a sampled sentinel means the model has left plain continuation for a FIM layout
+whose next part is not a continuation of the prompt. Ending rather than masking keeps the
+common request on the engine's batched sampling path (a mask would be a per-step logits
+edit on every row); ``min_tokens`` holds the sentinels back like end-of-text.
 """
 
 from __future__ import annotations
@@ -19,6 +40,13 @@ from torch import Tensor
 
 # temperatures below this are greedy: logits / 1e-38 overflow float32 to inf and softmax gives NaN
 GREEDY_BELOW = 1e-6
+
+# the tokens that end an answer outside fill-in-the-middle (see the module's docstring)
+FIM_SENTINELS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+# repetition_penalty's range: vLLM asks only > 0; below 1e-4 a logit of ~10 divided by it
+# nears float32's range once a temperature of 1e-6 divides it again, so the floor is here
+REPETITION_PENALTY_RANGE = (1e-4, 100.0)
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
@@ -70,6 +98,37 @@ def sample_next(
     if generator is not None and generator.device != probs.device:
         probs = probs.cpu()
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+def min_p_filter(logits: Tensor, min_p: float, temperature: float = 1.0) -> Tensor:
+    """Keep the tokens whose probability is at least ``min_p`` times the most likely one's
+    (vLLM's ``min_p``), set the others to -inf. logits (B, V) or (V,).
+
+    The probabilities are those sampled: ``softmax(logits / temperature)``. ``min_p`` 0 (or a
+    greedy temperature) changes nothing; the most likely token is always kept.
+    """
+    if min_p <= 0.0 or temperature < GREEDY_BELOW:
+        return logits
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (..., V)
+    # keep t when p_t >= min_p * max_t' p_t'
+    drop = probs < min_p * probs.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def apply_repetition_penalty(logits: Tensor, seen: Sequence[int], penalty: float) -> Tensor:
+    """vLLM's (and CTRL's) repetition penalty over the tokens in ``seen`` (prompt + output so far).
+
+    For every token t that occurs in ``seen``: ``logit[t] / penalty`` when ``logit[t] > 0``, else
+    ``logit[t] * penalty`` (> 1 discourages repeats, < 1 encourages them; once per token, however
+    often it occurs). logits (B, V) or (V,); returns new logits.
+    """
+    if penalty == 1.0 or not seen:
+        return logits
+    ids = torch.as_tensor(sorted(set(int(t) for t in seen)), dtype=torch.long, device=logits.device)
+    x = logits.float()
+    picked = x.index_select(-1, ids)  # (..., n)
+    picked = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return x.index_copy(-1, ids, picked)
 
 
 def apply_penalties(logits: Tensor, generated: Sequence[int], presence: float, frequency: float) -> Tensor:
@@ -136,6 +195,22 @@ class SamplingParams:
         logit_bias: token id -> value added to its logit at every step (-100..100).
         logprobs: None = none recorded; k >= 0 = record each generated token's log-probability
             and its k most likely alternatives (:func:`token_logprobs`, at most ``MAX_LOGPROBS``).
+        min_p: keep only tokens with probability >= min_p x the most likely one's (0..1; 0 = off).
+        repetition_penalty: vLLM's: a token already in the prompt or the output has its logit
+            divided by it when positive, multiplied when negative (1 = off; > 1 = fewer repeats).
+        min_tokens: end-of-text, ``stop_token_ids`` and the ending ids cannot be sampled before
+            this many tokens were generated (stop strings do not end the answer before either).
+        stop_token_ids: token ids that end the answer (``finish_reason="stop"``); their text is
+            not in the answer unless ``include_stop_str_in_output``.
+        include_stop_str_in_output: keep the stop string (or stop token's text) that ended the answer.
+        skip_special_tokens: leave special tokens (FIM sentinels, task tags, end-of-text, pad)
+            out of the text (ids and logprobs keep them); True as in vLLM.
+        spaces_between_special_tokens: with ``skip_special_tokens=False``, put one space between a
+            special token and the text beside it (vLLM's default True; False = plain concatenation).
+        context_ids: the prompt's ids, for ``repetition_penalty`` where the caller passes only the
+            output to :meth:`penalize` (the engine); set per prompt by :meth:`for_prompt`.
+        end_ids: ids besides ``stop_token_ids`` that end the answer (end-of-text, and the FIM
+            sentinels outside fill-in-the-middle): what ``min_tokens`` holds back; set by :meth:`for_prompt`.
     """
 
     max_tokens: int = 64
@@ -149,21 +224,53 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    context_ids: tuple[int, ...] = ()
+    end_ids: tuple[int, ...] = ()
 
     @property
     def penalized(self) -> bool:
-        """True when a logit bias or a presence or frequency penalty changes the logits."""
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or bool(self.logit_bias)
+        """True when :meth:`penalize` may change the logits: a logit bias, a presence, frequency
+        or repetition penalty, ``min_tokens`` or ``min_p`` (when sampling)."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or bool(self.logit_bias)
+                or self.repetition_penalty != 1.0 or self.min_tokens > 0
+                or (self.min_p > 0.0 and self.temperature >= GREEDY_BELOW))
 
-    def penalize(self, logits: Tensor, generated: Sequence[int]) -> Tensor:
-        """``logits`` (B, V) after this request's logit bias and penalties over ``generated``
-        (:func:`apply_penalties`)."""
+    def for_prompt(self, prompt_ids: Sequence[int], *, eos_id: int | None = None,
+                   end_ids: Sequence[int] = ()) -> "SamplingParams":
+        """A copy for one prompt: ``context_ids`` (for ``repetition_penalty``) and ``end_ids``
+        (``eos_id`` unless ``ignore_eos``, plus ``end_ids``: what ``min_tokens`` holds back)."""
+        from dataclasses import replace
+
+        ends = ([] if eos_id is None or self.ignore_eos else [int(eos_id)]) + [int(t) for t in end_ids]
+        ctx = tuple(int(t) for t in prompt_ids) if self.repetition_penalty != 1.0 else ()
+        return replace(self, context_ids=ctx, end_ids=tuple(dict.fromkeys(ends)))
+
+    def penalize(self, logits: Tensor, generated: Sequence[int], context: Sequence[int] | None = None) -> Tensor:
+        """``logits`` (B, V) after steps 1-5 of the module's docstring: logit bias, repetition
+        penalty over ``context`` (default ``context_ids``: the prompt) + ``generated``, presence
+        and frequency penalties over ``generated``, ``min_tokens`` and ``min_p``."""
         if self.logit_bias:
             ids = torch.tensor(list(self.logit_bias), dtype=torch.long, device=logits.device)
             bias = torch.tensor(list(self.logit_bias.values()), dtype=torch.float32, device=logits.device)
             # logit[t] += logit_bias[t] (OpenAI: -100 bans a token, +100 forces it)
             logits = logits.float().index_add(-1, ids, bias.expand(*logits.shape[:-1], -1))
-        return apply_penalties(logits, generated, self.presence_penalty, self.frequency_penalty)
+        if self.repetition_penalty != 1.0:
+            seen = list(self.context_ids if context is None else context) + list(generated)
+            logits = apply_repetition_penalty(logits, seen, self.repetition_penalty)
+        logits = apply_penalties(logits, generated, self.presence_penalty, self.frequency_penalty)
+        if self.min_tokens > 0 and len(generated) < self.min_tokens:
+            held = sorted({t for t in (*self.end_ids, *self.stop_token_ids) if 0 <= t < logits.size(-1)})
+            if held:  # not yet: nothing that would end the answer may be sampled
+                logits = logits.float().index_fill(-1, torch.tensor(held, dtype=torch.long, device=logits.device),
+                                                   float("-inf"))
+        return min_p_filter(logits, self.min_p, self.temperature)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -186,6 +293,15 @@ class SamplingParams:
             raise ValueError(f"logit_bias needs token ids >= 0 and biases in [-100, 100], got {bad}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in 0..{MAX_LOGPROBS} (alternatives per token), got {self.logprobs}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        lo, hi = REPETITION_PENALTY_RANGE
+        if not lo <= self.repetition_penalty <= hi:
+            raise ValueError(f"repetition_penalty must be in [{lo:g}, {hi:g}] (1 = off), got {self.repetition_penalty}")
+        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be in 0..max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be token ids >= 0, got {self.stop_token_ids}")
 
 
 def params_from(

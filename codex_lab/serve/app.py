@@ -42,7 +42,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from codex_lab.serve.batch import serve_completion
 from codex_lab.serve.completion import AsciiJSONResponse
-from codex_lab.serve.protocol import ApiError, parse_completion, parse_json, valid_text
+from codex_lab.serve.protocol import (TOKENIZE_FIELDS, ApiError, check_capacity, check_fields, parse_completion,
+                                     parse_json, valid_text)
 from codex_lab.serve.router import ModelServer, ServerConfig
 from codex_lab.serve.security import LOOPBACK, Guard, check_loopback, read_body, uvicorn_config
 from codex_lab.serve.worker import EngineWorker, WorkerClosed
@@ -86,8 +87,15 @@ def create_app(server: ModelServer) -> Any:
             metrics.set_engine_stats(v, s)
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    def model_card(model_id: str) -> dict[str, Any]:
-        return {"id": model_id, "object": "model", "created": int(server.started), "owned_by": "codex-lab"}
+    def model_card(model_id: str) -> dict[str, Any]:  # max_model_len: vLLM's field, the context in tokens
+        return {"id": model_id, "object": "model", "created": int(server.started), "owned_by": "codex-lab",
+                "root": cfg.model_name, "parent": None, "max_model_len": cfg.limits.max_seq_len}
+
+    def capacity() -> tuple[int, str]:
+        """Requests the server admits at once (router's admit: batch per version + queue), and how."""
+        n = max(1, len(server.workers))
+        return cfg.max_batch_size * n + cfg.max_waiting, (f"--max-batch-size {cfg.max_batch_size} x {n} version(s) "
+                                                          f"+ --max-waiting {cfg.max_waiting}")
 
     def model_ids() -> list[str]:
         return [cfg.model_name] + [f"{cfg.model_name}@{v}" for v in server.versions()]
@@ -113,6 +121,7 @@ def create_app(server: ModelServer) -> Any:
                 req.sampling_params().validate()
             except ValueError as exc:
                 raise ApiError(400, str(exc)) from None
+            check_capacity(req, *capacity())  # never admissible: a 400, not a 429 clients retry forever
             return await serve_completion(server, req, request.receive)
         except ApiError as e:
             return err(e)
@@ -142,18 +151,30 @@ def create_app(server: ModelServer) -> Any:
     async def tokenize(request: Request) -> Any:
         try:
             body = await json_body(request)
+            check_fields(body, TOKENIZE_FIELDS, cfg.limits)
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
                 raise ApiError(400, "'prompt' must be a string to tokenize", param="prompt")
-            ids = tok.encode(valid_text(prompt, "prompt")) if prompt else []
+            flags = {}
+            for name, default in (("add_special_tokens", True), ("return_token_strs", False)):
+                flags[name] = body.get(name, default) if body.get(name) is not None else default
+                if not isinstance(flags[name], bool):
+                    raise ApiError(400, f"'{name}' must be true or false, got {str(flags[name])[:40]!r}", param=name)
+            # add_special_tokens: the tokenizer's template (bos/eos) is applied, as vLLM; the course
+            # tokenizer has none, so both give the same ids there (a converted HF tokenizer may differ)
+            ids = tok.tok.encode(valid_text(prompt, "prompt"), add_special_tokens=flags["add_special_tokens"]).ids \
+                if prompt else []
         except ApiError as e:
             return err(e)
-        return {"count": len(ids), "max_model_len": cfg.limits.max_seq_len, "tokens": ids, "token_strs": None}
+        strs = [token_str(i) for i in ids] if flags["return_token_strs"] else None
+        return {"count": len(ids), "max_model_len": cfg.limits.max_seq_len, "tokens": ids, "token_strs": strs}
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Any:
         try:
-            ids = (await json_body(request)).get("tokens")
+            body = await json_body(request)
+            check_fields(body, ("model", "tokens"), cfg.limits)
+            ids = body.get("tokens")
             if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
                                                     and 0 <= t < tok.vocab_size for t in ids):
                 raise ApiError(400, f"'tokens' must be a list of token ids in 0..{tok.vocab_size - 1}", param="tokens")

@@ -211,7 +211,7 @@ def _echo_only(server: ModelServer, req: CompletionRequest, echoes: list[Echo], 
     n_in = sum(len(p) for p in req.prompts)
     usage = {"prompt_tokens": n_in, "completion_tokens": 0, "total_tokens": n_in}
     body: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": name,
-                            "choices": choices, "usage": usage}
+                            "system_fingerprint": version, "choices": choices, "usage": usage}
     headers = {"x-codex-lab-version": version}
     if not req.stream:
         return AsciiJSONResponse({**body, "system_fingerprint": version}, headers=headers)

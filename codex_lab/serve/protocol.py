@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from codex_lab.data.tokenizer import CodeTokenizer
-from codex_lab.infer.sampling import MAX_LOGPROBS, SamplingParams
+from codex_lab.infer.sampling import MAX_LOGPROBS, REPETITION_PENALTY_RANGE, SamplingParams
 
 
 class ApiError(Exception):
@@ -41,24 +41,57 @@ class ApiError(Exception):
         return json.dumps(self.body(), ensure_ascii=True).encode("ascii")
 
 
+# Limits.max_tokens when the operator sets no cap: the context is the only bound (the server's
+# configuration check accepts 1..1,000,000, past any context this course serves)
+NO_TOKEN_CAP = 1_000_000
+
+# the body fields of POST /v1/completions: OpenAI's, then vLLM's sampling extensions served here
+COMPLETION_FIELDS = (
+    "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "n", "best_of", "stream", "stream_options",
+    "logprobs", "echo", "stop", "presence_penalty", "frequency_penalty", "logit_bias", "seed", "user",
+    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
+    "include_stop_str_in_output", "prompt_logprobs", "skip_special_tokens", "spaces_between_special_tokens",
+)
+TOKENIZE_FIELDS = ("model", "prompt", "add_special_tokens", "return_token_strs")
+MAX_STOP_TOKEN_IDS = 64
+
+
 @dataclass
 class Limits:
     """What the server accepts.
 
     Args:
-        max_tokens: largest ``max_tokens`` a request may ask for.
-        default_max_tokens: used when a request gives none (16, as in the OpenAI API).
+        max_tokens: largest ``max_tokens`` a request may ask for: the operator's cap
+            (``--max-tokens``); :data:`NO_TOKEN_CAP` = only the context bounds it.
+        default_max_tokens: used when a request gives none; None (default) = what the context
+            leaves after the prompt (vLLM's default), within ``max_tokens``.
         max_seq_len: the model's context in tokens (prompt + output must fit).
         max_body_bytes: largest request body.
         max_stop: most stop strings per request.
+        lenient: ignore body fields the server does not know (``--lenient``) instead of a 400
+            listing the supported ones.
     """
 
-    max_tokens: int = 256
-    default_max_tokens: int = 16
+    max_tokens: int = NO_TOKEN_CAP
+    default_max_tokens: int | None = None
     max_seq_len: int = 1024
     max_body_bytes: int = 64 * 1024
     max_stop: int = 4
     max_choices: int = 64  # prompts x best_of per request: each is one engine request
+    lenient: bool = False
+
+
+def check_fields(body: dict[str, Any], known: tuple[str, ...], limits: Limits) -> None:
+    """A 400 naming the first field of ``body`` not in ``known`` and listing the supported ones
+    (nothing with ``limits.lenient``)."""
+    if limits.lenient:
+        return
+    unknown = [k for k in body if k not in known]
+    if unknown:
+        name = _brief(unknown[0])
+        raise ApiError(400, f"unknown field {name}: this server does not support it, and does not ignore fields "
+                            f"silently; supported: {', '.join(known)} (an operator may start the server with "
+                            "--lenient to ignore unknown fields)", param=str(unknown[0])[:64], code="unknown_field")
 
 
 @dataclass
@@ -90,6 +123,19 @@ class CompletionRequest:
     frequency_penalty: float = 0.0
     fim: bool = False  # the prompt was built from prompt + suffix (fill-in-the-middle)
     logit_bias: dict[int, float] = field(default_factory=dict)
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and this many alternatives
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    max_tokens_auto: bool = False  # max_tokens not given: each prompt gets what the context leaves (max_tokens_cap at most)
+    max_tokens_cap: int = NO_TOKEN_CAP
+    context_len: int = 1024
+    prompt_lp: list | None = field(default=None, repr=False, compare=False)  # prompt_logprobs once computed
 
     def __post_init__(self) -> None:
         if not self.prompts:
@@ -109,7 +155,26 @@ class CompletionRequest:
         return SamplingParams(max_tokens=max(self.max_tokens, 1), temperature=self.temperature, top_k=self.top_k,
                               top_p=self.top_p, stop=list(self.stop), seed=seed, logprobs=lp,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                              logit_bias=dict(self.logit_bias))
+                              logit_bias=dict(self.logit_bias), min_p=self.min_p,
+                              repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
+                              ignore_eos=self.ignore_eos, stop_token_ids=list(self.stop_token_ids),
+                              include_stop_str_in_output=self.include_stop_str_in_output,
+                              skip_special_tokens=self.skip_special_tokens,
+                              spaces_between_special_tokens=self.spaces_between_special_tokens)
+
+    def own_max_tokens(self) -> int:
+        """``max_tokens`` of this request's (first) prompt: the one given, or what the context leaves."""
+        if not self.max_tokens_auto:
+            return self.max_tokens
+        return min(self.max_tokens_cap, self.context_len - len(self.prompt_ids))
+
+    def engine_params(self, params: SamplingParams, eos_id: int, end_ids: list[int]) -> SamplingParams:
+        """``params`` as the engine runs them for this one-prompt request (:meth:`for_prompt`):
+        its own ``max_tokens``, its prompt as the repetition penalty's context, ``eos_id`` and
+        ``end_ids`` held back by ``min_tokens``, and no stop strings: the server finds those
+        in the text it sends (which skips special tokens), and ``min_tokens`` delays them."""
+        out = params.for_prompt(self.prompt_ids, eos_id=eos_id, end_ids=end_ids)
+        return replace(out, max_tokens=max(self.own_max_tokens(), 1), stop=[])
 
 
 # torch.Generator.manual_seed takes a 64-bit seed: -2**63 .. 2**64 - 1
@@ -197,6 +262,7 @@ def parse_completion(body: dict[str, Any], tokenizer: CodeTokenizer, limits: Lim
     ``fim_format``: the served checkpoint's FIM prompt format ("psm" / "spm") when it was
     trained for fill-in-the-middle, else None (then ``suffix`` is refused with a 400).
     """
+    check_fields(body, COMPLETION_FIELDS, limits)
     model = body.get("model")
     if not isinstance(model, str):
         raise ApiError(400, f"'model' is required and must be a string; use {model_name!r}", param="model",
@@ -213,10 +279,15 @@ def parse_completion(body: dict[str, Any], tokenizer: CodeTokenizer, limits: Lim
         prompts = _fim_prompts(body, prompts, suffix, tokenizer, fim_format)
     echo = _typed(body, "echo", (bool,), False, "true or false")
     max_tokens = _typed(body, "max_tokens", (int,), limits.default_max_tokens, "an integer")
+    cap = min(limits.max_tokens, limits.max_seq_len)
+    auto = max_tokens is None
+    if auto:  # vLLM's default: what the context leaves after the (longest) prompt, within the operator's cap
+        max_tokens = max(1, min(cap, limits.max_seq_len - max(len(ids) for ids in prompts)))
     lo = 0 if echo else 1
-    if not lo <= max_tokens <= limits.max_tokens:
+    if not lo <= max_tokens <= cap:
         hint = "" if echo else " (0 is allowed with echo=true: score the prompt only)"
-        raise ApiError(400, f"'max_tokens' must be in {lo}..{limits.max_tokens}{hint}, got {_brief(max_tokens)}",
+        who = "the server's --max-tokens" if limits.max_tokens < limits.max_seq_len else "the model's context"
+        raise ApiError(400, f"'max_tokens' must be in {lo}..{cap} ({who}){hint}, got {_brief(max_tokens)}",
                        param="max_tokens")
     for i, ids in enumerate(prompts):
         if len(ids) + max_tokens > limits.max_seq_len:
@@ -287,10 +358,59 @@ def parse_completion(body: dict[str, Any], tokenizer: CodeTokenizer, limits: Lim
             raise ApiError(400, f"'logit_bias' maps token ids 0..{tokenizer.vocab_size - 1} to biases in [-100, 100]; "
                                 f"got {_brief(key)}: {_brief(v)}", param="logit_bias")
         logit_bias[t] = float(v)
+    extras = _vllm_fields(body, tokenizer, max_tokens, echo)
     return CompletionRequest(prompt_ids=prompts[0], max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                              top_k=top_k, stop=stop, seed=seed, stream=stream, version=version or None,
                              include_usage=include_usage, prompts=prompts, n=n, best_of=best_of, logprobs=logprobs,
-                             echo=echo, fim=fim, logit_bias=logit_bias, **penalties)
+                             echo=echo, fim=fim, logit_bias=logit_bias, max_tokens_auto=auto, max_tokens_cap=cap,
+                             context_len=limits.max_seq_len, **penalties, **extras)
+
+
+def _vllm_fields(body: dict[str, Any], tokenizer: CodeTokenizer, max_tokens: int, echo: bool) -> dict[str, Any]:
+    """vLLM's sampling extensions, each checked against the range vLLM documents (400 naming it)."""
+    out: dict[str, Any] = {}
+    out["min_p"] = _number(body, "min_p", 0.0)
+    if not 0.0 <= out["min_p"] <= 1.0:
+        raise ApiError(400, f"'min_p' must be in [0, 1] (0 = off), got {out['min_p']}", param="min_p")
+    lo, hi = REPETITION_PENALTY_RANGE
+    out["repetition_penalty"] = _number(body, "repetition_penalty", 1.0)
+    if not lo <= out["repetition_penalty"] <= hi:
+        raise ApiError(400, f"'repetition_penalty' must be in [{lo:g}, {hi:g}] (1 = off, > 1 = fewer repeats), got "
+                            f"{out['repetition_penalty']}", param="repetition_penalty")
+    out["min_tokens"] = _typed(body, "min_tokens", (int,), 0, "an integer")
+    if not 0 <= out["min_tokens"] <= max_tokens:
+        raise ApiError(400, f"'min_tokens' must be in 0..max_tokens ({max_tokens}), got {_brief(out['min_tokens'])}",
+                       param="min_tokens")
+    for name, default in (("ignore_eos", False), ("include_stop_str_in_output", False),
+                          ("skip_special_tokens", True), ("spaces_between_special_tokens", True)):
+        out[name] = _typed(body, name, (bool,), default, "true or false")
+    ids = _typed(body, "stop_token_ids", (list,), [], "a list of token ids")
+    V = tokenizer.vocab_size
+    if len(ids) > MAX_STOP_TOKEN_IDS or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < V
+                                                for t in ids):
+        raise ApiError(400, f"'stop_token_ids' must be a list of at most {MAX_STOP_TOKEN_IDS} token ids in "
+                            f"0..{V - 1}, got {_brief(ids)}", param="stop_token_ids")
+    out["stop_token_ids"] = list(dict.fromkeys(ids))
+    plp = _typed(body, "prompt_logprobs", (int,), None, f"an integer 0..{MAX_LOGPROBS}")
+    if plp is not None and not 0 <= plp <= MAX_LOGPROBS:
+        raise ApiError(400, f"'prompt_logprobs' must be in 0..{MAX_LOGPROBS} (alternatives per prompt token), got "
+                            f"{_brief(plp)}", param="prompt_logprobs")
+    if plp is not None and max_tokens == 0:
+        raise ApiError(400, "'prompt_logprobs' needs max_tokens >= 1; to score a prompt alone use echo=true with "
+                            "logprobs and max_tokens=0", param="prompt_logprobs")
+    out["prompt_logprobs"] = plp
+    return out
+
+
+def check_capacity(req: CompletionRequest, capacity: int, detail: str) -> None:
+    """A 400 when the request's samples (prompts x best_of, each one engine request admitted at once)
+    exceed what the server can ever hold (``capacity``): a 429 would be retried forever."""
+    samples = 1 if req.max_tokens == 0 else len(req.prompts) * req.best_of
+    if samples > capacity:
+        raise ApiError(400, f"{len(req.prompts)} prompt(s) x best_of {req.best_of} = {samples} samples, but this server "
+                            f"holds at most {capacity} requests at once ({detail}), so it could never serve this one; "
+                            "send fewer prompts or a smaller n / best_of", param="best_of" if req.best_of > req.n else "n",
+                       code="exceeds_capacity")
 
 
 def _prompts(prompt: Any, tokenizer: CodeTokenizer) -> list[list[int]]:
@@ -349,15 +469,23 @@ def _fim_prompts(body: dict[str, Any], prompts: list[list[int]], suffix: Any, to
         raise ApiError(400, f"'prompt' or 'suffix': {exc}", param="suffix") from None
 
 
-def safe_text(text: str, stop: list[str]) -> tuple[str, bool]:
+def safe_text(text: str, stop: list[str], floor: int | None = 0, keep: bool = False) -> tuple[str, bool]:
     """The part of ``text`` that can be sent now, and whether a stop string occurred.
 
-    A stop string cuts the text where it starts. Without one, a tail that could be the start
-    of a stop string is held back, and so is an incomplete UTF-8 character (U+FFFD).
+    A stop string cuts the text where it starts (``keep``: after it, vLLM's
+    ``include_stop_str_in_output``). Only a match that ends after character ``floor`` counts
+    (``min_tokens``: the text of the first tokens cannot stop the answer); ``floor=None``:
+    none counts yet. Without a match, a tail that could be the start of a stop string is
+    held back, and so is an incomplete UTF-8 character (U+FFFD).
     """
-    cuts = [text.find(s) for s in stop if s in text]
-    if cuts:
-        return text[: min(cuts)], True
+    if floor is not None:
+        best, which = -1, ""
+        for s in stop:
+            at = text.find(s, max(0, floor - len(s) + 1))
+            if at >= 0 and (best < 0 or at < best):
+                best, which = at, s
+        if best >= 0:
+            return text[: best + (len(which) if keep else 0)], True
     hold = 0
     for s in stop:
         for k in range(min(len(s) - 1, len(text)), 0, -1):
