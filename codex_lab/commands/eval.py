@@ -1,5 +1,6 @@
 """codex-lab eval humaneval: pass@k on HumanEval with the course's engine and sandbox.
-codex-lab eval codebench: pass@k per family on the course's own executable benchmark (same path).
+codex-lab eval codebench: pass@k per family and split on the course's own executable benchmark (codebench 2's
+  iid / length / compose splits by program structure, or the first codebench with --split legacy).
 codex-lab eval heldout: checkpoints compared on the held-out corpus (loss on every token, syntax validity)."""
 
 from __future__ import annotations
@@ -40,26 +41,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--out", default=None, help="also write the per-sample results (JSON lines) here")
     h.add_argument("--no-progress", action="store_true", help="no tqdm bar")
 
-    c = sub.add_parser("codebench", help="codebench (the course's benchmark: completion, bugfix, testgen, fim): pass@k",
-                       description="Answer each held-out codebench problem with the engine, run its hidden test in the "
-                                   "sandbox (one process per program, HumanEval's runner) and print pass@k per family.")
+    c = sub.add_parser("codebench", help="codebench 2 (held-out program structure; completion, bugfix, testgen, "
+                                         "translate, fim) or the first codebench (--split legacy): pass@k",
+                       description="Answer each held-out codebench problem with the engine (or take the canonical "
+                                   "answers), run its hidden tests (Python in the sandbox, JavaScript under node) and "
+                                   "print pass@k per family with a 95% bootstrap interval over problems and the "
+                                   "near-duplicate audit. --split iid|length|compose: codebench 2 (ExeDec-style "
+                                   "splits by program structure); --split legacy: the first codebench.")
     csrc = c.add_mutually_exclusive_group()
     csrc.add_argument("--checkpoint", default=None, help="course checkpoint folder (default: the shipped tiny model)")
     csrc.add_argument("--canonical", action="store_true",
                       help="oracle: score the reference answers through the same execution path (must be 1.0)")
-    c.add_argument("--family", action="append", default=None, choices=["completion", "bugfix", "testgen", "fim"],
-                   help="only this family (repeat for several; default all four)")
-    c.add_argument("--per-family", type=int, default=None, metavar="N",
+    c.add_argument("--split", default="legacy", choices=["iid", "length", "compose", "legacy"],
+                   help="benchmark split: codebench 2's iid / length / compose, or legacy = the first codebench "
+                        "(default legacy, the first codebench's behaviour)")
+    c.add_argument("--family", action="append", default=None,
+                   choices=["completion", "bugfix", "testgen", "translate", "fim", "all"],
+                   help="only this family (repeat for several; default all: five, four for legacy)")
+    c.add_argument("--n", "--per-family", dest="per_family", type=int, default=None, metavar="N",
                    help="draw N problems per family with --seed (default: all held-out problems)")
-    c.add_argument("--split", default="test", choices=["test", "val", "train"], help="test = the held-out problems")
+    c.add_argument("--part", default="test", choices=["test", "val", "train"],
+                   help="which part of the split to score (test = the held-out problems)")
     c.add_argument("--n-samples", type=int, default=1, help="answers per problem (pass@k needs n >= k)")
     c.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (use > 0 with --n-samples > 1)")
     c.add_argument("--top-p", type=float, default=0.95)
-    c.add_argument("--max-new-tokens", type=int, default=48)
+    c.add_argument("--max-new-tokens", type=int, default=None,
+                   help="default 48 for legacy, 192 for codebench 2 (its longest canonical answer, a JavaScript "
+                        "function, is ~160 tokens of the shipped tokenizer)")
     c.add_argument("--batch-size", type=int, default=32, help="requests the engine runs at once")
-    c.add_argument("--workers", type=int, default=None, help="sandbox runs at once (default: CPU count, at most 8)")
+    c.add_argument("--workers", type=int, default=None,
+                   help="sandbox runs at once (legacy; default: CPU count, at most 8)")
     c.add_argument("--timeout", type=float, default=5.0, help="seconds per program")
-    c.add_argument("--seed", type=int, default=0, help="which problems --per-family draws; sample j uses seed + j")
+    c.add_argument("--seed", type=int, default=0,
+                   help="which problems --n draws and the bootstrap's seed; sample j uses seed + j")
     c.add_argument("--device", default=None)
     c.add_argument("--json", action="store_true", help="print a JSON list of flat records")
     c.add_argument("--no-progress", action="store_true", help="no tqdm bar")
@@ -131,17 +145,24 @@ def _heldout(args: argparse.Namespace) -> int:
 
 def _codebench(args: argparse.Namespace) -> int:
     from codex_lab.errors import InputError
-    from codex_lab.evals import codebench as cb
     from codex_lab.evals import codebench_run as cr
+    from codex_lab.evals import codebench2 as c2
 
     if args.per_family is not None and args.per_family < 1:
-        raise InputError(f"--per-family must be >= 1, got {args.per_family}")
-    if args.n_samples < 1 or args.temperature < 0 or args.max_new_tokens < 1:
+        raise InputError(f"--n must be >= 1, got {args.per_family}")
+    if args.n_samples < 1 or args.temperature < 0 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
         raise InputError("--n-samples and --max-new-tokens must be >= 1 and --temperature >= 0")
-    problems = cb.load_problems(args.per_family, seed=args.seed, split=args.split, families=args.family or cb.FAMILIES)
+    legacy = args.split == "legacy"
+    choices = c2.LEGACY_FAMILIES if legacy else c2.FAMILIES
+    families = list(dict.fromkeys(args.family or ["all"]))
+    families = list(choices) if "all" in families else families
+    bad = [f for f in families if f not in choices]
+    if bad:
+        raise InputError(f"--split {args.split} has no family {', '.join(bad)}; choose from {[*choices, 'all']}")
+    problems = c2.load_problems(args.split, families, part=args.part, n=args.per_family, seed=args.seed)
     t0 = time.perf_counter()
     if args.canonical:
-        completions, source, temp = cb.canonical_completions(problems), "canonical", None
+        completions, source, temp = c2.canonical_completions(problems), "canonical", None
     else:
         from codex_lab.runtime import get_device
         from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
@@ -149,27 +170,30 @@ def _codebench(args: argparse.Namespace) -> int:
         device = get_device(args.device)
         ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
         source, temp = args.checkpoint or "shipped", args.temperature
+        max_new = args.max_new_tokens or (48 if legacy else 192)
         with _progress(len(problems) * args.n_samples, "generate", args.no_progress) as bar:
             completions = cr.complete(ck.model, ck.tokenizer, problems, n_samples=args.n_samples,
-                                      temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                                      temperature=args.temperature, top_p=args.top_p, max_new_tokens=max_new,
                                       batch_size=args.batch_size, seed=args.seed, progress=bar.update)
-    with _progress(sum(len(c) for c in completions), "execute", args.no_progress) as bar:
-        results = cr.execute(problems, completions, workers=args.workers, timeout_s=args.timeout,
-                             progress=lambda: bar.update())
-    rows = cr.records(problems, results, seconds=time.perf_counter() - t0, source=source, temperature=temp,
-                      ks=(1, 10, 100))
+    if legacy:  # the first codebench's path: one sandboxed process per program (HumanEval's runner)
+        with _progress(sum(len(c) for c in completions), "execute", args.no_progress) as bar:
+            results = cr.execute(problems, completions, workers=args.workers, timeout_s=args.timeout,
+                                 progress=lambda: bar.update())
+    else:
+        results = c2.execute(problems, completions, timeout_s=args.timeout)
+    seconds = time.perf_counter() - t0
+    audit = c2.split_audit(args.split, problems)
+    rows = c2.score_rows(problems, results, split=args.split, ks=(1, 10, 100), seed=args.seed, source=source,
+                         seconds=seconds, audit_result=audit)
+    if legacy:  # the first codebench's record format (benchmark "codebench"), plus the new fields
+        for r in rows:
+            r["benchmark"], r["temperature"] = "codebench", temp
     if args.json:
         print(json.dumps(rows, indent=2))
-    else:
-        from codex_lab.stats import wilson_interval
-
-        for r in rows:
-            ci = ""
-            if r["k"] == 1 and r["samples"] == 1:  # one greedy answer per problem: a binomial proportion
-                w = wilson_interval(r["passed_samples"], r["problems"])
-                ci = f" (95% Wilson [{w.lo:.3f}, {w.hi:.3f}])"
-            print(f"codebench {r['source']} {r['family']:<10}: pass@{r['k']} = {r['pass_at_k']:.4f}{ci} over "
-                  f"{r['problems']} problems ({r['samples']} samples each, {r['time_s']:.1f} s)")
+        return 0
+    for line in c2.format_rows(rows):
+        print(line)
+    print(audit.line() + (f"; e.g. {', '.join(audit.examples)}" if audit.examples else ""))
     return 0
 
 
