@@ -59,6 +59,9 @@ print("attention maps of the shipped model:", tuple(maps.shape))
 # the attention probabilities (H, T, T): `softmax(q k^T / sqrt(D))` over the keys, where a
 # query at position `i` may only read keys `j <= i` (give the others score `-inf` before
 # the softmax, so they get probability 0). Each row sums to 1.
+# Off limits (absent while your file is graded): PyTorch's fused attention
+# (`F.scaled_dot_product_attention`, its `torch.ops.aten` / math-kernel aliases) and
+# `F.multi_head_attention_forward` (what `nn.MultiheadAttention` runs): write the softmax yourself.
 
 # %%
 def causal_attention_probs(q, k):

@@ -54,6 +54,9 @@ seed_everything(0)
 # positions `0 .. length-1`. Write the new key/value (B, H, 1, D) into slot `length`
 # (in place), then return the attention of the query `q` (B, H, 1, D) over slots
 # `0 .. length`: `softmax(q k^T / sqrt(D)) v`. Empty slots must not take part.
+# Off limits (absent while your file is graded): PyTorch's fused attention
+# (`F.scaled_dot_product_attention`, its `torch.ops.aten` / math-kernel aliases) and
+# `F.multi_head_attention_forward` (what `nn.MultiheadAttention` runs): write the softmax yourself.
 
 # %%
 def cached_attention(k_buf, v_buf, length, q, k_new, v_new):
@@ -79,6 +82,7 @@ else:
 # Keep, in each row of `logits` (B, V), the smallest set of most likely tokens whose
 # probabilities add up to at least `p`; set every other logit to `-inf`. The most likely
 # token is always kept; `p = 1` keeps everything.
+# Off limits (absent while your file is graded): Hugging Face's `TopPLogitsWarper`.
 
 # %%
 def nucleus_filter(logits, p):

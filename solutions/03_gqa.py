@@ -55,6 +55,9 @@ seed_everything(0)
 # attention output (B, H, D): `softmax(q . k_s / sqrt(D))` over the valid positions `s`,
 # times `v_s`. (The newest token may read every cached token, so there is no causal mask;
 # padding gets score `-inf`.) Reshaping `q` to (B, H_kv, g, D) avoids copying K/V.
+# Off limits (absent while your file is graded): PyTorch's fused attention
+# (`F.scaled_dot_product_attention`, its `torch.ops.aten` / math-kernel aliases) and
+# `F.multi_head_attention_forward` (what `nn.MultiheadAttention` runs): write the softmax yourself.
 
 # %%
 def grouped_decode_attention(q, k, v, lengths):

@@ -1,6 +1,10 @@
 """The checker: the sandboxed process that runs the checks and writes the results
 (see :mod:`codex_lab.course.grade_runner`). It never imports the submission: the learner's
 functions are proxies to the submission's own process (:mod:`codex_lab.course.remote`).
+The sandbox shows it the learner's view of the package; the real modules the view changed
+(its oracles) were read into its memory and deleted before anything else ran
+(:func:`codex_lab.course.learner_view.install_real`), and the submission's process starts
+only after that, with the view alone.
 """
 
 from __future__ import annotations
@@ -105,7 +109,7 @@ def child_main() -> None:
             work.mkdir()
             (work / sub_name).write_text(sub_text, encoding="utf-8")
             servers[vis] = SubmissionProcess(sub_name, task["forbid"].get(vis, []), cwd=str(work),
-                                             startup_s=float(task["startup_s"]))
+                                             startup_s=float(task["startup_s"]), view=task.get("view"))
         return servers[vis]  # type: ignore[return-value]
 
     todo_keys = [tuple(k) for k in task["todo"]]

@@ -11,8 +11,10 @@ back to replacing the module attributes that point at them.
 This in-process gate serves the notebook's ``check`` and trusted in-process grading; the
 learner's code could tamper with it, like with any in-process Python grader. The grader
 (``codex-lab grade``) does not rely on it: there the submission runs in a process of its own
-where the forbidden functions' code is replaced *before* the file loads and an audit hook
-refuses every copy (:mod:`codex_lab.course.submission_server`).
+that imports the learner's view of the package (:mod:`codex_lab.course.learner_view`: the
+forbidden package functions are stubs there, the real files are not mounted), with the
+library built-ins that do an exercise's job (:data:`ATTENTION_BUILTINS`, ...) replaced before
+the file loads, and an audit hook as a second line (:mod:`codex_lab.course.submission_server`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,28 @@ from typing import Any, Callable, Iterator
 
 _PKG = str(Path(__file__).resolve().parents[1])  # .../codex_lab
 _LIBS = tuple(p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p)
+
+
+# Library built-ins that do an exercise's whole job: off limits (absent from the submission's
+# process, refused in the notebook's self-check) where the exercise is to write those lines.
+# Each exercise's text names them. Aliases are listed too: a built-in reachable by another
+# name (torch.ops.aten, torch._C._nn, the math kernel that also returns the weights) is the
+# same answer. (Modules such as nn.MultiheadAttention or nn.CrossEntropyLoss reach these.)
+ATTENTION_BUILTINS = (
+    "torch.nn.functional.scaled_dot_product_attention", "torch._C._nn.scaled_dot_product_attention",
+    "torch.nn.functional.multi_head_attention_forward",
+    "torch._native_multi_head_attention", "torch._scaled_dot_product_attention_math",
+    "torch._scaled_dot_product_flash_attention_for_cpu", "torch._scaled_dot_product_flash_attention",
+    "torch._scaled_dot_product_efficient_attention", "torch._scaled_dot_product_cudnn_attention",
+    "torch.ops.aten.scaled_dot_product_attention", "torch.ops.aten._scaled_dot_product_attention_math",
+    "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu", "torch.ops.aten._native_multi_head_attention",
+)
+LOSS_BUILTINS = (
+    "torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss", "torch._C._nn.cross_entropy_loss", "torch._C._nn.nll_loss", "torch._C._nn.nll_loss_nd",
+    "torch._C._nn.nll_loss2d", "torch.ops.aten.cross_entropy_loss", "torch.ops.aten.nll_loss",
+    "torch.ops.aten.nll_loss_nd",
+)
+TOP_P_BUILTINS = ("transformers.generation.logits_process.TopPLogitsWarper",)
 
 
 class ForbiddenCall(AssertionError):
@@ -81,7 +105,12 @@ def blocked(names: tuple[str, ...] | list[str], check: Callable[..., Any]) -> It
     undo: list[Callable[[], None]] = []
     try:
         for dotted in names:
-            owner, attr, obj = resolve(dotted)
+            try:
+                owner, attr, obj = resolve(dotted)
+            except (ValueError, ImportError, AttributeError):
+                if dotted.startswith("codex_lab."):
+                    raise
+                continue  # a library built-in of a library (or version) that is not installed: nothing to block
             if isinstance(obj, types.FunctionType) and not obj.__code__.co_freevars:
                 clone = types.FunctionType(obj.__code__, obj.__globals__, obj.__name__, obj.__defaults__, obj.__closure__)
                 clone.__kwdefaults__ = obj.__kwdefaults__

@@ -4,15 +4,20 @@ two different processes (:func:`codex_lab.sandbox.run_python`).
 Parent side (:func:`grade_isolated`, trusted): reads the submission (``.py`` percent source,
 or the code cells of an ``.ipynb``; a symlink out of its folder, an oversized or too deeply
 nested file gets ``error`` rows, never an exception), and starts one sandboxed run with:
-the submission text, the task, and copies of the lesson's checks and of the hidden checks
-as files; hidden from it: the checkout (``.git``, ``solutions/``, tests, notebooks), the
-folder of submissions, the hidden-check folder and every lesson's ``checks.py``.
+the submission text, the task, and copies of the lesson's checks, of the hidden checks and
+of the real modules that hold the lesson's forbidden functions as files; the package it
+shows is the *learner's view* (:mod:`codex_lab.course.learner_view`: those functions are
+stubs, no lesson's ``checks.py``), mounted in place of the real package, which is not
+mounted at all; hidden from it: the checkout (``.git``, ``solutions/``, tests, notebooks),
+the folder of submissions and the hidden-check folder. A folder run gives each submission
+its own run, which holds that submission's text alone.
 
 In the sandbox, the *checker* (:mod:`codex_lab.course.checker`) reads those files into
-memory and deletes them, makes itself non-dumpable (so a process of the same uid cannot
-read its memory or its file descriptors), starts the *submission's process*
-(:mod:`codex_lab.course.submission_server`: forbidden functions refused before the file
-loads, the guard on, an audit hook that cannot be removed) and runs each check with a proxy
+memory and deletes them (the real modules first, before anything imports the package),
+makes itself non-dumpable (so a process of the same uid cannot read its memory or its file
+descriptors), starts the *submission's process* (:mod:`codex_lab.course.submission_server`:
+the learner's view only, library built-ins that do an exercise's job replaced before the
+file loads, the guard on, an audit hook as a second line) and runs each check with a proxy
 for the learner's function: arguments go as data, values come back as data
 (:mod:`codex_lab.course.wire`). Only the checker writes results, on stdout, tagged with a
 per-run random token. Public exercises are graded by one submission process, hidden ones by
@@ -39,7 +44,12 @@ CHECK_S = 600.0  # the checker's own work per exercise (lesson 08's scorecard: 2
 MEMORY_MB = 3072  # per process: torch alone maps ~700 MiB of address space; the checks build small models
 MAX_SUBMISSION_BYTES = 5 * 1024 * 1024
 MAX_NESTING = 100  # arrays/objects deep in a notebook's JSON (nbformat is about 5); deeper code fails to parse in the run
-_BOOT = "from codex_lab.course.checker import child_main\nchild_main()\n"
+# First the real modules, from memory (loaded from the view's file: importing codex_lab itself
+# would import some of them from the view), then the checker.
+_BOOT = ("import importlib.util as _u\n"
+         "_spec = _u.spec_from_file_location('codex_lab_real_modules', {view!r} + '/codex_lab/course/learner_view.py')\n"
+         "_m = _u.module_from_spec(_spec)\n_spec.loader.exec_module(_m)\n_m.install_real()\ndel _u, _spec, _m\n"
+         "from codex_lab.course.checker import child_main\nchild_main()\n")
 
 
 def exercises_of(lesson: str, hidden: str | Path | None = None) -> list[Exercise]:
@@ -133,11 +143,13 @@ def outside(path: Path, folder: Path) -> bool:
     return real != root and root not in real.parents
 
 
-def _hidden_paths(extra: list[Path]) -> list[str]:
+def _hidden_paths(extra: list[Path], view: Path | None = None) -> list[str]:
     """What the sandbox must not show: the checkout beside the package, and every checks.py."""
     import sys
 
     keep = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), Path(sys.executable).resolve(), PKG}
+    if view is not None:
+        keep.add(view.resolve())
     # a folder holding the interpreter or the package stays (hiding it would hide them too)
     hide = [p for p in list(ROOT.iterdir()) + extra if not any(p.resolve() == k or p.resolve() in k.parents for k in keep)]
     hide += sorted(PKG.glob("lessons/*/checks.py")) + sorted(PKG.glob("lessons/*/__pycache__/checks.*"))
@@ -198,17 +210,26 @@ def grade_isolated(path: Path, hidden: str | Path | None = None, timeout_s: floa
     extra = [path.parent.resolve(), path.resolve()] + ([folder.resolve()] if folder is not None else [])
     if hidden is not None:
         extra.append(Path(hidden).resolve())
-    hide = _hidden_paths(extra)
     forbid = {vis: sorted({f for e in exs if e.visibility == vis for f in e.forbid}) for vis in ("public", "hidden")}
+    from codex_lab.course.learner_view import real_files, view_for
+
+    every = forbid["public"] + forbid["hidden"]
+    try:  # the package the submission's process sees: the lesson's forbidden functions absent
+        view = view_for(every)
+        files.update(real_files(every))
+    except (OSError, ValueError, SyntaxError) as exc:
+        return [err(k, f"not graded: the learner's view of the package could not be built: {exc}"[:500]) for k in keys]
+    hide = _hidden_paths(extra, view)
     results: dict[tuple[str, str, str], Result] = {}
     todo = list(keys)
     for _ in range(len(keys) + 1):
         nonce = secrets.token_hex(16)
         task = {"nonce": nonce, "submission": sub_name, "lesson": lesson, "todo": todo, "timeout_s": timeout_s,
-                "forbid": forbid, "check_s": CHECK_S, "startup_s": STARTUP_S}
+                "forbid": forbid, "check_s": CHECK_S, "startup_s": STARTUP_S, "view": str(view)}
         budget = STARTUP_S * 2 + (timeout_s + CHECK_S) * len(todo)
-        res = run_python(_BOOT, timeout_s=budget, memory_mb=memory_mb, nproc=128, max_output_bytes=2 * 1024 * 1024,
-                         files={**files, "task.json": json.dumps(task)}, hide=hide, guard=False, cpu_s=int(budget) + 1)
+        res = run_python(_BOOT.format(view=str(view)), timeout_s=budget, memory_mb=memory_mb, nproc=128, max_output_bytes=2 * 1024 * 1024,
+                         files={**files, "task.json": json.dumps(task)}, hide=hide, guard=False, cpu_s=int(budget) + 1,
+                         package=str(view))
         current = None
         for line in res.stdout.splitlines():
             if not line.startswith(nonce + " "):

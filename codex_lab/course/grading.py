@@ -66,17 +66,31 @@ def grade_folder(folder: str | Path, hidden: str | Path | None = None, timeout_s
 
     Returns flat records: submission (relative path), lesson, name, status, points,
     max_points, visibility, message. Submissions are graded ``jobs`` at a time.
+
+    Isolation between submissions: each run gets a copy of its own submission's text and
+    nothing else (the folder is hidden; no other run's files are mounted in its sandbox),
+    so no submission can read a sibling or another student's output. That needs the
+    namespace sandbox: where only plain mode is available (no boundary: every file of the
+    user is readable), a folder run is refused unless ``CODEX_LAB_SANDBOX=plain`` accepts
+    that explicitly, and then runs one submission at a time.
     """
+    import os
+
     from codex_lab.course.grade_runner import exercises_of, submissions_in
+    from codex_lab.sandbox import isolation_mode
 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no folder at {str(folder)!r}")
+    if isolation_mode() == "plain":
+        if os.environ.get("CODEX_LAB_SANDBOX") != "plain":
+            raise RuntimeError("grading a folder of submissions needs the namespace sandbox (root, or unprivileged user "
+                               "namespaces): without it every submission can read every other one. Set "
+                               "CODEX_LAB_SANDBOX=plain to grade anyway, one at a time, without that isolation")
+        jobs = 1
     load_all()
     paths = [p for p in submissions_in(folder) if exercises_of(lesson_of(p), hidden)]
     if jobs is None:
-        import os
-
         jobs = max(1, min(4, os.cpu_count() or 1))
     from codex_lab.course.grade_runner import exercises_of as _exs
 

@@ -33,6 +33,7 @@ from codex_lab.course.forbid import ForbiddenCall, message
 from codex_lab.course.remote_serve import tensors
 
 _BOOT = "from codex_lab.course.submission_server import main; main()"
+_VIEW_BOOT = "import sys; sys.path.insert(0, {view!r}); from codex_lab.course.submission_server import main; main()"
 
 
 class SubmissionTimeout(BaseException):
@@ -49,7 +50,8 @@ class RemoteError(Exception):
 
 def _exception(msg: dict[str, Any]) -> BaseException:
     name, text = str(msg.get("type", "Exception")), str(msg.get("msg", ""))[:2000]
-    if name == "ForbiddenCall" or name == "PermissionError" and "write this one yourself" in text:
+    if name in ("ForbiddenCall", "NotImplementedError", "PermissionError") and text.startswith("write this one yourself") \
+            or name == "PermissionError" and "write this one yourself" in text:
         exc: BaseException = ForbiddenCall(message(str(msg["origin"])) if msg.get("origin") else text)
     elif name == "SystemExit":
         exc = SystemExit(msg.get("code"))
@@ -130,8 +132,16 @@ class SubmissionProcess:
     """The learner's file loaded in a child process; see the module docstring."""
 
     def __init__(self, submission: str, forbid: list[str] | tuple[str, ...] = (), *, cwd: str | None = None,
-                 startup_s: float = 120.0, guard: bool = True) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                 startup_s: float = 120.0, guard: bool = True, view: str | None = "auto") -> None:
+        """``view``: the folder holding the learner's view of the package that the submission's
+        process imports (:mod:`codex_lab.course.learner_view`); ``"auto"`` builds the one for
+        ``forbid``'s package names (none when it names none); None imports the real package."""
+        if view == "auto":
+            from codex_lab.course.learner_view import package_names, view_for
+
+            view = str(view_for(forbid)) if package_names(forbid) else None
+        boot = _BOOT if view is None else _VIEW_BOOT.format(view=str(view))
+        self.proc = subprocess.Popen([sys.executable, "-I", "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, cwd=cwd, close_fds=True, start_new_session=True)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.chan = wire.Channel(self.proc.stdout.fileno(), self.proc.stdin.fileno())
@@ -142,7 +152,11 @@ class SubmissionProcess:
         self.load_error: str | None = None
         self.names: set[str] = set()  # the file's functions (and classes), by name
         try:
-            self.chan.send({"op": "init", "submission": submission, "forbid": list(forbid), "guard": guard})
+            from codex_lab.course.submission_server import known_codes
+
+            known = known_codes(list(forbid))  # this process's (the real) functions, as fingerprints
+            self.chan.send({"op": "init", "submission": submission, "forbid": list(forbid), "guard": guard,
+                            "known": known})
             msg, _ = self.chan.recv(deadline=time.monotonic() + startup_s)
             self.load_error = None if msg.get("ok") else str(msg.get("error", "it did not load"))
             self.names = {str(n) for n in msg.get("names", [])}

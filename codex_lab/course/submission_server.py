@@ -2,7 +2,14 @@
 
 Started by the checker (:mod:`codex_lab.course.remote`) inside the grading sandbox, with
 its stdin/stdout as the call channel (:mod:`codex_lab.course.wire`) and nothing else: the
-learner's prints go to a sink, fd 0/1/2 to ``/dev/null``. Before the submission is loaded:
+learner's prints go to a sink, fd 0/1/2 to ``/dev/null``.
+
+The boundary is what this process can see: it imports the learner's view of the package
+(:mod:`codex_lab.course.learner_view`), where the functions the exercises ask for are stubs
+and the real files are not mounted, so no code in this process -- whatever it does to the
+hook below, the stack or its own modules -- can load the answer. Everything below is a
+second line (and the only line for library built-ins, which live in this process's own
+torch / transformers). Before the submission is loaded:
 
 * every forbidden package function (``forbid=`` of the exercises it serves) gets its code
   object replaced by one that raises :class:`~codex_lab.course.forbid.ForbiddenCall`, so
@@ -72,19 +79,72 @@ def _refusal(dotted: str) -> ForbiddenCall:
     return ForbiddenCall(message(dotted))
 
 
+def _raw_key(co_code: bytes) -> str:
+    return hashlib.sha256(co_code).hexdigest()
+
+
+def known_codes(names: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Checker side: what the forbidden functions are *in this process* (the real package),
+    as data the submission's process may hold without holding the answers: bytecode
+    fingerprints, hashes of the raw bytecode, and the source files' paths."""
+    import inspect
+
+    prints: dict[str, str] = {}
+    raw: dict[str, str] = {}
+    files: set[str] = set()
+
+    def add(fn: Any, dotted: str) -> None:
+        fn = getattr(fn, "__func__", fn)
+        if isinstance(fn, property):
+            fn = fn.fget
+        try:
+            fn = inspect.unwrap(fn)
+        except ValueError:
+            pass
+        code = getattr(fn, "__code__", None)
+        if not isinstance(code, types.CodeType):
+            return
+        prints[fingerprint(code)] = dotted
+        if len(code.co_code) > 16:  # a trivial body (return x) is no answer
+            raw[_raw_key(code.co_code)] = dotted
+        files.add(os.path.realpath(code.co_filename))
+
+    for dotted in names:
+        try:
+            _owner, _attr, obj = resolve(dotted)
+        except (ValueError, ImportError, AttributeError):
+            continue
+        if isinstance(obj, type):
+            for v in vars(obj).values():
+                add(v, dotted)
+            try:
+                files.add(os.path.realpath(inspect.getsourcefile(obj) or ""))
+            except TypeError:
+                pass
+        else:
+            add(obj, dotted)
+    files.discard("")
+    return {"prints": prints, "raw": raw, "files": sorted(files)}
+
+
 class Forbidden:
-    """What the forbidden functions were: fingerprints, raw bytecode, source files."""
+    """What the forbidden functions were: fingerprints, hashes of raw bytecode, source files."""
 
     def __init__(self) -> None:
         self.prints: dict[str, str] = {}  # fingerprint -> dotted name
-        self.raw: dict[bytes, str] = {}  # co_code -> dotted name
+        self.raw: dict[str, str] = {}  # sha256 of co_code -> dotted name
         self.files: set[str] = set()
 
     def add_code(self, code: types.CodeType, dotted: str) -> None:
         self.prints[fingerprint(code)] = dotted
         if len(code.co_code) > 16:  # a trivial body (return x) is no answer
-            self.raw[code.co_code] = dotted
+            self.raw[_raw_key(code.co_code)] = dotted
         self.files.add(os.path.realpath(code.co_filename))
+
+    def add_known(self, known: dict[str, Any]) -> None:
+        self.prints.update({str(k): str(v) for k, v in dict(known.get("prints", {})).items()})
+        self.raw.update({str(k): str(v) for k, v in dict(known.get("raw", {})).items()})
+        self.files.update(str(f) for f in known.get("files", []))
 
     def match(self, code: types.CodeType) -> str | None:
         for c in _codes(code):
@@ -105,23 +165,35 @@ class Forbidden:
         return False
 
 
-def install_forbid(names: list[str]) -> Forbidden:
-    """Swap each forbidden function's code for a refusal (see the module docstring)."""
+def install_forbid(names: list[str], known: dict[str, Any] | None = None) -> Forbidden:
+    """Swap each forbidden function's code for a refusal and every module attribute that is a
+    forbidden class or built-in for one (see the module docstring). ``known``: the checker's
+    :func:`known_codes` of the real functions (this process may import the learner's view, whose
+    functions are stubs: their own code is then no fingerprint of the answer)."""
     import inspect
 
     fb = Forbidden()
+    if known is not None:
+        fb.add_known(known)
     for dotted in names:
-        owner, attr, obj = resolve(dotted)
+        try:
+            owner, attr, obj = resolve(dotted)
+        except (ValueError, ImportError, AttributeError):
+            if known is not None:  # a library the learner's view lacks: nothing to refuse
+                continue
+            raise
         obj = getattr(obj, "__func__", obj)
         if isinstance(obj, types.FunctionType):
-            fb.add_code(obj.__code__, dotted)
+            if known is None:
+                fb.add_code(obj.__code__, dotted)
+            fb.files.add(os.path.realpath(obj.__code__.co_filename))
             obj.__globals__["__codex_lab_forbidden__"] = _refusal
             obj.__code__ = _stub_code(obj.__name__, dotted, len(obj.__code__.co_freevars))
             continue
         if isinstance(obj, type):  # a class: its methods' code, its file
             for v in vars(obj).values():
                 v = getattr(v, "__func__", v)
-                if isinstance(v, types.FunctionType):
+                if isinstance(v, types.FunctionType) and known is None:
                     fb.add_code(v.__code__, dotted)
             try:
                 fb.files.add(os.path.realpath(inspect.getsourcefile(obj) or ""))
@@ -168,8 +240,8 @@ def install_hook(fb: Forbidden, own_file: str = "") -> dict[str, bool]:
             hit = fb.match(args[0])
             if hit:
                 raise _refusal(hit)
-        elif event == "code.__new__" and args and isinstance(args[0], bytes) and args[0] in fb.raw:
-            raise _refusal(fb.raw[args[0]])
+        elif event == "code.__new__" and args and isinstance(args[0], bytes) and _raw_key(args[0]) in fb.raw:
+            raise _refusal(fb.raw[_raw_key(args[0])])
         elif event in ("marshal.loads", "marshal.load") and args and isinstance(args[0], (bytes, bytearray)):
             state["busy"] = True
             try:
@@ -223,7 +295,7 @@ def main() -> None:
 
     from codex_lab.course.exercises import load_definitions
 
-    fb = install_forbid(list(init.get("forbid", [])))
+    fb = install_forbid(list(init.get("forbid", [])), init.get("known"))
     state = install_hook(fb, str(init["submission"]))
     if init.get("guard", True):
         from codex_lab.sandbox.guard import install

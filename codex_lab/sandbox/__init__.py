@@ -174,12 +174,14 @@ def _site_paths() -> list[str]:
     return out
 
 
-def exposed_paths() -> list[str]:
+def exposed_paths(package: str | None = None) -> list[str]:
     """Paths (unresolved, as the interpreter names them) bound read-only into the sandbox's root:
     the interpreter, its prefixes, the import paths of :func:`_site_paths` (the folder holding
-    the package is replaced by the package folder itself) and the package."""
+    the package is replaced by the package folder itself) and the package. With ``package``
+    (a folder holding another ``codex_lab``, see :func:`run_python`), that folder instead of
+    the real package."""
     out = {sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, sys.exec_prefix,
-           sys.base_exec_prefix, str(_PKG)}
+           sys.base_exec_prefix, package or str(_PKG)}
     holder = str(_PKG.parent)
     for p in _site_paths():
         if os.path.realpath(p) != os.path.realpath(holder):
@@ -261,7 +263,7 @@ def _remove_cgroups(paths: list[str]) -> None:
 def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, nproc: int = 64,
                max_output_bytes: int = 1 * _MB, files: dict[str, str | bytes] | None = None,
                hide: tuple[str, ...] | list[str] = (), guard: bool = True, env: dict[str, str] | None = None,
-               cpu_s: int | None = None, disk_mb: int = 64) -> SandboxResult:
+               cpu_s: int | None = None, disk_mb: int = 64, package: str | None = None) -> SandboxResult:
     """Execute ``code`` in a sandboxed child (see the module docstring); never raises for its failures.
 
     Args:
@@ -280,6 +282,11 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, nproc
         disk_mb: namespace modes: size in MiB of the one tmpfs holding the child's folder,
             /tmp, /var/tmp and /dev/shm (the sandbox's whole disk budget; it counts toward
             the memory budget too).
+        package: a folder holding a ``codex_lab`` package to show the child *instead of* the
+            real one (the grader's learner's view, :mod:`codex_lab.course.learner_view`): in
+            the namespace modes the real package folder is then not mounted at all and this
+            folder is, read-only, first on the child's import path. Plain mode only puts it
+            first on the import path (the real files stay readable there).
 
     Raises:
         SandboxUnavailable: the sandbox could not be built here (one line: cause and fix).
@@ -288,13 +295,13 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, nproc
     tmp = tempfile.mkdtemp(prefix="codex-lab-sandbox-")
     try:
         return _run(code, tmp, mode, timeout_s, memory_mb, nproc, max_output_bytes, files or {}, list(hide), guard,
-                    env or {}, cpu_s, disk_mb)
+                    env or {}, cpu_s, disk_mb, package)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, extra_env, cpu_s,
-         disk_mb=64) -> SandboxResult:
+         disk_mb=64, package=None) -> SandboxResult:
     prelude = _GUARD + f"\ninstall({tmp!r})\ndel install\n" if guard else ""
     main = os.path.join(tmp, "main.py")
     for name, data in files.items():
@@ -316,6 +323,8 @@ def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, 
     paths = "" if mode == "plain" else (
         f"import sys as _s, site as _site\nfor _p in {_site_paths()!r}:\n"
         "    if _p not in _s.path:\n        _site.addsitedir(_p)\ndel _s, _site\n")
+    if package:  # the given codex_lab first on the import path (in the namespace modes the only one there)
+        paths += f"import sys as _s\n_s.path.insert(0, {str(package)!r})\ndel _s\n"
     with open(boot, "w") as f:
         f.write(paths + prelude + f"\n__file__ = {main!r}\nimport sys as _s\n_s.argv[0] = __file__\ndel _s\n"
                 f"exec(compile(open(__file__, encoding='utf-8').read(), __file__, 'exec'))\n")
@@ -330,7 +339,7 @@ def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, 
         root = tempfile.mkdtemp(prefix="codex-lab-root-")  # an empty mount point for the new root
         report_r, report_w = os.pipe()
         groups = _cgroups(memory_mb + disk_mb, nproc) if mode == "root" else []
-        cfg = {"workdir": tmp, "host_workdir": tmp, "root": root, "expose": exposed_paths(),
+        cfg = {"workdir": tmp, "host_workdir": tmp, "root": root, "expose": exposed_paths(package),
                "hide": [str(Path(h).resolve()) for h in hide], "uid": uid, "gid": gid, "limits": limits,
                "argv": argv, "env": env, "disk_mb": disk_mb, "memory_budget_mb": memory_mb + disk_mb,
                "cgroup": None, "cgroups": groups, "report_fd": report_w}

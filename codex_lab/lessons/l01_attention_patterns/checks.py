@@ -17,6 +17,7 @@ from torch import Tensor
 
 from codex_lab.course.check_tools import OVERFLOW, as_float, overflow, pure_call, rng
 from codex_lab.course.checks import case, exercise
+from codex_lab.course.forbid import ATTENTION_BUILTINS
 
 # fp32 probabilities in [0, 1]; learner code may sum in another order: 1e-5 (CONTRIBUTING.md)
 ATOL = 1e-5
@@ -36,7 +37,8 @@ def _probs(q: Tensor, k: Tensor, scale: float, fill: float = float("-inf"), dim:
     return torch.softmax(scores.masked_fill(~keep, fill), dim=dim)
 
 
-@exercise("01", "causal_attention_probs", points=2, forbid=("codex_lab.attention_reference", "codex_lab.attention_sdpa"))
+@exercise("01", "causal_attention_probs", points=2,
+          forbid=("codex_lab.attention_reference", "codex_lab.attention_sdpa") + ATTENTION_BUILTINS)
 def check_causal_attention_probs(fn: Callable[..., Any]) -> None:
     """fn(q, k) with q, k (H, T, D) (RoPE already applied) -> (H, T, T) causal probabilities."""
     gen = rng("01.causal_attention_probs")

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from codex_lab.course.check_tools import OVERFLOW, as_int, overflow, pure_call, pyrng, rng
 from codex_lab.course.checks import case, exercise
+from codex_lab.course.forbid import ATTENTION_BUILTINS
 
 # fp32 attention outputs of O(1); learner code may sum in another order: 1e-5 (CONTRIBUTING.md)
 ATOL = 1e-5
@@ -38,7 +39,8 @@ def _decode(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *, tile: bool = Fa
     return torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), vv)  # (B, H, D)
 
 
-@exercise("03", "grouped_decode_attention", points=3, forbid=("codex_lab.attention_reference", "codex_lab.attention_sdpa"))
+@exercise("03", "grouped_decode_attention", points=3,
+          forbid=("codex_lab.attention_reference", "codex_lab.attention_sdpa") + ATTENTION_BUILTINS)
 def check_grouped_decode_attention(fn: Callable[..., Any]) -> None:
     """fn(q (B, H, D), k (B, H_kv, S, D), v (B, H_kv, S, D), lengths (B,)) -> (B, H, D)."""
     gen = rng("03.grouped_decode_attention")

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from codex_lab.course.check_tools import pure_call, rng
 from codex_lab.course.checks import case, exercise
+from codex_lab.course.forbid import LOSS_BUILTINS
 
 _BAL = "codex_lab.training.balancing."
 
@@ -52,7 +53,7 @@ def _nll(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 @exercise("05", "masked_token_loss", points=3, forbid=tuple(_BAL + n for n in (
-    "token_losses", "task_stats", "Balancer.forward", "SampleMean.forward")))
+    "token_losses", "task_stats", "Balancer.forward", "SampleMean.forward")) + LOSS_BUILTINS)
 def check_masked_token_loss(fn: Callable[..., Any]) -> None:
     """fn(logits (B, T, V), targets (B, T)) -> mean cross-entropy over targets != -100."""
     g = rng("05.masked_token_loss")

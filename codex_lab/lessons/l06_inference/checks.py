@@ -16,6 +16,7 @@ from torch import Tensor
 
 from codex_lab.course.check_tools import OVERFLOW, overflow, pyrng, rng
 from codex_lab.course.checks import case, exercise
+from codex_lab.course.forbid import ATTENTION_BUILTINS, TOP_P_BUILTINS
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, scale: bool = True) -> Tensor:
@@ -31,7 +32,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, scale: bool = True) -> Tensor:
 # ------------------------------------------------------------------ exercise 1
 @exercise("06", "cached_attention", points=2, forbid=(
     "codex_lab.nn.kv_cache.StaticKVCache.update", "codex_lab.nn.kv_cache.DynamicKVCache.update",
-    "codex_lab.nn.attention.attention_reference", "codex_lab.nn.attention.attention_sdpa"))
+    "codex_lab.nn.attention.attention_reference", "codex_lab.nn.attention.attention_sdpa") + ATTENTION_BUILTINS)
 def check_cached_attention(fn: Callable[..., Any]) -> None:
     """fn(k_buf, v_buf, length, q, k_new, v_new) writes slot ``length`` and attends to 0..length."""
     with case(1, "writes slot `length` in place"):
@@ -115,7 +116,8 @@ def _top_p_keep(logits: Tensor, p: float, *, cross: bool = True, keep_top: bool 
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
-@exercise("06", "nucleus_filter", points=2, forbid=("codex_lab.infer.sampling.top_p_filter", "codex_lab.infer.sampling.sample_next"))
+@exercise("06", "nucleus_filter", points=2,
+          forbid=("codex_lab.infer.sampling.top_p_filter", "codex_lab.infer.sampling.sample_next") + TOP_P_BUILTINS)
 def check_nucleus_filter(fn: Callable[..., Any]) -> None:
     """fn(logits (B, V), p) keeps the smallest set of most likely tokens with mass >= p."""
     g = rng("06.nucleus_filter")
