@@ -330,13 +330,19 @@ def holm(comparisons: Sequence[Comparison], *, alpha: float = 0.05) -> list[Comp
     rest become "not resolved" with the adjusted p in the note. Under-trained comparisons
     keep that verdict and take no part (their p measures the budget).
     """
+    def p_of(c: Comparison) -> float:
+        # the p-value of the hypothesis the verdict rejects: a non-inferiority "fails" rejects
+        # "cost <= margin", whose one-sided p is 1 - p("cost >= margin")
+        return 1.0 - c.p_value if c.kind == "non-inferiority" and c.verdict == FAILS else c.p_value
+
     idx = [i for i, c in enumerate(comparisons) if c.verdict != UNDER_TRAINED and math.isfinite(c.p_value)]
     m = len(idx)
-    out = [replace(c, role=f"secondary (Holm over {m})") for c in comparisons]
+    role = f"secondary (Holm over {m})" if m else "secondary (none trained: no correction)"
+    out = [replace(c, role=role) for c in comparisons]
     running = 0.0
-    for rank, i in enumerate(sorted(idx, key=lambda i: comparisons[i].p_value)):
+    for rank, i in enumerate(sorted(idx, key=lambda i: p_of(comparisons[i]))):
         # adjusted p_(i) = max over j <= i of min(1, (m - j + 1) p_(j))
-        running = max(running, min(1.0, (m - rank) * comparisons[i].p_value))
+        running = max(running, min(1.0, (m - rank) * p_of(comparisons[i])))
         c = out[i]
         if running >= alpha and c.verdict in (HOLDS, FAILS):
             out[i] = replace(c, verdict=NOT_RESOLVED, note=f"Holm-adjusted p = {running:.3g} >= {alpha}")

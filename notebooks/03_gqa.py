@@ -28,9 +28,10 @@
 # query heads sharing one key/value head, "reduces KV-cache memory by about 40%". Here we
 # build GQA, measure the bytes, and find the saving is exactly `1 - 1/g`: 75% for g = 4 and
 # 87.5% for g = 8, not 40%. Then we convert a trained multi-head model to GQA the way
-# Ainslie et al. (2023) do (mean-pool each group's K/V heads, train briefly), measure what
-# it costs in quality over several seeds (a difference with its 95% interval and a verdict
-# computed by `cl.compare`), and move real models between codex_lab and Hugging Face.
+# Ainslie et al. (2023) do (mean-pool each group's K/V heads, train briefly), judge whether
+# quality is kept by their protocol over several seeds (a non-inferiority test with a margin
+# declared up front, given only on arms whose held-out loss reached a plateau), and move
+# real models between codex_lab and Hugging Face.
 
 # %%
 import sys
@@ -283,93 +284,90 @@ assert init_loss["mean"] < init_loss["random"], "mean-pooling should keep more t
 # `convert` above). Grade it with `codex-lab grade exercises/03_gqa.py`.
 
 # %% [markdown]
-# Now the full experiment, g = 1, 2, 4, 8, on 8-head MHA models pre-trained here (the
-# shipped model has only 4 heads). Each variant gets the same number of uptraining steps;
-# g = 1 is the control that is only trained further, so "recovery" means "compared with MHA
-# trained equally long". One seed is one draw of the base model's initial weights and data
-# order, so the whole experiment runs for several seeds, and each group size's gap to MHA
-# is reported as a difference with its 95% interval (paired by seed: both arms share the
-# base model). In fast mode the base models are tiny and barely trained: the verdicts are
-# about this scale only.
+# ## 6. Does GQA keep quality? The paper's protocol, at a laptop's scale
+# The claim "group size 4-8 keeps quality" says GQA is *not worse* than MHA by more than a
+# cost we would accept. That is a non-inferiority claim: we declare the margin before
+# running (`gqa.MARGIN_NATS`, 0.05 nats/token, a 5% perplexity increase; the reason is
+# written beside it in `experiments.py`) and ask whether the one-sided 95% bound of the cost
+# lies below it (`cl.noninferiority`). A superiority test (`cl.compare`) could never say
+# "kept": a cost too small to resolve is only "not resolved".
+#
+# The protocol of Ainslie et al. (2023), on 8-head models (so g = 8 is MQA) built here:
+#
+# 1. pre-train an MHA base with a cosine schedule and record its held-out loss curve;
+# 2. mean-pool it to g = 2, 4, 8 and **uptrain** each for about 5% of the pre-training steps,
+#    recording the held-out curve; g = 1, the control, is the base trained equally long;
+# 3. beside it, train every g **from scratch** for as many steps as the base (equal compute).
+#
+# Every arm is judged only if its curve has reached a plateau (`cl.training_state`: the
+# last quarter's trend against the seed-to-seed spread); otherwise the verdict is
+# "under-trained: no verdict". One seed draws the initialisation, the data order and the
+# held-out windows it is scored on. The geometry is shrunk to fit a laptop (fewer layers, a
+# narrow model, short sequences and a 512-token vocabulary trained here, so the output layer
+# is cheap); in fast mode (CI) the runs are far too short, and the rule says so.
 
 # %%
-base_cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=cl.pick(fast=64, full=256), n_layer=cl.pick(fast=2, full=4),
-                       n_head=8, max_seq_len=1024)
-SEQ_LEN, BS = cl.pick(fast=64, full=256), cl.pick(fast=8, full=16)
-PRETRAIN, UPTRAIN = cl.pick(fast=60, full=2000), cl.pick(fast=8, full=100)  # uptraining = 5-15% of pre-training
-SEEDS = cl.pick(fast=[0, 1, 2], full=[0, 1, 2, 3, 4])
-runs, pool_loss = [], {"mean": [], "first": []}
+from codex_lab.stats import UNDER_TRAINED
+
+sizes = gqa.protocol_sizes()  # this mode's geometry: the protocol is the same in every mode
+MARGIN = gqa.MARGIN_NATS  # declared before the run (nats/token)
+print(sizes.describe(), f"| margin {MARGIN} nats/token")
+p_train, p_val, p_vocab = gqa.protocol_data(cl.load_corpus(max_files=sizes.max_files), sizes)
+print(f"train tokens {p_train.numel():,}, held-out tokens {p_val.numel():,}, vocabulary {p_vocab}")
 t0 = time.perf_counter()
-for seed in SEEDS:
-    torch.manual_seed(seed)
-    base = CodexModel(base_cfg).to(device)
-    pre = cl.uptrain(base, train_tokens, steps=PRETRAIN, batch_size=BS, seq_len=SEQ_LEN, lr=3e-3, warmup=PRETRAIN // 10, seed=seed)
-    for how in pool_loss:  # the conversion alone, your `convert` from above, on this seed's model
-        pool_loss[how].append(cl.val_loss(convert(base, 1, how), val_batches))
-    runs.append(cl.group_size_experiment(
-        base, train_tokens, val_batches, group_sizes=(1, 2, 4, 8), steps=UPTRAIN, batch_size=BS, seq_len=SEQ_LEN, lr=1e-3,
-        decode_batch=cl.pick(fast=4, full=32), decode_prompt=cl.pick(fast=64, full=512), decode_tokens=cl.pick(fast=8, full=64),
-        seed=seed, measure_decode=seed == SEEDS[0]))  # decode speed once: it is not what the seeds are for
-    print(f"seed {seed}: pre-trained {PRETRAIN} steps (train loss {pre[0]:.2f} -> {pre[-1]:.2f}), then uptrained each g")
-print(f"{len(SEEDS)} seeds in {time.perf_counter() - t0:.1f} s")
-exp = runs[0]
-print(f"seed {SEEDS[0]}:")
-print(f"{'g':>2} {'K/V heads':>9} {'val converted':>13} {'val uptrained':>13} {'KV B/token':>10} {'saving':>7} {'decode tok/s':>12}")
-for r in exp:
-    print(f"{r['g']:>2} {r['n_kv_head']:>9} {r['val_loss_converted']:>13.3f} {r['val_loss_uptrained']:>13.3f} "
-          f"{r['kv_bytes_per_token']:>10,} {r['kv_saving']:>7.1%} {r['decode_tok_s']:>12.0f}")
-assert [r["kv_saving"] for r in exp] == [0.0, 0.5, 0.75, 0.875]
-for rows_ in runs:
-    for r in rows_[1:]:
-        assert r["val_loss_uptrained"] < r["val_loss_converted"], f"g={r['g']}: uptraining did not lower the loss"
+protocol_runs = [gqa.run_protocol_seed(seed, p_train, p_val, p_vocab, sizes, device=device, keep_base=True)
+                 for seed in sizes.seeds]
+print(f"{len(sizes.seeds)} seeds x (1 base + 3 from scratch + 4 uptrainings) in {time.perf_counter() - t0:.1f} s")
+
+# your `convert` from section 5 on each seed's pre-trained base, scored on that seed's held-out windows
+pool_loss = {"mean": [], "first": []}
+for r in protocol_runs:
+    evals = gqa.heldout_sample(p_val, sizes.eval_windows, sizes.seq_len, r.seed)
+    for how in pool_loss:
+        pool_loss[how].append(cl.val_loss(convert(r.model, 1, how), evals))  # MQA: 1 K/V head
+    # the package's conversion to g = 4 is the mean-pool written above
+    assert abs(cl.val_loss(convert(r.model, 2, "mean"), evals) - r.converted[4]) < 1e-5
+for g in sorted(protocol_runs[0].uptrain):
+    conv = sum(r.converted[g] for r in protocol_runs) / len(protocol_runs)
+    up = sum(r.final("uptrain", g) for r in protocol_runs) / len(protocol_runs)
+    sc = sum(r.final("scratch", g) for r in protocol_runs) / len(protocol_runs)
+    print(f"g = {g}: held-out loss right after pooling {conv:.3f}, after uptraining {up:.3f}, from scratch {sc:.3f} "
+          f"(mean of {len(protocol_runs)} seeds)")
+
+# %%
+fig = gqa.plot_protocol(protocol_runs)
+plt.show()
 
 # %% [markdown]
-# **The verdicts.** For each g, the per-seed difference `loss(g) - loss(MHA)` after equal
-# training, its mean and 95% interval (`cl.compare`, paired). The claim under test is
-# "GQA keeps quality": it *fails* when the interval lies wholly above 0 (a cost this many
-# seeds can see), and is *not resolved* when the interval contains 0 (any cost is smaller
-# than its half-width here). The same rule judges Ainslie et al.'s "mean-pooling beats
-# keeping the first head" on the conversion losses of each seed's model.
+# **The verdicts.** First each arm's training state, then the primary comparison (g = 4
+# uptrained against the MHA control trained equally long) and the secondary ones (g = 2 and
+# 8 uptrained, every g from scratch), corrected together for multiplicity (Holm). Below
+# them, for contrast, the superiority rule on the same final losses. The same rule judges
+# Ainslie et al.'s "mean-pooling beats keeping the first head" on the conversion losses.
 
 # %%
-from codex_lab.lessons.l03_gqa.experiments import group_size_verdicts
-
-print(cl.VERDICT_RULE)
-gqa_verdicts = group_size_verdicts(runs)
-for g, c in gqa_verdicts.items():
-    print(f"g = {g}: " + c.describe())
+verdicts = gqa.protocol_verdicts(protocol_runs, margin=MARGIN)
+for st in verdicts.states.values():
+    print(st.describe())
+print(cl.NONINFERIORITY_RULE)
+print("primary, g = 4 uptrained: " + verdicts.primary.describe())
+for name, c in verdicts.secondary.items():
+    print(f"{name}: " + c.describe())
+if verdicts.primary.verdict == UNDER_TRAINED:
+    print("-> no verdict at these sizes: an arm is still improving (standard or full mode trains longer)")
+runs = [[{"g": g, "val_loss_uptrained": r.final("uptrain", g)} for g in sorted(r.uptrain)] for r in protocol_runs]
+superiority = gqa.group_size_verdicts(runs)  # the superiority rule: "holds" only if GQA is *better*
+print("superiority rule, same numbers: " + "; ".join(f"g = {g}: {c.verdict}" for g, c in superiority.items()))
 mean_vs_first = cl.compare(pool_loss["first"], pool_loss["mean"], metric="val loss right after pooling to MQA, mean minus first",
                            higher_is_better=False, paired=True)
 print("mean vs first head: " + mean_vs_first.describe())
 
-# %%
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
-xs = [r["g"] for r in exp]
-a1.plot(xs, [r["val_loss_converted"] for r in exp], "o-", label="right after mean-pooling")
-a1.plot(xs, [r["val_loss_uptrained"] for r in exp], "s-", label=f"after {UPTRAIN} uptraining steps")
-a1.set_xscale("log", base=2)
-a1.set_xlabel("group size g")
-a1.set_ylabel("validation loss (nats/token)")
-a1.legend(fontsize=8)
-a2.bar([str(g) for g in xs], [r["kv_bytes_per_token"] for r in exp], color="C1")
-a2.set_xlabel("group size g")
-a2.set_ylabel("KV-cache bytes per token (fp32)")
-plt.tight_layout()
-plt.show()
-for r in exp[1:]:
-    before = r["val_loss_converted"] - exp[0]["val_loss_converted"]  # gap to MHA right after pooling
-    after = r["val_loss_uptrained"] - exp[0]["val_loss_uptrained"]  # gap to MHA trained equally long
-    print(f"g = {r['g']} (seed {SEEDS[0]}): gap to MHA {before:+.3f} nats/token after pooling, {after:+.3f} after uptraining "
-          f"({1 - after / before:.0%} of the gap closed)")
-
 # %% [markdown]
-# Read the table as the trade: KV bytes per token fall as `1/g`; training shrinks the loss
-# paid right after pooling by the printed share; what remains against MHA trained equally
-# long is the quality price of sharing, judged over seeds above. The decode speeds in the
-# table time whole steps of a tiny model with a short cache, once each: they include
-# embeddings, FFNs and the output layer and are not compared here. The part GQA speeds up
-# is the attention over a long cache, which must read every cached K/V byte. Timing just
-# that kernel, one new query per sequence against a long cache, in interleaved rounds:
+# KV bytes per token fall as `1/g`; what the quality side costs is the primary verdict above,
+# at this scale. Speed is the other half of the trade. Timing whole decode steps of a tiny
+# model mixes in embeddings, FFNs and the output layer; the part GQA speeds up is the
+# attention over a long cache, which must read every cached K/V byte. Timing just that
+# kernel, one new query per sequence against a long cache, in interleaved rounds:
 
 # %%
 S_LONG = cl.pick(fast=2048, full=16384)
@@ -392,7 +390,7 @@ print(mqa_speed.describe(), f"| bytes read: {1 / 8:.3f}x")
 # follow the bytes read (not measured here: run the notebook in full mode on a GPU).
 # `codex-lab bench gqa` times whole decode steps per group size.
 #
-# ## 6. Hugging Face interop: the same weights in `transformers`
+# ## 7. Hugging Face interop: the same weights in `transformers`
 # codex_lab's parameter names and RoPE layout follow Hugging Face Llama, so a model converts
 # one-to-one. `codex_lab.hf.llama.to_hf` gives a `LlamaForCausalLM` (or `Qwen2ForCausalLM` when the
 # model has q/k/v biases) and `from_hf` goes back. Same weights, same logits, same greedy
@@ -468,13 +466,15 @@ print(f"- Real models at 32k tokens, bf16: Qwen2.5-Coder-0.5B {real_rows['Qwen2.
 print(f"- Conversion of the shipped model to MQA: val loss {init_loss['mean']:.3f} by mean-pooling, "
       f"{init_loss['first']:.3f} keeping the first head, {init_loss['random']:.3f} with fresh K/V "
       f"(MHA {shipped_rows[0][1]:.3f}); {best_init} was lowest on this one model.")
-print(f"- Mean-pooling vs first head over {len(SEEDS)} pre-trained models (Ainslie et al.: the mean is better): "
+print(f"- Mean-pooling vs first head over {len(sizes.seeds)} pre-trained models (Ainslie et al.: the mean is better): "
       f"{mean_vs_first.describe()}.")
-for g, c in gqa_verdicts.items():
-    print(f"- 'GQA keeps quality after {UPTRAIN} uptraining steps', g = {g}: {c.describe()}.")
+print(f"- 'GQA with g = 4-8 keeps quality' ({sizes.describe()}): primary, g = 4 uptrained "
+      f"{sizes.uptrain_steps} steps: {verdicts.primary.describe()}.")
+for name, c in verdicts.secondary.items():
+    print(f"- {name}: {c.verdict} (cost {c.diff:+.3f} nats/token, 90% CI [{c.lo:+.3f}, {c.hi:+.3f}]).")
 print(f"- One decode step's attention over {S_LONG} cached tokens: {mqa_speed.describe()}. "
       f"Hugging Face gives the same logits ({diff:.1e}) and the same greedy tokens.")
-print(f"(notebook run time {elapsed:.0f} s in {'fast' if FAST else 'full'} mode on {device}, under load)")
+print(f"(notebook run time {elapsed:.0f} s in {cl.mode_info().mode} mode on {device}, under load)")
 
 # %% [markdown]
 # ## Questions to think about

@@ -79,3 +79,74 @@ def test_bad_inputs() -> None:
         share_within(torch.ones(1, 1, 8, 8), 8)
     with pytest.raises(ValueError, match=r"\(L, H, T, T\)"):
         mass_by_distance(torch.ones(8, 8))
+
+
+# ---------------------------------------------------------------- the window's cost in held-out loss
+
+
+class _CharTok:
+    """Characters as token ids (enough for heldout_snippets, which only encodes)."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % 50 for c in text]
+
+
+TEXTS = [f"def f{i}():\n" + "    x = 1\n" * (20 + i) for i in range(12)]
+
+
+def test_windowed_copy_keeps_the_weights_and_equals_dense_when_the_window_covers_the_snippet() -> None:
+    from codex_lab.lessons.l01_attention_patterns.analysis import snippet_losses, windowed
+
+    m = model()
+    ids = torch.randint(0, 50, (3, 41))
+    w_all, w_4 = windowed(m, 40), windowed(m, 4)
+    assert w_4.cfg.attn_patterns == ["window:4", "window:4"] and m.cfg.attn_patterns is None
+    assert all(torch.equal(p, w_4.state_dict()[n]) for n, p in m.state_dict().items())
+    dense = snippet_losses(m, ids, min_query=0)  # (3,)
+    assert dense.shape == (3,)
+    # a window of 40 keys over 40 queries is dense: same losses up to summation order (fp32 logits of O(1))
+    torch.testing.assert_close(snippet_losses(w_all, ids, 0), dense, atol=1e-5, rtol=0)
+    # queries 0..3 see the same 4 keys under window:4 and dense: scored alone they agree
+    torch.testing.assert_close(snippet_losses(w_4, ids[:, :5], 0), snippet_losses(m, ids[:, :5], 0), atol=1e-5, rtol=0)
+    # past the window they differ (an untrained model still reads its keys)
+    assert (snippet_losses(w_4, ids, 10) - snippet_losses(m, ids, 10)).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="window"):
+        windowed(m, 0)
+
+
+def test_snippet_losses_average_only_the_queries_past_min_query() -> None:
+    from codex_lab.lessons.l01_attention_patterns.analysis import snippet_losses
+
+    m = model()
+    ids = torch.randint(0, 50, (2, 21))
+    with torch.no_grad():
+        logits = m(ids[:, :-1]).logits  # (2, 20, V)
+    # -log p(token i+1) for queries i >= 7, written out
+    nll = -torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]  # (2, 20)
+    torch.testing.assert_close(snippet_losses(m, ids, 7, batch_size=1), nll[:, 7:].mean(1), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="min_query"):
+        snippet_losses(m, ids, 20)
+
+
+def test_heldout_snippets_are_a_seeded_sample_starting_at_a_def() -> None:
+    from codex_lab.lessons.l01_attention_patterns.analysis import heldout_snippets
+
+    tok = _CharTok()
+    a, b, c = (heldout_snippets(tok, TEXTS, 4, 30, seed=s) for s in (0, 0, 1))
+    assert a.shape == (4, 30) and torch.equal(a, b)
+    assert not torch.equal(a, c)  # another seed, another evaluation sample
+    starts = {tuple(tok.encode(t[:30])) for t in TEXTS}
+    assert all(tuple(row.tolist()) in starts for row in a)  # each snippet starts at the text's def
+    with pytest.raises(ValueError, match="give a 5000-token snippet"):
+        heldout_snippets(tok, TEXTS, 2, 5000, seed=0)
+
+
+def test_window_losses_score_every_arm_on_the_same_snippets() -> None:
+    from codex_lab.lessons.l01_attention_patterns.analysis import window_losses
+
+    m = model()
+    res = window_losses(m, _CharTok(), TEXTS, windows=(8, 64), n_snippets=3, length=40, seeds=[0, 1, 2], min_query=10)
+    assert sorted(res) == ["dense", "window:64", "window:8"] and all(len(v) == 3 for v in res.values())
+    for d, wide in zip(res["dense"], res["window:64"]):  # a 64-key window over 40 tokens is dense
+        torch.testing.assert_close(wide, d, atol=1e-5, rtol=0)
+    assert not torch.allclose(res["window:8"][0], res["dense"][0])

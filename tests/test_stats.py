@@ -316,3 +316,18 @@ def test_check_stated():
     assert check_stated(0.75, 0.35, 0.45) == FAILS_AS_STATED  # GQA "about 40%" vs 75% at g = 4
     assert check_stated(0.40, 0.35, 0.45) == HOLDS
     assert check_stated(1.99, 1.45, 1.55) == FAILS_AS_STATED  # O(N sqrt N) vs exponent 1.99
+
+
+def test_holm_keeps_a_clear_noninferiority_failure():
+    """A non-inferiority 'fails' rejects 'cost <= margin': Holm must use that test's p, not p('cost >= margin') ~ 1
+    (a lesson-01 secondary with its whole interval past the margin was demoted to 'not resolved')."""
+    from codex_lab.stats import holm, noninferiority
+
+    base = [1.00, 1.02, 0.98, 1.01, 0.99]
+    far = [1.13, 1.14, 1.10, 1.12, 1.11]  # cost ~0.12, far past a 0.05 margin
+    kept = [1.00, 1.03, 0.98, 1.02, 0.99]
+    c_far = noninferiority(base, far, margin=0.05, higher_is_better=False, paired=True)
+    c_kept = noninferiority(base, kept, margin=0.05, higher_is_better=False, paired=True)
+    assert (c_far.verdict, c_kept.verdict) == (FAILS, HOLDS) and c_far.p_value > 0.99
+    out = holm([c_far, c_kept])
+    assert [c.verdict for c in out] == [FAILS, HOLDS]
