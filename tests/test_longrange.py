@@ -144,3 +144,65 @@ def test_receptive_field_formulas():
     two = reach(["window:8+strided:8"] * 2, n)
     assert torch.equal(two, torch.ones(n, n, dtype=torch.bool).tril())
     assert not torch.equal(reach(["window:8+strided:8"], n), two)
+
+
+SCATTERED = RecallTask(seq_len=128, n_keys=7, distances=(10, 20, 40, 64, 88, 112), per_distance=1, layout="scattered")
+
+
+@pytest.fixture(scope="module")
+def scattered_batch(setup):
+    _, vocab, lines = setup
+    return make_recall_batch(lines, vocab, SCATTERED, 120, torch.Generator().manual_seed(4))
+
+
+def test_scattered_positions_distances_and_no_leakage(setup, scattered_batch):
+    """Scattered layout: every binding line at its own random place, the query exactly
+    `distance` after the value, the answer nowhere else, plus one unqueried distractor binding."""
+    _, vocab, _ = setup
+    b = scattered_batch
+    assert b.tokens.shape == (120, 128)
+    for row in b.distance.tolist():
+        assert sorted(row) == sorted(SCATTERED.distances)
+    tok_at = lambda pos: b.tokens.gather(1, pos)  # noqa: E731
+    assert torch.equal(tok_at(b.source_pos), b.answer) and torch.equal(tok_at(b.source_pos - 2), b.key)
+    assert (tok_at(b.source_pos - 1) == vocab.assign).all() and (tok_at(b.query_pos) == vocab.comma).all()
+    assert torch.equal(tok_at(b.query_pos + 1), b.answer) and torch.equal(b.targets.gather(1, b.query_pos), b.answer)
+    assert torch.equal(b.query_pos, b.query_pos.sort(-1).values)  # queries in order of position
+    for r in range(b.tokens.shape[0]):
+        row = b.tokens[r].tolist()
+        # bindings: "KEY =" pairs; each binding line starts a line (after a newline or at 0)
+        starts = [i for i in range(len(row) - 1) if row[i] in vocab.keys and row[i + 1] == vocab.assign]
+        assert len(starts) == SCATTERED.n_keys  # the queried keys and one distractor
+        assert all(i == 0 or row[i - 1] == vocab.newline for i in starts)
+        for s, q, a, k in zip(b.source_pos[r].tolist(), b.query_pos[r].tolist(), b.answer[r].tolist(), b.key[r].tolist()):
+            assert a not in row[s + 1 : q + 1] and row.count(a) == 2 and row.count(k) == 2
+
+
+def test_scattered_bindings_are_spread_over_the_file(scattered_batch):
+    """No position is special: binding values fall all over the first 3/4 of the file (their
+    query must still fit after them), not in a fixed header."""
+    src = scattered_batch.source_pos
+    assert len(set(src.flatten().tolist())) > 60
+    near = scattered_batch.distance <= 20  # short distances: their bindings may sit anywhere
+    assert src[near].max() - src[near].min() > 80  # from the first quarter of the file to the last
+
+
+def test_scattered_window_reader_is_at_chance_beyond_its_window(setup):
+    _, vocab, lines = setup
+    b = make_recall_batch(lines, vocab, SCATTERED, 200, torch.Generator().manual_seed(6))
+    w = 47  # the lesson's window-only reach L(w - 1) = 46
+    hit = (window_baseline(b, vocab, w) == b.answer).float()
+    assert hit[b.distance < w - 1].mean() == 1.0
+    far = b.distance > w
+    p, n = 1 / len(vocab.pools[0]), int(far.sum())
+    # binomial: 4 standard deviations (the seed is fixed)
+    assert abs(float(hit[far].mean()) - p) < 4 * math.sqrt(p * (1 - p) / n), (float(hit[far].mean()), p, n)
+
+
+def test_scattered_task_refuses_what_does_not_fit(setup):
+    _, vocab, lines = setup
+    with pytest.raises(ValueError, match="layout"):
+        RecallTask(layout="footer")
+    with pytest.raises(ValueError, match="cannot scatter"):
+        make_recall_batch(lines, vocab, RecallTask(seq_len=128, n_keys=14, distances=(10, 20, 40, 64, 88, 112, 116),
+                                                   per_distance=1, layout="scattered"), 1, torch.Generator().manual_seed(0))

@@ -11,6 +11,11 @@ The construction is associative recall (Zoology's MQAR, Arora et al. 2023) writt
     <more real code>
     self.assertEqual(KEY, 7)
 
+That is the ``"header"`` layout. Lesson 02 trains on the ``"scattered"`` one (``RecallTask(layout=
+"scattered")``): each binding line sits at a random line of the file and its query exactly
+``distance`` tokens later, so no position holds the answers by construction (a pattern that
+makes the first tokens global would see every header binding).
+
 Each key has its own small pool of possible values (names, disjoint between keys, as a HOST
 takes host names and a MODE takes modes), and each sequence draws every key's value uniformly
 from its pool, independently of everything else. The answer of a query is the value bound to
@@ -34,6 +39,7 @@ earlier position in two hops.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -144,24 +150,45 @@ def filler_lines(tok: CodeTokenizer, texts: Sequence[str], vocab: RecallVocab, m
 
 @dataclass(frozen=True)
 class RecallTask:
-    """Shape of the task: sequence length, header size, distances queried, value pool.
+    """Shape of the task: sequence length, bindings, distances queried, where the bindings sit.
 
     ``distances`` are the exact query distances (tokens from the binding's value to the query's
     ``,``); each sequence asks every distance ``per_distance`` times, with random keys.
+
+    ``layout``:
+
+    - ``"header"``: the ``n_keys`` bindings form the file's first ``4 n_keys`` tokens (the
+      module's picture). Positions of bindings are then fixed, so a pattern that makes the
+      first tokens global (``global:4n``) sees every binding by construction.
+    - ``"scattered"``: each binding line sits at a random line start anywhere in the file
+      (constants defined where they are first needed), its query exactly ``distance`` tokens
+      later; ``n_keys`` bindings, the queried ones plus unqueried distractors. No position is
+      special, so no fixed pattern sees the bindings by construction.
     """
 
     seq_len: int = 1024
     n_keys: int = 16
     distances: tuple[int, ...] = (24, 48, 96, 160, 320, 640, 896)
     per_distance: int = 2
+    layout: str = "header"
 
     def __post_init__(self) -> None:
-        header = 4 * self.n_keys
-        if max(self.distances) + 4 * self.n_keys + 8 > self.seq_len:
-            raise ValueError(f"distance {max(self.distances)} does not fit in seq_len={self.seq_len} after a "
-                             f"{header}-token header; use a longer sequence or shorter distances")
+        if self.layout not in ("header", "scattered"):
+            raise ValueError(f"layout must be 'header' or 'scattered', got {self.layout!r}")
         if min(self.distances) < 1:
             raise ValueError("distances must be >= 1")
+        if self.n_keys < len(self.distances) * self.per_distance:
+            raise ValueError(f"{len(self.distances) * self.per_distance} queries need as many keys (each key is asked "
+                             f"once); use more keys (n_keys={self.n_keys}) or fewer queries per distance")
+        header = 4 * self.n_keys if self.layout == "header" else 4
+        if max(self.distances) + header + 8 > self.seq_len:
+            raise ValueError(f"distance {max(self.distances)} does not fit in seq_len={self.seq_len} after a "
+                             f"{header}-token binding; use a longer sequence or shorter distances")
+
+    @property
+    def n_queries(self) -> int:
+        """Queries per sequence: every distance ``per_distance`` times."""
+        return len(self.distances) * self.per_distance
 
 
 @dataclass
@@ -183,8 +210,9 @@ class RecallBatch:
 
 
 def _place_queries(task: RecallTask, qlen: int, comma: int, gen: torch.Generator) -> list[tuple[int, int, int]]:
-    """(line start, key index, distance) of each query: non-overlapping, after the header, and each
-    key asked at most once (a second query could copy the value from the first one's line)."""
+    """Header layout: (line start, key index, distance) of each query: non-overlapping, after the
+    header, and each key asked at most once (a second query could copy the value from the first
+    one's line)."""
     header = 4 * task.n_keys
     wanted = sorted(d for d in task.distances for _ in range(task.per_distance))  # most constrained first
     for _ in range(100):
@@ -208,9 +236,52 @@ def _place_queries(task: RecallTask, qlen: int, comma: int, gen: torch.Generator
                      f"{task.seq_len} tokens; use more keys, fewer queries per distance or a longer sequence")
 
 
+def _place_scattered(task: RecallTask, qlen: int, comma: int,
+                     rng: random.Random) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+    """Scattered layout: ([(binding line start, key index)], [(query line start, key index, distance)]).
+
+    Queried keys first, longest distance first (the most constrained): the binding's value
+    position b is drawn uniformly among the free ones whose query line, at ``b + distance``,
+    also fits; then the distractor bindings anywhere free. Lines never touch (at least one
+    filler token between). ``rng``: a Python generator seeded from the batch's torch generator.
+    """
+    T = task.seq_len
+    wanted = sorted((d for d in task.distances for _ in range(task.per_distance)), reverse=True)
+
+    for _ in range(100):
+        busy = bytearray(T)  # 1 where a task line sits
+
+        def free(a: int, z: int) -> bool:  # [a, z] and one token either side unused
+            return 0 <= a and z < T and busy.find(1, max(0, a - 1), z + 2) < 0
+
+        binds: list[tuple[int, int]] = []
+        queries: list[tuple[int, int, int]] = []
+        for k in range(task.n_keys):
+            d = wanted[k] if k < len(wanted) else None
+            if d is None:  # a distractor: bound, never asked
+                opts = [b for b in range(2, T - 1) if free(b - 2, b + 1)]
+            else:
+                # binding line [b - 2, b + 1] (value at b); query line [q0, q0 + qlen - 1], q0 = b + d - comma > b + 2
+                opts = [b for b in range(2, T - qlen - d + comma + 1)
+                        if d - comma > 2 and free(b - 2, b + 1) and free(b + d - comma, b + d - comma + qlen - 1)]
+            if not opts:
+                break
+            b = opts[rng.randrange(len(opts))]
+            busy[b - 2 : b + 2] = b"\x01" * 4
+            binds.append((b - 2, k))
+            if d is not None:
+                q0 = b + d - comma
+                busy[q0 : q0 + qlen] = b"\x01" * qlen
+                queries.append((q0, k, d))
+        if len(binds) == task.n_keys:
+            return sorted(binds), sorted(queries)
+    raise ValueError(f"cannot scatter {task.n_keys} bindings and {len(wanted)} queries at distances {task.distances} "
+                     f"in {task.seq_len} tokens; use fewer keys, fewer queries per distance or a longer sequence")
+
+
 def make_recall_batch(lines: Sequence[list[int]], vocab: RecallVocab, task: RecallTask, batch_size: int,
                       gen: torch.Generator) -> RecallBatch:
-    """``batch_size`` sequences: a header of bindings, filler lines, queries at exact distances.
+    """``batch_size`` sequences: bindings (a header, or scattered), filler lines, queries at exact distances.
 
     ``lines`` are filler lines in file order (:func:`filler_lines`); each sequence reads them
     consecutively from a random start, so the filler is a contiguous stretch of real code.
@@ -222,12 +293,22 @@ def make_recall_batch(lines: Sequence[list[int]], vocab: RecallVocab, task: Reca
         key_ids = [vocab.keys[i] for i in chosen]
         # each value uniform over its key's pool, independent -> without the binding, chance is 1/pool_size
         vals = [vocab.pools[i][int(torch.randint(len(vocab.pools[i]), (1,), generator=gen))] for i in chosen]
+        # events: (line start, tokens, query key index or -1)
+        events: list[tuple[int, list[int], int]] = []
+        if task.layout == "header":
+            for k, (kid, v) in enumerate(zip(key_ids, vals)):
+                events.append((4 * k, binding_line(vocab, kid, v), -1))
+            queries = _place_queries(task, qlen, comma, gen)
+        else:
+            binds, queries = _place_scattered(task, qlen, comma, random.Random(int(torch.randint(1 << 62, (1,), generator=gen))))
+            events += [(start, binding_line(vocab, key_ids[k], vals[k]), -1) for start, k in binds]
+        events += [(start, query_line(vocab, key_ids[k], vals[k]), k) for start, k, _ in queries]
+        source = {k: (4 * k if task.layout == "header" else dict((kk, st) for st, kk in binds)[k]) + 2
+                  for _, k, _ in queries}
         seq: list[int] = []
-        for k, v in zip(key_ids, vals):
-            seq += binding_line(vocab, k, v)
         nxt = int(torch.randint(len(lines), (1,), generator=gen))
         qp, sp, an, ky = [], [], [], []
-        for start, k, d in _place_queries(task, qlen, comma, gen) + [(T, -1, 0)]:
+        for start, toks, k in sorted(events, key=lambda e: e[0]) + [(T, [], -2)]:
             while len(seq) < start:  # whole filler lines while they fit, then blank lines
                 line = lines[nxt % len(lines)]
                 if len(seq) + len(line) <= start:
@@ -235,12 +316,13 @@ def make_recall_batch(lines: Sequence[list[int]], vocab: RecallVocab, task: Reca
                     nxt += 1
                 else:
                     seq.append(vocab.newline)
-            if k < 0:
-                break
-            seq += query_line(vocab, key_ids[k], vals[k])
-            qp.append(start + comma); sp.append(4 * k + 2); an.append(vals[k]); ky.append(key_ids[k])
+            seq += toks
+            if k >= 0:
+                qp.append(start + comma); sp.append(source[k]); an.append(vals[k]); ky.append(key_ids[k])
         assert len(seq) == T
-        rows.append(seq); qpos.append(qp); spos.append(sp); ans.append(an); keys.append(ky)
+        order = sorted(range(len(qp)), key=lambda i: qp[i])
+        rows.append(seq); qpos.append([qp[i] for i in order]); spos.append([sp[i] for i in order])
+        ans.append([an[i] for i in order]); keys.append([ky[i] for i in order])
     qp_t, sp_t, ans_t = torch.tensor(qpos), torch.tensor(spos), torch.tensor(ans)  # (B, Q) each
     targets = torch.full((batch_size, T), -100, dtype=torch.long)  # (B, T)
     targets.scatter_(1, qp_t, ans_t)

@@ -18,6 +18,8 @@ def run(ctx: Any) -> str:
     from codex_lab.nn.patterns import parse_pattern, seed_cost_ratio
     from codex_lab.nn.sparse import tiles_computed
 
+    from codex_lab.stats import check_stated
+
     parts = []
     # 1. cost: exact pairs at small N, the article's formula at large N
     w, s = 128, 32
@@ -26,26 +28,35 @@ def run(ctx: Any) -> str:
     exact = [p.pairs(n) for n in ns]
     bound = [p.predicted_cost(n) for n in ns]
     big = [seed_cost_ratio(n, w, s)["sparse"] for n in (1 << 19, 1 << 20)]
+    # local growth exponent between N = 2^19 and 2^20: log2(cost(2^20) / cost(2^19))
     exp_big = math.log(big[1] / big[0]) / math.log(2)
     r = int(math.isqrt(1 << 20)), int(math.isqrt(1 << 19))
     sq = [(1 << 20) * (r[0] + (1 << 20) / r[0]), (1 << 19) * (r[1] + (1 << 19) / r[1])]
     exp_sqrt = math.log(sq[0] / sq[1]) / math.log(2)
     parts.append("| N | exact pairs (w=128, s=32) | article N(w+N/s) | causal pairs |\n|---|---|---|---|\n" + "\n".join(
         f"| {n} | {e:,} | {b:,} | {n * (n + 1) // 2:,} |" for n, e, b in zip(ns, exact, bound)))
+    # the stated figure: exponent 1.5 (N sqrt N); +-0.05 covers a finite-N fit of an exact 1.5 law
     ctx.claim("Window + strided sparse attention takes cost from O(N^2) to O(N sqrt N)",
-              f"fixed w=128, s=32: N(w+N/s), growth exponent {exp_big:.2f} at N=2^20 (dense/sparse -> s={s}, "
-              f"{seed_cost_ratio(1 << 20, w, s)['speedup']:.1f}x at 2^20); w=s=sqrt(N): exponent {exp_sqrt:.2f}",
-              "holds with a correction", lesson="02")
-    # 2. tiles: token stride vs block stride
+              f"with the article's fixed w=128, s=32 the cost is N(w+N/s): growth exponent {exp_big:.2f} at N=2^20 "
+              f"(stated 1.5; quadratic, {seed_cost_ratio(1 << 20, w, s)['speedup']:.1f}x cheaper than dense at 2^20, "
+              f"tending to s={s}). What holds: exponent {exp_sqrt:.2f} (N sqrt N) only when w and s grow like sqrt(N)",
+              check_stated(exp_big, 1.45, 1.55), lesson="02")
+    # 2. tiles: token stride vs block stride; the extra work of the far links, in pairs and in tiles
     n, bs = 2048, 128
     causal_tiles = (n // bs) * (n // bs + 1) // 2
+    win = parse_pattern(f"window:{w}")
     tok_frac = tiles_computed(f"window:{w}+strided:{s}", n, bs) / causal_tiles
+    win_frac = tiles_computed(win, n, bs) / causal_tiles
     blk = parse_pattern("window:128+blockstride:128:8")
     blk_frac = tiles_computed(blk, n, bs) / causal_tiles
+    pair_ratio = p.density(n) / win.density(n)  # what the stride adds, counted in pairs (the article's arithmetic)
+    tile_ratio = tok_frac / win_frac  # what it adds to a tile kernel's work
     ctx.claim("Global strided links every 16-32 tokens are a cheap addition to a local window",
-              f"window:128+strided:32 keeps density {p.density(n):.2f} of pairs but touches {tok_frac:.0%} of "
-              f"128-token tiles at N={n}; a block-granular stride (every 8th block) touches {blk_frac:.0%}",
-              "holds with a correction", lesson="02")
+              f"at N={n} the token stride s={s} multiplies the window's pairs by {pair_ratio:.2f} (stated cost) but a "
+              f"128-token tile kernel's work by {tile_ratio:.2f} ({win_frac:.0%} -> {tok_frac:.0%} of causal tiles). "
+              f"What holds: a block-granular stride (every 8th 128-token block) touches {blk_frac:.0%} of the tiles "
+              f"({blk_frac / win_frac:.2f}x the window's) for density {blk.density(n):.2f}",
+              check_stated(tile_ratio, 0.0, pair_ratio), lesson="02")
     # 3. measured kernels
     sizes = [1024, 2048] if ctx.fast else [1024, 2048, 4096, 8192]
     impls = ["sdpa", "blocks"] if ctx.fast else ["sdpa", "blocks", "flex"]
@@ -58,11 +69,13 @@ def run(ctx: Any) -> str:
             rec["density"] = 1.0 if impl == "sdpa" else d
             recs.append(rec)
     base = {r_["N"]: r_["median_ms"] for r_ in recs if r_["impl"] == "sdpa"}
-    lines = ["| impl | N | median ms | peak MiB | density | speed-up vs SDPA | limit 1/d |", "|---|---|---|---|---|---|---|"]
+    lines = ["| impl | N | median ms | peak MiB | density d | pairs computed c | speed-up vs SDPA |",
+             "|---|---|---|---|---|---|---|"]
     for r_ in recs:
         r_["speedup"] = base[r_["N"]] / r_["median_ms"]
+        c_ = r_.get("computed_fraction", 1.0)
         lines.append(f"| {r_['impl']} | {r_['N']} | {r_['median_ms']:.1f} | {r_['peak_mib']:.1f} | {r_['density']:.3f} | "
-                     f"{r_['speedup']:.2f}x | {1 / r_['density']:.1f}x |")
+                     f"{c_:.3f} | {r_['speedup']:.2f}x |")
     fig, ax = plt.subplots(figsize=(5, 3))
     for impl in impls:
         rr = [r_ for r_ in recs if r_["impl"] == impl]
@@ -71,76 +84,101 @@ def run(ctx: Any) -> str:
     img = ctx.savefig(fig, "l02_attention_time")
     top = max(sizes)
     best = max((r_ for r_ in recs if r_["impl"] != "sdpa" and r_["N"] == top), key=lambda r_: r_["speedup"])
+    # the limit a measurement respects: the same kernel on every causal pair ("window:N", computing
+    # c_all >= 1 of them: whole diagonal tiles) over the same kernel on the pattern (c >= d) is at
+    # most c_all / c at equal cost per tile;
+    # against SDPA it is (SDPA's time per pair / the kernel's) / c, which 1/d bounds only at equal cost per pair
+    own = measure(best["impl"], f"window:{top}", top, repeats=3)
+    c = best.get("computed_fraction", best["density"])
+    c_all = own.get("computed_fraction", 1.0)
+    own_speedup = own["median_ms"] / best["median_ms"]
+    per_pair = base[top] / own["median_ms"]
     goal = 0.6 / best["density"]
     ctx.claim("Sparse attention makes long code context cheap (measured forward time)",
-              f"{best['impl']} at N={top}, {DEFAULT_PATTERN} (density {best['density']:.3f}): {best['speedup']:.2f}x "
-              f"dense causal SDPA (goal 0.6/d = {goal:.1f}x, limit 1/d = {1 / best['density']:.1f}x)",
-              "holds" if best["speedup"] >= goal else "holds with a correction", lesson="02")
+              f"{best['impl']} at N={top}, {DEFAULT_PATTERN} (density d={best['density']:.3f}, computes c={c:.3f} of "
+              f"the causal pairs): {best['speedup']:.2f}x dense causal SDPA (course goal 0.6/d = {goal:.1f}x). Limit: "
+              f"the same kernel on every causal pair (computing {c_all:.2f} of them) takes {own_speedup:.2f}x its time on "
+              f"the pattern, bounded by {c_all:.2f}/c = {c_all / c:.1f}x at equal cost per tile; SDPA spends {per_pair:.2f}x the kernel's time per causal pair, so 1/d = "
+              f"{1 / best['density']:.1f}x bounds the gain over SDPA only at equal cost per pair",
+              check_stated(best["speedup"], goal, math.inf), lesson="02")
     parts.append(f"Forward time, B=1, 4 heads, head dim 64, fp32, pattern `{DEFAULT_PATTERN}` "
-                 "(full table: `codex-lab bench attention --json`):\n\n" + "\n".join(lines) + "\n\n" + img)
+                 "(full table: `codex-lab bench attention --json`); c = the share of causal pairs the kernel computes "
+                 f"(whole tiles); at N={top} the {best['impl']} kernel on every causal pair ran "
+                 f"{own['median_ms']:.1f} ms:\n\n" + "\n".join(lines) + "\n\n" + img)
     parts.append(performance_goals(ctx))
     parts.append(long_range(ctx))
     return "\n\n".join(parts)
 
 
-def long_range(ctx: Any) -> str:
-    """Does sparse attention keep long-range code dependencies? The recall task of
-    ``codex_lab.data.longrange``: dense, window-only and window + token stride at matched density,
-    and the per-layer schedules, over seeds, each verdict from ``codex_lab.stats.compare``."""
-    import matplotlib.pyplot as plt
-
-    from codex_lab.data.longrange import window_reach
+def recall_config(mode: str) -> Any:
+    """The recall experiment's sizes for a mode: fast (CI, too short to converge), standard (a
+    laptop, converged), full (a GPU)."""
     from codex_lab.lessons.l02_sparse_attention import experiments as lr
 
-    from dataclasses import replace
+    return {"fast": lr.fast_config, "standard": lr.standard_config, "full": lr.full_config}[mode]()
 
-    # fast mode: the lesson's sizes with half its evaluation sequences, and no dense arm (the
-    # claims compare sparse arms), so the section stays inside its 90 s budget on 2 cores
-    cfg = replace(lr.fast_config(), eval_sequences=16) if ctx.fast else lr.full_config()
-    L, n = cfg.n_layer, cfg.task.seq_len
-    spec = {k: lr.ARMS[k] for k in ("window", "window+stride")}
-    if not ctx.fast:
-        spec = dict(lr.ARMS)
-        if lr.moba_available():
-            spec["moba"] = lr.moba_spec_for(lr.densities(spec, n)["window"], n)
-    w = int(spec["window"].split(":")[1])
-    arms = {k: [v] * L for k, v in spec.items()}
-    arms["dense early, sparse deep"] = ["dense", spec["window"]]
-    arms["sparse early, dense deep"] = [spec["window"], "dense"]
+
+def long_range(ctx: Any) -> str:
+    """Does sparse attention keep long-range code dependencies? The recall task of
+    ``codex_lab.data.longrange`` (scattered bindings), every arm trained from scratch over seeds
+    with held-out curves; each arm's training state, then one primary comparison per claim
+    (Holm for the secondary ones), all through ``codex_lab.stats.judge_trained``."""
+    import matplotlib.pyplot as plt
+
+    from codex_lab.lessons.l02_sparse_attention import experiments as lr
+    from codex_lab.training_state import states_text
+
+    mode = ctx.mode
+    cfg = recall_config(mode)
+    arms = lr.arms_for(mode)
+    L, n, rf = cfg.n_layer, cfg.task.seq_len, cfg.reach
     res = lr.run_arms(arms, cfg)
-    rf = window_reach(L, w)
-    chance = 1 / len(lr.task_data(cfg.corpus_files)[0].pools[0])  # one of the key's pool
-    far = {k: [lr.far_accuracy(r, rf) for r in runs] for k, runs in res.items()}
+    v = lr.judge(res, cfg)
+    chance = 1 / len(lr.task_data(cfg.corpus_files, cfg.max_line)[0].pools[0])  # one of the key's pool
+    dens = lr.densities({k: a[0] for k, a in arms.items() if k not in lr.SCHEDULES}, n)
     dists = [str(d) for d in cfg.task.distances]
-    lines = ["| arm | patterns | " + " | ".join(dists) + " | far (> %d) |" % rf, "|---|---|" + "---|" * (len(dists) + 1)]
+    lines = ["| arm | patterns | density | " + " | ".join(dists) + f" | far (> {rf}) | state |",
+             "|---|---|---|" + "---|" * (len(dists) + 2)]
     fig, ax = plt.subplots(figsize=(5, 3))
     for k, runs in res.items():
         m = lr.mean_by_distance(runs)
-        lines.append(f"| {k} | {' / '.join(arms[k])} | " + " | ".join(f"{m[d]:.2f}" for d in dists)
-                     + f" | {sum(far[k]) / len(far[k]):.2f} |")
+        lines.append(f"| {k} | {' / '.join(arms[k])} | {dens[k]:.2f} | " if k in dens else f"| {k} | {' / '.join(arms[k])} | - | ")
+        lines[-1] += " | ".join(f"{m[d]:.2f}" for d in dists) + f" | {sum(v.far[k]) / len(v.far[k]):.2f} | {v.states[k].short()} |"
         ax.plot([int(d) for d in dists], [m[d] for d in dists], "o-", label=k)
     ax.axhline(chance, color="grey", ls=":"); ax.axvline(rf, color="k", ls="--", lw=0.8)
-    ax.set_xscale("log"); ax.set_xlabel("query distance"); ax.set_ylabel("accuracy"); ax.legend(fontsize=6)
+    ax.set_xlabel("query distance (tokens)"); ax.set_ylabel("held-out accuracy"); ax.legend(fontsize=6)
     img = ctx.savefig(fig, "l02_long_range")
-    main = lr.claim_verdict(far, "window", "window+stride")
+    mean = {k: sum(x) / len(x) for k, x in v.far.items()}
     seeds = f"{len(cfg.seeds)} seeds, paired"
+    sec = "; ".join(f"{c.metric.split(', ')[1]}: {c.diff:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] {c.verdict}" for c in v.links)
+    ceiling = f"; dense (the ceiling) {mean['dense']:.2f}" if "dense" in mean else ""
+    st_main = [v.states[k] for k in ("window", "window+stride")]
     ctx.claim("Strided links keep the far (cross-function) dependencies that the local window alone loses",
-              f"recall of constants in real code at N={n}, {L} layers, matched density: far accuracy (distance > "
-              f"L(w-1) = {rf}) window+stride minus window {main.diff:+.3f} (95% CI [{main.lo:+.3f}, {main.hi:+.3f}], "
-              f"{seeds}); window+stride {sum(far['window+stride']) / len(far['window+stride']):.2f}, window "
-              f"{sum(far['window']) / len(far['window']):.2f}, chance {chance:.3f}", main.verdict, lesson="02")
-    rev = lr.claim_verdict(far, "sparse early, dense deep", "dense early, sparse deep")
-    allsp = lr.claim_verdict(far, "window", "dense early, sparse deep")
+              f"recall of constants bound at random lines of real code, N={n}, {L} layers, window+stride at the "
+              f"window's density: far accuracy (distance > L(w-1) = {rf}) window+stride minus window {v.stride.diff:+.3f} "
+              f"(95% CI [{v.stride.lo:+.3f}, {v.stride.hi:+.3f}], {seeds}, primary); window+stride "
+              f"{mean['window+stride']:.2f}, window {mean['window']:.2f}{ceiling}, chance {chance:.3f}"
+              + (f". Secondary (Holm): {sec}" if sec else ""), v.stride.verdict, lesson="02",
+              states=states_text(st_main + [s_ for k, s_ in v.states.items() if k in ("window+global", "moba", "dense")]))
+    sched = [v.states[k] for k in lr.SCHEDULES]
+    more = "; ".join(f"dense-early minus all-sparse {c.diff:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] {c.verdict}" for c in v.schedule_more)
     ctx.claim("Gradual sparsity: dense early layers, sparse deep layers is the better schedule",
-              f"same task, window:{w} as the sparse layer: dense-early minus sparse-early far accuracy {rev.diff:+.3f} "
-              f"(95% CI [{rev.lo:+.3f}, {rev.hi:+.3f}], {seeds}); dense-early minus all-sparse {allsp.diff:+.3f} "
-              f"([{allsp.lo:+.3f}, {allsp.hi:+.3f}]: {allsp.verdict})", rev.verdict, lesson="02")
+              f"same task, {arms['dense early, sparse deep'][1]} as the sparse layer: far accuracy dense-early minus "
+              f"sparse-early {v.schedule.diff:+.3f} (95% CI [{v.schedule.lo:+.3f}, {v.schedule.hi:+.3f}], {seeds}, "
+              f"primary); dense-early {mean['dense early, sparse deep']:.2f}, sparse-early "
+              f"{mean['sparse early, dense deep']:.2f}, all-sparse {mean['window']:.2f}. Secondary (Holm): {more}",
+              v.schedule.verdict, lesson="02", states=states_text(sched + [v.states["window"]]))
+    near = {k: lr.near_accuracy(lr.mean_by_distance(runs), rf) for k, runs in res.items()}
     cl_w = lr.cliff(lr.mean_by_distance(res["window"]), chance)
-    return (f"Long-range recall (`codex_lab.data.longrange`, {n} tokens, {L} layers; warm start "
-            f"{'shipped' if cfg.warm_from_asset else 'trained per seed'}, then {cfg.steps} steps per arm; "
-            f"{cfg.eval_sequences} held-out sequences per seed). "
-            f"Window-only reach L(w-1) = {rf}; its measured cliff: {cl_w}.\n\n" + "\n".join(lines) + "\n\n"
-            + "\n".join(f"- {c.describe()}" for c in (main, rev, allsp)) + "\n\n" + img)
+    secs = sum(r.seconds for runs in res.values() for r in runs)
+    return (f"Long-range recall (`codex_lab.data.longrange`, scattered layout; {mode} mode: {n} tokens, {L} layers, "
+            f"d={cfg.d_model}, {cfg.steps} steps of {cfg.batch} sequences from scratch per arm and seed, an evaluation "
+            f"on {cfg.eval_sequences} held-out sequences every {cfg.eval_every} steps; {len(cfg.seeds)} seeds vary "
+            f"initialisation, data order and evaluation sample; {secs:.0f} s CPU). "
+            f"Window-only reach L(w-1) = {rf}; its measured cliff: {cl_w}. Accuracy at distances <= {rf}: "
+            + ", ".join(f"{k} {a:.2f}" for k, a in near.items()) + ".\n\n" + "\n".join(lines) + "\n\n"
+            + "\n".join(f"- {c.describe()}" for c in (v.stride, *v.links, v.schedule, *v.schedule_more))
+            + "\n\n" + img)
 
 
 def performance_goals(ctx: Any) -> str:
