@@ -109,7 +109,7 @@ def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 
 def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, higher_is_better: bool,
-                   min_change: float, arm: str = "arm", tail: float = TAIL) -> TrainingState:
+                   min_change: float, arm: str = "arm", tail: float = TAIL, chance: float | None = None) -> TrainingState:
     """Judge one arm's training state from its held-out curves (one per seed).
 
     Args:
@@ -119,6 +119,10 @@ def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, highe
         min_change: the smallest change the claim cares about, in the metric's units (> 0).
         arm: the arm's name, for messages.
         tail: the share of the evaluations the trend is fitted on (0.25: the last quarter).
+        chance: the metric's value for a model that learned nothing (e.g. 1/8 accuracy with
+            8 candidates; ln V nats for a uniform guess over V tokens). A curve flat at chance
+            is not a plateau of learning: when the mean curve ends within two tolerances of
+            ``chance``, the arm is under-trained ("flat at chance").
     """
     if not min_change > 0 or not math.isfinite(min_change):
         raise ValueError(f"min_change is the smallest change that matters, a positive number in the metric's "
@@ -154,6 +158,12 @@ def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, highe
         spread = 0.0
     tol = max(spread, min_change)
     state = TRAINED if abs(change) <= tol else (UNDER_TRAINED_STATE if change > 0 else DEGRADING)
+    sign_gain = sign * (mean[-1] - chance) if chance is not None else math.inf
+    # learned = better than chance by more than two tolerances (the seeds' spread or min_change)
+    if state == TRAINED and sign_gain <= 2 * tol:
+        return TrainingState(arm, UNDER_TRAINED_STATE, change, tol, spread, mean[-1], len(cs), n, steps[-1],
+                             reason=f"flat at chance: ends at {mean[-1]:.3g} against chance {chance:.3g} "
+                                    f"(within 2 x tolerance {tol:.3g}); nothing learned yet")
     return TrainingState(arm, state, change, tol, spread, mean[-1], len(cs), n, steps[-1])
 
 

@@ -123,3 +123,15 @@ def test_an_eight_step_gqa_uptraining_is_under_trained():
     # 8 steps of a model that has barely begun: the loss is still falling fast at the end
     assert st.state == UNDER_TRAINED_STATE, st.describe()
     assert st.change > 0.05
+
+
+def test_flat_at_chance_is_not_a_plateau():
+    # recall accuracy flat at chance (1/8) for the whole run: no trend, but nothing learned
+    flat = _curves(lambda s, k: 0.125 + 0.005 * k, noise=0.01, seed=3)
+    st = training_state(flat, higher_is_better=True, min_change=0.02, chance=0.125, arm="window")
+    assert st.state == UNDER_TRAINED_STATE and "flat at chance" in st.describe()
+    learned = _curves(lambda s, k: 0.9 + 0.005 * k, noise=0.01, seed=4)
+    assert training_state(learned, higher_is_better=True, min_change=0.02, chance=0.125).state == TRAINED
+    # a loss: chance is ln(V); a model at 2.0 nats with V = 64 (ln 64 = 4.16) has learned
+    loss = _curves(lambda s, k: 2.0)
+    assert training_state(loss, higher_is_better=False, min_change=0.01, chance=math.log(64)).state == TRAINED
