@@ -19,7 +19,7 @@
 # # Lesson 06: fast inference
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/06_fast_inference.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 16 s on the course's reference 2-core machine (one math thread; measured 27 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).
+# **Run time:** fast mode on CPU: 16 s on the course's reference 2-core machine (one math thread; measured 27 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours), before the distilled draft's cells, which added about 4 s (the whole nbval run: 43 then 47 s of process CPU time, both measured on a loaded 2-core machine on 2026-12-03); full mode on one GPU: not yet measured (no GPU was lent this round).
 #
 # The article (section 3) names the levers: a KV cache that "grows linearly with sequence
 # length", grouped KV heads, and better batch scheduling, with targets of TTFT < 100 ms and
@@ -34,7 +34,9 @@
 #    lines, held equal to the package's engine; then the engine at scale: throughput,
 #    the batching timeline, TTFT/TBT;
 # 5. **build** the speculative accept/reject rule: greedy (held equal to the target's
-#    output) and the sampling rule that keeps the target distribution, with a chi-square test.
+#    output) and the sampling rule that keeps the target distribution, with a chi-square test;
+#    then a draft distilled from the target, its acceptance per kind of prompt, and what it
+#    buys (or not) on this machine, measured beside the formula's prediction.
 
 # %%
 import sys
@@ -60,6 +62,8 @@ from codex_lab.nn.kv_cache import make_static_caches
 import codex_lab.infer.speculative as cl_spec
 from codex_lab.infer.speculative import expected_tokens_per_round, speculative_generate
 from codex_lab.nn.surgery import truncated_draft
+from codex_lab.infer.draft import draft_meta, kl_to_target, load_draft, make_draft
+from codex_lab.lessons.l06_inference.spec_scenarios import acceptance, typed_prompts
 
 cl.seed_everything(0)
 FAST = cl.lesson_header("06")  # prints the mode, why, and this lesson's expected time here
@@ -546,14 +550,76 @@ print(f"acceptance rate sum_x min(p, q) = {accept_rate:.2f}; expected tokens per
       f"(1 - a^(gamma+1)) / (1 - a) = {cl.expected_tokens_per_round(accept_rate, GAMMA):.2f}")
 
 # %% [markdown]
+# ### A draft that earns its place: distilled from the target
+# The early exit reads the hidden state after block 2 of 4 through a norm and head that were
+# trained to read block 4's: it rarely guesses the target's token. A draft can instead be
+# *trained to imitate the target* (knowledge distillation; DistillSpec, Zhou et al. 2024):
+# one block of the target's width, the target's own embedding and head shared and frozen,
+# started from a copy of the target's first block (so at step 0 it *is* the 1-block early
+# exit) and trained on windows of the corpus's train split, half of them continued by the
+# target's own greedy tokens (the text a draft is judged on; DistillSpec's on-policy data),
+# to minimise, at every position,
+#
+# $$\mathrm{KL}(p\,\|\,q) = \sum_v p_v (\log p_v - \log q_v),$$
+#
+# $p$ the target's next-token distribution, $q$ the draft's. Written here, held equal to the
+# package's loss; the trained block ships with the package (`load_draft`; remade by
+# `python -m codex_lab.infer.draft`, about 2-3 CPU minutes on one core), and its held-out
+# curve (agreement with the target's greedy token) says whether training reached a plateau.
+
+# %%
+def kl_loss(target_logits: torch.Tensor, draft_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(p || q); logits (B, T, V); nats."""
+    logp = torch.log_softmax(target_logits.float(), dim=-1)  # (B, T, V)
+    logq = torch.log_softmax(draft_logits.float(), dim=-1)  # (B, T, V)
+    return (logp.exp() * (logp - logq)).sum(-1).mean()  # sum_v p (log p - log q), averaged
+
+
+x_held = torch.tensor([prompts[0]])  # a held-out window
+early1, distilled = make_draft(model, 1), load_draft(model)
+p_logits = model(x_held).logits  # (1, T, V)
+kls = {name: kl_loss(p_logits, d(x_held).logits) for name, d in (("1-block early exit", early1), ("distilled draft", distilled))}
+for name, d in (("1-block early exit", early1), ("distilled draft", distilled)):
+    assert torch.allclose(kls[name], kl_to_target(p_logits, d(x_held).logits))
+    agree = float((d(x_held).logits.argmax(-1) == p_logits.argmax(-1)).float().mean())
+    print(f"{name:<19} KL to the target {float(kls[name]):.2f} nats/token, same argmax at {agree:.0%} of positions")
+meta = draft_meta()
+curve = [(s_, a_) for s_, a_, _ in meta["curve"]]
+distill_state = cl.training_state([curve], higher_is_better=True, min_change=0.01, arm="distilled draft")
+print(f"shipped with `{meta['command']}` ({meta['train_cpu_s']:.0f} CPU s): {distill_state.describe()}")
+fig, ax = plt.subplots(figsize=(5, 2.6))
+ax.plot(*zip(*curve), "o-"); ax.set_xlabel("distillation step"); ax.set_ylabel("held-out agreement"); ax.set_title("the draft's held-out curve")
+plt.show()
+
+# %% [markdown]
+# **Acceptance per kind of prompt.** Guessing is easier in some code than in other: inside
+# a function body, in a docstring, in a block of imports, and filling in the middle of a
+# function (the shipped model is FIM-trained). Prompts of each kind are cut from held-out
+# files; the same tokens are asserted for every draft.
+
+# %%
+typed = typed_prompts(tok, cl.pick(fast=1, full=4), fim_format=ckpt.meta.get("fim_format", "psm"))
+acc_by_kind = {}
+for kind, ps in typed.items():
+    ref_ids = [cl.generate_ids_cached(model, p_ids, max_new_tokens=n_new)[0] for p_ids in ps]
+    for name, d in (("early exit (2 blocks)", draft), ("distilled (1 block)", distilled)):
+        res = [cl.speculative_generate(model, d, p_ids, max_new_tokens=n_new, gamma=4) for p_ids in ps]
+        assert [r[0] for r in res] == ref_ids, "speculative output must equal the target's greedy output"
+        acc_by_kind[kind, name] = acceptance([r[2] for r in res])
+print(f"{'prompt kind':<14}" + "".join(f"{name:>24}" for name in ("early exit (2 blocks)", "distilled (1 block)")))
+for kind in typed:
+    print(f"{kind:<14}" + "".join(f"{acc_by_kind[kind, name]:>24.2f}" for name in ("early exit (2 blocks)", "distilled (1 block)")))
+
+# %% [markdown]
 # ### At scale: what speculation buys on this model
 # If each guess is accepted with probability `a`, a round yields `(1 - a^(gamma+1)) / (1 - a)`
 # tokens (the line printed above, and the package's `expected_tokens_per_round`). Fewer
 # target forwards buy time only when the draft is cheap: the expected speedup is
 # E[tokens] / (gamma c + v), c the cost of a draft forward and v of verifying gamma + 1
-# tokens, both in target decode steps.
+# tokens, both in target decode steps. From here on the draft is the distilled one.
 
 # %%
+draft = distilled
 plain_ids = [cl.generate_ids_cached(model, p_ids, max_new_tokens=n_new)[0] for p_ids in prompts]
 spec_rows = []
 for gamma in (1, 2, 4):
@@ -616,9 +682,12 @@ plt.show()
 # The formula assumes guesses are accepted independently; real acceptances come in runs
 # (easy stretches of code, then a hard token), so the measured tokens per round can sit
 # above or below the curve. Here the draft shares the embedding and the 4096-way head, a
-# large part of this tiny model's cost, so c is large (printed above), and the predicted
-# speedup is what the formula gives at that c; with a 7B target and a 100M draft (c ~ 0.02)
-# the formula turns the same acceptance rates into ~2-3x (a prediction, not measured here).
+# large part of this tiny model's cost, and each eager forward pays a fixed per-operation
+# overhead, so c stays large (printed above) however small the draft's block; the predicted
+# speedup is what the formula gives at that c and the measured acceptance. With a 7B target
+# and a 100M draft (c ~ 0.02) the formula turns the same acceptance rates into ~2-3x (a
+# prediction, not measured here). The report and `codex-lab bench inference --scenarios
+# speculative` also time the compiled `FastDecoder` beside it.
 
 # %% [markdown]
 # ### When speculation pays: prompt lookup on code edits
@@ -698,7 +767,10 @@ lines = [
     f"5. The speculative sampling rule kept the target distribution: chi-square p-values {verdicts['Leviathan/Chen rule'][0]:.2f} (first token) and "
     f"{verdicts['Leviathan/Chen rule'][1]:.2f} (second) over {N} rounds, while the two wrong rules were rejected (p-values "
     f"{max(verdicts['draft tokens unchecked'][:2]):.1e} and {min(verdicts['resample from p'][:2]):.1e}).",
-    f"6. Greedy speculation equals the target's output; the early-exit draft is accepted at a = {g_best[1]:.2f} (gamma {g_best[0]}: "
+    f"6. Greedy speculation equals the target's output. Acceptance at gamma 4 by prompt kind, early exit vs distilled draft: "
+    + ", ".join(f"{k} {acc_by_kind[k, 'early exit (2 blocks)']:.2f} vs {acc_by_kind[k, 'distilled (1 block)']:.2f}" for k in typed)
+    + f" (the distilled draft: {distill_state.describe()}). "
+    f"On the code prompts the distilled draft is accepted at a = {g_best[1]:.2f} (gamma {g_best[0]}: "
     f"{g_best[2]:.2f} tokens per target forward), and costs c = {c_draft:.2f} target steps; measured: "
     + "; ".join(spec_cmp[g].describe() for g in spec_cmp)
     + (": speculation was slower than plain decoding in every round at every gamma on this model."
@@ -718,8 +790,9 @@ print("\n".join(lines))
 #    a short request overtake a long one lowers mean TTFT, and say what it costs the long one.
 # 3. In the sampling rule, why must a rejection draw from $\max(0, p - q)$ and not from $p$?
 #    Check your answer against the chi-square line of the "resample from p" rule.
-# 4. From `expected_speedup`, what acceptance rate would this draft need to break even at
-#    gamma = 4, given the measured c and v? Is that plausible for an early-exit draft?
+# 4. From `expected_speedup`, what acceptance rate would the distilled draft need to break
+#    even at gamma = 4, given the measured c and v? What would halve c here: a smaller head
+#    (a draft vocabulary of the most frequent tokens), or a compiled draft step?
 # 5. Prefill is compute-bound and decode memory-bound. Which of the two does GQA (lesson 03)
 #    speed up, and which does continuous batching?
 #

@@ -9,6 +9,7 @@ from codex_lab.infer.speculative import (
     SpecStats, expected_speedup, expected_tokens_per_round, speculative_generate,
 )
 from codex_lab.nn.surgery import truncated_draft
+from codex_lab.infer.draft import make_draft
 
 from conftest import tiny_config
 
@@ -19,12 +20,23 @@ def model_of(seed: int = 0, **kw) -> CodexModel:
     return CodexModel(tiny_config(**kw)).eval()
 
 
+def moved_draft(target: CodexModel) -> CodexModel:
+    """The distilled draft's shape (own block, shared embedding and head), its block moved off the copy as training would."""
+    draft = make_draft(target, 1)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in draft.layers.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return draft
+
+
 @pytest.mark.parametrize("kw", [{}, {"n_kv_head": 2, "attn_patterns": ["window:6", "dense"]}])
 def test_speculative_equals_target_greedy(kw):
     target = model_of(**kw)
     drafts = {
         "itself": target,  # every guess right: gamma + 1 tokens per round
         "first layer": truncated_draft(target, 1),
+        "own block (distilled shape)": moved_draft(target),
         "unrelated": model_of(seed=5, n_layer=1),  # mostly wrong guesses: still the same output
     }
     g = torch.Generator().manual_seed(0)

@@ -10,6 +10,11 @@ greedy output; only the number of target forwards changes.
 If each guess is accepted with probability ``a`` independently, one round emits on average
 ``(1 - a^(gamma+1)) / (1 - a)`` tokens (Leviathan et al., 2023). Caches are rolled back
 with :meth:`~codex_lab.nn.kv_cache.StaticKVCache.truncate` after a rejection.
+
+Drafts: any :class:`CodexModel` with the target's vocabulary. The lesson's are the untrained
+early exit (:func:`codex_lab.nn.surgery.truncated_draft`) and the draft distilled from the
+target (:mod:`codex_lab.infer.draft`: one block trained to match the target's next-token
+distribution, shipped with the package, :func:`codex_lab.infer.draft.load_draft`).
 """
 
 from __future__ import annotations

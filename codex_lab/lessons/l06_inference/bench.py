@@ -20,8 +20,6 @@ from codex_lab.infer.generate import generate_ids
 from codex_lab.infer.paged_step import freeze_long_lived, served_step_options
 from codex_lab.nn.model import CodexModel
 from codex_lab.runtime import pick, progress, seed_everything
-from codex_lab.infer.speculative import expected_tokens_per_round, speculative_generate
-from codex_lab.nn.surgery import truncated_draft
 from codex_lab.data.tokenizer import CodeTokenizer
 
 NAME = "inference"
@@ -38,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="batching scenario: engine slots (default 16 fast / 8 full)")
     p.add_argument("--requests", type=int, default=None, help="requests in the batching scenario (default 16 fast / 32 full)")
     p.add_argument("--no-compile", action="store_true",
-                   help="batching scenario: leave out the engine with the compiled decode step (it compiles for seconds)")
+                   help="batching scenario: leave out the engine with the compiled decode step (it compiles for seconds); "
+                        "speculative scenario: leave out the compiled FastDecoder")
     p.add_argument("--random", action="store_true", help="use a random model of the shipped shape (no checkpoint needed)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice); 1 avoids thread-sync stalls on a busy machine")
@@ -275,29 +274,17 @@ def bench_streams(model: CodexModel, tok: CodeTokenizer, n_requests: int, stream
     return [row], done
 
 
-def bench_speculative(model: CodexModel, tok: CodeTokenizer, n_prompts: int, new_tokens: int, draft_layers: int = 1,
-                      gammas: tuple[int, ...] = (2, 4)) -> list[dict[str, Any]]:
-    """Speculative (early-exit draft: the target's first ``draft_layers`` blocks + head) vs plain cached greedy."""
-    draft = truncated_draft(model, draft_layers)
-    prompts = code_prompts(tok, [96] * n_prompts, seed=5)
-    generate_ids_cached(model, prompts[0], max_new_tokens=4)  # warm-up
-    t0 = time.perf_counter()
-    plain = [generate_ids_cached(model, p, max_new_tokens=new_tokens)[0] for p in prompts]
-    dt_plain = time.perf_counter() - t0
-    n = sum(map(len, plain))
-    rows = [{"scenario": "speculative", "impl": "plain_static_cache", "tokens_per_s": n / dt_plain, "target_calls": n}]
-    for g in gammas:
-        t0 = time.perf_counter()
-        res = [speculative_generate(model, draft, p, max_new_tokens=new_tokens, gamma=g) for p in prompts]
-        dt = time.perf_counter() - t0
-        assert [r[0] for r in res] == plain, "speculative output differs from the target's greedy output"
-        acc = sum(r[2].accepted for r in res) / max(1, sum(r[2].accepted + r[2].rejections for r in res))
-        per_round = sum(r[2].emitted for r in res) / max(1, sum(r[2].rounds for r in res))
-        rows.append({"scenario": "speculative", "impl": f"speculative_g{g}", "draft": f"first {draft_layers} of {model.cfg.n_layer} layers + head",
-                     "gamma": g, "tokens_per_s": n / dt, "acceptance_rate": acc, "tokens_per_round": per_round,
-                     "expected_tokens_per_round": expected_tokens_per_round(acc, g),
-                     "target_calls": sum(r[2].target_calls for r in res), "same_tokens": True})
-    return rows
+def bench_speculative(model: CodexModel, tok: CodeTokenizer, n_per_type: int, new_tokens: int, *, rounds: int = 5,
+                      fast_decoder: bool = True) -> list[dict[str, Any]]:
+    """Speculative decoding with the shipped distilled draft (:func:`codex_lab.infer.draft.load_draft`):
+    acceptance per prompt type, the costs c and v, gamma chosen by the formula, and the measured
+    speed ratio over plain eager decoding and the compiled FastDecoder in interleaved rounds
+    (:func:`codex_lab.lessons.l06_inference.spec_scenarios.bench_speculative`)."""
+    from codex_lab.infer.draft import load_draft
+    from codex_lab.lessons.l06_inference.spec_scenarios import bench_speculative as run_spec
+
+    return run_spec(model, tok, load_draft(model), n_per_type=n_per_type, new_tokens=new_tokens, rounds=rounds,
+                    fast_decoder=fast_decoder)
 
 
 def bench_compile(model: CodexModel, batch: int = 4, prompt_len: int = 64, new_tokens: int = 32) -> list[dict[str, Any]]:
@@ -339,7 +326,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                            rounds=pick(fast=3, full=5))[0],
         "streams": lambda: [r for chunk in (None, 32)
                             for r in bench_streams(model, tok, pick(fast=8, full=32), max_prefill_tokens=chunk)[0]],
-        "speculative": lambda: bench_speculative(model, tok, pick(fast=3, full=12), pick(fast=48, full=128)),
+        "speculative": lambda: bench_speculative(model, tok, pick(fast=2, standard=3, full=8), pick(fast=32, standard=48, full=96),
+                                                 rounds=pick(fast=3, standard=5, full=11),
+                                                 fast_decoder=not getattr(args, "no_compile", False)),
         "compile": lambda: bench_compile(model),
         # 11 interleaved rounds in full mode: the median ratio holds on a machine whose speed drifts
         "decode": lambda: bench_decode(model, 64, pick(fast=64, full=128), hf_compile=not getattr(args, "no_hf_compile", False),
