@@ -102,3 +102,4 @@ def __dir__() -> list[str]:
 # the module. The finetune loop stays reachable as codex_lab.training.finetune.finetune.
 from codex_lab.infer.generate import generate  # noqa: E402
 from codex_lab.training.pretrain import train  # noqa: E402
+from codex_lab.training_state import training_state  # noqa: E402  (the module has the function's name)

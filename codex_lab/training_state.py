@@ -15,19 +15,22 @@ per seed, evaluated at the same steps:
    ``change = slope x (last step - first step) / 4``, signed so that > 0 means *better*;
    in words: how much more the metric would move if the run went on 25% longer at the
    rate it ends with;
-3. the tolerance is the larger of the seed-to-seed spread (the standard deviation across
-   seeds of each seed's mean over that last quarter) and ``min_change``, the smallest
-   change the claim cares about, in the metric's units (e.g. 0.01 nats/token);
+3. the tolerance is the larger of the standard error of the arm's mean,
+   ``spread / sqrt(seeds)`` (spread: the standard deviation across seeds of each seed's mean
+   over that last quarter), and ``min_change``, the smallest change the claim cares about,
+   in the metric's units (e.g. 0.01 nats/token);
 4. **trained** when ``|change| <= tolerance``; **under-trained** when ``change > tolerance``
    (still improving by more than the seeds differ: another quarter of training would move
    the arm by more than the comparison can resolve); **degrading** when
    ``change < -tolerance`` (getting worse: over-fitting or an unstable run; compare an
    earlier checkpoint or fix the run), which also gives no verdict.
 
-Why this rule: the comparison resolves differences of the order of the seed-to-seed spread
-(its interval's half-width is ~2 x spread / sqrt(seeds)); an arm whose trend over the next
-quarter of training exceeds that spread would change the comparison's outcome by more than
-its own uncertainty, so the verdict would belong to the budget. ``min_change`` keeps a
+Why this rule: the comparison's interval is built from the standard error of each arm's
+mean (its half-width is ~2 to 4 x spread / sqrt(seeds)); an arm whose trend over the next
+quarter of training exceeds that standard error would move its own mean by more than the
+mean is known, so the verdict would belong to the budget. (The raw spread would be too lax:
+with noisy seeds or a per-seed evaluation sample, a curve still falling by several times its
+mean's uncertainty would pass.) ``min_change`` keeps a
 deterministic arm (zero spread) from being called under-trained for a drift nobody cares
 about. A curve with fewer than 4 evaluations cannot show a plateau: under-trained.
 """
@@ -50,7 +53,7 @@ class TrainingState:
     """Where one arm's training stands (see the module's rule).
 
     ``change``: the projected change of the metric over another quarter of the run, metric
-    units, > 0 = better; ``tolerance``: max(seed spread, min_change); ``spread``: standard
+    units, > 0 = better; ``tolerance``: max(spread / sqrt(seeds), min_change); ``spread``: standard
     deviation across seeds of the tail means (0 for one seed); ``final``: the mean curve's
     last value; ``steps``: the last evaluated step.
     """
@@ -156,7 +159,8 @@ def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, highe
         spread = math.sqrt(sum((t - mt) ** 2 for t in tails) / (len(tails) - 1))
     else:
         spread = 0.0
-    tol = max(spread, min_change)
+    # tolerance = max(standard error of the arm's mean, min_change) = max(spread / sqrt(seeds), min_change)
+    tol = max(spread / math.sqrt(len(cs)), min_change)
     state = TRAINED if abs(change) <= tol else (UNDER_TRAINED_STATE if change > 0 else DEGRADING)
     sign_gain = sign * (mean[-1] - chance) if chance is not None else math.inf
     # learned = better than chance by more than two tolerances (the seeds' spread or min_change)

@@ -135,3 +135,13 @@ def test_flat_at_chance_is_not_a_plateau():
     # a loss: chance is ln(V); a model at 2.0 nats with V = 64 (ln 64 = 4.16) has learned
     loss = _curves(lambda s, k: 2.0)
     assert training_state(loss, higher_is_better=False, min_change=0.01, chance=math.log(64)).state == TRAINED
+
+
+def test_noisy_seeds_do_not_excuse_a_falling_curve():
+    # 5 seeds offset by 0.1 each (spread ~0.16) while the mean still falls 0.06 per quarter of the run:
+    # the raw spread would call it trained; the standard error of the mean (0.07) is the tolerance, and a
+    # fall of 0.1 per quarter exceeds it
+    falling = _curves(lambda s, k: 3.0 + 0.1 * k - 0.4 * s / 1000, seeds=5)
+    st = training_state(falling, higher_is_better=False, min_change=0.01)
+    assert st.spread > 0.15 and st.tolerance == pytest.approx(st.spread / math.sqrt(5))
+    assert st.change == pytest.approx(0.1, rel=1e-6) and st.state == UNDER_TRAINED_STATE
