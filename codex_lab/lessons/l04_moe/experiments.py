@@ -1,6 +1,9 @@
 """Lesson 04 experiments, shared by the notebook and the report: train small MoE and dense
 models on code, follow routing balance during training, and label code tokens by kind
 (indentation, names, keywords, strings, ...) to see which experts take them.
+
+The quality protocol (MoE vs dense at equal active compute and at equal total parameters,
+trained to a plateau) is :mod:`codex_lab.lessons.l04_moe.protocol`.
 """
 
 from __future__ import annotations
@@ -52,10 +55,11 @@ class RunResult:
 
 def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Sequence[tuple[Tensor, Tensor]], *,
               steps: int, batch_size: int, seq_len: int, lr: float = 3e-3, seed: int = 0,
-              bias_update_rate: float = 1e-3, eval_every: int | None = None,
-              device: torch.device | str | None = None) -> RunResult:
-    """Train ``cfg`` from scratch with the one training loop (AdamW, constant ``lr`` after 10
-    warm-up steps, gradient norm clipped at 1).
+              bias_update_rate: float = 1e-3, eval_every: int | None = None, min_lr: float | None = None,
+              warmup: int = 10, device: torch.device | str | None = None) -> RunResult:
+    """Train ``cfg`` from scratch with the one training loop (AdamW, ``warmup`` linear warm-up
+    steps, then constant ``lr``, or a cosine decay to ``min_lr`` at ``steps`` when given;
+    gradient norm clipped at 1).
 
     LM loss + the MoE layers' weighted aux losses; routing stats recorded every step.
     With ``eval_every``, ``curve`` gets (step, train_flops, val_loss) rows, where
@@ -67,7 +71,8 @@ def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Se
     model = CodexModel(cfg).to(dev)
     for m in moe_layers_of(model):
         m.bias_update_rate = bias_update_rate
-    loop = LoopConfig(steps=steps, lr=lr, warmup=10, weight_decay=0.0, grad_clip=1.0, eval_every=eval_every or 0)
+    loop = LoopConfig(steps=steps, lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=0.0, grad_clip=1.0,
+                      eval_every=eval_every or 0)
     opt = adamw(model, loop)
     gen = torch.Generator().manual_seed(seed)
     active, total = ffn_counts(cfg)

@@ -1,4 +1,13 @@
-"""Report section for lesson 04: mixture of experts (balance, drops, dense vs MoE, dispatch speed)."""
+"""Report section for lesson 04: mixture of experts.
+
+The quality claims come from the protocol of :mod:`codex_lab.lessons.l04_moe.protocol`:
+MoE against a dense model of equal ACTIVE compute (primary, superiority) and against a
+dense model of equal TOTAL parameters (secondary, non-inferiority with a declared margin,
+Holm-corrected with the check that total capacity matters here), every arm trained to a
+plateau and judged by the training-state rule. The cost claims (stored vs used weights and
+the measured step time; the busiest expert's load without balancing) are measured and
+judged against the article's figures with ``check_stated``.
+"""
 
 from __future__ import annotations
 
@@ -10,97 +19,96 @@ TITLE = "Lesson 04: mixture of experts"
 ORDER = 4
 
 
-def _tail_mean(history: list[dict[str, float]], key: str, n: int = 20) -> float:
-    tail = history[-n:]
-    return sum(h[key] for h in tail) / len(tail)
-
-
-def _step_cost(dense: Any, moe: Any, batch: tuple[Any, Any], repeats: int) -> Any:
-    """Training-step time of ``moe`` against ``dense`` on one batch, interleaved rounds."""
-    from codex_lab.runtime import interleaved_times
-    from codex_lab.stats import timing_ratio
-
-    dev = next(dense.parameters()).device
-    x, y = batch[0].to(dev), batch[1].to(dev)
-
-    def step(m: Any) -> None:
-        out = m(x, y)
-        (out.loss + out.aux_loss).backward()
-        m.zero_grad(set_to_none=True)
-
-    for m in (dense, moe):
-        m.train()
-        step(m)  # warm-up
-    wall, _ = interleaved_times({"dense": lambda: step(dense), "moe": lambda: step(moe)}, repeats)
-    for m in (dense, moe):
-        m.eval()
-    return timing_ratio(wall["moe"], wall["dense"], a="MoE (aux)", b="dense")
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
 
 
 def run(ctx: Any) -> str:
-    """Train dense / MoE (no balancing, aux loss, bias) models briefly; measure and judge."""
+    """Train the quality arms to a plateau over seeds, the balance arms, time the steps; judge."""
     import matplotlib.pyplot as plt
 
     from codex_lab.lessons.l04_moe.bench import bench_case
-    from codex_lab.stats import VERDICT_RULE, compare
-    from codex_lab.nn.config import ModelConfig
-    from codex_lab.data.batches import fixed_batches, tokenize_texts
+    from codex_lab.lessons.l04_moe.experiments import (expert_by_category, mutual_information,
+                                                       shuffled_mutual_information, token_categories)
+    from codex_lab.lessons.l04_moe.protocol import (
+        BALANCE_ARMS, LOAD_LIMIT, MIN_CHANGE, QUALITY_ARMS, STEP_LIMIT, arm_configs, balance_claim, cost_claim,
+        eval_sample, held_out_curve, held_out_load, judge_quality, protocol_data, protocol_plan, step_times, train_arms)
+    from codex_lab.nn.model import CodexModel
     from codex_lab.nn.moe import ffn_param_counts, moe_layers_of
-    from codex_lab.lessons.l04_moe.experiments import (expert_by_category, mutual_information, shuffled_mutual_information,
-                                   token_categories, train_run)
+    from codex_lab.stats import NONINFERIORITY_RULE, VERDICT_RULE
+    from codex_lab.training_state import states_text
 
     threads = torch.get_num_threads()
     # the math threads are the report's (course.report runs each section under
     # runtime.use_compute_threads: 1 on a 2-core machine), as in the lesson
     try:
-        tok = ctx.checkpoint().tokenizer
-        corpus = ctx.corpus()
-        files = corpus.files if not ctx.fast else corpus.files[:80]
-        train_tokens = tokenize_texts(tok, [f.text for f in files if f.split == "train"])
-        val_texts = [f.text for f in files if f.split == "val"] or [corpus.val[0].text]
-        val_tokens = tokenize_texts(tok, val_texts)
-        seq, batch, steps = (64, 8, 60) if ctx.fast else (256, 16, 1500)
-        val_batches = fixed_batches(val_tokens, batch, seq, 4 if ctx.fast else 16)
-        d, h, n_layer = (64, 64, 2) if ctx.fast else (256, 352, 4)
-        base = dict(vocab_size=tok.vocab_size, d_model=d, n_layer=n_layer, n_head=4, max_seq_len=max(256, seq))
-        moe = dict(moe_layers=list(range(n_layer)), n_experts=8, moe_top_k=2, moe_ffn_hidden=h)
-        configs = {
-            "dense": ModelConfig(**base, ffn_hidden=2 * h),
-            "none": ModelConfig(**base, **moe, moe_aux_loss_coef=0.0),
-            "aux": ModelConfig(**base, **moe, moe_aux_loss_coef=0.01),
-            "bias": ModelConfig(**base, **moe, moe_aux_loss_coef=0.0, moe_router_bias=True),
-        }
-        rate = 1e-2 if ctx.fast else 2e-3  # short runs need a larger bias step than DeepSeek-V3's 1e-3
-        runs = {n: train_run(n, c, train_tokens, val_batches, steps=steps, batch_size=batch, seq_len=seq,
-                             bias_update_rate=rate) for n, c in configs.items()}
-        # the quality claim over seeds: dense against the aux-loss MoE (chosen before any loss is
-        # seen), paired by seed (same data order); seed 0 is the run above
-        seeds = [0, 1, 2] if ctx.fast else [0, 1, 2, 3, 4]
-        seed_loss = {n: [runs[n].val_loss] + [
-            train_run(n, configs[n], train_tokens, val_batches, steps=steps, batch_size=batch, seq_len=seq,
-                      seed=s, bias_update_rate=rate).val_loss for s in seeds[1:]] for n in ("dense", "aux")}
-        quality = compare(seed_loss["dense"], seed_loss["aux"], metric="val loss, MoE (aux) minus dense (nats/token)",
-                          higher_is_better=False, paired=True)
-        step_cost = _step_cost(runs["dense"].model, runs["aux"].model, val_batches[0], repeats=7 if ctx.fast else 21)
+        plan = protocol_plan(ctx.mode)
+        tok, train_tokens, val_tokens = protocol_data(ctx.corpus().files, plan)
+        configs = arm_configs(tok.vocab_size, d_model=plan.d_model, n_layer=plan.n_layer, n_head=plan.n_head,
+                              n_experts=plan.n_experts, top_k=plan.top_k, expert_hidden=plan.expert_hidden,
+                              max_seq_len=plan.seq_len)
+        common = dict(batch_size=plan.batch_size, seq_len=plan.seq_len, lr=plan.lr, min_lr=plan.min_lr,
+                      eval_batches=plan.eval_batches, eval_batch_size=plan.eval_batch_size,
+                      bias_update_rate=plan.bias_update_rate)
+        runs = train_arms(configs, QUALITY_ARMS, plan.seeds, train_tokens, val_tokens, steps=plan.steps,
+                          eval_every=plan.eval_every, **common)
+        bal_runs = train_arms(configs, BALANCE_ARMS, plan.balance_seeds, train_tokens, val_tokens,
+                              steps=plan.balance_steps, eval_every=plan.balance_steps, **common)
+        final = {a: [r.val_loss for r in runs[a]] for a in QUALITY_ARMS}
+        curves = {a: [held_out_curve(r) for r in runs[a]] for a in QUALITY_ARMS}
+        verdicts = judge_quality(final, curves)
+        quality = verdicts.primary  # the primary comparison: MoE vs dense of equal active compute
 
+        # the busiest expert's load on each seed's evaluation sample
+        def loads(rs: list[Any], seeds: tuple[int, ...]) -> list[float]:
+            return [held_out_load(r.model, eval_sample(val_tokens, s, batch_size=plan.eval_batch_size,
+                                                       seq_len=plan.seq_len, n_batches=plan.eval_batches))
+                    for r, s in zip(rs, seeds)]
+
+        load = {"moe_none": loads(bal_runs["moe_none"], plan.balance_seeds),
+                "moe_bias": loads(bal_runs["moe_bias"], plan.balance_seeds),
+                "moe": loads(runs["moe"], plan.seeds)}
+        balance_verdict, balance_text = balance_claim(load)
+
+        # step cost, interleaved rounds: the trained models (this size) and fresh one-layer
+        # models at the shipped model's width (d = 256, dense hidden 704 = 2 experts of 352)
+        repeats = 5 if ctx.mode == "fast" else 9
+        x, y = eval_sample(train_tokens, 0, batch_size=plan.batch_size, seq_len=plan.seq_len, n_batches=1)[0]
+        wall_here = step_times({a: runs[a][0].model for a in QUALITY_ARMS}, (x, y), repeats)
+        wide = arm_configs(tok.vocab_size, d_model=256, n_layer=1, n_head=4, n_experts=plan.n_experts,
+                           top_k=plan.top_k, expert_hidden=352, max_seq_len=128)
+        torch.manual_seed(0)
+        wide_models = {a: CodexModel(wide[a]) for a in QUALITY_ARMS}
+        xw, yw = eval_sample(train_tokens, 0, batch_size=8, seq_len=128, n_batches=1)[0]
+        wall_wide = step_times(wide_models, (xw, yw), repeats)
+        c_wide = ffn_param_counts(wide["moe"])
+        cost_verdict, cost_text, _, _ = cost_claim(c_wide["total"] / c_wide["active"], wall_wide,
+                                                   where=" (one layer, d = 256, 8 x 128 tokens)")
+        _, here_text, _, _ = cost_claim(c_wide["total"] / c_wide["active"], wall_here)
+
+        # capacity 1.0 on the trained routers (seed 0): what a capacity limit drops
         drops: dict[str, float] = {}
         cap_loss: dict[str, float] = {}
-        for name in ("none", "aux", "bias"):
-            layers = moe_layers_of(runs[name].model)
+        models = {"moe_none": bal_runs["moe_none"][0].model, "moe": runs["moe"][0].model,
+                  "moe_bias": bal_runs["moe_bias"][0].model}
+        batches0 = eval_sample(val_tokens, plan.seeds[0], batch_size=plan.eval_batch_size, seq_len=plan.seq_len,
+                               n_batches=plan.eval_batches)
+        for name, model in models.items():
+            layers = moe_layers_of(model)
             for m in layers:
                 m.capacity_factor = 1.0
             rates, loss = [], 0.0
             with torch.no_grad():
-                dev = next(runs[name].model.parameters()).device
-                for xb, yb in val_batches:
-                    loss += float(runs[name].model(xb.to(dev), yb.to(dev)).loss) / len(val_batches)
+                for xb, yb in batches0:
+                    loss += float(model(xb, yb).loss) / len(batches0)
                     rates += [m.last_stats.drop_rate for m in layers if m.last_stats is not None]
             for m in layers:
                 m.capacity_factor = None
-            drops[name], cap_loss[name] = sum(rates) / len(rates), loss
+            drops[name], cap_loss[name] = _mean(rates), loss
 
-        ids, cats = token_categories(tok, "".join(val_texts)[: 20_000 if ctx.fast else 200_000])
-        counts = expert_by_category(runs["aux"].model, 0, ids, cats)
+        val_text = "".join(f.text for f in ctx.corpus().files if f.split == "val")[: 20_000 if ctx.fast else 100_000]
+        ids, cats = token_categories(tok, val_text)
+        counts = expert_by_category(runs["moe"][0].model, 0, ids, cats, window=plan.seq_len)
         mi, mi0 = mutual_information(counts), shuffled_mutual_information(counts)
 
         recs = bench_case(256 if ctx.fast else 4096, 8, 2, d_model=256, hidden=512, repeats=3 if ctx.fast else 7,
@@ -108,37 +116,61 @@ def run(ctx: Any) -> str:
     finally:
         torch.set_num_threads(threads)
 
-    fig, ax = plt.subplots(figsize=(5, 3))
-    for name in ("none", "aux", "bias"):
-        hist = runs[name].history
-        ax.plot([r["step"] for r in hist], [r["max_load"] for r in hist], label=name)
-    ax.set_xlabel("step"); ax.set_ylabel("max load / mean load"); ax.legend(); ax.set_title("MoE balance")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    for a in QUALITY_ARMS:
+        steps = [s for s, _ in curves[a][0]]
+        mean_curve = [_mean([c[i][1] for c in curves[a]]) for i in range(len(steps))]
+        axes[0].plot(steps, mean_curve, marker=".", label=a)
+    axes[0].set_xlabel("step"); axes[0].set_ylabel(f"held-out loss (mean of {len(plan.seeds)} seeds)")
+    axes[0].set_yscale("log"); axes[0].legend(); axes[0].set_title("quality arms")
+    for name, rs in (("moe_none", bal_runs["moe_none"]), ("moe (aux)", runs["moe"]), ("moe_bias", bal_runs["moe_bias"])):
+        hist = rs[0].history
+        axes[1].plot([r["step"] for r in hist], [r["max_load"] for r in hist], label=name, lw=0.8)
+    axes[1].axhline(LOAD_LIMIT, ls=":", c="gray")
+    axes[1].set_xlabel("step"); axes[1].set_ylabel("busiest expert / mean load"); axes[1].legend()
+    axes[1].set_title("MoE balance (training batches, seed 0)")
     img = ctx.savefig(fig, "l04_moe_balance")
 
-    bal = {n: _tail_mean(runs[n].history, "max_load") for n in ("none", "aux", "bias")}
-    dense = runs["dense"]
-    c82 = ffn_param_counts(ModelConfig(d_model=256, moe_layers=[0], n_experts=8, moe_top_k=2))
     speed = {r["impl"]: r for r in recs if not r.get("error")}
-
+    st = verdicts.states
     lines = [
-        f"{steps} steps of {batch} x {seq} tokens; d={d}, {n_layer} layers; MoE = 8 experts (hidden {h}) top-2, "
-        f"dense = SwiGLU hidden {2 * h} (equal active FFN parameters).",
+        f"Geometry ({ctx.mode} mode), shrunk from the article's sizes so every arm can reach a plateau on one CPU "
+        f"core: {plan.describe()}. Seeds vary the initial weights, the order of the training windows and the "
+        f"held-out sample (every arm of one seed sees the same ones: paired). The balance arms train "
+        f"{plan.balance_steps} steps over {len(plan.balance_seeds)} seed(s).",
         "",
-        "| model | val loss | train time (s) | FFN params stored / active | max load (last 20 steps) | drop rate at capacity 1.0 | val loss at capacity 1.0 |",
-        "|---|---|---|---|---|---|---|",
-        f"| dense | {dense.val_loss:.3f} | {dense.train_time_s:.1f} | {dense.total_ffn_params:,} / {dense.active_ffn_params:,} | - | - | - |",
+        "| arm | FFN hidden | FFN params stored / active | held-out loss (per seed) | training state | train time (s, seed 0) |",
+        "|---|---|---|---|---|---|",
     ]
-    for n in ("none", "aux", "bias"):
-        r = runs[n]
-        lines.append(f"| MoE {n} | {r.val_loss:.3f} | {r.train_time_s:.1f} | {r.total_ffn_params:,} / {r.active_ffn_params:,} "
-                     f"| {bal[n]:.2f}x | {drops[n]:.1%} | {cap_loss[n]:.3f} |")
+    for a in QUALITY_ARMS:
+        r0 = runs[a][0]
+        hidden = configs[a].ffn_hidden if a != "moe" else f"{plan.n_experts} x {plan.expert_hidden}"
+        lines.append(f"| {a} | {hidden} | {r0.total_ffn_params:,} / {r0.active_ffn_params:,} | "
+                     + ", ".join(f"{v:.3f}" for v in final[a]) + f" | {st[a].short()} | {r0.train_time_s:.1f} |")
     lines += [
         "",
         img,
         "",
-        f"Quality at equal active compute over {len(seeds)} seeds (paired; {VERDICT_RULE}): {quality.describe()}.",
+        "Training states (held-out curves, last quarter's trend projected over another quarter of the run, "
+        f"tolerance max(seed spread, {MIN_CHANGE} nats/token)): " + "; ".join(s.describe() for s in st.values()) + ".",
         "",
-        f"Routing by token kind (aux model, layer 0, {len(ids):,} held-out tokens): I(kind; expert) = {mi:.3f} nats "
+        f"Primary ({VERDICT_RULE}): {quality.describe()}.",
+        "",
+        f"Secondary, Holm-corrected together ({NONINFERIORITY_RULE}): {verdicts.keeps_big.describe()}; "
+        f"{verdicts.capacity.describe()}.",
+        "",
+        f"Step cost at this size (trained models, {plan.batch_size} x {plan.seq_len} tokens): {here_text}. "
+        f"At the shipped width: {cost_text}.",
+        "",
+        "| MoE | busiest expert on held-out tokens (per seed) | drop rate at capacity 1.0 | held-out loss at capacity 1.0 (seed 0) |",
+        "|---|---|---|---|",
+    ]
+    for name in ("moe_none", "moe", "moe_bias"):
+        lines.append(f"| {name} | " + ", ".join(f"{v:.2f}x" for v in load[name])
+                     + f" | {drops[name]:.1%} | {cap_loss[name]:.3f} |")
+    lines += [
+        "",
+        f"Routing by token kind (aux-loss MoE, layer 0, {len(ids):,} held-out tokens): I(kind; expert) = {mi:.3f} nats "
         f"vs {mi0:.4f} with shuffled pairs.",
         "",
         "Dispatch (one layer, d=256, h=512, 8 experts top-2, "
@@ -147,18 +179,18 @@ def run(ctx: Any) -> str:
                     for k, v in speed.items()) + ".",
     ]
 
-    ctx.claim("MoE: 8-16 experts, top-k 2-4 store a big model's parameters at a small model's compute",
-              f"8 experts top-2 store {c82['total'] / c82['active']:.2f}x the FFN weights they use per token; "
-              f"one training step: {step_cost.describe()}; all experts stay in memory",
-              "holds with a correction", lesson="04")
-    ctx.claim("MoE gives a big model's quality at equal active compute",
-              f"MoE (8 experts top-2, aux loss) minus dense val loss after {steps} steps: {quality.diff:+.3f} nats/token "
-              f"(95% CI [{quality.lo:+.3f}, {quality.hi:+.3f}], {quality.n_a} seeds, paired)",
-              quality.verdict, lesson="04")
-    ctx.claim("MoE layers as described (the article mentions no load balancing)",
-              f"busiest expert {bal['none']:.2f}x mean load without balancing ({drops['none']:.1%} dropped at capacity 1.0); "
-              f"aux loss {bal['aux']:.2f}x, bias balancing {bal['bias']:.2f}x",
-              "holds with a correction" if bal["none"] > 1.5 else "holds", lesson="04")
+    ctx.claim("MoE: 8-16 experts, top-k 2-4 store a big model's parameters at a small model's compute "
+              f"(small = a step within {STEP_LIMIT:g}x the equal-active dense model's)",
+              cost_text, cost_verdict, lesson="04")
+    ctx.claim("MoE gives a big model's quality at equal active compute (primary: MoE vs dense of equal active compute)",
+              quality.describe(), quality.verdict,
+              lesson="04", states=states_text([st["dense_active"], st["moe"]]))
+    ctx.claim("MoE has the total capacity of a big dense model (secondary: non-inferior to dense of equal total "
+              f"parameters, margin {verdicts.margin:g} nats/token, Holm)",
+              verdicts.keeps_big.describe(), verdicts.keeps_big.verdict,
+              lesson="04", states=states_text([st["dense_total"], st["moe"]]))
+    ctx.claim(f"MoE layers as described (the article mentions no load balancing; unbalanced = busiest expert > "
+              f"{LOAD_LIMIT:g}x the mean load)", balance_text, balance_verdict, lesson="04")
     lines += ["", performance_goal(ctx)]
     return "\n".join(lines)
 
