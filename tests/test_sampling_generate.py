@@ -58,3 +58,24 @@ def test_sampling_params_and_keywords_describe_the_same_generation(tiny_model):
     greedy = SamplingParams(max_tokens=5)
     batch = generate_batch_cached(tiny_model, torch.tensor([[1, 2, 3], [4, 5, 6]]), greedy, cache=None)
     assert batch[0].tolist() == generate_ids(tiny_model, [1, 2, 3], greedy)[0]
+
+
+def test_generate_defaults_to_the_kv_cache_and_matches_the_reference_loop(tiny_model_and_tokenizer=None):
+    """The package's generate() decodes with a KV cache by default (not the uncached reference
+    loop) and gives the same greedy text as the reference."""
+    import inspect
+
+    import torch
+
+    from codex_lab.data.tokenizer import train_tokenizer
+    from codex_lab.infer.generate import generate
+    from codex_lab.nn.config import ModelConfig
+    from codex_lab.nn.model import CodexModel
+
+    assert inspect.signature(generate).parameters["cache"].default == "static"
+    tok = train_tokenizer(["def add(a, b):\n    return a + b\n" * 40], vocab_size=300)
+    torch.manual_seed(0)
+    model = CodexModel(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layer=2, n_head=2, max_seq_len=96)).eval()
+    ref = generate(model, tok, "def add(a, b):", max_new_tokens=24, cache=None)
+    got = generate(model, tok, "def add(a, b):", max_new_tokens=24)
+    assert got.ids == ref.ids and got.text == ref.text and len(got.ids) > 0
