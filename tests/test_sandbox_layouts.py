@@ -70,7 +70,8 @@ def _layout_script(home: str, kind: str, as_user: bool) -> str:
     # the course cloned in the home (its package folder; bound, so nothing is copied)
     lines += [f"mkdir -p {home}/course/codex_lab", f"mount --bind {shlex.quote(str(PKG))} {home}/course/codex_lab"]
     clone_prelude = prelude + f"; sys.path.insert(0, {home + '/course'!r})"
-    env = "env -i PATH=/usr/bin:/bin"
+    # as the normal user no cgroup may be had here: the polled memory budget accepted (layouts are the point)
+    env = "env -i PATH=/usr/bin:/bin" + (" CODEX_LAB_SANDBOX_MEMORY=polled" if as_user else "")
     if kind == "pyenv_venv_home":
         venv = f"{home}/work/proj/.venv"
         lines += [f"{base_py} -m venv --without-pip {venv}"]

@@ -88,6 +88,8 @@ print("queued", total >> 20, "MiB", flush=True)
                                        ("unix socket buffers", SOCKETS)])
 def test_memory_outside_processes_and_scratch_counts_toward_the_budget(kind, code, monkeypatch):
     monkeypatch.setattr(sb, "_cgroups", lambda *a, **k: [])  # a machine where root gets no cgroup
+    monkeypatch.setattr(sb, "_systemd_scope_ok", lambda: False)
+    monkeypatch.setenv("CODEX_LAB_SANDBOX_MEMORY", "polled")  # the weaker (polled) budget, accepted
     r = run_python(code, guard=False, timeout_s=30, memory_mb=128, disk_mb=32)
     assert "DONE" not in r.stdout, f"{kind}: 450 MiB held against a 160 MiB budget: {r}"
     if kind == "memfd":  # refused by the sandbox's seccomp filter

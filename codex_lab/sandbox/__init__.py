@@ -4,7 +4,7 @@ Used by the multi-task evaluation (do generated tests pass?), the release gates 
 generated code work?) and ``codex-lab grade`` (one child per submission). What holds:
 
 Linux, started as root (mode ``"root"``) - the boundary:
-  * a fresh pid, network and mount namespace (util-linux ``unshare``): no network at all
+  * a fresh pid, network, IPC and mount namespace (util-linux ``unshare``): no network at all
     (only a down loopback; abstract unix sockets are per network namespace), the parent and
     every other process invisible, and when the child's main process ends or is killed the
     kernel kills everything left in the namespace (no forked or detached daemon survives);
@@ -15,21 +15,31 @@ Linux, started as root (mode ``"root"``) - the boundary:
     caller's cache. It works for every ordinary layout (system Python, pyenv, conda, a venv
     inside the clone or elsewhere in a private home, user-site installs): exposed paths are
     bound one by one, so private folders on the way and several paths under one home are
-    no obstacle. The old root is detached (``pivot_root``), not covered, so nothing can be
-    unmounted to reveal it;
-  * limits for the sandbox as a whole: one size-capped tmpfs (``disk_mb``) holds its folder,
-    /tmp, /var/tmp and /dev/shm; a memory budget (``memory_mb``) for all its processes
-    together plus those files, enforced by a cgroup where the machine lets root make one
-    and always by the namespace's pid 1, which kills the whole sandbox past it; a process
-    limit per run (a uid of its own with RLIMIT_NPROC, and the cgroup's pids.max);
+    no obstacle. Everything bound is read-only, submounts included; /sys is a sysfs of the
+    sandbox's own network namespace (no host interface, no cgroupfs); /dev is read-only. The
+    old root is detached (``pivot_root``), not covered, so nothing can be unmounted to reveal it;
+  * limits for the sandbox as a whole: one tmpfs capped in size (``disk_mb``) and inodes
+    (``disk_inodes``) holds its folder, /tmp, /var/tmp and /dev/shm; a memory budget
+    (``memory_mb`` + ``disk_mb``) held by the run's cgroup, which the kernel charges with
+    everything the sandbox allocates, kernel memory included (socket buffers, inodes, pipes);
+    at the limit pid 1 of the namespace stops every process (see :func:`memory_bound` for
+    machines where no cgroup can be made); a process limit per run (a uid of its own with
+    RLIMIT_NPROC, and the cgroup's pids.max);
+  * a seccomp filter (``_launch.py``): socket families other than unix/IPv4/IPv6 (vsock,
+    netlink, packet, ...), keyrings, io_uring, userfaultfd, bpf, perf, ptrace, memfd, SysV
+    shared memory, new namespaces and the calls that need a dropped capability are refused;
   * the child runs as an unprivileged uid/gid of its own (no account, one per run), with no
     capabilities and no new privileges, so it cannot write root's files, read
     ``/etc/shadow`` or another process's ``/proc/<pid>/environ``, or signal the parent;
   * empty read-only mounts over ``hide`` paths that would otherwise be visible.
 Linux without root but with unprivileged user namespaces (mode ``"userns"``): the same
-namespaces, root filesystem and budgets; the child is uid 0 of its own user namespace with
-every capability dropped (it cannot mount, unmount or remount) and the caller's file rights
-on the few read-only paths it sees.
+namespaces, root filesystem, tmpfs caps, rlimits and seccomp filter; the child is uid 0 of its
+own user namespace with every capability dropped (it cannot mount, unmount or remount) and
+the caller's file rights on the few read-only paths it sees. Memory is held by the kernel where
+the user can have a cgroup (a delegated v2 subtree, an owned v1 memory cgroup, or a
+``systemd-run --user`` scope); where none can be had, only pid 1's poll holds it, which is not
+a kernel bound, and :func:`run_python` refuses unless accepted (``CODEX_LAB_SANDBOX_MEMORY=polled``
+or ``accept_polled_memory=True``): :func:`memory_bound` says which holds.
 If the sandbox cannot be built (a layout it does not know), :func:`run_python` raises
 :class:`SandboxUnavailable` with one line naming the step and the fix, instead of a failed
 run that callers would read as "the code is wrong".
@@ -107,8 +117,8 @@ def isolation_mode() -> str:
         if unshare:
             flags = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
             try:
-                probe = _RUN([unshare, *flags, "--net", "--pid", "--fork", "--kill-child", "--mount",
-                                        "--mount-proc", "true"], capture_output=True, timeout=10)
+                probe = _RUN([unshare, *flags, "--net", "--ipc", "--pid", "--fork", "--kill-child", "--mount",
+                              "--mount-proc", "true"], capture_output=True, timeout=10)
                 if probe.returncode == 0:
                     _MODE = "root" if os.geteuid() == 0 else "userns"
             except (OSError, subprocess.TimeoutExpired):
@@ -189,30 +199,76 @@ def exposed_paths(package: str | None = None) -> list[str]:
     return sorted(p for p in out if p and os.path.exists(p))
 
 
+def _cgroup2_mount() -> str | None:
+    """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup`` unified, ``/sys/fs/cgroup/unified``
+    hybrid), from ``/proc/self/mountinfo``; None without one."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for ln in f:
+                head, _, tail = ln.partition(" - ")
+                if tail.split()[:1] == ["cgroup2"]:
+                    return head.split()[4]
+    except OSError:
+        pass
+    return None
+
+
+def _cgroup2_parents() -> list[Path]:
+    """cgroup v2 folders under which this user may make a run's cgroup with the memory
+    controller: its own cgroup where ``memory`` is enabled for children (root's, or one delegated
+    to it), else the parent of its own where that is writable by it (systemd's delegation: the
+    user owns ``user@UID.service`` and the slices under it). Moving a process between two
+    cgroups needs write access to their common ancestor's ``cgroup.procs``: checked here."""
+    mnt = _cgroup2_mount()
+    if mnt is None:
+        return []
+    try:
+        own = next(ln.split("::", 1)[1] for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                   if ln.startswith("0::"))
+    except (OSError, StopIteration):
+        return []
+    base = Path(mnt) / own.lstrip("/")
+    out = []
+    for cand in (base, base.parent):
+        if not str(cand).startswith(mnt) or not os.access(cand, os.W_OK) or \
+                not os.access(cand / "cgroup.procs", os.W_OK):
+            continue
+        try:
+            if "memory" in (cand / "cgroup.subtree_control").read_text().split():
+                out.append(cand)
+        except OSError:
+            pass
+    return out
+
+
 def _cgroups(memory_mb: int, nproc: int) -> list[str]:
-    """Root only: a memory and pids cgroup for one run (v2, else v1 hierarchies), or [] where
-    the machine does not allow it (then the namespace's pid 1 enforces the memory budget alone)."""
-    if os.geteuid() != 0 or sys.platform != "linux":
+    """A memory (and where allowed pids) cgroup for one run, for root or for a user who was
+    delegated one: v2 (a child of :func:`_cgroup2_parents`), else v1 hierarchies (a child of the
+    caller's own memory cgroup, where the caller may make one). [] where no memory cgroup can
+    be made; then :func:`run_python` needs the polled budget accepted (:func:`memory_bound`)."""
+    if sys.platform != "linux":
         return []
     name = f"codex-lab-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
     made: list[str] = []
-    try:
-        if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):  # v2, unified
-            own = Path("/proc/self/cgroup").read_text().splitlines()[0].split("::", 1)[-1]
-            base = Path("/sys/fs/cgroup") / own.lstrip("/")
-            if not {"memory", "pids"} <= set((base / "cgroup.subtree_control").read_text().split()):
-                return []
-            d = base / name
+    v2_only = os.path.exists("/sys/fs/cgroup/cgroup.controllers")  # unified: no v1 hierarchies at all
+    for parent in _cgroup2_parents():
+        d = parent / name
+        try:
             d.mkdir()
             made.append(str(d))
             (d / "memory.max").write_text(str(memory_mb * _MB))
-            (d / "memory.swap.max").write_text("0")
-            (d / "pids.max").write_text(str(nproc))
-            try:  # ask the kernel to stop them all at the limit, as pid 1's budget check does (not always honoured)
-                (d / "memory.oom.group").write_text("1")
-            except OSError:
-                pass
+            for f, v in (("memory.swap.max", "0"), ("pids.max", str(nproc)), ("memory.oom.group", "1")):
+                try:  # swap and pids may not be delegated; oom.group: ask the kernel to stop them all
+                    (d / f).write_text(v)
+                except OSError:
+                    pass
             return made
+        except OSError:
+            _remove_cgroups(made)
+            made = []
+    if v2_only:
+        return []
+    try:
         for ctrl, files in (("memory", {"memory.limit_in_bytes": str(memory_mb * _MB)}),
                             ("pids", {"pids.max": str(nproc)})):
             own = next((ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines()
@@ -223,14 +279,80 @@ def _cgroups(memory_mb: int, nproc: int) -> list[str]:
             d = base / own.lstrip("/") / name
             if not (base / own.lstrip("/")).is_dir():
                 d = base / name
-            d.mkdir()
+            try:
+                d.mkdir()
+            except OSError:
+                if ctrl == "memory":
+                    raise
+                continue  # pids is a bonus (RLIMIT_NPROC holds anyway); memory is the point
             made.append(str(d))
             for f, v in files.items():
                 (d / f).write_text(v)
-        return made
+            if ctrl == "memory":
+                try:
+                    (d / "memory.memsw.limit_in_bytes").write_text(str(memory_mb * _MB))  # no swap beyond it
+                except OSError:
+                    pass
+        return made if any("/memory/" in p for p in made) else (_remove_cgroups(made) or [])
     except OSError:
         _remove_cgroups(made)
         return []
+
+
+_SCOPE: bool | None = None
+
+
+def _systemd_scope_ok() -> bool:
+    """A systemd user manager that can run the sandbox in a transient scope with ``MemoryMax``
+    enforced (memory delegated to the user: the default of current systemd on cgroup v2).
+    Checked once by running ``cat`` of the scope's own ``memory.max`` under a 64 MiB limit."""
+    global _SCOPE
+    if _SCOPE is None:
+        _SCOPE = False
+        tool, mnt = shutil.which("systemd-run"), _cgroup2_mount()
+        if tool and mnt and os.geteuid() != 0 and os.environ.get("XDG_RUNTIME_DIR"):
+            probe = f"cat {mnt}$(sed -n 's/^0:://p' /proc/self/cgroup)/memory.max"
+            try:
+                r = _RUN([tool, "--user", "--scope", "--quiet", "--collect", "-p", "MemoryMax=64M", "--",
+                          "sh", "-c", probe], capture_output=True, text=True, timeout=20,
+                         env={"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": os.environ["XDG_RUNTIME_DIR"],
+                              **({"DBUS_SESSION_BUS_ADDRESS": os.environ["DBUS_SESSION_BUS_ADDRESS"]}
+                                 if "DBUS_SESSION_BUS_ADDRESS" in os.environ else {})})
+                _SCOPE = r.returncode == 0 and r.stdout.strip() == str(64 * _MB)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+    return _SCOPE
+
+
+_BOUND: str | None = None
+ACCEPT_POLLED = "CODEX_LAB_SANDBOX_MEMORY"  # =polled: run where only the polled budget holds
+
+
+def memory_bound() -> str:
+    """What holds the sandbox's memory budget on this machine, said up front:
+
+    - ``"cgroup"``: a cgroup of its own per run (root, or a user with a delegated cgroup v2
+      subtree or an owned v1 memory cgroup): the kernel charges every page and kernel object
+      (socket buffers, inodes, pipes included) and stops the sandbox at the budget;
+    - ``"systemd-scope"``: a user without such a cgroup but with a systemd user manager: each
+      run is a transient scope with ``MemoryMax`` (the same kernel bound);
+    - ``"polled"``: no cgroup can be had (a container without delegation, or memory not
+      delegated): only the namespace's pid 1 polls memory every 50 ms and stops the sandbox
+      past the budget. Hard kernel caps still hold (tmpfs size and inodes, open files,
+      processes, socket buffers at their defaults), but a burst between polls and kernel
+      memory the poll cannot see (pipe buffers, page tables) escape it, so
+      :func:`run_python` refuses to run unless the caller accepts it (``accept_polled_memory=True``
+      or ``CODEX_LAB_SANDBOX_MEMORY=polled``);
+    - ``"none"``: plain mode (no namespaces): per-process rlimits only.
+    """
+    global _BOUND
+    if isolation_mode() == "plain":
+        return "none"
+    if _BOUND is None:
+        made = _cgroups(64, 8)
+        _remove_cgroups(made)
+        _BOUND = "cgroup" if made else ("systemd-scope" if _systemd_scope_ok() else "polled")
+    return _BOUND
 
 
 def _oom_kills(paths: list[str]) -> int:
@@ -263,7 +385,8 @@ def _remove_cgroups(paths: list[str]) -> None:
 def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, nproc: int = 64,
                max_output_bytes: int = 1 * _MB, files: dict[str, str | bytes] | None = None,
                hide: tuple[str, ...] | list[str] = (), guard: bool = True, env: dict[str, str] | None = None,
-               cpu_s: int | None = None, disk_mb: int = 64, package: str | None = None) -> SandboxResult:
+               cpu_s: int | None = None, disk_mb: int = 64, package: str | None = None,
+               disk_inodes: int | None = None, accept_polled_memory: bool = False) -> SandboxResult:
     """Execute ``code`` in a sandboxed child (see the module docstring); never raises for its failures.
 
     Args:
@@ -282,26 +405,43 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, nproc
         disk_mb: namespace modes: size in MiB of the one tmpfs holding the child's folder,
             /tmp, /var/tmp and /dev/shm (the sandbox's whole disk budget; it counts toward
             the memory budget too).
+        disk_inodes: namespace modes: files and folders that tmpfs may hold (its ``nr_inodes``;
+            each costs ~1 KiB of kernel memory whatever its size); default ``256 * disk_mb``.
         package: a folder holding a ``codex_lab`` package to show the child *instead of* the
             real one (the grader's learner's view, :mod:`codex_lab.course.learner_view`): in
             the namespace modes the real package folder is then not mounted at all and this
             folder is, read-only, first on the child's import path. Plain mode only puts it
             first on the import path (the real files stay readable there).
+        accept_polled_memory: run even where no kernel bound holds the memory budget (see
+            :func:`memory_bound`: ``"polled"``); the same as ``CODEX_LAB_SANDBOX_MEMORY=polled``.
 
     Raises:
-        SandboxUnavailable: the sandbox could not be built here (one line: cause and fix).
+        SandboxUnavailable: the sandbox could not be built here, or only the polled memory budget
+            would hold and it was not accepted (one line: cause and fix).
     """
     mode = isolation_mode()
     tmp = tempfile.mkdtemp(prefix="codex-lab-sandbox-")
     try:
         return _run(code, tmp, mode, timeout_s, memory_mb, nproc, max_output_bytes, files or {}, list(hide), guard,
-                    env or {}, cpu_s, disk_mb, package)
+                    env or {}, cpu_s, disk_mb, package, disk_inodes, accept_polled_memory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _polled_refusal(mode: str) -> SandboxUnavailable:
+    why = ("root could not make a memory cgroup" if mode == "root" else
+           "no cgroup this user may create (no delegated cgroup v2 subtree, no owned v1 memory cgroup) and no "
+           "systemd user manager to run it in a scope")
+    return SandboxUnavailable(
+        f"codex-lab sandbox: no kernel bound on the sandbox's memory here ({mode} mode: {why}); only pid 1's "
+        "50 ms poll of its processes, files and unix socket buffers would hold the budget, which a fast burst and "
+        "kernel memory the poll cannot see (pipe buffers, page tables) escape; to run anyway set "
+        f"{ACCEPT_POLLED}=polled (or pass accept_polled_memory=True), or give this user a cgroup (a delegated "
+        "cgroup v2 subtree, or a systemd user session)")
+
+
 def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, extra_env, cpu_s,
-         disk_mb=64, package=None) -> SandboxResult:
+         disk_mb=64, package=None, disk_inodes=None, accept_polled=False) -> SandboxResult:
     prelude = _GUARD + f"\ninstall({tmp!r})\ndel install\n" if guard else ""
     main = os.path.join(tmp, "main.py")
     for name, data in files.items():
@@ -312,6 +452,8 @@ def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, 
     cpu = int(cpu_s if cpu_s is not None else max(1, int(timeout_s) + 1))
     limits = {"RLIMIT_AS": memory_mb * _MB, "RLIMIT_CPU": cpu, "RLIMIT_FSIZE": 16 * _MB,
               "RLIMIT_NOFILE": 256, "RLIMIT_NPROC": nproc, "RLIMIT_CORE": 0}
+    if mode == "userns":  # counted in the sandbox's user namespace, where unshare and pid 1 are two of them
+        limits["RLIMIT_NPROC"] = nproc + 2
     env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", **extra_env}
     boot = os.path.join(tmp, "_boot.py")
@@ -336,18 +478,29 @@ def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, 
         uid = gid = None
         if mode == "root":  # an unprivileged uid of its own, no account: per-run process limit and signals
             uid = gid = 100000 + secrets.randbelow(50000)
+        groups = _cgroups(memory_mb + disk_mb, nproc)
+        scope = not groups and mode == "userns" and _systemd_scope_ok()
+        if not groups and not scope and not (accept_polled or os.environ.get(ACCEPT_POLLED) == "polled"):
+            raise _polled_refusal(mode)
         root = tempfile.mkdtemp(prefix="codex-lab-root-")  # an empty mount point for the new root
         report_r, report_w = os.pipe()
-        groups = _cgroups(memory_mb + disk_mb, nproc) if mode == "root" else []
         cfg = {"workdir": tmp, "host_workdir": tmp, "root": root, "expose": exposed_paths(package),
                "hide": [str(Path(h).resolve()) for h in hide], "uid": uid, "gid": gid, "limits": limits,
                "argv": argv, "env": env, "disk_mb": disk_mb, "memory_budget_mb": memory_mb + disk_mb,
-               "cgroup": None, "cgroups": groups, "report_fd": report_w}
+               "disk_inodes": int(disk_inodes if disk_inodes is not None else max(1024, 256 * disk_mb)),
+               "cgroups": groups, "cgroup_self": scope, "report_fd": report_w}
         flags = [] if mode == "root" else ["--user", "--map-root-user"]
-        cmd = [shutil.which("unshare") or "unshare", *flags, "--net", "--pid", "--fork", "--kill-child", "--mount",
-               "--propagation", "private", sys.executable, "-I", "-S", str(_HERE / "_launch.py"), json.dumps(cfg)]
+        cmd = [shutil.which("unshare") or "unshare", *flags, "--net", "--ipc", "--pid", "--fork", "--kill-child",
+               "--mount", "--propagation", "private", sys.executable, "-I", "-S", str(_HERE / "_launch.py"),
+               json.dumps(cfg)]
+        if scope:  # the whole sandbox in a transient systemd scope whose MemoryMax the kernel enforces
+            cmd = [shutil.which("systemd-run") or "systemd-run", "--user", "--scope", "--quiet", "--collect",
+                   "-p", f"MemoryMax={memory_mb + disk_mb}M", "-p", "MemorySwapMax=0", "-p", f"TasksMax={nproc + 4}",
+                   "--", *cmd]
     try:
-        proc = _POPEN(cmd, cwd=tmp, env=env if mode == "plain" else {"PATH": "/usr/bin:/bin"},
+        outer = {"PATH": "/usr/bin:/bin", **{k: os.environ[k] for k in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")
+                                               if cmd[0].endswith("systemd-run") and k in os.environ}}
+        proc = _POPEN(cmd, cwd=tmp, env=env if mode == "plain" else outer,
                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                       start_new_session=sys.platform != "win32", pass_fds=() if report_w is None else (report_w,))
     finally:
