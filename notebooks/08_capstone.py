@@ -38,7 +38,14 @@
 # 7. a closing table: each seed claim beside what this notebook measured;
 # 8. the scorecard of the lesson's project, applied to this candidate: in the project
 #    (`exercises/08_capstone.ipynb`, graded with `codex-lab grade exercises/08_capstone.py`)
-#    you design your own candidate and it is scored on that scorecard, criterion by criterion.
+#    you design your own candidate and it is scored on that scorecard, criterion by criterion;
+# 9. the measured trade: each optimisation alone and all together, every design given the plain
+#    model's training budget until both plateau (at a smaller geometry), what each buys (speed,
+#    memory) and costs (quality, with an interval), and which design the gates promote.
+#
+# Steps 3-6 run at a brief budget (a few steps in fast and standard mode): they show every
+# stage working, and the training-state rule says whether that budget reached a plateau.
+# The decision at the end comes from step 9.
 
 # %%
 import sys
@@ -137,7 +144,9 @@ assert gaps["all three"] > 1e-2  # mean-pooling K/V heads is a real change
 
 # %% [markdown]
 # ## 3. Brief pre-training, the same for both
-# Both models see the same batches with the same optimiser (`codex_lab.lessons.l03_gqa.experiments.uptrain`). The
+# Both models see the same batches with the same optimiser (`cap.train_with_curve`: the brief
+# pre-training of `codex_lab.training.pretrain.uptrain`, recording a held-out curve for the
+# training-state rule). The
 # sparse layers run the `"blocks"` kernel: plain PyTorch over the touched tiles, so it has a
 # backward pass on CPU.
 
@@ -261,8 +270,10 @@ with torch.no_grad():
         for name, m in conv.items():
             rel = cl.timing_ratio(ms["plain"], ms[name], a="plain", b=name)
             # tokens/s = batch * 1000 ms / median ms per decode step
-            abl.append({"variant": name, "batch": b, "tokens_per_s": b * 1000 / float(torch.tensor(ms[name]).median()),
-                        "kv_bytes_per_token": cl.kv_bytes_per_token(m.cfg), "active_params": cl.active_params(m),
+            abl.append({"variant": name, "kind": cap.ablation_kind(name), "batch": b,
+                        "tokens_per_s": b * 1000 / float(torch.tensor(ms[name]).median()),
+                        "kv_bytes_per_token": cl.kv_bytes_per_token(m.cfg), "params": m.num_params(),
+                        "active_params": cl.active_params(m),
                         "vs_plain_median": rel.speedup, "vs_plain_lo": rel.lo, "vs_plain_hi": rel.hi, "cmp": rel})
 print(f"{'variant':>22} {'batch':>5} {'tokens/s':>9} {'vs plain (rounds)':>22} {'KV B/token':>10} {'active params':>13}")
 for r in abl:
@@ -350,9 +361,91 @@ for name, bench_name in (("baseline", "plain"), ("candidate", "all")):
     card_input[name] = {"kv_bytes_per_token": log.rows[name]["kv_bytes_per_token"],
                         "val_loss": log.rows[name]["val_loss_pretrained"],  # after the same brief pre-training
                         "decode_tokens_per_s": speed8[bench_name], "gates": dict(reports[name].scores())}
+# the training-state rule: quality is scored only once every arm's held-out curve of the pre-training has plateaued
+card_input["states"] = sc.quality_states({name: [log.curves[name]] for name in ("baseline", "candidate")})
+for st in card_input["states"].values():
+    print(st.describe())
 card = sc.score(card_input)
 print(sc.format_scorecard(card, MODE))
 assert sum(r.max_points for r in card) == sum(c.points for c in sc.criteria(MODE))
+unscored = [r.key for r in card if not r.scored]
+assert (unscored == list(sc.QUALITY_CRITERIA)) == (not all(st.trained for st in card_input["states"].values()))
+
+# %% [markdown]
+# ## 9. The measured trade: what each optimisation buys and what it costs
+# The runs above give the candidate a few steps: a converted model that has not won back what
+# conversion cost would be compared on its budget, not its design. Here every design gets the
+# plain model's budget until both plateau. On a CPU that fits only at a smaller geometry, so
+# the model, the sequence, the window and the stride shrink together (standard mode: 2
+# layers of width 64, 32-token sequences, an 8-token window plus every 4th 8-token block,
+# which attends to the same share of pairs at 32 tokens as the candidate's pattern at 256);
+# the steps are not cut. Per seed, a plain model is pre-trained, converted into each design
+# (sparse deep layers, GQA, upcycled MoE, all three), and every design *and the plain model*
+# train the same further steps on the same batches; the seed draws the initialisation, the
+# data order and the held-out windows.
+#
+# The quality cost of a design is its final held-out loss minus the plain model's, paired
+# by seed, judged for non-inferiority with a margin declared before the run
+# (`tr.MARGIN_NATS`). What a design buys does not depend on its trained values, so speed,
+# KV-cache bytes and parameters come from your ablation above, on the shipped model's size.
+# In fast mode the training is far too short: expect "under-trained: no verdict".
+
+# %%
+from codex_lab.lessons.l08_capstone import trade as tr
+
+tsizes = tr.trade_sizes()
+print(tsizes.describe())
+runs = tr.run_trade(corpus, tsizes)
+fig = tr.plot_trade(runs)
+plt.show()
+tstates = tr.trade_states(runs)
+for st in tstates.values():
+    print(st.describe())
+
+# %% [markdown]
+# Write the cost of one design yourself: the paired per-seed differences and the
+# non-inferiority rule (the one-sided 95% upper bound of the cost below the margin keeps
+# quality), then hold it to the package's `tr.trade_costs`.
+
+# %%
+from codex_lab.stats import t_quantile
+
+kind = "gqa"
+d = [r.final(kind) - r.final("plain") for r in runs]  # per seed, nats/token (> 0: the design is worse)
+mean_d = sum(d) / len(d)
+# se = sample sd of the paired differences / sqrt(seeds)
+se = (sum((x - mean_d) ** 2 for x in d) / (len(d) - 1)) ** 0.5 / len(d) ** 0.5
+upper = mean_d + t_quantile(0.95, len(d) - 1) * se  # one-sided 95% upper bound of the cost
+lower = mean_d - t_quantile(0.95, len(d) - 1) * se
+mine = "holds" if upper < tr.MARGIN_NATS else ("fails" if lower > tr.MARGIN_NATS else "not resolved")
+theirs = tr.trade_costs(runs, tstates)[kind]
+print(f"{kind}: cost {mean_d:+.4f} nats/token, 90% interval [{lower:+.4f}, {upper:+.4f}], margin {tr.MARGIN_NATS}: {mine}")
+print("package:", theirs.describe())
+assert abs(theirs.diff - mean_d) < 1e-9 and abs(theirs.hi - upper) < 1e-6 and abs(theirs.lo - lower) < 1e-6
+assert theirs.measured_verdict == mine  # the package then applies the training-state rule on top
+assert theirs.verdict in (mine, "under-trained: no verdict")
+
+# %% [markdown]
+# The table: each design's buys beside its costs, its training state and the release gate.
+# The gate's quality criterion is the same non-inferiority margin; a design must also not be
+# slower than plain in every round, and must buy something (a smaller KV cache, or faster
+# decode in every round). The gates promote the fastest design that passes.
+
+# %%
+rows = tr.trade_rows(runs, abl, batch=8)
+print(tr.trade_table(rows))
+print()
+for r in rows[1:]:
+    print(f"{r.label}: " + ("passes every gate" if r.passed else "; ".join(r.reasons)))
+decision = tr.trade_decision(rows)
+print("DECISION:", decision["text"])
+for r in rows:
+    if r.kind != "plain":
+        assert r.passed == (r.cost.verdict == "holds" and r.speed_hi >= 1.0 and (r.kv_ratio < 1.0 or r.speed_lo > 1.0))
+assert decision["promoted"] in [r.kind for r in rows if r.passed] + [None]
+if not all(st.trained for st in tstates.values()):
+    # the rule fired (always in fast mode): no design is judged on quality, so none is promoted
+    assert decision["promoted"] is None
 
 # %% [markdown]
 # ## What we measured
@@ -373,8 +466,13 @@ print(f"- Gates: the candidate {'passed' if passed else 'was refused on ' + '; '
       f"the live canary {'promoted it' if rollout['action'] == 'promote' else 'rolled it back'} with {load['errors']} client errors.")
 print(f"- Project scorecard for this candidate: {sum(r.points for r in card)}/{sum(r.max_points for r in card)} "
       f"(lost: {[r.key for r in card if not r.passed] or 'nothing'}).")
-print(f"VERDICT: the optimised candidate {'passed' if passed else 'did not pass'} the gates against the plain baseline "
-      f"and the live canary {'promoted it' if rollout['action'] == 'promote' else 'rolled it back'}.")
+print(f"- Brief budget: the candidate {'passed' if passed else 'did not pass'} the gates against the plain baseline "
+      f"and the live canary {'promoted it' if rollout['action'] == 'promote' else 'rolled it back'}; the pre-training curves: "
+      + "; ".join(f"{st.arm} {st.short()}" for st in card_input["states"].values()) + ".")
+print("- The trade (every design at the plain model's budget, " + ", ".join(f"{k} {v.short()}" for k, v in tstates.items())
+      + "): " + "; ".join(f"{r.label} {r.speed:.2f}x decode, KV {r.kv_ratio:.2f}x, cost "
+                          + (f"{r.cost.diff:+.3f} ({r.cost.verdict})" if r.cost else "-") for r in rows if r.kind != "plain") + ".")
+print(f"DECISION: {decision['text']}.")
 
 # %% [markdown]
 # ## Questions to think about

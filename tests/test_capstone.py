@@ -206,7 +206,8 @@ def test_gate_bar_is_the_lower_of_baseline_and_reference_design():
     def m(cand, ref):
         arm = {"kv_bytes_per_token": 100, "val_loss": 3.0, "val_losses": [3.0], "decode_tokens_per_s": 10.0}
         return {"mode": "fast", "speed_ratio": 1.0, "baseline": {**arm, "gates": {"syntax": 0.25, "style": 0.9}},
-                "candidate": {**arm, "gates": cand}, "reference": {"val_losses": [3.0], "gates": ref}}
+                "candidate": {**arm, "gates": cand}, "reference": {"val_losses": [3.0], "gates": ref},
+                "states": _states(flat=True)}
 
     low_ref = {"syntax": 0.0, "style": 0.6}
     assert gate_bar(m(low_ref, low_ref)) == {"syntax": 0.0, "style": 0.6}
@@ -218,3 +219,150 @@ def test_gate_bar_is_the_lower_of_baseline_and_reference_design():
     # a reference above the baseline never raises the bar past the baseline's
     high_ref = {"syntax": 0.5, "style": 1.0}
     assert gate_bar(m(low_ref, high_ref)) == {"syntax": 0.25, "style": 0.9} and gate_bar_sources(m(low_ref, high_ref)) == {}
+
+
+# ---------------------------------------------------------------- training states, the trade table, the scorecard rule
+def _curves(final: float, *, flat: bool, seeds: int = 3, shift: float = 0.0) -> list[list[tuple[float, float]]]:
+    """Held-out curves (step, nats/token), one per seed: flat over the last half (a plateau) or
+    still falling by 0.2 nats per 10 steps; seeds differ by +-0.004 (plus ``shift``)."""
+    out = []
+    for k in range(seeds):
+        noise = 0.004 * (k - 1)
+        pts = []
+        for i in range(12):
+            v = final + (0.5 * max(0, 5 - i) / 5 if flat else 0.2 * (11 - i))  # flat from step 50 on, or a steady fall
+            pts.append((10.0 * i, v + noise + shift * k + 0.001 * ((i * 7 + k) % 3)))
+        out.append(pts)
+    return out
+
+
+def _states(*, flat: bool) -> dict:
+    from codex_lab.training_state import training_state
+
+    return {a: training_state(_curves(3.0, flat=flat), higher_is_better=False, min_change=0.01, arm=a)
+            for a in ("baseline", "candidate", "reference")}
+
+
+def test_training_state_helpers_behave_as_intended():
+    from codex_lab.training_state import training_state
+
+    assert training_state(_curves(3.0, flat=True), higher_is_better=False, min_change=0.01).state == "trained"
+    assert training_state(_curves(3.0, flat=False), higher_is_better=False, min_change=0.01).state == "under-trained"
+
+
+def _run(seed: int, finals: dict, *, flat: dict | None = None):
+    from codex_lab.lessons.l08_capstone.trade import TradeRun
+
+    flat = flat or {}
+    base = _curves(3.0, flat=flat.get("pre-training", True))[seed]
+    curves = {k: _curves(v, flat=flat.get(k, True))[seed] for k, v in finals.items()}
+    return TradeRun(seed, base, {k: v + 0.3 for k, v in finals.items()}, curves)
+
+
+def _ablation(speeds: dict | None = None) -> list[dict]:
+    speeds = speeds or {}
+    kv = {"plain": 1024, "sparse": 1024, "gqa": 512, "moe": 1024, "all": 512}
+    params = {"plain": (100, 100), "sparse": (100, 100), "gqa": (90, 90), "moe": (300, 150), "all": (290, 140)}
+    out = []
+    for kind in ("plain", "sparse", "gqa", "moe", "all"):
+        med, lo, hi = speeds.get(kind, (1.0, 1.0, 1.0) if kind == "plain" else (1.0, 0.95, 1.05))
+        out.append({"variant": kind, "kind": kind, "batch": 8, "vs_plain_median": med, "vs_plain_lo": lo,
+                    "vs_plain_hi": hi, "kv_bytes_per_token": kv[kind], "params": params[kind][0],
+                    "active_params": params[kind][1]})
+    return out
+
+
+def test_trade_table_verdicts_gates_and_decision_follow_the_numbers():
+    from codex_lab.lessons.l08_capstone import trade as tr
+
+    # per seed the designs' final losses: gqa costs ~0.002 (kept), sparse 0.3 (fails), moe 0.03 (the bounds straddle
+    # the 0.05 margin only with spread; here kept), all 0.2 (fails)
+    mean = {"plain": 3.0, "sparse": 3.3, "gqa": 3.002, "moe": 3.01, "all": 3.2}
+    jitter = {"plain": (0.0, 0.002, -0.001), "sparse": (0.003, -0.002, 0.0), "gqa": (-0.001, 0.003, 0.0),
+              "moe": (0.002, 0.0, -0.003), "all": (0.0, -0.002, 0.004)}  # per seed: the paired differences vary
+    finals = [{k: v + d + jitter[k][i] for k, v in mean.items()} for i, d in enumerate((0.0, 0.01, -0.01))]
+    runs = [_run(i, f) for i, f in enumerate(finals)]
+    rows = {r.kind: r for r in tr.trade_rows(runs, _ablation({"moe": (0.6, 0.5, 0.7), "gqa": (1.1, 1.05, 1.2)}))}
+    assert list(rows) == list(tr.KINDS)
+    assert all(r.state.trained for r in rows.values())
+    assert rows["gqa"].cost.verdict == "holds" and rows["sparse"].cost.verdict == "fails"
+    assert rows["all"].cost.verdict == "fails" and rows["moe"].cost.verdict == "holds"
+    assert abs(rows["sparse"].cost.diff - 0.3) < 1e-9 and rows["sparse"].cost.lo < 0.3 < rows["sparse"].cost.hi
+    # gates: gqa passes (kept, not slower, smaller cache); moe kept but slower in every round; sparse fails quality
+    # and buys nothing (same cache, speed within the spread)
+    assert rows["gqa"].passed and rows["gqa"].kv_ratio == 0.5
+    assert not rows["moe"].passed and any(w.startswith("speed") for w in rows["moe"].reasons)
+    assert not rows["sparse"].passed and {w.split(":")[0] for w in rows["sparse"].reasons} == {"quality", "buys nothing"}
+    assert not rows["plain"].passed
+    dec = tr.trade_decision(list(rows.values()))
+    assert dec["promoted"] == "gqa" and dec["passed"] == ["gqa"] and "GQA" in dec["text"]
+    table = tr.trade_table(list(rows.values()))
+    assert "1.10x (1.05-1.20x)" in table and "512 (0.50x)" in table and "300 / 150" in table and "-> fails" in table
+    assert "| GQA |" in tr.trade_table(list(rows.values()), markdown=True)
+    # two passing designs: the faster median is promoted
+    fast_all = [dict(r, vs_plain_median=1.3, vs_plain_lo=1.1, vs_plain_hi=1.4) if r["kind"] == "all" else r
+                for r in _ablation({"gqa": (1.1, 1.05, 1.2)})]
+    cheap = [{**f, "all": f["plain"] + 0.001 + 0.002 * (i % 2)} for i, f in enumerate(finals)]
+    rows2 = tr.trade_rows([_run(i, f) for i, f in enumerate(cheap)], fast_all)
+    assert tr.trade_decision(rows2)["promoted"] == "all"
+    # an under-trained design (still falling) gets no verdict and is refused; so is every design when the
+    # pre-training has not plateaued (conversion from an unfinished model says nothing about the design)
+    runs3 = [_run(i, f, flat={"gqa": False}) for i, f in enumerate(finals)]
+    r3 = {r.kind: r for r in tr.trade_rows(runs3, _ablation({"gqa": (1.1, 1.05, 1.2)}))}
+    assert r3["gqa"].state.state == "under-trained" and r3["gqa"].cost.verdict == "under-trained: no verdict"
+    assert not r3["gqa"].passed and tr.trade_decision(list(r3.values()))["promoted"] is None
+    runs4 = [_run(i, f, flat={"pre-training": False}) for i, f in enumerate(finals)]
+    r4 = tr.trade_rows(runs4, _ablation({"gqa": (1.1, 1.05, 1.2)}))
+    assert all(r.cost.verdict == "under-trained: no verdict" for r in r4 if r.kind != "plain")
+    assert tr.trade_decision(r4) == {"promoted": None, "passed": [], "text": tr.trade_decision(r4)["text"]}
+    # the quality gate uses the table's margin: a gate with another margin is refused, and a tighter margin
+    # declared for the table turns gqa's "holds" into a refusal on quality
+    assert r3["gqa"].reasons[0].startswith("quality")
+    with pytest.raises(ValueError, match="one"):
+        tr.gate_row(rows["gqa"], margin=0.005)
+    tight = {r.kind: r for r in tr.trade_rows(runs, _ablation({"gqa": (1.1, 1.05, 1.2)}), margin=0.002)}
+    assert tight["gqa"].cost.verdict != "holds" and not tight["gqa"].passed and tight["gqa"].reasons[0].startswith("quality")
+    with pytest.raises(ValueError, match="lacks"):
+        tr.trade_rows(runs, [r for r in _ablation() if r["kind"] != "moe"])
+
+
+def test_scorecard_quality_needs_a_plateau():
+    from codex_lab.lessons.l08_capstone import scorecard as sc
+
+    arm = {"kv_bytes_per_token": 100, "val_loss": 3.0, "val_losses": [3.0, 3.01, 2.99], "decode_tokens_per_s": 10.0,
+           "gates": {"syntax": 0.5, "style": 0.9}}
+    base = {"mode": "fast", "speed_ratio": 1.0, "baseline": dict(arm), "candidate": {**arm, "kv_bytes_per_token": 50},
+            "reference": {"val_losses": [3.0, 3.01, 2.99], "gates": arm["gates"]}}
+    trained = {r.key: r for r in sc.score({**base, "states": _states(flat=True)})}
+    assert all(r.scored and r.passed for r in trained.values()), [r.detail for r in trained.values()]
+    for states, why in ((_states(flat=False), "under-trained ("), (None, "no held-out curves")):
+        m = dict(base) if states is None else {**base, "states": states}
+        res = {r.key: r for r in sc.score(m)}
+        for key in sc.QUALITY_CRITERIA:
+            assert not res[key].scored and not res[key].passed and res[key].points == 0
+            assert res[key].detail.startswith("under-trained: not scored") and why in res[key].detail
+        # speed and memory do not depend on training: still scored
+        assert res["kv_bytes"].scored and res["kv_bytes"].passed and res["decode_speed"].scored
+        assert "NOT SCORED" in sc.format_scorecard(list(res.values()))
+    # one arm still falling is enough to leave quality unscored, and it is named
+    mixed = {**_states(flat=True), "candidate": _states(flat=False)["candidate"]}
+    res = {r.key: r for r in sc.score({**base, "states": mixed})}
+    assert not res["val_loss"].scored and "candidate under-trained" in res["val_loss"].detail
+    assert "baseline" not in res["val_loss"].detail
+
+
+def test_pretrain_stage_records_the_curve_uptrain_would_train(small_tokenizer):
+    """The capstone's pre-training records a held-out curve without changing the training: the
+    same losses as codex_lab.training.pretrain.uptrain on the same model and seed."""
+    import copy
+
+    base = plain(vocab=small_tokenizer.vocab_size, max_seq_len=256)
+    tokens = torch.randint(0, small_tokenizer.vocab_size, (4000,), generator=torch.Generator().manual_seed(0))
+    val = [(tokens[:64].view(2, 32), tokens[1:65].view(2, 32))]
+    a, b = copy.deepcopy(base), copy.deepcopy(base)
+    losses, curve = cap.train_with_curve(a, tokens, val, steps=8, batch_size=2, seq_len=32, lr=1e-3, seed=3, evals=4)
+    assert losses == uptrain(b, tokens, steps=8, batch_size=2, seq_len=32, lr=1e-3, seed=3)
+    assert [s for s, _ in curve] == [0.0, 2.0, 4.0, 6.0, 8.0]
+    from codex_lab.training.evaluate import val_loss
+
+    assert curve[-1][1] == pytest.approx(val_loss(a, val), abs=1e-6) and curve[0][1] == pytest.approx(val_loss(base, val), abs=1e-6)

@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import torch
+
 from codex_lab.lessons.l08_capstone.architecture import (  # noqa: F401  (the notebook's names)
     DEFAULT_SPARSE, ablation_configs, capstone_config, describe, max_logit_gap,
 )
@@ -121,20 +123,53 @@ def build_models(base: CodexModel, cfg: ModelConfig | None = None, *, seed: int 
 def pretrain_stage(models: dict[str, CodexModel], tokenizer: Any, corpus: Any, sz: CapstoneSizes, log: StageLog, *,
                    seed: int = 0) -> None:
     """Stage 3: the same brief pre-training (same batches) for every model, in place;
-    logs validation loss (nats/token) before and after."""
+    logs validation loss (nats/token) before and after, and each model's held-out curve
+    (``log.curves``, for the training-state rule)."""
     from codex_lab.data.batches import fixed_batches, tokenize_texts
     from codex_lab.training.evaluate import val_loss
-    from codex_lab.training.pretrain import uptrain
 
     t0 = time.perf_counter()
     train_tokens = tokenize_texts(tokenizer, corpus.texts("train")[: sz.pretrain_files])
     val = fixed_batches(tokenize_texts(tokenizer, corpus.texts("val")), sz.batch_size, sz.seq_len, sz.val_batches)
     for name, m in models.items():
-        log.put(name, val_loss_start=val_loss(m, val))
-        losses = uptrain(m, train_tokens, steps=sz.pretrain_steps, batch_size=sz.batch_size, seq_len=sz.seq_len, lr=sz.lr, seed=seed)
-        log.put(name, pretrain_tokens=sz.pretrain_steps * sz.batch_size * sz.seq_len,
+        losses, curve = train_with_curve(m, train_tokens, val, steps=sz.pretrain_steps, batch_size=sz.batch_size,
+                                         seq_len=sz.seq_len, lr=sz.lr, seed=seed)
+        log.curves[name] = curve
+        log.put(name, val_loss_start=curve[0][1], pretrain_tokens=sz.pretrain_steps * sz.batch_size * sz.seq_len,
                 train_loss_last=losses[-1] if losses else float("nan"), val_loss_pretrained=val_loss(m, val))
     log.timed("pretrain", t0)
+
+
+def train_with_curve(model: CodexModel, tokens: Any, val: Any, *, steps: int, batch_size: int, seq_len: int, lr: float,
+                     seed: int = 0, evals: int = 8) -> tuple[list[float], list[tuple[float, float]]]:
+    """:func:`codex_lab.training.pretrain.uptrain`'s brief pre-training (AdamW without weight
+    decay, constant ``lr``, gradient norm clipped at 1, LM + MoE aux loss, random windows of
+    the 1-D ``tokens`` from a generator seeded by ``seed``) with a held-out curve: validation
+    loss (nats/token) on the fixed ``val`` batches at step 0 and every ``max(1, steps // evals)``
+    steps (and the last), for the training-state rule. Returns (training losses, curve)."""
+    from codex_lab.data.batches import random_batch
+    from codex_lab.training.evaluate import val_loss
+    from codex_lab.training.loop import LoopConfig, adamw, run_loop
+
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    every = max(1, steps // evals)
+    loop = LoopConfig(steps=steps, lr=lr, warmup=0, weight_decay=0.0, grad_clip=1.0, eval_every=every)
+    opt = adamw(model, loop)
+    curve = [(0.0, val_loss(model, val))]
+
+    def loss_fn(_: int) -> tuple[Any, dict[str, float]]:
+        x, y = random_batch(tokens, batch_size, seq_len, gen)  # (B, T) each
+        out = model(x.to(device), y.to(device))
+        return out.loss + out.aux_loss, {"loss": float(out.loss.detach())}
+
+    def eval_fn(step: int, _: dict[str, float]) -> None:
+        curve.append((float(step), val_loss(model, val)))
+
+    model.train()
+    res = run_loop(loss_fn, opt, loop, eval_fn=eval_fn)
+    model.eval()
+    return res.losses, curve
 
 
 def finetune_stage(models: dict[str, CodexModel], tokenizer: Any, corpus: Any, sz: CapstoneSizes, log: StageLog, *,
@@ -202,6 +237,15 @@ def run_capstone(
     return CapstoneResult(log, models["baseline"], models["candidate"], fts, reports, passed, reasons)
 
 
+def ablation_kind(variant: str) -> str:
+    """The design kind of an :func:`ablation_configs` variant name: "plain", "gqa", "sparse",
+    "moe" or "all" (the keys of :data:`codex_lab.lessons.l08_capstone.trade.KINDS`)."""
+    for prefix, kind in (("plain", "plain"), ("GQA", "gqa"), ("sparse", "sparse"), ("MoE", "moe"), ("all", "all")):
+        if variant.startswith(prefix):
+            return kind
+    raise ValueError(f"variant {variant!r} is not one of ablation_configs' names")
+
+
 def speed_ablation(base: CodexModel, cand_cfg: ModelConfig, *, batches: Sequence[int] = (1, 8), prompt_len: int = 64,
                    new_tokens: int = 16, repeats: int = 3) -> list[dict[str, Any]]:
     """Cached greedy decode speed of ``base`` converted to each config of :func:`ablation_configs`,
@@ -209,8 +253,8 @@ def speed_ablation(base: CodexModel, cand_cfg: ModelConfig, *, batches: Sequence
 
     Speed does not depend on the weights' values, so untrained conversions are timed. Each
     round prefills ``prompt_len`` random tokens (untimed) and times ``new_tokens`` decode steps.
-    Returns one record per (variant, batch): variant, batch, tokens_per_s (median round),
-    step_ms (every round's ms per decode step), kv_bytes_per_token, active_params, and
+    Returns one record per (variant, batch): variant, kind (:func:`ablation_kind`), batch, tokens_per_s (median round),
+    step_ms (every round's ms per decode step), kv_bytes_per_token, params (stored), active_params, and
     vs_plain_median / vs_plain_lo / vs_plain_hi: the speed-up over "plain" per round (median,
     smallest, largest; 1.0 inside [lo, hi] means no difference was measured).
     """
@@ -241,8 +285,8 @@ def speed_ablation(base: CodexModel, cand_cfg: ModelConfig, *, batches: Sequence
         for name, m in models.items():
             # tokens/s = batch * 1000 ms / ms per decode step
             rel = timing_ratio(ms["plain"], ms[name], a="plain", b=name)
-            out.append({"variant": name, "batch": b, "tokens_per_s": b * 1000.0 / statistics.median(ms[name]),
+            out.append({"variant": name, "kind": ablation_kind(name), "batch": b, "tokens_per_s": b * 1000.0 / statistics.median(ms[name]),
                         "step_ms": list(ms[name]), "kv_bytes_per_token": kv_bytes_per_token(m.cfg),
-                        "active_params": active_params(m), "vs_plain_median": rel.speedup,
+                        "params": m.num_params(), "active_params": active_params(m), "vs_plain_median": rel.speedup,
                         "vs_plain_lo": rel.lo, "vs_plain_hi": rel.hi})
     return out

@@ -17,12 +17,23 @@ SEED_SECTION = {
 }
 
 
+def training_state(curve: list[tuple[float, float]], arm: str) -> str:
+    """One arm's training state from one held-out curve (nats/token), in words."""
+    from codex_lab.lessons.l08_capstone.scorecard import MIN_CHANGE_NATS
+    from codex_lab.training_state import training_state as state
+
+    return state([curve], higher_is_better=False, min_change=MIN_CHANGE_NATS, arm=arm).describe()
+
+
 def run(ctx: Any) -> str:
-    """Run the capstone (convert, pre-train, fine-tune, gate, canary) on the shipped model,
+    """Run the capstone (convert, pre-train, fine-tune, gate, canary) on the shipped model at
+    the mode's brief budget, then the trade experiment (every design trained to a plateau at a
+    smaller geometry: what each optimisation buys and costs, and what the gates promote),
     record its claims, and close with every claim recorded so far by any section."""
     import torch
 
     from codex_lab.lessons.l08_capstone import pipeline as cap
+    from codex_lab.lessons.l08_capstone import trade as tr
 
     threads = torch.get_num_threads()
     # the math threads are the report's (course.report runs each section under
@@ -39,6 +50,10 @@ def run(ctx: Any) -> str:
             gates={"passed": res.passed, "reasons": res.reasons, **res.gates["candidate"].scores()},
             requests=40 if ctx.fast else 200, promote_after=10 if ctx.fast else 60, min_requests=5 if ctx.fast else 20,
             serve_refused=not res.passed)  # a refused candidate is served only to compare the live verdict
+        tsizes = tr.trade_sizes(ctx.mode)
+        runs = tr.run_trade(ctx.corpus(), tsizes)
+        rows = tr.trade_rows(runs, abl, batch=8)
+        decision = tr.trade_decision(rows)
         claims = cap.capstone_claims(models={"baseline": res.baseline, "candidate": res.candidate}, log=res.log,
                                      finetunes=res.finetune, reports=res.gates, passed=res.passed, reasons=res.reasons,
                                      ablation=abl, rollout=rollout)
@@ -47,8 +62,9 @@ def run(ctx: Any) -> str:
     for c in claims:
         ctx.claim(c["claim"], c["measured"], c["verdict"], lesson="08")
 
+    states = tr.trade_states(runs)
     parts = [
-        "The shipped model converted into one candidate with dense early / sparse deep attention, grouped-query "
+        "**The pipeline at the mode's brief budget.** The shipped model converted into one candidate with dense early / sparse deep attention, grouped-query "
         f"attention and upcycled MoE layers (`{res.candidate.cfg.attn_patterns}`, {res.candidate.cfg.n_kv_head} K/V heads, "
         f"MoE layers {res.candidate.cfg.moe_layers}, {res.candidate.cfg.n_experts} experts top-{res.candidate.cfg.moe_top_k}), "
         "and the plain model, given the same pre-training and multi-task fine-tuning budget "
@@ -65,6 +81,27 @@ def run(ctx: Any) -> str:
                     f"({r['vs_plain_lo']:.2f}-{r['vs_plain_hi']:.2f}x) | "
                     f"{r['kv_bytes_per_token']:,} | {r['active_params']:,} |" for r in abl),
         "Stage times: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.log.times.items()) + ".",
+        f"Held-out curves of this brief pre-training (training-state rule, 1 seed): "
+        + "; ".join(training_state(res.log.curves[n], n) for n in ("baseline", "candidate"))
+        + ". The gates above judge this budget; the trade below gives every design the budget to plateau.",
+        "### The measured trade: what each optimisation buys and costs\n\n"
+        f"Costs at a geometry shrunk to fit a CPU ({tsizes.describe()}; the model, sequence, window and stride are "
+        f"shrunk together, not the steps), mode `{ctx.mode}`"
+        + (" (fast mode: far too short to plateau; the states below say so)" if ctx.mode == "fast" else "")
+        + ": the held-out loss of each design after conversion and the "
+        "same further training as the plain model, minus the plain model's, paired by seed, with its 90% interval (the "
+        f"one-sided 95% bounds) and the non-inferiority verdict at the declared margin {tr.MARGIN_NATS:g} nats/token; "
+        "the state is the design's training state (a verdict also needs the plain arm and the pre-training at a "
+        "plateau). Buys on the shipped model converted into each design: decode speed at batch 8 over plain "
+        "(median and per-round range of the interleaved rounds above), KV-cache bytes per token (fp32), parameters "
+        "stored / active per token.",
+        tr.trade_table(rows, markdown=True),
+        "Training states: " + "; ".join(st.describe() for st in states.values()) + ".",
+        f"Release gate per design (quality: non-inferior at the same {tr.MARGIN_NATS:g} margin; speed: not slower "
+        "than plain in every round; worth shipping: a smaller KV cache or faster in every round):\n\n"
+        + "\n".join(f"- {r.label}: " + ("passes" if r.passed else "; ".join(r.reasons)) for r in rows if r.kind != "plain")
+        + f"\n\n**Decision:** {decision['text']}. Trade experiment: "
+        + f"{sum(r.seconds for r in runs):.0f} s for {len(runs)} seeds.",
     ]
 
     # every claim recorded so far (earlier sections and this one), by the article's section

@@ -10,10 +10,12 @@ from typing import Any
 
 @dataclass
 class StageLog:
-    """Per-model numbers gathered stage by stage (a name -> value dict per model)."""
+    """Per-model numbers gathered stage by stage (a name -> value dict per model), and each
+    model's held-out curve of the pre-training stage (``(step, nats/token)`` pairs)."""
 
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)
     times: dict[str, float] = field(default_factory=dict)
+    curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
     def put(self, model: str, **values: Any) -> None:
         """Record values for one model (``"baseline"`` or ``"candidate"``)."""

@@ -17,6 +17,15 @@ quiet CPU cores). The project notebook also runs the whole capstone pipeline for
 (fine-tuning with the design's balancer, every gate including the functional one) for the
 learner's written conclusion; that run is reported, not scored.
 
+Quality is scored only after a plateau (the course's training-state rule,
+:mod:`codex_lab.training_state`): :func:`measure` records every arm's held-out curve during
+the pre-training, and when the baseline, the candidate or the reference design has not
+plateaued, the validation-loss and gate criteria say "under-trained: not scored" and earn no
+points (:func:`not_scored`): their numbers would measure the step budget, not the design. The
+mode's brief pre-training (a few steps in fast and standard mode) is that case; lesson 08's
+trade experiment (:mod:`~codex_lab.lessons.l08_capstone.trade`) gives every design the
+budget to plateau, at a smaller geometry.
+
 The margins depend on the mode (fast mode trains a few steps, so a converted model has had
 little chance to win back what conversion cost; the full mode is held to the tight margins).
 """
@@ -52,6 +61,12 @@ QUALITY_GATES = ("syntax", "style")  # the functional gate runs generated code i
 MAX_DENSITY = 0.9  # a "sparse" pattern attending to more than 90% of pairs at a scored length is dense in disguise
 SCORED_LEN = 256  # validation sequences the scorecard measures (tokens): the longest scored pairs
 DECODE_ROUNDS = 6  # interleaved decode-speed rounds, order alternating (ABBA), median ratio
+# The training-state rule (codex_lab.training_state): the quality criteria are scored only when every arm's held-out
+# curve of the pre-training reached a plateau; 0.01 nats/token is the smallest change of the loss that matters
+# (as in lessons 03 and 08's trade experiment). Until then the criterion says NOT_SCORED and earns no points.
+QUALITY_CRITERIA = ("val_loss", "gates")
+MIN_CHANGE_NATS = 0.01
+NOT_SCORED = "under-trained: not scored"
 
 
 @dataclass(frozen=True)
@@ -71,9 +86,11 @@ def criteria(mode: str = "fast") -> tuple[Criterion, ...]:
                                      "(median ratio of interleaved rounds)"),
         Criterion("val_loss", 3, f"validation loss at {SCORED_LEN} tokens after conversion and the same brief pre-training, "
                                  f"mean over {len(SEEDS)} seeds: gap to the baseline <= the reference design's gap + "
-                                 f"{SPREAD_FACTOR:g} x the measured seed-to-seed standard deviation"),
+                                 f"{SPREAD_FACTOR:g} x the measured seed-to-seed standard deviation; scored only when every arm's "
+                                 "held-out curve has plateaued (training-state rule)"),
         Criterion("gates", 3, "the release gates' rule on the syntax and style gates (lesson 07 suite, greedy): each "
-                              f">= the lower of the baseline's and the reference design's - {GATE_TOLERANCE[mode]:g}"),
+                              f">= the lower of the baseline's and the reference design's - {GATE_TOLERANCE[mode]:g}; scored only "
+                              "when every arm has plateaued"),
     )
 
 
@@ -89,6 +106,7 @@ class CriterionResult:
     max_points: int
     passed: bool
     detail: str
+    scored: bool = True  # False: a quality criterion left unscored by the training-state rule
 
 
 def validate_design(design: Any, base_cfg: Any, scored_len: int = SCORED_LEN) -> list[str]:
@@ -213,6 +231,7 @@ def measure(design: dict[str, Any], *, rounds: int = DECODE_ROUNDS, seeds: tuple
 
     same = design_config(base.cfg, design).to_dict() == design_config(base.cfg, REFERENCE).to_dict()
     losses: dict[str, list[float]] = {"baseline": [], "candidate": [], "reference": []}
+    curves: dict[str, list[Any]] = {"baseline": [], "candidate": [], "reference": []}
     first: dict[str, Any] = {}
     for seed in seeds:
         log = cap.StageLog()
@@ -221,11 +240,14 @@ def measure(design: dict[str, Any], *, rounds: int = DECODE_ROUNDS, seeds: tuple
         cap.pretrain_stage(arms, tok, corpus, sizes, log, seed=seed)
         for name, m in arms.items():
             losses[name].append(_val_loss(m, tok, corpus, sizes))
+            curves[name].append(log.curves[name])
         if same:
             losses["reference"].append(losses["candidate"][-1])
+            curves["reference"].append(log.curves["candidate"])
         if not first:
             first, out["log"] = models, log
             ref_model = models["candidate"] if same else arms["reference"]
+    out["states"] = quality_states(curves)
     out["reference"] = {"design": dict(REFERENCE), "val_losses": losses["reference"],
                         "val_loss": sum(losses["reference"]) / len(seeds)}
     for name, m in first.items():
@@ -245,6 +267,31 @@ def measure(design: dict[str, Any], *, rounds: int = DECODE_ROUNDS, seeds: tuple
     out["speed_ratio"] = sorted(ratios)[rounds // 2]
     _CACHE[key] = out
     return out
+
+
+def quality_states(curves: dict[str, list[Any]], *, min_change: float = MIN_CHANGE_NATS) -> dict[str, Any]:
+    """Each arm's training state (:func:`codex_lab.training_state.training_state`, held-out
+    loss, lower is better) from its pre-training curves, one per seed: ``{arm: TrainingState}``."""
+    from codex_lab.training_state import training_state
+
+    return {arm: training_state(cs, higher_is_better=False, min_change=min_change, arm=arm)
+            for arm, cs in curves.items() if cs}
+
+
+def not_scored(m: dict[str, Any]) -> str:
+    """Why the quality criteria are not scored ("" when they are): the training-state rule.
+
+    A design is scored on quality (validation loss, gates) only when the baseline, the
+    candidate and (when measured) the reference design reached a plateau: until then the gap
+    measures the step budget, not the design. No states measured counts as not plateaued."""
+    states = m.get("states")
+    if not states:
+        return "no held-out curves were measured, so no plateau was shown"
+    arms = [a for a in ("baseline", "candidate", "reference") if a in states]
+    if "baseline" not in states or "candidate" not in states:
+        return "the baseline's and the candidate's held-out curves are both needed"
+    bad = [states[a] for a in arms if not states[a].trained]
+    return "; ".join(f"{s.arm} {s.short()}" for s in bad)
 
 
 def val_margin(m: dict[str, Any]) -> tuple[float, str]:
@@ -290,8 +337,13 @@ def score(m: dict[str, Any]) -> list[CriterionResult]:
     """The scorecard applied to :func:`measure`'s numbers (``m["mode"]`` picks the margins)."""
     mode = m["mode"]
     b, c = m["baseline"], m["candidate"]
+    untrained = not_scored(m)
     out = []
     for cr in criteria(mode):
+        if cr.key in QUALITY_CRITERIA and untrained:
+            # the training-state rule: no quality score before a plateau
+            out.append(CriterionResult(cr.key, 0, cr.points, False, f"{NOT_SCORED} ({untrained})", scored=False))
+            continue
         if cr.key == "kv_bytes":
             # ratio = candidate KV bytes per token / baseline's
             ratio = c["kv_bytes_per_token"] / b["kv_bytes_per_token"]
@@ -321,7 +373,8 @@ def format_scorecard(results: list[CriterionResult], mode: str = "fast") -> str:
     rules = {cr.key: cr.rule for cr in criteria(mode)}
     lines = [f"{'criterion':<13} {'points':>6}  result"]
     for r in results:
-        lines.append(f"{r.key:<13} {r.points:>2}/{r.max_points:<3}  {'PASS' if r.passed else 'FAIL'}: {r.detail}")
+        status = "PASS" if r.passed else ("NOT SCORED" if not r.scored else "FAIL")
+        lines.append(f"{r.key:<13} {r.points:>2}/{r.max_points:<3}  {status}: {r.detail}")
         lines.append(f"{'':<13} {'':>6}  rule: {rules[r.key]}")
     got, total = sum(r.points for r in results), sum(r.max_points for r in results)
     lines.append(f"{'total':<13} {got:>2}/{total}")
