@@ -129,3 +129,33 @@ def test_the_articles_40_percent_fails_as_stated() -> None:
     assert check_stated(kv_saving(4), 0.35, 0.45) == FAILS_AS_STATED
     assert check_stated(kv_saving(8), 0.35, 0.45) == FAILS_AS_STATED
     assert (kv_saving(4), kv_saving(8)) == (0.75, 0.875)
+
+
+def test_train_curve_holds_min_lr_flat_over_the_tail() -> None:
+    """The schedule ends flat: with min_lr = 0 the last half of a flat_share=0.5 run cannot move the
+    weights (AdamW's step and decoupled decay both scale with the rate), so its held-out loss is
+    constant there while the first half lowers it; evaluations stay on the eval_every grid."""
+    torch.manual_seed(0)
+    stream = torch.randint(0, 64, (200,)).repeat(10)
+    evals = heldout_sample(stream, 8, 16, 0)
+    m = CodexModel(ModelConfig(vocab_size=64, d_model=32, n_layer=1, n_head=4, max_seq_len=64))
+    curve = train_curve(m, stream, evals, steps=40, lr=3e-3, min_lr=0.0, warmup=2, batch_size=4, seq_len=16, seed=0,
+                        eval_every=10, flat_share=0.5)
+    assert [s for s, _ in curve] == [0, 10, 20, 30, 40]
+    assert curve[2][1] < curve[0][1] - 0.1
+    assert curve[2][1] == curve[3][1] == curve[4][1]
+    with pytest.raises(ValueError, match="flat_share"):
+        train_curve(m, stream, evals, steps=4, lr=1e-3, min_lr=0.0, warmup=0, batch_size=2, seq_len=8, seed=0,
+                    eval_every=1, flat_share=1.0)
+
+
+@pytest.mark.parametrize("mode", ["standard", "full"])
+def test_protocol_sizes_follow_the_paper(mode: str) -> None:
+    """Uptraining is 5% of pre-training (Ainslie et al.'s alpha), the pre-training curve has an
+    evaluation every ~5% of its run, uptraining has its own curve, both schedules end flat, >= 3 seeds."""
+    from codex_lab.lessons.l03_gqa.experiments import UPTRAIN_SHARE
+
+    s = PROTOCOL_SIZES[mode]
+    assert s.uptrain_steps == round(UPTRAIN_SHARE * s.pretrain_steps)
+    assert s.pretrain_steps // s.eval_every >= 20 and s.uptrain_steps // s.uptrain_eval_every >= 8
+    assert 0 < s.flat_share < 1 and len(s.seeds) >= 3 and s.n_head % 8 == 0

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NB = {n: ROOT / "notebooks" / f"{n}.py" for n in ("00_tour", "01_attention_patterns", "03_gqa", "04_moe",
+NB = {n: ROOT / "notebooks" / f"{n}.py" for n in ("00_tour", "01_attention_patterns", "03_gqa", "04_moe", "05_multitask",
                                                      "06_fast_inference", "07_serving", "08_capstone")}
 
 
@@ -47,6 +47,9 @@ FIXED_OUTCOMES = {
     "03_gqa": ["the mean keeps the most", "as Ainslie et al. found", "Why is the mean of a group's K/V heads a better start"],
     "04_moe": ["SEED.md, section 3", "SEED_CLAIMS", "exactly `E / k`", "(= E/k)", "not reproduced at this scale",
                "MoE needs balancing, which the article does not mention"],
+    "05_multitask": ["made easy\n# enough that a briefly fine-tuned small model can land between 0 and 1",
+                     "no held-out operation-constant pair", "Fast mode runs one of them (`task_token`)",
+                     "the four together cost one multi-task run"],
     "06_fast_inference": ["goal: >= 3x with 8 slots", "256-token prefill", "there is little to copy",
                           "speculation barely pays or loses", "Per token, prefill is far cheaper."],
     "07_serving": ["differ a little"],
@@ -66,9 +69,11 @@ def test_no_fixed_outcome_sentence_is_left(name):
 COMPUTED = {
     "00_tour": ["rate.verdict()", "rate.share.describe()", "speed.describe()", "cl.timing_ratio("],
     "01_attention_patterns": ["sink_heads", "uniform_first", "sink_text"],
-    "03_gqa": ["group_size_verdicts(runs)", "mean_vs_first.describe()", "c.describe()", "mqa_speed.describe()",
+    "03_gqa": ["gqa.protocol_verdicts(protocol_runs", "verdicts.primary.describe()", "mean_vs_first.describe()", "c.describe()", "mqa_speed.describe()",
                "cl.interleaved_times("],
     "04_moe": ["moe_quality.describe()", "cl.compare(", "step_cost.describe()", "cl.interleaved_times("],
+    "05_multitask": ["bench.primary_comparison()", "bench.secondary()", "bench.states()", "states_text(states)",
+                     "bench.audit_line()", "primary.describe()", "c.describe()"],
     "06_fast_inference": ["per_token.describe()", "cache_cmp.describe()", "batching.describe()", "lookup_text",
                           "spec_cmp[g].describe()", "T_LONG"],
     "07_serving": ["tbt_text", "cl.wilson_interval("],
@@ -134,22 +139,41 @@ def test_batched_syntax_rate_equals_the_plain_reference():
         syntax_rate(ck.model, ck.tokenizer, [])
 
 
-def _runs(costs_per_seed):
-    return [[{"g": 1, "val_loss_uptrained": base}] + [{"g": g, "val_loss_uptrained": base + c} for g, c in costs.items()]
-            for base, costs in costs_per_seed]
+def _protocol_runs(costs_per_seed):
+    """Lesson 03's protocol runs with plateaued (flat) held-out curves: per seed, the MHA loss and
+    each g's cost over it (uptrained and from scratch alike)."""
+    from codex_lab.lessons.l03_gqa.experiments import ProtocolRun
+
+    def flat(v, steps):  # evaluated at 11 points, constant: a plateau
+        return [(float(steps * i // 10), v) for i in range(11)]
+
+    runs = []
+    for seed, (base, costs) in enumerate(costs_per_seed):
+        costs = {1: 0.0, **costs}
+        up = {g: flat(base + c, 50) for g, c in costs.items()}
+        scratch = {g: flat(base + c, 1000) for g, c in costs.items()}
+        runs.append(ProtocolRun(seed, scratch[1], scratch, {g: v[0][1] for g, v in up.items()}, up))
+    return runs
 
 
 def test_gqa_verdicts_follow_the_seeds():
-    from codex_lab.lessons.l03_gqa.experiments import group_size_verdicts
+    """The lesson's verdict call (non-inferiority, margin 0.05 nats/token) on plateaued arms."""
+    from codex_lab.lessons.l03_gqa.experiments import MARGIN_NATS, protocol_verdicts
 
-    # a steady cost of ~0.2 nats at g=4 on every seed: a measurable cost -> the claim "quality kept" fails
-    v = group_size_verdicts(_runs([(5.0, {2: 0.01, 4: 0.20}), (5.3, {2: -0.02, 4: 0.22}), (4.8, {2: 0.02, 4: 0.19})]))
-    assert v[4].verdict == "fails" and v[4].lo > 0
-    assert v[2].verdict == "not resolved" and v[2].lo < 0 < v[2].hi and "smaller than" in v[2].describe()
-    # GQA better on every seed -> holds
-    assert group_size_verdicts(_runs([(5.0, {4: -0.1}), (5.2, {4: -0.12}), (4.9, {4: -0.09})]))[4].verdict == "holds"
-    with pytest.raises(ValueError, match="g = 1"):
-        group_size_verdicts([[{"g": 2, "val_loss_uptrained": 1.0}]] * 3)
+    # a steady cost of ~0.2 nats at g=4 on every seed: past the margin -> the claim "quality kept" fails
+    v = protocol_verdicts(_protocol_runs([(5.0, {2: 0.01, 4: 0.20}), (5.3, {2: 0.012, 4: 0.22}), (4.8, {2: 0.008, 4: 0.19})]))
+    assert all(st.trained for st in v.states.values())
+    assert v.primary.verdict == "fails" and v.primary.lo > MARGIN_NATS
+    # g=2: a steady cost of 0.01: its upper bound is far inside the margin -> kept (secondary, after Holm)
+    assert v.secondary["uptrained g=2"].verdict == "holds" and v.secondary["uptrained g=2"].hi < MARGIN_NATS
+    # a small, steady cost at g=4 -> holds
+    kept = protocol_verdicts(_protocol_runs([(5.0, {4: 0.01}), (5.2, {4: 0.012}), (4.9, {4: 0.009})]))
+    assert kept.primary.verdict == "holds" and kept.primary.hi < MARGIN_NATS
+    # costs on both sides of the margin: the seeds do not resolve it
+    unsure = protocol_verdicts(_protocol_runs([(5.0, {4: 0.0}), (5.2, {4: 0.1}), (4.9, {4: 0.05})]))
+    assert unsure.primary.verdict == "not resolved" and unsure.primary.lo < MARGIN_NATS < unsure.primary.hi
+    with pytest.raises(ValueError, match="g = 4"):
+        protocol_verdicts(_protocol_runs([(5.0, {2: 0.01})] * 3))
 
 
 def test_timing_ratio_words_follow_the_rounds():
