@@ -1,7 +1,8 @@
 """Report section for lesson 05: code tasks from the corpus, valid-token shares, and the
-article's claim tested as stated on codebench: single-task vs naive vs balanced multi-task
-fine-tuning of the shipped model, same token budget, three seeds, pass@1 per family with 95%
-intervals and the course's verdict rule."""
+article's claim tested on codebench 2 per split: single-task specialists vs naive vs balanced
+(CoBa) multi-task training at equal compute, every arm's training state from its held-out
+curves, pass@1 per family with intervals over seeds and problems, the near-duplicate audit
+beside every score, and the shipped model's own codebench 2 scores."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def _tasks_table(ctx: Any, tok: Any) -> list[str]:
     for t, s in taskset.sizes().items():
         share = f"{n_s[t] / sum(n_s.values()):.1%} | {n_v[t] / sum(n_v.values()):.1%}" if t in n_s else "- | -"
         lines.append(f"| {t} | {s['train']} | {s['val']} | {share} |")
-    lines += ["", "`translate` is a proxy (snake_case -> camelCase style transfer): the corpus is one language. "
+    lines += ["", "`translate` here is the corpus's proxy (snake_case -> camelCase style transfer; the corpus is one "
+              "language): it is retired from the experiment, which uses codebench 2's real Python -> JavaScript "
+              "translation, run under Node. "
               "Testgen answers are doctests kept only if they pass in the sandbox. Shares are over the "
               f"three tasks shown, examples of <= {max_len} tokens.", ""]
     ctx.claim("Weight the mix by effective (valid) tokens per task, not by samples",
@@ -42,55 +45,110 @@ def _tasks_table(ctx: Any, tok: Any) -> list[str]:
 
 
 def run(ctx: Any) -> str:
-    from codex_lab.evals import codebench as cb
-    from codex_lab.evals import codebench_run as cr
+    from codex_lab.evals import codebench2 as cb2
     from codex_lab.lessons.l05_multitask import experiments as ex
-    from codex_lab.stats import compare
+    from codex_lab.training_state import states_text
 
     ck = ctx.checkpoint()
     tok = ck.tokenizer
     lines = _tasks_table(ctx, tok)
-    per_family = 16 if ctx.fast else 128
-    setup = ex.Setup(steps=40 if ctx.fast else 200, seeds=(0, 1, 2), per_family=per_family,
-                     candidates=("task_token",) if ctx.fast else ex.OTHER_BALANCERS)
-    problems = cb.load_problems(per_family, seed=0)
-    res = ex.run_experiment(ck.model, tok, setup, problems=problems)
-    sizes = cb.sizes()
-    lines += ["### The claim as stated, on codebench", "",
-              f"codebench: {sum(s['test'] for s in sizes.values())} held-out problems (completion, bugfix, testgen "
-              f"against a mutant, fill-in-the-middle), {per_family} per family scored here; no held-out "
-              "operation-constant pair is in any training set. Every arm starts from the shipped model with "
-              f"{setup.steps} steps of {setup.batch_size} examples; the four single-task specialists get a quarter "
-              f"each. Other balancer: {res.other}. pass@1 (greedy), mean over seeds ± 95% half-width:", "",
-              "```", res.table(), "```", ""]
-    verdict_lines = []
-    for arm in ("naive", "coba", res.other):
-        for c in res.verdicts(arm):
-            verdict_lines.append(c.describe())
-    vs_naive = [compare(res.values("naive", f), res.values("coba", f), metric=f"pass@1 {f}: coba - naive")
-                for f in [*cb.FAMILIES, "all"]]
-    verdict_lines += [c.describe() for c in vs_naive]
-    lines += ["Verdicts (Welch 95% interval over seeds, the course's rule):", "", "```", *verdict_lines, "```", ""]
-    band = [f for f in cb.FAMILIES if 0.2 <= statistics.fmean(res.values("coba", f)) <= 0.8]
-    lines += [f"Calibration: CoBa's mean pass@1 is in the 20-80% band on {len(band)} families ({', '.join(band) or 'none'}); "
-              f"{per_family} problems per family resolve about ±{cr.half_width(0.5, per_family):.3f} (95%) per model at p = 0.5.", ""]
+    splits = ex.protocol_splits(ctx.mode)
+    not_run = [s for s in ("iid", "length", "compose") if s not in splits]
+    lines += ["### The claim on codebench 2: single-task vs naive vs CoBa at equal compute, verdicts only on plateaued arms", "",
+              "codebench 2 holds out program *structure* (docs/CODEBENCH2.md): `iid` (new programs of the training "
+              "distribution), `length` (train on 1-2 operations, test on 3-4), `compose` (pairs of operations never "
+              "adjacent in training). Each split is trained and tested on its own parts. "
+              f"Splits run in {ctx.mode} mode: {', '.join(splits)}"
+              + (f"; not run in this mode: {', '.join(not_run)} (full mode runs them; "
+                 "`CODEX_LAB_MODE=full codex-lab report --sections 05`)." if not_run else "."), ""]
+    primary_claim = None
+    for split in splits:
+        setup = ex.protocol_setup(ctx.mode, split)
+        res = ex.run_experiment(setup)
+        states = res.states()
+        prim = res.primary_comparison()
+        sec = res.secondary()
+        lines += [f"#### Split `{split}`", "",
+                  f"Geometry ({ctx.mode} mode, "
+                  + ("CI sizes, far too short to plateau on purpose: the training-state rule must withhold the verdicts"
+                     if ctx.mode == "fast" else "the model, vocabulary and sequences shrunk, not the steps; whether each arm "
+                     "reached its plateau is measured below") + f"): "
+                  f"{setup.describe()}. The {len(setup.families)} specialists share one arm's budget. A seed draws "
+                  "the initialisation, the data order and the test problems. "
+                  f"Primary balanced arm (lowest mean final validation loss, never chosen on test): {res.primary}. "
+                  f"CPU time of this split: {res.cpu_s:.0f} s.", "",
+                  "pass@1 (greedy), mean over seeds [95% two-level bootstrap over seeds and problems]:", "",
+                  "```", res.table(), res.audit_line(), "```", "",
+                  "Training states (held-out mean validation loss over families, nats/token; the rule of "
+                  f"`codex_lab.training_state`, min_change {setup.min_change} nats/token):", "", "```",
+                  *[s.describe() for s in states.values()], "```", "",
+                  "Verdicts (paired by seed, Welch 95% interval, judged on the arms' training states; the secondary "
+                  "comparisons Holm-corrected together):", "", "```", "primary: " + prim.describe(),
+                  *["secondary: " + c.describe() for c in sec], "```", ""]
+        if split == "iid" or primary_claim is None:
+            primary_claim = (split, res, prim, states)
+    split, res, prim, states = primary_claim
+    arms = [states["single-task"], states[res.primary]]
     he = _humaneval_pass_at_1(ctx)
-    overall = {arm: res.verdicts(arm)[-1] for arm in ("coba", res.other)}
-    best = max(overall, key=lambda a: overall[a].diff)
-    c = overall[best]
     ctx.claim("Balanced multi-task models score ~8-15% higher than single-task models (HumanEval-style benchmark)",
-              f"codebench pass@1 over all families, {best} vs single-task specialists (same token budget, "
-              f"{len(setup.seeds)} seeds): {c.diff:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}]; HumanEval itself: the shipped model "
-              f"scores pass@1 = {he['pass_at_1']:.3f} on {he['problems']} problems (greedy)",
-              c.verdict, lesson="05")
-    cn = vs_naive[-1]
+              f"codebench 2 `{split}` split, pass@1 over all five families, {res.primary} vs single-task specialists "
+              f"(equal compute, {len(res.setup.seeds)} seeds, {res.setup.per_family} test problems per family and "
+              f"seed): {prim.diff:+.3f} [{prim.lo:+.3f}, {prim.hi:+.3f}] (verdict from the {split} split); "
+              f"HumanEval itself: the shipped model scores pass@1 = {he['pass_at_1']:.3f} on {he['problems']} "
+              "problems (greedy)", prim.verdict, lesson="05", states=states_text(arms))
+    cn = res.comparison("naive", res.primary, "all")
     ctx.claim("Equal-weight summed losses let the big task dominate; balancing rescues the small tasks",
-              f"codebench pass@1 over all families, CoBa vs naive pooled loss: {cn.diff:+.3f} [{cn.lo:+.3f}, {cn.hi:+.3f}]",
-              cn.verdict, lesson="05")
+              f"codebench 2 `{split}` split, pass@1 over all families, {res.primary} vs naive pooled loss: "
+              f"{cn.diff:+.3f} [{cn.lo:+.3f}, {cn.hi:+.3f}] (verdict from the {split} split)",
+              cn.verdict, lesson="05", states=states_text([states["naive"], states[res.primary]]))
+    lines += _shipped_lines(ctx, ck)
     lines += [f"HumanEval with the shipped model (greedy, {he['problems']} of 164 problems, the course's engine "
               f"and sandbox; `codex-lab eval humaneval` runs all of them): pass@1 = {he['pass_at_1']:.3f} "
               f"({he['passed']} passed)."]
     return "\n".join(lines)
+
+
+# The shipped model fine-tuned on codebench 2 iid (issue 39, item 7): a recorded run (too slow
+# for the report: ~1.9 CPU s per step), the configuration of scripts/l05_calibrate_shipped.py
+# (every family pooled, token loss, mix=size, max_len 320, greedy answers of <= 160 tokens,
+# 24 iid test problems per family drawn with seed 0); intervals: 95% bootstrap over problems.
+SHIPPED_TUNED: dict[str, Any] | None = {
+    "steps": 300, "batch_size": 16, "lr": 1e-3, "n": 24, "when": "2026-12-03, one CPU thread (565 CPU s of training)",
+    "command": "python scripts/l05_calibrate_shipped.py --steps 300 --n 24",
+    "families": {"completion": {"tuned": 1 / 24, "lo": 0.0, "hi": 0.125},
+                 "bugfix": {"tuned": 4 / 24, "lo": 0.042, "hi": 0.333},
+                 "testgen": {"tuned": 1 / 24, "lo": 0.0, "hi": 0.125},
+                 "translate": {"tuned": 5 / 24, "lo": 0.082, "hi": 0.375},
+                 "fim": {"tuned": 5 / 24, "lo": 0.082, "hi": 0.375}},
+}
+
+
+def _shipped_lines(ctx: Any, ck: Any) -> list[str]:
+    """The shipped model's untuned pass@1 on codebench 2 iid (measured here) and, when
+    recorded, its fine-tuned figure with the run's provenance."""
+    from codex_lab.evals import codebench2 as cb2
+    from codex_lab.lessons.l05_multitask.experiments import score_model
+
+    n = 4 if ctx.fast and ctx.mode == "fast" else 16
+    problems = cb2.load_problems("iid", "all", n=n, seed=0)
+    sc = score_model(ck.model, ck.tokenizer, problems, 96)
+    lines = ["### The shipped model on codebench 2", "",
+             f"Untuned (greedy, {n} iid test problems per family, docstrings with examples): "
+             + ", ".join(f"{f} {statistics.fmean(v):.3f}" for f, v in sc.items())
+             + ". " + cb2.split_audit("iid", problems).line() + "."]
+    if SHIPPED_TUNED:
+        t = SHIPPED_TUNED
+        lines.append(f"Fine-tuned ({t['steps']} steps of {t['batch_size']}, lr {t['lr']}, every family pooled; "
+                     f"recorded run, {t['when']}, `{t['command']}`, {t['n']} problems per family): "
+                     + ", ".join(f"{f} {v['tuned']:.3f} [{v['lo']:.3f}, {v['hi']:.3f}]" for f, v in t["families"].items())
+                     + f"; in the 20-80% band: {sum(0.2 <= v['tuned'] <= 0.8 for v in t['families'].values())} of "
+                     f"{len(t['families'])} families (issue 39 asks for >= 3); this run is not at its plateau (every family's "
+                     "validation loss was still falling at its last step); a longer run: "
+                     "`nice -n 10 python scripts/l05_calibrate_shipped.py --steps 600 --n 48` measures it).")
+    else:
+        lines.append("Fine-tuned: not measured in this report (it takes ~20 CPU minutes): "
+                     "`nice -n 10 python scripts/l05_calibrate_shipped.py --steps 600 --n 48`.")
+    return lines + [""]
 
 
 def _humaneval_pass_at_1(ctx: Any) -> dict[str, Any]:
