@@ -13,7 +13,7 @@ from codex_lab.lessons.l02_sparse_attention import experiments as lr
 from codex_lab.stats import HOLDS, UNDER_TRAINED
 
 TINY_TASK = RecallTask(seq_len=64, n_keys=3, distances=(10, 40), per_distance=1, layout="scattered")
-TINY = lr.RecallConfig(task=TINY_TASK, d_model=32, ffn_hidden=32, batch=2, steps=4, eval_every=1, eval_sequences=4,
+TINY = lr.RecallConfig(task=TINY_TASK, n_layer=2, d_model=32, ffn_hidden=32, batch=2, steps=4, eval_every=1, eval_sequences=4,
                        seeds=(0, 1), corpus_files=10)
 
 
@@ -38,20 +38,21 @@ def test_query_logits_equal_the_models_logits(data):
 
 def test_arms_are_matched_in_density():
     n = lr.standard_config().task.seq_len
-    specs = {**{k: v for k, v in lr.ARMS.items() if k != "dense"}, "moba": lr.MOBA}
+    specs = {k: v for k, v in lr.ARMS.items() if k != "dense"}
     d = lr.densities(specs, n)
-    # every sparse arm within 10% of the window + stride arm's density at the training length
+    # every fixed sparse arm within 10% of the window + stride arm's density at the training length
     assert all(abs(v / d["window+stride"] - 1) < 0.1 for v in d.values()), d
+    # MoBA (full mode): the MoBA spec closest to that density (8-token blocks, one selected: 0.295 at N = 128)
     assert lr.moba_spec_for(d["window+stride"], n) == lr.MOBA
 
 
 def test_far_distances_lie_beyond_the_window_reach_and_near_ones_inside():
     cfg = lr.standard_config()
-    assert cfg.reach == 2 * (24 - 1)
+    assert cfg.reach == 3 * (16 - 1)
     far = [d for d in cfg.task.distances if d > cfg.reach]
     near = [d for d in cfg.task.distances if d <= cfg.reach]
     assert len(far) >= 3 and len(near) >= 3 and max(far) >= 2 * cfg.reach  # "a few times the reach"
-    tab = lr.reach_table({k: [v] * 2 for k, v in lr.ARMS.items()}, cfg.task)
+    tab = lr.reach_table({k: [v] * cfg.n_layer for k, v in lr.ARMS.items()}, cfg.task)
     assert all(tab["window"][str(d)] == 1.0 for d in near) and all(tab["window"][str(d)] == 0.0 for d in far)
     for arm in ("dense", "window+stride", "window+global"):  # two hops reach every placement
         assert all(v == 1.0 for v in tab[arm].values()), (arm, tab[arm])
@@ -191,12 +192,25 @@ def test_lesson_02_words_its_conclusions_from_computed_values():
 
 def test_a_curve_flat_at_chance_is_not_a_trained_arm():
     """A run too short to start learning has a flat curve at chance: the slope rule alone would
-    call it a plateau; inside the reach (where recall is possible) it has not learned the task."""
+    call it a plateau; with the task's chance (1 / pool size) the rule calls it under-trained."""
     cfg = lr.standard_config()
+    assert lr.chance_of(cfg) == pytest.approx(1 / 8)
     flat = {"window": [_fake(0.13, 0.12, False, s, 0) for s in range(3)],
             "window+stride": [_fake(0.97, 0.9, False, s, 1) for s in range(3)]}
     plain = lr.arm_states(flat)
     assert plain["window"].trained  # the slope rule: flat is a plateau
     st = lr.arm_states(flat, cfg)
-    assert st["window"].state == "under-trained" and "not learned" in st["window"].reason
+    assert st["window"].state == "under-trained" and "flat at chance" in st["window"].reason
     assert st["window+stride"].trained
+
+
+def test_modes_run_the_primary_arms_and_the_ceiling():
+    """Fast: the four arms of the two primary comparisons; standard adds dense (the ceiling);
+    full adds the secondaries (window + global, MoBA where the package has it). 3 layers each."""
+    fast, std, full = lr.arms_for("fast"), lr.arms_for("standard"), lr.arms_for("full")
+    assert set(fast) == {"window", "window+stride", *lr.SCHEDULES}
+    assert set(std) == set(fast) | {"dense"} and set(full) >= set(std) | {"window+global"}
+    assert all(len(p) == lr.standard_config().n_layer for p in std.values())
+    # the schedules hold one dense layer each, first or last
+    assert std["dense early, sparse deep"][0] == "dense" and std["sparse early, dense deep"][-1] == "dense"
+    assert std["dense early, sparse deep"].count("dense") == std["sparse early, dense deep"].count("dense") == 1

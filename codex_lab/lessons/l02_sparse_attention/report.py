@@ -134,7 +134,7 @@ def long_range(ctx: Any) -> str:
     L, n, rf = cfg.n_layer, cfg.task.seq_len, cfg.reach
     res = lr.run_arms(arms, cfg)
     v = lr.judge(res, cfg)
-    chance = 1 / len(lr.task_data(cfg.corpus_files, cfg.max_line)[0].pools[0])  # one of the key's pool
+    chance = lr.chance_of(cfg)  # one of the key's pool
     dens = lr.densities({k: a[0] for k, a in arms.items() if k not in lr.SCHEDULES}, n)
     dists = [str(d) for d in cfg.task.distances]
     lines = ["| arm | patterns | density | " + " | ".join(dists) + f" | far (> {rf}) | state |",
