@@ -153,3 +153,20 @@ def test_the_served_engine_carries_prompts_in_its_step(tok):
     assert _run(eng, prompts) == [generate_ids(model, p, max_new_tokens=10)[0] for p in prompts]
     plain = compiled_engine(model, tok, max_batch_size=3, compile_backend="eager", mixed=False)
     assert plain.fast_step.mixed_rows == 0 and plain.fast_step.ready.wait(120)
+
+
+def test_compile_progress_counts_the_graphs_warmup_builds(tok):
+    """What /health and /metrics report while the server warms: (graphs done, graphs in all),
+    from (0, n) before the background compile to (n, n) after it; n is warmup()'s plan (both
+    shapes), and the warming flag is up only while the compile thread runs."""
+    from codex_lab.infer.paged_step import served_step_options
+
+    eng = Engine(seeded_model(tok), tok, max_batch_size=2, compile=True, compile_backend="eager",
+                 step_options=served_step_options(2))
+    step = eng.fast_step
+    plan = step.compile_plan()
+    assert step.compile_progress() == (0, len(plan)) and not step.warming
+    assert {rows for rows, _ in plan} == {2, 4}  # the decode shape and the mixed one (2 x the batch)
+    step.warmup_background(freeze_gc=False).join(120)
+    assert step.compile_progress() == (len(plan), len(plan)) and not step.warming
+    assert len(step.compile_s) + len(step.mixed_compile_s) == len(plan)

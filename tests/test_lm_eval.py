@@ -54,7 +54,7 @@ def server():
     t0 = time.time()
     while True:
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:  # /health is 200 while the model loads
                 break
         except httpx.HTTPError:
             pass

@@ -50,9 +50,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--body-timeout-s", type=float, default=10.0, help="seconds to send a request body (else 408)")
     p.add_argument("--max-connections", type=int, default=256, help="open connections at most (one more: 503)")
     p.add_argument("--no-compile", action="store_true",
-                   help="decode with the eager engine step instead of the compiled fixed-shape one "
-                        "(the compiled step is compiled in the background while the eager one serves: 7 graphs for the shipped model, "
-                        "22 s on 2 quiet CPU cores with Inductor's cache warm, measured 2026-12-02; longer the very first time)")
+                   help="decode with the eager engine step only: nothing compiles, and the server is ready (GET /ready) "
+                        "as soon as the model is loaded. By default the faster fixed-shape step compiles in the "
+                        "background (one graph per block bucket; GET /health shows graphs done / total) and replaces "
+                        "the eager one when every graph is built; the graphs are cached on disk, so a restart of "
+                        "the same model with the same torch reuses them")
+    wait = p.add_mutually_exclusive_group()
+    wait.add_argument("--serve-while-compiling", dest="wait_ready", action="store_false", default=False,
+                      help="the default: answer completions at once with the eager step while the graphs compile "
+                           "(GET /health: phase 'warming'; GET /ready: 503 until 'ready')")
+    wait.add_argument("--wait-ready", dest="wait_ready", action="store_true",
+                      help="answer completions with 503 and Retry-After until the compiled graphs serve (or the "
+                           "compile failed and the eager step is all there is)")
     p.add_argument("--device", default=None)
 
 
@@ -149,7 +158,24 @@ def build_config(args: argparse.Namespace) -> "ServerConfig":  # noqa: F821
 
 
 
+def load_model(args: argparse.Namespace, device: Any) -> tuple[Any, str]:
+    """(the checkpoint, its version name) that ``--checkpoint`` / ``--hf`` / ``--registry`` name."""
+    from codex_lab.serve.registry import Registry
+    from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
+
+    if args.registry:
+        reg = Registry(args.registry)
+        return reg.load(device=device), reg.current() or "v0001"
+    if getattr(args, "hf", None):
+        from codex_lab.hf.folder import load_hf_folder
+
+        return load_hf_folder(args.hf, device), "v0001"
+    return (load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)), "v0001"
+
+
 def main(args: argparse.Namespace) -> int:
+    import threading
+
     import uvicorn
 
     from codex_lab.infer.paged_step import freeze_long_lived
@@ -157,9 +183,8 @@ def main(args: argparse.Namespace) -> int:
 
     from codex_lab.runtime import compute_threads, get_device
     from codex_lab.serve.app import ModelServer, check_loopback, create_app
-    from codex_lab.serve.registry import Registry
     from codex_lab.serve.security import uvicorn_config
-    from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
+    from codex_lab.serve.worker import use_compile_cache
 
     check_loopback(args.host)
     cfg = build_config(args)
@@ -175,25 +200,36 @@ def main(args: argparse.Namespace) -> int:
               f"and it is in your shell history); use {API_KEY_ENV}=... or --api-key-file FILE instead",
               file=sys.stderr, flush=True)
     device = get_device(args.device)
-    if args.registry:
-        reg = Registry(args.registry)
-        ck = reg.load(device=device)
-        version = reg.current() or "v0001"
-    elif getattr(args, "hf", None):
-        from codex_lab.hf.folder import load_hf_folder
+    cache = None
+    if not args.no_compile:  # before the first compile: Inductor reads its folder then
+        cache = use_compile_cache()
+        print(f"[codex-lab serve] compile cache: {cache['dir']}" if cache["active"] else
+              f"[codex-lab serve] warning: {cache['reason']}", file=sys.stderr, flush=True)
+    # the HTTP server answers while the model loads (GET /health: phase "starting"; GET /ready: 503);
+    # the tokenizer and the version arrive with the model
+    server = ModelServer(None, cfg, engine_factory=None if args.no_compile else compiled_engine)  # type: ignore[arg-type]
+    uv = uvicorn.Server(uvicorn_config(create_app(server, wait_ready=args.wait_ready, compile_cache=cache), cfg,
+                                       host=args.host, port=args.port))
+    failed: list[BaseException] = []
 
-        ck = load_hf_folder(args.hf, device)
-        version = "v0001"
-    else:
-        ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
-        version = "v0001"
-    if float(ck.meta.get("fim_rate", 0) or 0) > 0:  # FIM-trained: serve `suffix` in its prompt format
-        cfg.fim_format = str(ck.meta.get("fim_format", "psm"))
-    server = ModelServer(ck.tokenizer, cfg, engine_factory=None if args.no_compile else compiled_engine)
-    server.add_version(version, ck.model)
-    freeze_long_lived()  # loaded objects out of the collector's reach (the compile thread freezes its own too)
-    auth = "API key required" if cfg.api_key else "no API key"
-    print(f"serving {args.model_name} ({version}) on http://{args.host}:{args.port}/v1  (metrics: /metrics; {auth}; "
-          f"{threads} math thread(s): CODEX_LAB_THREADS=N to change)")
-    uvicorn.Server(uvicorn_config(create_app(server), cfg, host=args.host, port=args.port)).run()
+    def load() -> None:
+        try:
+            ck, version = load_model(args, device)
+            if float(ck.meta.get("fim_rate", 0) or 0) > 0:  # FIM-trained: serve `suffix` in its prompt format
+                cfg.fim_format = str(ck.meta.get("fim_format", "psm"))
+            server.tokenizer = ck.tokenizer
+            server.add_version(version, ck.model)
+            freeze_long_lived()  # loaded objects out of the collector's reach (the compile thread freezes its own too)
+        except BaseException as exc:  # noqa: BLE001 (raised again on the main thread, once uvicorn stopped)
+            failed.append(exc)
+            uv.should_exit = True
+            return
+        auth = "API key required" if cfg.api_key else "no API key"
+        print(f"serving {args.model_name} ({version}) on http://{args.host}:{args.port}/v1  (metrics: /metrics; "
+              f"readiness: /ready; {auth}; {threads} math thread(s): CODEX_LAB_THREADS=N to change)", flush=True)
+
+    threading.Thread(target=load, name="codex-lab-load", daemon=True).start()
+    uv.run()
+    if failed:
+        raise failed[0]
     return 0

@@ -223,16 +223,36 @@ class CompiledPagedStep:
         up to ``max_bucket_tokens``, and in the mixed shape those up to ``mixed_max_tokens``) with
         every row in the scratch block, so no request waits for a compile. Returns seconds per
         bucket, both shapes together (0.0 when nothing compiles: eager steps)."""
-        nbs = sorted({nb for nb in map(self.bucket, buckets or self.buckets) if nb <= self.max_compiled_blocks})
-        shapes = [(self.max_batch_size, self.compile_s)] + ([(self.mixed_rows, self.mixed_compile_s)] if self.mixed_rows else [])
-        for rows, done in shapes:
-            for nb in nbs:
-                if nb not in done and self._fn is not None and (rows == self.max_batch_size or nb <= self.max_mixed_blocks):
-                    idx = torch.zeros(rows, 1, dtype=torch.long, device=self.device)  # (R, 1)
-                    tab = torch.full((rows, nb), self.scratch, dtype=torch.long, device=self.device)  # (R, NB)
-                    with torch.no_grad():  # as __call__: dynamo guards on the grad mode at entry
-                        self._compiled(idx, torch.zeros_like(idx), tab, nb)
+        nbs = sorted({nb for _, nb in self.compile_plan(buckets)})
+        for rows, nb in self.compile_plan(buckets):
+            done = self.compile_s if rows == self.max_batch_size else self.mixed_compile_s
+            if nb not in done and self._fn is not None:
+                idx = torch.zeros(rows, 1, dtype=torch.long, device=self.device)  # (R, 1)
+                tab = torch.full((rows, nb), self.scratch, dtype=torch.long, device=self.device)  # (R, NB)
+                with torch.no_grad():  # as __call__: dynamo guards on the grad mode at entry
+                    self._compiled(idx, torch.zeros_like(idx), tab, nb)
         return {nb: self.compile_s.get(nb, 0.0) + self.mixed_compile_s.get(nb, 0.0) for nb in nbs}
+
+    def compile_plan(self, buckets: Sequence[int] | None = None) -> list[tuple[int, int]]:
+        """(rows, blocks) of every graph :meth:`warmup` compiles, in its order: the decode shape's
+        buckets up to ``max_bucket_tokens``, then the mixed shape's up to ``mixed_max_tokens``."""
+        nbs = sorted({nb for nb in map(self.bucket, buckets or self.buckets) if nb <= self.max_compiled_blocks})
+        plan = [(self.max_batch_size, nb) for nb in nbs]
+        if self.mixed_rows:
+            plan += [(self.mixed_rows, nb) for nb in nbs if nb <= self.max_mixed_blocks]
+        return plan
+
+    def compile_progress(self) -> tuple[int, int]:
+        """(graphs compiled, graphs :meth:`warmup` compiles in all): what a server reports while
+        its background compile runs (``/health``, ``/metrics``)."""
+        plan = self.compile_plan()
+        done = sum(nb in (self.compile_s if rows == self.max_batch_size else self.mixed_compile_s) for rows, nb in plan)
+        return done, len(plan)
+
+    @property
+    def warming(self) -> bool:
+        """True while :meth:`warmup_background` compiles (every step runs eagerly meanwhile)."""
+        return self._background and not self.ready.is_set()
 
     def warmup_background(self, on_done: Callable[[dict[int, float]], None] | None = None, *,
                           freeze_gc: bool = True) -> threading.Thread:

@@ -18,6 +18,19 @@ FIM-trained model: :mod:`~codex_lab.serve.batch`), ``POST /v1/chat/completions``
 model has no chat template), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``,
 ``GET /metrics``, and vLLM's ``GET /tokenizer_info``, ``POST /tokenize``, ``POST /detokenize``.
 
+Readiness: ``GET /health`` answers 200 while the process lives (a liveness probe) and reports
+the ``phase``: ``starting`` (the model is loading: no version yet), ``warming`` (the eager step
+serves while the decode graphs compile in the background; ``compile.graphs_done`` of
+``graphs_total``), ``ready`` (the compiled graphs serve, or the engine compiles nothing), or
+``degraded`` (the compile failed and the eager step serves, or an engine died). The phase is
+the primary version's (a canary compiling beside it does not take the server out of rotation)
+and ``degraded`` whenever any engine is dead. ``GET /ready`` (also ``/health/ready``) answers
+200 in ``ready`` and 503 otherwise (a readiness probe), with the same body; ``/metrics`` has
+``codex_lab:server_phase{phase=...}`` (one-hot) and ``codex_lab:compile_graphs_done`` /
+``_total`` per version. ``create_app(wait_ready=True)`` (``codex-lab serve --wait-ready``)
+answers completions with 503 + ``Retry-After`` until the phase is ``ready`` or ``degraded``;
+by default they are served while compiling (``--serve-while-compiling``).
+
 Answers: bad fields -> 400, wrong API key -> 401, Host not allowed -> 403, unknown model ->
 404, body too slow -> 408, body too large -> 413, not JSON -> 415, more requests in flight
 than ``max_batch_size`` per version ``+ max_waiting`` -> 429 with ``Retry-After``; every error
@@ -49,11 +62,35 @@ from codex_lab.serve.security import LOOPBACK, Guard, check_loopback, read_body,
 from codex_lab.serve.worker import EngineWorker, WorkerClosed
 
 __all__ = ["BackgroundServer", "EngineWorker", "LOOPBACK", "ModelServer", "ServerConfig", "WorkerClosed",
-           "check_loopback", "create_app", "serve_in_background"]
+           "check_loopback", "create_app", "readiness", "serve_in_background"]
 
 
-def create_app(server: ModelServer) -> Any:
-    """The ASGI app serving ``server``: the FastAPI routes behind the :class:`Guard`."""
+def readiness(server: ModelServer) -> dict[str, Any]:
+    """The server's phase (see the module's doc), each version's (``versions``) and the primary's
+    compile progress (``compile``)."""
+    workers = dict(server.workers)
+    per = {v: w.phase() for v, w in workers.items()}
+    primary = per.get(server.primary) if server.primary is not None else None
+    if server.tokenizer is None or primary is None:
+        phase = "starting"
+    elif any(w.error is not None or not w.thread.is_alive() for w in workers.values()):
+        phase = "degraded"  # a dead engine anywhere: its share of requests fails
+    else:
+        phase = primary["phase"]
+    prog = primary or {"graphs_done": 0, "graphs_total": 0, "error": ""}
+    return {"phase": phase, "ready": phase == "ready", "versions": per,
+            "compile": {k: prog[k] for k in ("graphs_done", "graphs_total", "error")}}
+
+
+def create_app(server: ModelServer, *, wait_ready: bool = False, compile_cache: dict[str, Any] | None = None) -> Any:
+    """The ASGI app serving ``server``: the FastAPI routes behind the :class:`Guard`.
+
+    ``wait_ready``: completions get 503 (with ``Retry-After``) until the phase is ``ready`` or
+    ``degraded`` (default: served while the graphs compile). ``compile_cache``: what
+    :func:`~codex_lab.serve.worker.use_compile_cache` returned, shown in ``/health``.
+
+    The server may start without its tokenizer and versions (``ModelServer(None, ...)``, the model
+    still loading): every route that needs them answers 503 until they arrive."""
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         yield
@@ -61,7 +98,24 @@ def create_app(server: ModelServer) -> Any:
 
     app = FastAPI(title="codex-lab server", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.server = server
-    cfg, metrics, tok = server.config, server.metrics, server.tokenizer
+    cfg, metrics = server.config, server.metrics
+
+    def not_ready(what: str) -> ApiError:
+        return ApiError(503, f"{what}; retry in a moment (GET /ready says when)", type_="server_error",
+                        code="not_ready", kind="unavailable", headers={"Retry-After": str(max(1, cfg.retry_after_s))})
+
+    def tokenizer() -> Any:
+        if server.tokenizer is None:
+            raise not_ready("the model is still loading")
+        return server.tokenizer
+
+    def health_body() -> dict[str, Any]:
+        body = server.health()
+        ready = readiness(server)
+        status = "starting" if ready["phase"] == "starting" else \
+            "degraded" if ready["phase"] == "degraded" else body["status"]
+        ready["compile"]["cache"] = compile_cache
+        return {"status": status, **ready, **{k: v for k, v in body.items() if k != "status"}}
 
     def err(e: ApiError) -> AsciiJSONResponse:
         if e.kind:  # "" = already counted, with its version
@@ -78,13 +132,21 @@ def create_app(server: ModelServer) -> Any:
         return err(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type_="server_error", kind="internal"))
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return server.health()
+    async def health() -> dict[str, Any]:  # liveness: 200 while the process answers at all
+        return health_body()
+
+    @app.get("/ready")
+    @app.get("/health/ready")
+    async def ready() -> AsciiJSONResponse:  # readiness: 200 only when the compiled graphs serve
+        body = health_body()
+        return AsciiJSONResponse(body, status_code=200 if body["ready"] else 503)
 
     @app.get("/metrics")
     async def prom() -> PlainTextResponse:
         for v, s in server.engine_stats().items():
             metrics.set_engine_stats(v, s)
+        r = readiness(server)
+        metrics.set_phase(r["phase"], {v: (p["graphs_done"], p["graphs_total"]) for v, p in r["versions"].items()})
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def model_card(model_id: str) -> dict[str, Any]:  # max_model_len: vLLM's field, the context in tokens
@@ -114,6 +176,9 @@ def create_app(server: ModelServer) -> Any:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         try:
+            tok = tokenizer()
+            if wait_ready and readiness(server)["phase"] not in ("ready", "degraded"):
+                raise not_ready("the server is not ready (--wait-ready: it answers once the decode graphs compiled)")
             raw = await read_body(request, cfg.limits.max_body_bytes, cfg.body_timeout_s)
             req = parse_completion(parse_json(raw, cfg.limits), tok, cfg.limits, cfg.model_name, server.versions(),
                                    fim_format=cfg.fim_format)
@@ -136,10 +201,14 @@ def create_app(server: ModelServer) -> Any:
 
     # vLLM's tokenizer routes (lm-evaluation-harness's local-completions uses them when present)
     def token_str(i: int) -> str | None:
-        return tok.tok.id_to_token(i)
+        return tokenizer().tok.id_to_token(i)
 
     @app.get("/tokenizer_info")
-    async def tokenizer_info() -> dict[str, Any]:
+    async def tokenizer_info() -> Any:
+        try:
+            tok = tokenizer()
+        except ApiError as e:
+            return err(e)
         return {"tokenizer_class": type(tok).__name__, "eos_token": token_str(tok.eot_id),
                 "pad_token": token_str(tok.pad_id), "bos_token": None, "model_max_length": cfg.limits.max_seq_len,
                 "vocab_size": tok.vocab_size}
@@ -150,6 +219,7 @@ def create_app(server: ModelServer) -> Any:
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Any:
         try:
+            tok = tokenizer()
             body = await json_body(request)
             check_fields(body, TOKENIZE_FIELDS, cfg.limits)
             prompt = body.get("prompt")
@@ -172,6 +242,7 @@ def create_app(server: ModelServer) -> Any:
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Any:
         try:
+            tok = tokenizer()
             body = await json_body(request)
             check_fields(body, ("model", "tokens"), cfg.limits)
             ids = body.get("tokens")

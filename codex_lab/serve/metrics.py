@@ -28,7 +28,9 @@ E2E_BUCKETS: tuple[float, ...] = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 # client errors (never counted against a version: a client must not be able to fail a canary),
 # then "disconnected" and "internal" (a failure of the server or its engine, counted per version)
 ERROR_KINDS = ("invalid_request", "unauthorized", "not_found", "too_large", "timeout", "rate_limited",
-               "disconnected", "internal")
+               "unavailable", "disconnected", "internal")
+# the server's phases (GET /health's "phase"; GET /ready answers 200 only in "ready")
+PHASES = ("starting", "warming", "ready", "degraded")
 
 
 def peak_memory_bytes() -> int:
@@ -73,6 +75,13 @@ class ServerMetrics:
                                  ["model_name"], registry=r)
         self.version_info = Gauge(PREFIX + "model_version_info", "1 for each served version; role = primary|canary.",
                                   ["model_name", "version", "role"], registry=r)
+        self.phase = Gauge(PREFIX + "server_phase", "1 for the server's current phase (starting, warming, ready, "
+                           "degraded), 0 for the others.", ["model_name", "phase"], registry=r)
+        self.graphs_done = Gauge(PREFIX + "compile_graphs_done", "Decode graphs compiled so far (the background "
+                                 "compile's progress).", lv, registry=r)
+        self.graphs_total = Gauge(PREFIX + "compile_graphs_total", "Decode graphs the background compile builds "
+                                  "(0: the engine compiles nothing).", lv, registry=r)
+        self.set_phase("starting", {})
         for kind in ERROR_KINDS:  # expose zeros so rates exist before the first error
             self.errors.labels(model_name, "-", kind)
 
@@ -126,9 +135,20 @@ class ServerMetrics:
         self.kv_usage.labels(*lab).set(stats.get("kv_used_tokens", 0) / cap if cap else 0.0)
         self.kv_bytes.labels(*lab).set(stats.get("kv_used_bytes", 0))
 
+    def set_phase(self, phase: str, progress: dict[str, tuple[int, int]]) -> None:
+        """The server's phase (one-hot over :data:`PHASES`) and each version's compile progress
+        ``{version: (graphs done, graphs total)}``."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; use one of {PHASES}")
+        for p in PHASES:
+            self.phase.labels(self.model_name, p).set(1 if p == phase else 0)
+        for version, (done, total) in progress.items():
+            self.graphs_done.labels(self.model_name, version).set(done)
+            self.graphs_total.labels(self.model_name, version).set(total)
+
     def drop_version(self, version: str) -> None:
         """Remove a retired version's gauges (its histograms and counters stay: they are history)."""
-        for g in (self.running, self.waiting, self.kv_usage, self.kv_bytes):
+        for g in (self.running, self.waiting, self.kv_usage, self.kv_bytes, self.graphs_done, self.graphs_total):
             try:
                 g.remove(self.model_name, version)
             except KeyError:
