@@ -115,11 +115,17 @@ def test_every_section_runs_in_the_mode_in_force(laptop, tmp_path):
     assert calls == [("01", True, True), ("04", True, True)]
 
 
-def test_standard_report_estimate_fits_its_budget(laptop):
+def test_standard_report_estimate_uses_the_standard_times(laptop, monkeypatch):
     keys = list(runtime.recorded_timings()["report"]["full/cpu"])
-    secs, _ = rep.plan_estimate(rep.plan_modes(keys, runtime.ModeInfo("standard", "t", "flag", "cpu")), "cpu")
-    # the recorded standard-mode times (reference machine, factor 1 here) fit the promised 25 minutes
-    assert secs is not None and secs <= rep.STANDARD_BUDGET_S
+    std, _ = rep.plan_estimate(rep.plan_modes(keys, runtime.ModeInfo("standard", "t", "flag", "cpu")), "cpu")
+    fast, _ = rep.plan_estimate(rep.plan_modes(keys, runtime.ModeInfo("fast", "t", "flag", "cpu")), "cpu")
+    table = runtime.recorded_timings()["report"]
+    # standard = the fast times, with the recorded standard times of the converged quality sections in their place
+    want = sum(table.get("standard/cpu", {}).get(k, table["fast/cpu"][k]) for k in keys)
+    assert std == pytest.approx(want) and std > fast
+    # the header states it, so a learner sees the real cost (the 25-minute goal is checked by timing the report)
+    assert f"about {runtime.format_seconds(std)}" in " ".join(rep.header_lines(
+        runtime.ModeInfo("standard", "t", "flag", "cpu"), rep.plan_modes(keys, runtime.ModeInfo("standard", "t", "flag", "cpu"))))
 
 
 def test_full_mode_on_gpu_is_announced(laptop, tmp_path, monkeypatch):

@@ -102,7 +102,7 @@ class Guard:
             return ApiError(403, f"Host header {headers.get('host')!r} is not allowed; this server answers "
                                  f"{list(self.allowed)} (start it with --allowed-hosts to add a name)",
                             code="host_not_allowed")
-        if self.api_key and scope.get("path") != "/health" and not bearer_ok(headers.get("authorization"), self.api_key):
+        if self.api_key and scope.get("path") not in ("/health", "/ready", "/health/ready") and not bearer_ok(headers.get("authorization"), self.api_key):
             return ApiError(401, "missing or incorrect API key; send the header 'Authorization: Bearer <key>'",
                             code="invalid_api_key", kind="unauthorized")
         if scope.get("method") == "POST" and not is_json(headers.get("content-type")):
