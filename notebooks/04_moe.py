@@ -19,7 +19,7 @@
 # # Lesson 04: mixture of experts
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/04_moe.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: about 40 s of process CPU time (measured 2026-12-03 under nbval with one math thread on a 2-core machine shared with other jobs: 47 s for the whole pytest run, 2 min wall under load; the header cell below prints the estimate for yours); standard mode (quality arms trained to a plateau: 2 layers of width 32, 2000 steps, 3 seeds): about 8 min of CPU time on the same busy machine; full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: about 21 s of process CPU time (measured 2026-12-03 under nbval with one math thread on a 2-core machine shared with other jobs: 40 s wall for the whole pytest run; the header cell below prints the estimate for yours); standard mode (1 layer of width 32, 32-token windows, 2000 steps, 3 seeds x 3 quality arms): about 3 min of CPU time on the same busy machine (the report's section: 192 s); full mode on one GPU: not yet measured.
 #
 # The source article (its claims are listed in the course's SEED.md) recommends
 # mixture-of-experts (MoE) feed-forward layers with **8-16 experts and top-k = 2-4**: "the total capacity of a big dense model at the
@@ -220,7 +220,7 @@ configs = arm_configs(tok.vocab_size, d_model=plan.d_model, n_layer=plan.n_layer
                       max_seq_len=plan.seq_len)
 common = dict(batch_size=plan.batch_size, seq_len=plan.seq_len, lr=plan.lr, min_lr=plan.min_lr,
               eval_batches=plan.eval_batches, eval_batch_size=plan.eval_batch_size,
-              bias_update_rate=plan.bias_update_rate, device=device)
+              bias_update_rate=plan.bias_update_rate, warmup=plan.warmup, device=device)
 print(f"{len(train_tokens):,} training tokens, {len(val_tokens):,} held-out tokens")
 runs = train_arms(configs, QUALITY_ARMS, plan.seeds, train_tokens, val_tokens, steps=plan.steps,
                   eval_every=plan.eval_every, **common)
@@ -376,7 +376,7 @@ assert runs["moe"][0].total_ffn_params == runs["dense_total"][0].total_ffn_param
 # %% [markdown]
 # **Is every arm trained?** The rule, on each arm's held-out curves (one per seed): fit a line
 # to the last quarter of the seed-mean curve, project it over another quarter of the run, and
-# compare that change with the seeds' spread (at least 0.01 nats/token, the smallest change
+# compare that change with the standard error of the arm's mean, seed spread / sqrt(seeds) (at least 0.01 nats/token, the smallest change
 # the claims care about). Then the verdicts, written here with `cl.compare`,
 # `cl.noninferiority`, `cl.holm` and `cl.judge_trained` (an arm that is not trained turns its
 # comparisons into "under-trained: no verdict"), and held equal to the package's `judge_quality`.
@@ -436,7 +436,7 @@ def interleaved_steps(models, xb, yb):
     for m in models.values():
         train_step(m, xb, yb)  # warm-up
     wall, _ = cl.interleaved_times({n: (lambda m=m: train_step(m, xb, yb)) for n, m in models.items()},
-                                   repeats=cl.pick(fast=5, full=9, standard=9))
+                                   repeats=plan.bench_repeats)
     return wall
 
 

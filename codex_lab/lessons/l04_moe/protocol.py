@@ -102,14 +102,15 @@ def held_out_curve(run: RunResult) -> list[tuple[float, float]]:
 def train_arms(configs: Mapping[str, ModelConfig], arms: Sequence[str], seeds: Sequence[int], train_tokens: Tensor,
                val_tokens: Tensor, *, steps: int, batch_size: int, seq_len: int, lr: float, min_lr: float | None,
                eval_every: int, eval_batches: int, eval_batch_size: int | None = None, bias_update_rate: float = 1e-2,
-               device: torch.device | str | None = None,
+               warmup: int = 10, device: torch.device | str | None = None,
                on_run: Callable[[str, int, RunResult], None] | None = None) -> dict[str, list[RunResult]]:
     """Train every arm at every seed; ``{arm: [run at seeds[0], run at seeds[1], ...]}``.
 
     Seed ``s`` sets the initial weights (``torch.manual_seed(s)``), the order of the random
     training windows (``Generator(s)``, the same in every arm: paired) and the evaluation
     sample (:func:`eval_sample`, the same in every arm). Held-out loss is recorded every
-    ``eval_every`` steps (``RunResult.curve``). ``on_run(arm, seed, run)`` after each run.
+    ``eval_every`` steps (``RunResult.curve``); the learning rate warms up linearly over
+    ``warmup`` steps. ``on_run(arm, seed, run)`` after each run.
     """
     out: dict[str, list[RunResult]] = {a: [] for a in arms}
     for s in seeds:
@@ -118,7 +119,7 @@ def train_arms(configs: Mapping[str, ModelConfig], arms: Sequence[str], seeds: S
         for a in arms:
             r = train_run(a, configs[a], train_tokens, batches, steps=steps, batch_size=batch_size, seq_len=seq_len,
                           lr=lr, min_lr=min_lr, seed=s, bias_update_rate=bias_update_rate, eval_every=eval_every,
-                          device=device)
+                          warmup=warmup, device=device)
             out[a].append(r)
             if on_run is not None:
                 on_run(a, s, r)
@@ -269,9 +270,12 @@ class Plan:
     ``vocab``: BPE vocabulary trained on the ``files`` files (every n-th file of the corpus);
     model: ``n_layer`` layers of width ``d_model``, ``n_experts`` experts of hidden
     ``expert_hidden``, top-``top_k``; training: ``steps`` of ``batch_size`` x ``seq_len``
-    tokens, peak ``lr`` cosine-decayed to ``min_lr``; held-out loss every ``eval_every`` steps
-    on ``eval_batches`` x ``eval_batch_size`` windows; ``seeds`` for the quality arms,
-    ``balance_seeds`` / ``balance_steps`` for the load claim's arms.
+    tokens, a linear warm-up over ``warmup`` steps to the peak ``lr``, cosine-decayed to
+    ``min_lr``; held-out loss every ``eval_every`` steps on ``eval_batches`` x
+    ``eval_batch_size`` windows; ``seeds`` for the quality arms, ``balance_seeds`` /
+    ``balance_steps`` for the load claim's extra arms (the unbalanced and the bias-balanced
+    MoE; the aux-loss MoE's load is measured on the trained quality arm); ``bench_repeats``:
+    interleaved rounds of the step-cost comparison (a cost, not a quality: small outside full).
     """
 
     vocab: int
@@ -294,13 +298,15 @@ class Plan:
     balance_seeds: tuple[int, ...]
     balance_steps: int
     bias_update_rate: float = 1e-2
+    warmup: int = 10
+    bench_repeats: int = 9
 
     def describe(self) -> str:
         """One sentence: the geometry and the training budget."""
         return (f"{self.n_layer} layers of width {self.d_model}, {self.seq_len}-token sequences x {self.batch_size}, "
                 f"a {self.vocab}-token BPE vocabulary (trained on {self.files} corpus files); MoE = {self.n_experts} "
-                f"experts of hidden {self.expert_hidden}, top-{self.top_k}; {self.steps} steps, lr {self.lr:g} "
-                f"cosine to {self.min_lr:g}; held-out loss every {self.eval_every} steps on "
+                f"experts of hidden {self.expert_hidden}, top-{self.top_k}; {self.steps} steps, {self.warmup} warm-up "
+                f"steps to lr {self.lr:g}, cosine to {self.min_lr:g}; held-out loss every {self.eval_every} steps on "
                 f"{self.eval_batches * self.eval_batch_size} windows per seed; {len(self.seeds)} seeds")
 
 
@@ -308,24 +314,30 @@ def protocol_plan(mode: str | None = None) -> Plan:
     """The quality protocol's sizes for ``mode`` (default: the mode in force).
 
     standard: shrunk so every arm reaches a plateau on one CPU core within the report's
-    budget (a small model on short sequences trained for many steps, not a big one for few);
-    fast: the same geometry, 50 files and a twentieth of the steps (CI: the under-trained rule may fire);
+    budget (a one-layer model on 32-token windows trained for many steps, not a big one for few);
+    fast: the same geometry, 50 files, 80 steps and half the held-out windows (CI: the
+    under-trained rule may fire);
     full: the article-scale geometry (the shipped model's width), meant for a GPU.
     """
     from codex_lab.runtime import mode_info
 
     mode = mode or mode_info().mode
-    common = dict(vocab=512, files=300, d_model=32, n_layer=2, n_head=4, n_experts=8, top_k=2, expert_hidden=32,
-                  seq_len=64, batch_size=16, lr=1e-2, min_lr=1e-4, eval_batches=4, eval_batch_size=32)
+    # standard: ONE layer of width 32 on 32-token windows (a step costs ~1/3 of two layers on
+    # 64 tokens on one core), 2000 steps, 100 warm-up steps (a peak of 1e-2 reached gradually:
+    # no seed starts badly), held-out loss every 125 steps (16 evaluations) on 4 x 32 windows
+    common = dict(vocab=512, files=300, d_model=32, n_layer=1, n_head=4, n_experts=8, top_k=2, expert_hidden=32,
+                  seq_len=32, batch_size=16, lr=1e-2, min_lr=1e-4, eval_batches=4, eval_batch_size=32, warmup=100)
     if mode == "fast":
-        return Plan(**{**common, "files": 50}, steps=100, eval_every=10, seeds=(0, 1, 2), balance_seeds=(0,),
-                    balance_steps=80)
+        return Plan(**{**common, "files": 50, "warmup": 10, "eval_batches": 2}, steps=80, eval_every=10,
+                    seeds=(0, 1, 2), balance_seeds=(0,), balance_steps=80, bench_repeats=3)
     if mode == "standard":
-        return Plan(**common, steps=2000, eval_every=100, seeds=(0, 1, 2), balance_seeds=(0, 1, 2), balance_steps=300)
+        return Plan(**common, steps=2000, eval_every=125, seeds=(0, 1, 2), balance_seeds=(0, 1, 2), balance_steps=200,
+                    bench_repeats=5)
     if mode == "full":
         return Plan(vocab=4096, files=1000, d_model=256, n_layer=4, n_head=4, n_experts=8, top_k=2, expert_hidden=352,
                     seq_len=256, batch_size=16, steps=6000, lr=3e-3, min_lr=3e-5, eval_every=250, eval_batches=16,
-                    eval_batch_size=16, seeds=(0, 1, 2, 3, 4), balance_seeds=(0, 1, 2), balance_steps=2000)
+                    eval_batch_size=16, seeds=(0, 1, 2, 3, 4), balance_seeds=(0, 1, 2), balance_steps=2000,
+                    warmup=200)
     raise ValueError(f"mode {mode!r} is not one of fast, standard, full")
 
 

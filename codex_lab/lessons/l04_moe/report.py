@@ -49,7 +49,7 @@ def run(ctx: Any) -> str:
                               max_seq_len=plan.seq_len)
         common = dict(batch_size=plan.batch_size, seq_len=plan.seq_len, lr=plan.lr, min_lr=plan.min_lr,
                       eval_batches=plan.eval_batches, eval_batch_size=plan.eval_batch_size,
-                      bias_update_rate=plan.bias_update_rate)
+                      bias_update_rate=plan.bias_update_rate, warmup=plan.warmup)
         runs = train_arms(configs, QUALITY_ARMS, plan.seeds, train_tokens, val_tokens, steps=plan.steps,
                           eval_every=plan.eval_every, **common)
         bal_runs = train_arms(configs, BALANCE_ARMS, plan.balance_seeds, train_tokens, val_tokens,
@@ -72,7 +72,7 @@ def run(ctx: Any) -> str:
 
         # step cost, interleaved rounds: the trained models (this size) and fresh one-layer
         # models at the shipped model's width (d = 256, dense hidden 704 = 2 experts of 352)
-        repeats = 5 if ctx.mode == "fast" else 9
+        repeats = plan.bench_repeats  # a cost, not a quality: few rounds outside full mode
         x, y = eval_sample(train_tokens, 0, batch_size=plan.batch_size, seq_len=plan.seq_len, n_batches=1)[0]
         wall_here = step_times({a: runs[a][0].model for a in QUALITY_ARMS}, (x, y), repeats)
         wide = arm_configs(tok.vocab_size, d_model=256, n_layer=1, n_head=4, n_experts=plan.n_experts,
@@ -152,7 +152,7 @@ def run(ctx: Any) -> str:
         img,
         "",
         "Training states (held-out curves, last quarter's trend projected over another quarter of the run, "
-        f"tolerance max(seed spread, {MIN_CHANGE} nats/token)): " + "; ".join(s.describe() for s in st.values()) + ".",
+        f"tolerance max(standard error of the arm's mean = seed spread / sqrt(seeds), {MIN_CHANGE} nats/token)): " + "; ".join(s.describe() for s in st.values()) + ".",
         "",
         f"Primary ({VERDICT_RULE}): {quality.describe()}.",
         "",
