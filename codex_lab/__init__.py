@@ -66,7 +66,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "nn.moe_native": ('moe_native_status',),
     "infer.speculative": ('SpecStats', 'expected_speedup', 'expected_tokens_per_round', 'speculative_generate'),
     "infer.prompt_lookup": ('lookup_draft', 'prompt_lookup_generate'),
-    "infer.draft": ('load_draft',),
+    "lessons.l06_inference.draft": ('load_draft',),
     "infer.fast_decode": ('FastDecoder',),
     "infer.paged_step": ('CompiledPagedStep', 'served_step_options'),
     "infer.mixed": ('mixed_step',),

@@ -19,7 +19,7 @@
 # # Lesson 03: grouped-query attention (MHA -> GQA -> MQA)
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/03_gqa.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU (CI): about 23 s of process CPU time (measured 2026-12-03 under nbval with one math thread on a 2-core machine shared with other jobs: 22 s user + 1 s system for the whole pytest run, 72 s wall under load; the header cell below prints the estimate for yours); standard mode (the CPU default; section 6 runs the GQA protocol: 3 seeds x 4 pre-trainings of 1000 steps plus 4 uptrainings of 50): about 3.5 CPU minutes, estimated from the report section's measured protocol time plus the rest of the lesson in fast mode (not timed as a whole notebook); full mode on one GPU: not yet measured (no GPU was lent this round).
+# **Run time:** fast mode on CPU: 23 s of process CPU time (CI's mode) (measured 2026-12-03 under nbval with one math thread on a 2-core machine shared with other jobs: 22 s user + 1 s system for the whole pytest run, 72 s wall under load; the header cell below prints the estimate for yours); standard mode (the CPU default; section 6 runs the GQA protocol: 3 seeds x 4 pre-trainings of 1000 steps plus 4 uptrainings of 50): about 3.5 CPU minutes, estimated from the report section's measured protocol time plus the rest of the lesson in fast mode (not timed as a whole notebook); full mode on one GPU: not yet measured (no GPU was lent this round).
 #
 # While a model generates code, every layer keeps the keys and values of every earlier token
 # (the KV cache) so that each new token costs one row of attention, not a full recomputation.

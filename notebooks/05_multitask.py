@@ -19,7 +19,7 @@
 # # Lesson 05: multi-task fine-tuning with balanced losses
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/05_multitask.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: about 50 s of CPU time (measured 2026-12-03 under nbval: 44 s user + 3 s system, one math thread, on a loaded 2-core machine; 58 s before codebench 2 on the course's reference machine; the header cell below prints the estimate for yours); standard mode (the default on a CPU) runs the converging sizes of section 8 (see the lesson 05 report for its CPU time); full mode on one GPU: not yet measured (no GPU was lent this round).
+# **Run time:** fast mode on CPU: 50 s of CPU time (measured 2026-12-03 under nbval: 44 s user + 3 s system, one math thread, on a loaded 2-core machine; 58 s before codebench 2 on the course's reference machine; the header cell below prints the estimate for yours); standard mode (the default on a CPU) runs the converging sizes of section 8 (see the lesson 05 report for its CPU time); full mode on one GPU: not yet measured (no GPU was lent this round).
 #
 # The article: code generation is several tasks (completion, bug fixing, test generation,
 # translation); they differ in data size and convergence speed; an equal-weight sum of

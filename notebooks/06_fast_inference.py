@@ -62,7 +62,7 @@ from codex_lab.nn.kv_cache import make_static_caches
 import codex_lab.infer.speculative as cl_spec
 from codex_lab.infer.speculative import expected_tokens_per_round, speculative_generate
 from codex_lab.nn.surgery import truncated_draft
-from codex_lab.infer.draft import draft_meta, kl_to_target, load_draft, make_draft
+from codex_lab.lessons.l06_inference.draft import draft_meta, kl_to_target, load_draft, make_draft
 from codex_lab.lessons.l06_inference.spec_scenarios import acceptance, typed_prompts
 
 cl.seed_everything(0)
@@ -564,7 +564,7 @@ print(f"acceptance rate sum_x min(p, q) = {accept_rate:.2f}; expected tokens per
 #
 # $p$ the target's next-token distribution, $q$ the draft's. Written here, held equal to the
 # package's loss; the trained block ships with the package (`load_draft`; remade by
-# `python -m codex_lab.infer.draft`, about 2-3 CPU minutes on one core), and its held-out
+# `python -m codex_lab.lessons.l06_inference.draft`, about 2-3 CPU minutes on one core), and its held-out
 # curve (agreement with the target's greedy token) says whether training reached a plateau.
 
 # %%

@@ -95,8 +95,12 @@ def test_paired_verdicts_on_known_numbers():
     new = {"checkpoint": "b", "tokens_scored": 40, "_windows": [2.9, 3.1, 2.8, 3.0], "_bits_per_nat_token": 0.5,
            "_syntax_ok": [True, True, False, True, False, False]}
     v = paired_verdicts(base, new)
-    # every window 0.1 nats/token lower: -0.05 bits/char with no spread, so the interval is a point below 0
-    assert v["bits_per_char_diff"] == pytest.approx(-0.05) and v["bits_per_char_verdict"] == "holds"
+    # every window exactly 0.1 nats/token lower: no spread at all, so no variance was measured and
+    # the package gives no zero-width "holds" (codex_lab.stats)
+    assert v["bits_per_char_diff"] == pytest.approx(-0.05) and v["bits_per_char_verdict"] == "not resolved"
+    spread = dict(new, _windows=[2.88, 3.11, 2.79, 3.02])  # 0.08-0.12 lower per window: resolved
+    vs = paired_verdicts(base, spread)
+    assert vs["bits_per_char_diff"] == pytest.approx(-0.05) and vs["bits_per_char_verdict"] == "holds"
     # one prompt of six flips to valid: +1/6, but six paired prompts cannot resolve it
     assert v["syntax_diff"] == pytest.approx(1 / 6) and v["syntax_verdict"] == "not resolved"
     other_tok = dict(new, tokens_scored=44)

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from codex_lab.infer.draft import (
+from codex_lab.lessons.l06_inference.draft import (
     DRAFT_DIR, DistillConfig, draft_meta, draft_state, distill, heldout_agreement, kl_to_target, load_draft,
     make_draft, save_draft,
 )
@@ -94,7 +94,7 @@ def test_save_and_load_round_trip(tmp_path):
     with torch.no_grad():
         for p in draft_state(draft).values():
             p.add_(0.01 * torch.randn_like(p))  # a draft that differs from the target's blocks
-    from codex_lab.infer.draft import DistillResult
+    from codex_lab.lessons.l06_inference.draft import DistillResult
 
     save_draft(DistillResult(draft, DistillConfig(n_layer=2), curve=[(0, 0.1, 2.0)]), tmp_path, command="test")
     back = load_draft(target, tmp_path)

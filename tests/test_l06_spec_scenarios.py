@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from codex_lab.data.fim import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
-from codex_lab.infer.draft import make_draft
+from codex_lab.lessons.l06_inference.draft import make_draft
 from codex_lab.infer.speculative import expected_speedup
 from codex_lab.lessons.l06_inference.spec_scenarios import PROMPT_TYPES, acceptance, bench_speculative, typed_prompts
 from codex_lab.nn.model import CodexModel

@@ -9,7 +9,7 @@ from codex_lab.infer.speculative import (
     SpecStats, expected_speedup, expected_tokens_per_round, speculative_generate,
 )
 from codex_lab.nn.surgery import truncated_draft
-from codex_lab.infer.draft import make_draft
+from codex_lab.lessons.l06_inference.draft import make_draft
 
 from conftest import tiny_config
 

@@ -11,7 +11,7 @@ Places (each a regular expression with one number group):
 
 - a notebook header: ``**Run time:** fast mode on CPU: <N> s``;
 - the README lesson table: the last cell of the row ``| [NN topic](notebooks/NN_topic.ipynb) | ... | <N> s |``;
-- the README report total: ``fast mode (default on a CPU) | <N> s``;
+- the README report total: ``fast mode (CI's) | <N> s``;
 - the README test suite: ``<N> tests in``, and ``took <N> s`` for the CI run.
 
 Performance figures (tokens/s, speed-ups, latency percentiles) come from a second record,
@@ -34,7 +34,7 @@ RECORD = Path(__file__).resolve().parents[1] / "assets" / "timings.json"
 BENCH_RECORD = Path(__file__).resolve().parents[1] / "assets" / "bench_records.json"
 
 HEADER_RE = re.compile(r"(\*\*Run time:\*\* fast mode on CPU: )(\d+)( s)")
-REPORT_RE = re.compile(r"(\| fast mode \(default on a CPU\) \| )(\d+)( s)")
+REPORT_RE = re.compile(r"(\| fast mode \(CI's\) \| )(\d+)( s)")
 TESTS_RE = re.compile(r"(: )(\d[\d,]*)( tests in)")
 CI_RE = re.compile(r"(the rendered course site\) took )(\d+)( s)")
 

@@ -13,8 +13,8 @@ with :meth:`~codex_lab.nn.kv_cache.StaticKVCache.truncate` after a rejection.
 
 Drafts: any :class:`CodexModel` with the target's vocabulary. The lesson's are the untrained
 early exit (:func:`codex_lab.nn.surgery.truncated_draft`) and the draft distilled from the
-target (:mod:`codex_lab.infer.draft`: one block trained to match the target's next-token
-distribution, shipped with the package, :func:`codex_lab.infer.draft.load_draft`).
+target (:mod:`codex_lab.lessons.l06_inference.draft`: one block trained to match the target's next-token
+distribution, shipped with the package, :func:`codex_lab.lessons.l06_inference.draft.load_draft`).
 """
 
 from __future__ import annotations

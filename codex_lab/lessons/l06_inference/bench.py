@@ -276,11 +276,11 @@ def bench_streams(model: CodexModel, tok: CodeTokenizer, n_requests: int, stream
 
 def bench_speculative(model: CodexModel, tok: CodeTokenizer, n_per_type: int, new_tokens: int, *, rounds: int = 5,
                       fast_decoder: bool = True) -> list[dict[str, Any]]:
-    """Speculative decoding with the shipped distilled draft (:func:`codex_lab.infer.draft.load_draft`):
+    """Speculative decoding with the shipped distilled draft (:func:`codex_lab.lessons.l06_inference.draft.load_draft`):
     acceptance per prompt type, the costs c and v, gamma chosen by the formula, and the measured
     speed ratio over plain eager decoding and the compiled FastDecoder in interleaved rounds
     (:func:`codex_lab.lessons.l06_inference.spec_scenarios.bench_speculative`)."""
-    from codex_lab.infer.draft import load_draft
+    from codex_lab.lessons.l06_inference.draft import load_draft
     from codex_lab.lessons.l06_inference.spec_scenarios import bench_speculative as run_spec
 
     return run_spec(model, tok, load_draft(model), n_per_type=n_per_type, new_tokens=new_tokens, rounds=rounds,

@@ -120,7 +120,7 @@ def speculative_section(ctx: Any) -> str:
     prompt type (beside prompt lookup's), the costs c and v, gamma chosen by the formula, and the
     measured speed ratio over plain decoding (eager and compiled) in interleaved rounds."""
     from codex_lab.course.benches import run_bench
-    from codex_lab.infer.draft import draft_meta
+    from codex_lab.lessons.l06_inference.draft import draft_meta
     from codex_lab.training_state import training_state
 
     meta = draft_meta()

@@ -291,7 +291,7 @@ def load_draft(target: CodexModel, path: str | Path = DRAFT_DIR) -> CodexModel:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m codex_lab.infer.draft``: distil the draft from the shipped model and write it
+    """``python -m codex_lab.lessons.l06_inference.draft``: distil the draft from the shipped model and write it
     (default: the package's ``assets/l06_draft``) with its provenance (command, commit, date,
     machine, CPU and wall seconds)."""
     import argparse
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     from codex_lab.training.checkpoint import load_pretrained
 
     d = DistillConfig()
-    ap = argparse.ArgumentParser(prog="python -m codex_lab.infer.draft", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m codex_lab.lessons.l06_inference.draft", description=main.__doc__)
     for f, v in asdict(d).items():
         ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
     ap.add_argument("--out", default=str(DRAFT_DIR))
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
         cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    path = save_draft(res, args.out, command=" ".join(["python -m codex_lab.infer.draft", *(sys.argv[1:] if argv is None else argv)]),
+    path = save_draft(res, args.out, command=" ".join(["python -m codex_lab.lessons.l06_inference.draft", *(sys.argv[1:] if argv is None else argv)]),
                       commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                       machine=f"{cpu}, {torch.get_num_threads()} thread(s), torch {torch.__version__}", wall_s=wall)
     print(f"wrote {path}: held-out agreement {res.curve[0][1]:.3f} -> {res.curve[-1][1]:.3f} in {res.train_s:.0f} CPU s")
