@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from codex_lab.nn.model import CodexModel
 
-DRAFT_DIR = Path(__file__).resolve().parent.parent / "assets" / "l06_draft"
+DRAFT_DIR = Path(__file__).resolve().parents[2] / "assets" / "l06_draft"  # codex_lab/assets/l06_draft
 
 
 def make_draft(target: CodexModel, n_layer: int = 1) -> CodexModel:
