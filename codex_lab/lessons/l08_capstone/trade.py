@@ -45,6 +45,7 @@ from torch import Tensor
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.stats import HOLDS, Comparison, judge_trained, noninferiority
+from codex_lab.training.curves import heldout_windows, small_vocab_streams, train_curve
 from codex_lab.training_state import TrainingState, training_state
 
 # The largest quality cost still called "kept", declared before any run (the same margin as
@@ -162,73 +163,9 @@ def design_configs(base: ModelConfig, *, sparse: str, dense_layers: int, n_kv_he
 
 
 def trade_data(corpus: Any, sizes: TradeSizes) -> tuple[Tensor, Tensor, int]:
-    """(train ids, val ids, vocabulary size): a byte-level BPE of ``sizes.vocab_size`` tokens
-    trained on the train split of the first ``sizes.max_files`` corpus files (a small
-    vocabulary keeps the output layer, most of a tiny model's step, small), then both splits
-    as 1-D ids."""
-    from codex_lab.data.batches import tokenize_texts
-    from codex_lab.data.tokenizer import train_tokenizer
-
-    files = corpus.files if sizes.max_files is None else corpus.files[: sizes.max_files]
-    train = [f.text for f in files if f.split == "train"]
-    val = [f.text for f in files if f.split == "val"]
-    if not train or not val:
-        raise ValueError(f"the first {sizes.max_files} corpus files give {len(train)} train and {len(val)} val files; "
-                         "need both (use more files)")
-    tok = train_tokenizer(train, vocab_size=sizes.vocab_size)
-    return tokenize_texts(tok, train), tokenize_texts(tok, val), tok.vocab_size
-
-
-def heldout_windows(tokens: Tensor, n_windows: int, seq_len: int, seed: int, batch_size: int = 16
-                    ) -> list[tuple[Tensor, Tensor]]:
-    """One seed's evaluation sample: ``n_windows`` random windows of ``seq_len`` held-out tokens
-    as (x, y) batches of (<= batch_size, seq_len); another seed draws other windows."""
-    from codex_lab.data.batches import random_batch
-
-    gen = torch.Generator().manual_seed(10_007 * seed + 29)  # not the training order's stream
-    return [random_batch(tokens, min(batch_size, n_windows - i), seq_len, gen) for i in range(0, n_windows, batch_size)]
-
-
-def curve_train(model: CodexModel, train_tokens: Tensor, evals: Sequence[tuple[Tensor, Tensor]], *, steps: int,
-                lr: float, min_lr: float, warmup: int, batch_size: int, seq_len: int, seed: int, eval_every: int,
-                flat_share: float = 0.0) -> list[tuple[float, float]]:
-    """Train ``model`` in place (LM loss + MoE aux losses) and return its held-out curve,
-    ``(step, nats/token)`` at step 0, every ``eval_every`` steps and the last.
-
-    AdamW (no weight decay), gradient norm clipped at 1, warm-up to ``lr``, cosine to
-    ``min_lr`` at ``decay_end = round(steps x (1 - flat_share))``, then ``min_lr`` flat to
-    ``steps`` (the same optimiser carries on); batches from a generator seeded by ``seed``.
-    """
-    from codex_lab.data.batches import random_batch
-    from codex_lab.training.evaluate import val_loss
-    from codex_lab.training.loop import LoopConfig, adamw, run_loop
-
-    if not 0.0 <= flat_share < 1.0:
-        raise ValueError(f"flat_share is the share of the steps held at min_lr, in [0, 1); got {flat_share}")
-    device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(seed)
-    # decay_end = steps x (1 - flat_share), past the warm-up
-    decay_end = max(min(steps, warmup + 1), round(steps * (1.0 - flat_share)))
-    loop = LoopConfig(steps=decay_end, lr=lr, min_lr=min_lr, warmup=warmup, grad_clip=1.0, eval_every=eval_every)
-    opt = adamw(model, loop)
-    curve = [(0.0, val_loss(model, evals))]
-
-    def loss_fn(_: int) -> tuple[Tensor, dict[str, float]]:
-        x, y = random_batch(train_tokens, batch_size, seq_len, gen)  # (B, T) each
-        out = model(x.to(device), y.to(device))
-        return out.loss + out.aux_loss, {"loss": float(out.loss.detach())}
-
-    def eval_fn(step: int, _: dict[str, float]) -> None:
-        if (eval_every and step % eval_every == 0) or step == steps:
-            curve.append((float(step), val_loss(model, evals)))
-
-    model.train()
-    run_loop(loss_fn, opt, loop, eval_fn=eval_fn)
-    if steps > decay_end:
-        tail = LoopConfig(steps=steps, lr=min_lr, min_lr=None, warmup=0, grad_clip=1.0, eval_every=eval_every)
-        run_loop(loss_fn, opt, tail, eval_fn=eval_fn, start_step=decay_end)
-    model.eval()
-    return curve
+    """(train ids, val ids, vocabulary size) of the trade's small vocabulary
+    (:func:`codex_lab.training.curves.small_vocab_streams`)."""
+    return small_vocab_streams(corpus, sizes.vocab_size, sizes.max_files)
 
 
 @dataclass
@@ -258,12 +195,12 @@ def run_trade_seed(seed: int, train_tokens: Tensor, val_tokens: Tensor, vocab_si
 
     t0 = time.perf_counter()
     s, dev = sizes, device or torch.device("cpu")
-    evals = heldout_windows(val_tokens, s.eval_windows, s.seq_len, seed)
+    evals = heldout_windows(val_tokens, s.eval_windows, s.seq_len, seed, salt=29)
     torch.manual_seed(seed)
     base_cfg = ModelConfig(vocab_size=vocab_size, d_model=s.d_model, n_layer=s.n_layer, n_head=s.n_head,
                            max_seq_len=max(1024, s.seq_len))
     base = CodexModel(base_cfg).to(dev)
-    base_curve = curve_train(base, train_tokens, evals, steps=s.pretrain_steps, lr=s.lr, min_lr=s.min_lr,
+    base_curve = train_curve(base, train_tokens, evals, steps=s.pretrain_steps, lr=s.lr, min_lr=s.min_lr,
                              warmup=s.warmup, batch_size=s.batch_size, seq_len=s.seq_len, seed=seed,
                              eval_every=s.eval_every, flat_share=s.flat_share)
     cfgs = design_configs(base_cfg, sparse=s.sparse, dense_layers=s.dense_layers, n_kv_head=s.n_kv_head,
@@ -272,7 +209,7 @@ def run_trade_seed(seed: int, train_tokens: Tensor, val_tokens: Tensor, vocab_si
     for kind, cfg in cfgs.items():
         m = convert(base, cfg, seed=seed)  # a copy; "plain" converts to itself
         converted[kind] = val_loss(m, evals)
-        curves[kind] = curve_train(m, train_tokens, evals, steps=s.uptrain_steps, lr=s.uptrain_lr, min_lr=s.min_lr,
+        curves[kind] = train_curve(m, train_tokens, evals, steps=s.uptrain_steps, lr=s.uptrain_lr, min_lr=s.min_lr,
                                    warmup=max(1, s.uptrain_steps // 10), batch_size=s.batch_size, seq_len=s.seq_len,
                                    seed=seed + 1_000_003, eval_every=s.uptrain_eval_every, flat_share=s.flat_share)
     return TradeRun(seed, base_curve, converted, curves, time.perf_counter() - t0)

@@ -1,0 +1,88 @@
+"""Training a small model from scratch with its held-out curve: the pieces the converged
+experiments of lessons 03 and 08 share (a small-vocabulary token stream of the corpus, a
+per-seed held-out sample, and a run that records ``(step, held-out loss)`` for the
+training-state rule, :mod:`codex_lab.training_state`)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from codex_lab.data.batches import random_batch
+from codex_lab.nn.model import CodexModel
+from codex_lab.training.evaluate import val_loss
+from codex_lab.training.loop import LoopConfig, adamw, run_loop
+
+
+def heldout_windows(tokens: Tensor, n_windows: int, seq_len: int, seed: int, batch_size: int = 16, *,
+                    salt: int = 17) -> list[tuple[Tensor, Tensor]]:
+    """One seed's evaluation sample: ``n_windows`` random windows of ``seq_len`` tokens of the
+    held-out ``tokens`` (1-D ids), as (x, y) batches of (<= batch_size, seq_len). Another seed
+    draws other windows, so the seeds' spread includes the evaluation sample's noise; ``salt``
+    keeps an experiment's stream apart from its training order's."""
+    gen = torch.Generator().manual_seed(10_007 * seed + salt)
+    return [random_batch(tokens, min(batch_size, n_windows - i), seq_len, gen)  # (b, T) x, y
+            for i in range(0, n_windows, batch_size)]
+
+
+def small_vocab_streams(corpus: Any, vocab_size: int, max_files: int | None) -> tuple[Tensor, Tensor, int]:
+    """(train ids, val ids, vocabulary size): a byte-level BPE of ``vocab_size`` tokens trained on
+    the train split of the corpus's first ``max_files`` files (a small vocabulary keeps the
+    output layer, most of a tiny model's step, small), then both splits as 1-D ids."""
+    from codex_lab.data.batches import tokenize_texts
+    from codex_lab.data.tokenizer import train_tokenizer
+
+    files = corpus.files if max_files is None else corpus.files[:max_files]
+    train = [f.text for f in files if f.split == "train"]
+    val = [f.text for f in files if f.split == "val"]
+    if not train or not val:
+        raise ValueError(f"the first {max_files} corpus files give {len(train)} train and {len(val)} val files; "
+                         "need both (use more files)")
+    tok = train_tokenizer(train, vocab_size=vocab_size)
+    return tokenize_texts(tok, train), tokenize_texts(tok, val), tok.vocab_size
+
+
+def train_curve(model: CodexModel, train_tokens: Tensor, eval_batches: Sequence[tuple[Tensor, Tensor]], *,
+                steps: int, lr: float, min_lr: float, warmup: int, batch_size: int, seq_len: int, seed: int,
+                eval_every: int, weight_decay: float = 0.0, flat_share: float = 0.0) -> list[tuple[float, float]]:
+    """Train ``model`` in place on random windows of ``train_tokens`` and return its held-out
+    curve: ``(step, val loss in nats/token)`` at step 0 and every ``eval_every`` steps (and the
+    last). AdamW (``weight_decay`` on matrices only), warm-up to ``lr``, cosine to ``min_lr`` at step
+    ``decay_end = round(steps x (1 - flat_share))``, then ``min_lr`` held flat to ``steps``
+    (``flat_share = 0``: the cosine ends at the last step); gradient norm clipped at 1; the
+    batches are drawn from a generator seeded by ``seed``.
+
+    Why a flat tail: a cosine that ends at the last step keeps lowering the loss until then
+    (the annealing gain), so the last quarter of the curve slopes down whatever the budget;
+    with the rate held at ``min_lr`` the curve shows whether more steps would still help.
+    """
+    if not 0.0 <= flat_share < 1.0:
+        raise ValueError(f"flat_share is the share of the steps held at min_lr, in [0, 1); got {flat_share}")
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    # decay_end = steps x (1 - flat_share), at least past the warm-up
+    decay_end = max(min(steps, warmup + 1), round(steps * (1.0 - flat_share)))
+    loop = LoopConfig(steps=decay_end, lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=weight_decay, grad_clip=1.0,
+                      eval_every=eval_every)
+    opt = adamw(model, loop, split_decay=weight_decay > 0)  # decay on matrices only
+    curve = [(0.0, val_loss(model, eval_batches))]
+
+    def loss_fn(_: int) -> tuple[Tensor, dict[str, float]]:
+        x, y = random_batch(train_tokens, batch_size, seq_len, gen)  # (B, T) each
+        out = model(x.to(device), y.to(device))
+        return out.loss + out.aux_loss, {"loss": float(out.loss.detach())}
+
+    def eval_fn(step: int, _: dict[str, float]) -> None:
+        if (eval_every and step % eval_every == 0) or step == steps:  # not at decay_end unless it is on the grid
+            curve.append((float(step), val_loss(model, eval_batches)))
+
+    model.train()
+    run_loop(loss_fn, opt, loop, eval_fn=eval_fn)
+    if steps > decay_end:  # the flat tail: the same optimiser (its moments carry on), lr = min_lr
+        tail = LoopConfig(steps=steps, lr=min_lr, min_lr=None, warmup=0, weight_decay=weight_decay, grad_clip=1.0,
+                          eval_every=eval_every)
+        run_loop(loss_fn, opt, tail, eval_fn=eval_fn, start_step=decay_end)
+    model.eval()
+    return curve
