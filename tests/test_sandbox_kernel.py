@@ -294,7 +294,13 @@ except OSError as e:
 @pytest.mark.parametrize("who", WHO)
 def test_socket_buffer_bomb_is_stopped_within_the_budget(who, monkeypatch):
     r = _run(who, SOCKET_BOMB, dict(timeout_s=20, **BUDGET), monkeypatch)
-    assert "DONE" not in r["stdout"], f"{who}: 18 processes queued their ~0.9 GiB of socket buffers: {r}"
+    # each process reports what it queued (DONE when all its 120 pairs filled, ~53 MiB; REFUSED when
+    # the kernel said no first). One process may finish before a poll strikes (CI saw "DONE 53"
+    # under the polled bound); what must hold is the whole: all 18 together (~0.9 GiB attempted)
+    # never got past the budget plus one poll's worth (64 MiB, the overshoot allowed below).
+    queued = sum(int(m) for m in re.findall(r"(?:DONE|REFUSED \w+) (\d+)", r["stdout"]))
+    assert queued <= 224 + 64, f"{who}: the processes queued {queued} MiB of socket buffers: {r}"
+    assert r["stdout"].count("DONE") < 18, f"{who}: all 18 processes queued their ~53 MiB: {r}"
     assert not r["ok"] and not r["timed_out"] and r["secs"] < 15, r  # stopped, in seconds, not at the timeout
     assert "memory budget of 224 MiB" in r["stderr"], r
     used = re.search(r"used (\d+) MiB", r["stderr"])

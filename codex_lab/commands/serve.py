@@ -202,9 +202,7 @@ def main(args: argparse.Namespace) -> int:
     device = get_device(args.device)
     cache = None
     if not args.no_compile:  # before the first compile: Inductor reads its folder then
-        cache = use_compile_cache()
-        print(f"[codex-lab serve] compile cache: {cache['dir']}" if cache["active"] else
-              f"[codex-lab serve] warning: {cache['reason']}", file=sys.stderr, flush=True)
+        cache = use_compile_cache()  # said once the model has loaded, so a load error stays the only line
     # the HTTP server answers while the model loads (GET /health: phase "starting"; GET /ready: 503);
     # the tokenizer and the version arrive with the model
     server = ModelServer(None, cfg, engine_factory=None if args.no_compile else compiled_engine)  # type: ignore[arg-type]
@@ -224,6 +222,9 @@ def main(args: argparse.Namespace) -> int:
             failed.append(exc)
             uv.should_exit = True
             return
+        if cache is not None:
+            print(f"[codex-lab serve] compile cache: {cache['dir']}" if cache["active"] else
+                  f"[codex-lab serve] warning: {cache['reason']}", file=sys.stderr, flush=True)
         auth = "API key required" if cfg.api_key else "no API key"
         print(f"serving {args.model_name} ({version}) on http://{args.host}:{args.port}/v1  (metrics: /metrics; "
               f"readiness: /ready; {auth}; {threads} math thread(s): CODEX_LAB_THREADS=N to change)", flush=True)
