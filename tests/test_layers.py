@@ -26,6 +26,7 @@ FORBIDDEN: dict[str, set[str]] = {
     # base utilities every layer may use
     "runtime": {"nn", "data", "training", "infer", "serve", "hf", "lessons", "course", "commands", "cli"},
     "stats": {"nn", "data", "training", "infer", "serve", "hf", "lessons", "course", "commands", "cli"},
+    "parallel": {"nn", "data", "training", "infer", "serve", "hf", "lessons", "course", "commands", "cli"},
     "sandbox": {"nn", "data", "training", "infer", "serve", "hf", "lessons", "course", "commands", "cli"},
 }
 

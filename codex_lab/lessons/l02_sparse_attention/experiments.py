@@ -40,6 +40,7 @@ from codex_lab.data.longrange import (RecallBatch, RecallTask, RecallVocab, cand
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.nn.patterns import parse_pattern
+from codex_lab.parallel import run_units
 from codex_lab.runtime import get_device
 from codex_lab.stats import Comparison, compare, holm, judge_trained
 from codex_lab.training.loop import LoopConfig, adamw, run_loop
@@ -319,13 +320,16 @@ def train_recall(patterns: Sequence[str], cfg: RecallConfig, seed: int) -> Recal
 def run_arms(arms_: dict[str, Sequence[str]], cfg: RecallConfig,
              progress: Callable[[str, int], None] | None = None) -> dict[str, list[RecallRun]]:
     """Every arm (one pattern spec per layer) and seed, seed-major (all arms of seed 0, then of
-    seed 1, ...: load changes fall on every arm alike). ``progress(arm, seed)`` before each run."""
+    seed 1, ...), one run per worker process where cores allow (:func:`codex_lab.parallel.run_units`:
+    the same numbers as a loop). ``progress(arm, seed)`` after each run, in that order."""
     out: dict[str, list[RecallRun]] = {name: [] for name in arms_}
-    for seed in cfg.seeds:
-        for name, patterns in arms_.items():
-            if progress is not None:
-                progress(name, seed)
-            out[name].append(train_recall(list(patterns), cfg, seed))
+    units = [(list(patterns), cfg, seed) for seed in cfg.seeds for patterns in arms_.values()]
+    labels = [(name, seed) for seed in cfg.seeds for name in arms_]
+    runs = run_units(train_recall, units, names=[f"arm {n}, seed {s}" for n, s in labels])
+    for (name, seed), run in zip(labels, runs):
+        out[name].append(run)
+        if progress is not None:
+            progress(name, seed)
     return out
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from codex_lab.parallel import run_units
+
 TITLE = "Lesson 03: grouped-query attention"
 ORDER = 3
 
@@ -46,7 +48,10 @@ def run(ctx: Any) -> str:
     # quality: the protocol (experiments.py), sized by the mode
     sizes = gqa.protocol_sizes(ctx.mode)
     train_tokens, val_tokens, vocab = gqa.protocol_data(ctx.corpus(), sizes)
-    runs = [gqa.run_protocol_seed(seed, train_tokens, val_tokens, vocab, sizes) for seed in sizes.seeds]
+    # one seed per worker process where cores allow (codex_lab.parallel: the same numbers as a loop)
+    runs = run_units(gqa.run_protocol_seed, [(seed,) for seed in sizes.seeds],
+                     common=dict(train_tokens=train_tokens, val_tokens=val_tokens, vocab_size=vocab, sizes=sizes),
+                     names=[f"seed {seed}" for seed in sizes.seeds])
     v = gqa.protocol_verdicts(runs)
     primary, mqa = v.primary, v.secondary["uptrained g=8"]
 

@@ -34,6 +34,7 @@ from codex_lab.lessons.l04_moe.experiments import RunResult, train_run
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.nn.moe import moe_layers_of
+from codex_lab.parallel import run_units
 from codex_lab.runtime import interleaved_times
 from codex_lab.stats import (FAILS_AS_STATED, Comparison, TimingRatio, check_stated, compare, holm, judge_trained,
                              noninferiority, timing_ratio)
@@ -113,17 +114,29 @@ def train_arms(configs: Mapping[str, ModelConfig], arms: Sequence[str], seeds: S
     ``warmup`` steps. ``on_run(arm, seed, run)`` after each run.
     """
     out: dict[str, list[RunResult]] = {a: [] for a in arms}
-    for s in seeds:
-        batches = eval_sample(val_tokens, s, batch_size=eval_batch_size or batch_size, seq_len=seq_len,
-                              n_batches=eval_batches)
-        for a in arms:
-            r = train_run(a, configs[a], train_tokens, batches, steps=steps, batch_size=batch_size, seq_len=seq_len,
-                          lr=lr, min_lr=min_lr, seed=s, bias_update_rate=bias_update_rate, eval_every=eval_every,
-                          warmup=warmup, device=device)
-            out[a].append(r)
-            if on_run is not None:
-                on_run(a, s, r)
+    units = [(a, s) for s in seeds for a in arms]
+    # one (arm, seed) run per worker process where cores allow (codex_lab.parallel: the same numbers as a loop)
+    results = run_units(train_unit, units, names=[f"arm {a}, seed {s}" for a, s in units], common=dict(
+        configs=configs, train_tokens=train_tokens, val_tokens=val_tokens, steps=steps, batch_size=batch_size,
+        seq_len=seq_len, lr=lr, min_lr=min_lr, eval_every=eval_every, eval_batches=eval_batches,
+        eval_batch_size=eval_batch_size, bias_update_rate=bias_update_rate, warmup=warmup, device=device))
+    for (a, s), r in zip(units, results):
+        out[a].append(r)
+        if on_run is not None:
+            on_run(a, s, r)
     return out
+
+
+def train_unit(arm: str, seed: int, *, configs: Mapping[str, ModelConfig], train_tokens: Tensor, val_tokens: Tensor,
+               steps: int, batch_size: int, seq_len: int, lr: float, min_lr: float | None, eval_every: int,
+               eval_batches: int, eval_batch_size: int | None, bias_update_rate: float, warmup: int,
+               device: torch.device | str | None) -> RunResult:
+    """One arm at one seed (:func:`train_arms`): the seed's evaluation sample, then :func:`train_run`."""
+    batches = eval_sample(val_tokens, seed, batch_size=eval_batch_size or batch_size, seq_len=seq_len,
+                          n_batches=eval_batches)
+    return train_run(arm, configs[arm], train_tokens, batches, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                     lr=lr, min_lr=min_lr, seed=seed, bias_update_rate=bias_update_rate, eval_every=eval_every,
+                     warmup=warmup, device=device)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import copy
 import functools
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -42,6 +41,7 @@ import torch
 
 from codex_lab.evals import codebench2 as cb2
 from codex_lab.evals import codebench_run as cr
+from codex_lab.parallel import cpu_seconds, run_units
 from codex_lab.stats import Comparison, compare, holm, judge_trained
 from codex_lab.training.finetune import FinetuneConfig, finetune
 from codex_lab.training_state import TrainingState, training_state
@@ -259,42 +259,62 @@ def _run(model: Any, tok: Any, ts: Any, cfg: FinetuneConfig) -> Any:
     return finetune(model, tok, ts, cfg, progress=False)
 
 
+def _arms(setup: Setup) -> dict[str, dict[str, str]]:
+    """The pooled arms of ``setup`` and how each changes the fine-tuning config."""
+    return {"naive": dict(balance="token", mix="size"), "coba": BALANCED["coba"], **{a: BALANCED[a] for a in setup.extra}}
+
+
+def run_unit(setup: Setup, seed: int, arm: str, *, tok: Any, ts: Any) -> dict[str, Any]:
+    """One run of :func:`run_experiment`: a pooled ``arm`` (``"naive"``, ``"coba"``, ...) or one
+    specialist (``"single-task:FAMILY"``, ``steps // families`` steps) at ``seed``, trained and
+    scored on the seed's test problems. Returns ``curve`` ((step, mean val loss) pairs) and
+    ``scores`` ({family: [pass of problem i]}), plus ``run`` and ``model`` for a pooled arm."""
+    fams = tuple(setup.families)
+    problems = test_problems(setup, seed)
+    m = new_model(setup, tok.vocab_size, seed)
+    if arm.startswith("single-task:"):
+        fam = arm.split(":", 1)[1]
+        r = _run(m, tok, ts, setup.config(seed, tasks=(fam,), steps=max(1, setup.steps // len(fams))))
+        return {"curve": mean_curve(r.evals, (fam,)),
+                "scores": {fam: score_model(m, tok, [p for p in problems if p.family == fam],
+                                            setup.max_new_tokens)[fam]}}
+    r = _run(m, tok, ts, setup.config(seed, **_arms(setup)[arm]))
+    return {"curve": mean_curve(r.evals, fams), "scores": score_model(m, tok, problems, setup.max_new_tokens),
+            "run": r, "model": m}
+
+
 def run_experiment(setup: Setup, *, log: Callable[[str], None] | None = None) -> Results:
-    """Every arm on every seed of ``setup.split`` (see the module docstring)."""
-    t0 = time.process_time()
+    """Every arm on every seed of ``setup.split`` (see the module docstring), one run per worker
+    process where cores allow (:func:`codex_lab.parallel.run_units`: the same numbers as a loop)."""
+    t0 = cpu_seconds()
     tok, ts = data(setup)
     fams = tuple(setup.families)
-    k = len(fams)
     res = Results(setup, tokenizer=tok)
-    balanced = {"coba": BALANCED["coba"], **{a: BALANCED[a] for a in setup.extra}}
-    arms = {"naive": dict(balance="token", mix="size"), **balanced}
+    arms = _arms(setup)
+    balanced = [a for a in arms if a != "naive"]
     res.scores = {"single-task": [], **{a: [] for a in arms}}
     res.curves = {a: [] for a in res.scores}
     res.final_val = {a: [] for a in res.scores}
+    units = [(setup, seed, name) for seed in setup.seeds for name in [f"single-task:{f}" for f in fams] + list(arms)]
+    done = iter(run_units(run_unit, units, common=dict(tok=tok, ts=ts),
+                          names=[f"{name}, seed {seed}" for _, seed, name in units]))
     models: dict[str, Any] = {}
     for seed in setup.seeds:
-        problems = test_problems(setup, seed)
-        res.problems.append(problems)
-        single: dict[str, list[float]] = {}
-        spec_curves = []
-        for fam in fams:
-            m = new_model(setup, tok.vocab_size, seed)
-            r = _run(m, tok, ts, setup.config(seed, tasks=(fam,), steps=max(1, setup.steps // k)))
-            spec_curves.append(mean_curve(r.evals, (fam,)))
-            single[fam] = score_model(m, tok, [p for p in problems if p.family == fam], setup.max_new_tokens)[fam]
-        res.scores["single-task"].append(single)
+        res.problems.append(test_problems(setup, seed))
+        specs = [next(done) for _ in fams]
+        res.scores["single-task"].append({f: u["scores"][f] for f, u in zip(fams, specs)})
         # the specialists share their evaluation steps: the arm's curve is their mean at each one
-        res.curves["single-task"].append([(spec_curves[0][i][0], statistics.fmean(c[i][1] for c in spec_curves))
-                                          for i in range(len(spec_curves[0]))])
+        curves = [u["curve"] for u in specs]
+        res.curves["single-task"].append([(curves[0][i][0], statistics.fmean(c[i][1] for c in curves))
+                                          for i in range(len(curves[0]))])
         res.final_val["single-task"].append(res.curves["single-task"][-1][-1][1])
-        for arm, change in arms.items():
-            m = new_model(setup, tok.vocab_size, seed)
-            r = _run(m, tok, ts, setup.config(seed, **change))
-            res.runs.setdefault(arm, []).append(r)
-            res.curves[arm].append(mean_curve(r.evals, fams))
-            res.final_val[arm].append(res.curves[arm][-1][-1][1])
-            res.scores[arm].append(score_model(m, tok, problems, setup.max_new_tokens))
-            models.setdefault(arm, m)
+        for arm in arms:
+            u = next(done)
+            res.runs.setdefault(arm, []).append(u["run"])
+            res.curves[arm].append(u["curve"])
+            res.final_val[arm].append(u["curve"][-1][1])
+            res.scores[arm].append(u["scores"])
+            models.setdefault(arm, u["model"])
         if log:
             log(f"{setup.split} seed {seed}: " + "; ".join(
                 f"{a} pass@1 {statistics.fmean(x for f in fams for x in v[-1][f]):.3f} val {res.final_val[a][-1]:.3f}"
@@ -302,7 +322,7 @@ def run_experiment(setup: Setup, *, log: Callable[[str], None] | None = None) ->
     # the primary balanced arm: the lowest mean final validation loss (validation only, never test)
     res.primary = min(balanced, key=lambda a: statistics.fmean(res.final_val[a]))
     res.model = models[res.primary]
-    res.cpu_s = time.process_time() - t0
+    res.cpu_s = cpu_seconds() - t0  # this process and its worker processes
     return res
 
 

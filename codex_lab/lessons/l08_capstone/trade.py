@@ -44,6 +44,7 @@ from torch import Tensor
 
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
+from codex_lab.parallel import run_units
 from codex_lab.stats import HOLDS, Comparison, judge_trained, noninferiority
 from codex_lab.training.curves import heldout_windows, small_vocab_streams, train_curve
 from codex_lab.training_state import TrainingState, training_state
@@ -219,7 +220,10 @@ def run_trade(corpus: Any, sizes: TradeSizes | None = None, *, device: torch.dev
     """Every seed of the trade experiment at ``sizes`` (default: the mode's)."""
     s = sizes or trade_sizes()
     train, val, vocab = trade_data(corpus, s)
-    return [run_trade_seed(seed, train, val, vocab, s, device=device) for seed in s.seeds]
+    # one seed per worker process where cores allow (codex_lab.parallel: the same numbers as a loop)
+    return run_units(run_trade_seed, [(seed,) for seed in s.seeds],
+                     common=dict(train_tokens=train, val_tokens=val, vocab_size=vocab, sizes=s, device=device),
+                     names=[f"seed {seed}" for seed in s.seeds])
 
 
 def trade_states(runs: Sequence[TradeRun], *, min_change: float = MIN_CHANGE_NATS) -> dict[str, TrainingState]:

@@ -1,0 +1,126 @@
+"""codex_lab.parallel: the units of an experiment run in worker processes give the same numbers
+as the plain loop in this process (the reference path), in the order given; errors name the
+unit; the worker count follows CODEX_LAB_JOBS, the mode and the cores."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+import torch
+
+from codex_lab.parallel import cpu_seconds, run_units, unit_workers
+from codex_lab.runtime import mode_override, use_compute_threads
+
+
+def _spin(seconds: float, tag: str) -> tuple[str, float]:
+    """Burn ``seconds`` of CPU; return the tag and the CPU time this process spent."""
+    t0 = time.process_time()
+    x = 0
+    while time.process_time() - t0 < seconds:
+        x += 1
+    return tag, time.process_time() - t0
+
+
+def _fail_on(n: int) -> int:
+    if n == 2:
+        raise ValueError("unit two is broken")
+    return n * n
+
+
+def test_results_come_back_in_the_order_given_with_keywords_and_common_arguments():
+    out = run_units(_spin, [dict(tag="a"), dict(tag="b"), dict(tag="c")], common=dict(seconds=0.01), jobs=2)
+    assert [t for t, _ in out] == ["a", "b", "c"]
+    both = run_units(_fail_on, [(1,), (3,)], jobs=2)
+    assert both == [1, 9]
+
+
+def test_a_failing_unit_is_named_and_its_error_kept():
+    with pytest.raises(RuntimeError, match=r"seed 2 of _fail_on failed in a worker process: ValueError: unit two is broken"):
+        run_units(_fail_on, [(1,), (2,), (3,)], jobs=2, names=["seed 1", "seed 2", "seed 3"])
+    with pytest.raises(ValueError, match="unit two is broken"):  # the plain path raises the error itself
+        run_units(_fail_on, [(2,)], jobs=1)
+
+
+def test_a_function_workers_cannot_import_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="module-level function, or set CODEX_LAB_JOBS=1"):
+        run_units(lambda n: n, [(1,), (2,)], jobs=2)
+    with pytest.raises(ValueError, match="one per unit"):
+        run_units(_fail_on, [(1,), (3,)], jobs=2, names=["only one"])
+
+
+def test_worker_count_follows_the_environment_the_mode_and_the_cores(monkeypatch):
+    monkeypatch.delenv("CODEX_LAB_JOBS", raising=False)
+    monkeypatch.delenv("CODEX_LAB_THREADS", raising=False)
+    assert unit_workers(1) == 1
+    with mode_override("fast", "test"):
+        assert unit_workers(8) == 1  # CI's sizes: pytest's workers already hold the cores
+    with mode_override("standard", "test"):
+        cores = len(__import__("os").sched_getaffinity(0))
+        expected = min(8, max(1, cores // (1 if cores <= 2 else cores - 1)))
+        assert unit_workers(8) == expected
+        assert unit_workers(2) <= 2
+        monkeypatch.setenv("CODEX_LAB_JOBS", "3")
+        assert unit_workers(8) == 3 and unit_workers(2) == 2
+        monkeypatch.setenv("CODEX_LAB_JOBS", "two")
+        with pytest.raises(ValueError, match="CODEX_LAB_JOBS='two'"):
+            unit_workers(4)
+
+
+def test_cpu_seconds_counts_the_workers_time():
+    before_self, before_all = time.process_time(), cpu_seconds()
+    out = run_units(_spin, [(0.3, "a"), (0.3, "b")], jobs=2)
+    spent_here, spent_all = time.process_time() - before_self, cpu_seconds() - before_all
+    burned = sum(s for _, s in out)
+    # the workers burned ~0.6 s that this process did not: cpu_seconds sees it (start-up adds more)
+    assert spent_all - spent_here >= burned * 0.95, (spent_all, spent_here, burned)
+
+
+@pytest.fixture(scope="module")
+def gqa_inputs():
+    import codex_lab as cl
+    from codex_lab.lessons.l03_gqa import experiments as gqa
+
+    sizes = dataclasses.replace(gqa.protocol_sizes("fast"), pretrain_steps=12, uptrain_steps=2, eval_every=4,
+                                uptrain_eval_every=1, eval_windows=8, max_files=20, warmup=2)
+    train, val, vocab = gqa.protocol_data(cl.load_corpus(max_files=sizes.max_files), sizes)
+    return gqa, sizes, train, val, vocab
+
+
+def test_protocol_seeds_in_workers_equal_the_plain_loop(gqa_inputs):
+    gqa, sizes, train, val, vocab = gqa_inputs
+    units = [(0,), (1,)]
+    common = dict(train_tokens=train, val_tokens=val, vocab_size=vocab, sizes=sizes, group_sizes=(1, 4))
+    with use_compute_threads():  # the workers' thread count, so the sums are taken in the same order
+        plain = run_units(gqa.run_protocol_seed, units, common=common, jobs=1)
+    pooled = run_units(gqa.run_protocol_seed, units, common=common, jobs=2)
+    for a, b in zip(plain, pooled):
+        assert a.seed == b.seed
+        assert a.base == b.base and a.scratch == b.scratch and a.uptrain == b.uptrain and a.converted == b.converted
+    assert plain[0].base != plain[1].base  # the seeds differ: the comparison above is not of two copies
+
+
+def test_moe_arms_in_workers_equal_the_plain_loop():
+    from codex_lab.lessons.l04_moe.protocol import arm_configs, train_arms
+
+    torch.manual_seed(0)
+    toks = torch.randint(0, 64, (4000,))
+    configs = arm_configs(64, d_model=16, n_layer=1, n_head=2, n_experts=4, top_k=2, expert_hidden=16, max_seq_len=16)
+    arms = list(configs)[:2]
+    kw = dict(steps=6, batch_size=4, seq_len=16, lr=3e-3, min_lr=3e-4, eval_every=3, eval_batches=1)
+    seen: list[tuple[str, int]] = []
+    with use_compute_threads():
+        plain = train_arms(configs, arms, (0, 1), toks[:3000], toks[3000:], **kw)
+    import os
+
+    os.environ["CODEX_LAB_JOBS"] = "2"
+    try:
+        pooled = train_arms(configs, arms, (0, 1), toks[:3000], toks[3000:], on_run=lambda a, s, r: seen.append((a, s)),
+                            **kw)
+    finally:
+        del os.environ["CODEX_LAB_JOBS"]
+    assert seen == [(a, s) for s in (0, 1) for a in arms]  # on_run in seed-major order, as the loop
+    for a in arms:
+        assert [r.curve for r in plain[a]] == [r.curve for r in pooled[a]]
+        assert [r.val_loss for r in plain[a]] == [r.val_loss for r in pooled[a]]
