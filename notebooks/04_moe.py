@@ -220,7 +220,7 @@ configs = arm_configs(tok.vocab_size, d_model=plan.d_model, n_layer=plan.n_layer
                       max_seq_len=plan.seq_len)
 common = dict(batch_size=plan.batch_size, seq_len=plan.seq_len, lr=plan.lr, min_lr=plan.min_lr,
               eval_batches=plan.eval_batches, eval_batch_size=plan.eval_batch_size,
-              bias_update_rate=plan.bias_update_rate, warmup=plan.warmup, device=device)
+              bias_update_rate=plan.bias_update_rate, warmup=plan.warmup, flat_share=plan.flat_share, device=device)
 print(f"{len(train_tokens):,} training tokens, {len(val_tokens):,} held-out tokens")
 runs = train_arms(configs, QUALITY_ARMS, plan.seeds, train_tokens, val_tokens, steps=plan.steps,
                   eval_every=plan.eval_every, **common)

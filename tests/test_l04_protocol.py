@@ -171,3 +171,23 @@ def test_the_training_state_rule_fires_on_a_too_short_run() -> None:
     assert "the interval measures the budget" in v.primary.note
     # the seeds differ (init, data order, evaluation sample): a real spread, not zero
     assert all(s.spread > 0 for s in v.states.values())
+
+
+def test_a_held_tail_follows_the_cosine_then_keeps_min_lr() -> None:
+    """flat_share = 0.5: the first half is exactly a run whose cosine ends at step 6 (same
+    seed, same batches), then training goes on at min_lr, evaluated on the same grid."""
+    from codex_lab.lessons.l04_moe.experiments import train_run
+
+    torch.manual_seed(0)
+    toks = torch.randint(0, 64, (3000,))
+    cfg = arm_configs(64, d_model=16, n_layer=1, n_head=2, n_experts=4, top_k=2, expert_hidden=16, max_seq_len=16)["moe"]
+    val = [(toks[2000:2064].view(4, 16), toks[2001:2065].view(4, 16))]
+    kw = dict(batch_size=4, seq_len=16, lr=1e-2, min_lr=1e-4, seed=3, warmup=2, eval_every=3)
+    held = train_run("moe", cfg, toks[:2000], val, steps=12, flat_share=0.5, **kw)
+    short = train_run("moe", cfg, toks[:2000], val, steps=6, **kw)
+    plain = train_run("moe", cfg, toks[:2000], val, steps=12, **kw)
+    assert len(held.history) == 12 and [c["step"] for c in held.curve] == [3, 6, 9, 12]
+    assert [r["loss"] for r in held.history[:6]] == [r["loss"] for r in short.history]
+    assert [r["loss"] for r in held.history[:6]] != [r["loss"] for r in plain.history[:6]]  # not the 12-step cosine
+    with pytest.raises(ValueError, match="flat_share"):
+        train_run("moe", cfg, toks[:2000], val, steps=12, flat_share=1.0, **kw)

@@ -32,8 +32,9 @@ from typing import Any, Sequence
 
 from codex_lab.course.plugins import lesson_modules
 from codex_lab.errors import InputError
-from codex_lab.runtime import (ModeInfo, calibrate_ms, describe_environment, expected_seconds, format_seconds,
-                               mode_info, mode_override, progress, speed_factor, timing_table, use_compute_threads)
+from codex_lab.runtime import (ModeInfo, calibrate_ms, compute_threads, describe_environment, expected_seconds,
+                               format_seconds, mode_info, mode_override, progress, speed_factor, timing_table,
+                               use_compute_threads)
 
 from codex_lab.stats import VERDICTS  # the one vocabulary: holds, fails, fails as stated, not resolved, under-trained
 # the standard (default, converged) report on 2 CPU cores must finish within 25 minutes
@@ -177,12 +178,24 @@ def header_lines(info: ModeInfo, plan: dict[str, str]) -> list[str]:
                     + (": hours on a CPU" if info.device != "cuda" else "") + ")"}[info.mode]
     lines = [f"Mode: {what}, because {info.reason}.",
              f"Expected run time on this machine: {est} for {len(keys)} section(s) ({basis}; table: codex_lab/assets/timings.json).",
-             f"Sections: {', '.join(keys)}."]
+             f"Sections: {', '.join(keys)}.",
+             _workers_line(info)]
     for other in (m for m in ("fast", "standard", "full") if m != info.mode):
         o_secs, _ = plan_estimate(plan_modes(keys, ModeInfo(other, "", "flag", info.device)), info.device)
         note = f"about {format_seconds(o_secs)} here" if o_secs is not None else "time not recorded for this device"
         lines.append(f"{other.capitalize()} mode: `codex-lab report --mode {other}` or CODEX_LAB_MODE={other} ({note}).")
     return lines
+
+
+def _workers_line(info: ModeInfo) -> str:
+    """How the quality experiments' seeds and arms run (codex_lab.parallel), in the mode in force."""
+    from codex_lab.parallel import JOBS_ENV, unit_workers
+
+    with mode_override(info.mode, info.reason):
+        n = unit_workers(64)
+    how = (f"{n} worker processes side by side" if n > 1 else "one after another in this process")
+    return (f"Seeds and arms of the training experiments: {how}, {compute_threads()} math thread(s) each "
+            f"({JOBS_ENV}=N to change; the numbers are the same either way).")
 
 
 def _write_atomic(path: Path, text: str) -> None:

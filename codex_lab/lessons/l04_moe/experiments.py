@@ -56,10 +56,13 @@ class RunResult:
 def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Sequence[tuple[Tensor, Tensor]], *,
               steps: int, batch_size: int, seq_len: int, lr: float = 3e-3, seed: int = 0,
               bias_update_rate: float = 1e-3, eval_every: int | None = None, min_lr: float | None = None,
-              warmup: int = 10, device: torch.device | str | None = None) -> RunResult:
+              warmup: int = 10, device: torch.device | str | None = None, flat_share: float = 0.0) -> RunResult:
     """Train ``cfg`` from scratch with the one training loop (AdamW, ``warmup`` linear warm-up
-    steps, then constant ``lr``, or a cosine decay to ``min_lr`` at ``steps`` when given;
-    gradient norm clipped at 1).
+    steps, then constant ``lr``, or a cosine decay to ``min_lr`` when given; gradient norm
+    clipped at 1). The cosine ends at ``steps x (1 - flat_share)`` and ``min_lr`` is held over
+    the last ``flat_share`` of the steps (0: it ends at the last step; a curve whose rate is
+    still falling keeps improving to the end whatever the budget, so the training-state rule
+    reads a held tail, as :func:`codex_lab.training.curves.train_curve` does).
 
     LM loss + the MoE layers' weighted aux losses; routing stats recorded every step.
     With ``eval_every``, ``curve`` gets (step, train_flops, val_loss) rows, where
@@ -71,7 +74,13 @@ def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Se
     model = CodexModel(cfg).to(dev)
     for m in moe_layers_of(model):
         m.bias_update_rate = bias_update_rate
-    loop = LoopConfig(steps=steps, lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=0.0, grad_clip=1.0,
+    if not 0.0 <= flat_share < 1.0:
+        raise ValueError(f"flat_share is the share of the steps held at min_lr, in [0, 1); got {flat_share}")
+    if flat_share and min_lr is None:
+        raise ValueError("flat_share needs min_lr: the rate held over the tail")
+    # decay_end = steps x (1 - flat_share), at least past the warm-up
+    decay_end = max(min(steps, warmup + 1), round(steps * (1.0 - flat_share))) if flat_share else steps
+    loop = LoopConfig(steps=decay_end, lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=0.0, grad_clip=1.0,
                       eval_every=eval_every or 0)
     opt = adamw(model, loop)
     gen = torch.Generator().manual_seed(seed)
@@ -92,15 +101,21 @@ def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Se
         return out.loss + out.aux_loss, row
 
     def on_eval(step: int, _: dict[str, float]) -> None:
-        if step < steps:  # the last point is added after training
+        if step < steps and step % (eval_every or steps) == 0:  # on the grid; the last point is added after training
             # training compute ~ 6 FLOPs per active parameter per token (forward + backward)
             flops = 6.0 * res.active_params * step * batch_size * seq_len
             res.curve.append({"step": step, "train_flops": flops, "val_loss": val_loss(model, val_batches)})
 
     model.train()
     done = run_loop(loss_fn, opt, loop, eval_fn=on_eval if eval_every else None)
-    res.history = [{k: v for k, v in r.items() if k != "lr"} for r in done.rows]
-    res.train_time_s = done.train_time_s
+    rows, secs = list(done.rows), done.train_time_s
+    if steps > decay_end:  # the held tail: the same optimiser (its moments carry on), lr = min_lr
+        tail = LoopConfig(steps=steps, lr=float(min_lr), min_lr=None, warmup=0, weight_decay=0.0, grad_clip=1.0,
+                          eval_every=eval_every or 0)
+        more = run_loop(loss_fn, opt, tail, eval_fn=on_eval if eval_every else None, start_step=decay_end)
+        rows, secs = rows + list(more.rows), secs + more.train_time_s
+    res.history = [{k: v for k, v in r.items() if k != "lr"} for r in rows]
+    res.train_time_s = secs
     res.val_loss = val_loss(model, val_batches)
     if eval_every:
         res.curve.append({"step": steps, "train_flops": 6.0 * res.active_params * steps * batch_size * seq_len,

@@ -103,7 +103,7 @@ def held_out_curve(run: RunResult) -> list[tuple[float, float]]:
 def train_arms(configs: Mapping[str, ModelConfig], arms: Sequence[str], seeds: Sequence[int], train_tokens: Tensor,
                val_tokens: Tensor, *, steps: int, batch_size: int, seq_len: int, lr: float, min_lr: float | None,
                eval_every: int, eval_batches: int, eval_batch_size: int | None = None, bias_update_rate: float = 1e-2,
-               warmup: int = 10, device: torch.device | str | None = None,
+               warmup: int = 10, device: torch.device | str | None = None, flat_share: float = 0.0,
                on_run: Callable[[str, int, RunResult], None] | None = None) -> dict[str, list[RunResult]]:
     """Train every arm at every seed; ``{arm: [run at seeds[0], run at seeds[1], ...]}``.
 
@@ -111,7 +111,8 @@ def train_arms(configs: Mapping[str, ModelConfig], arms: Sequence[str], seeds: S
     training windows (``Generator(s)``, the same in every arm: paired) and the evaluation
     sample (:func:`eval_sample`, the same in every arm). Held-out loss is recorded every
     ``eval_every`` steps (``RunResult.curve``); the learning rate warms up linearly over
-    ``warmup`` steps. ``on_run(arm, seed, run)`` after each run.
+    ``warmup`` steps, decays by a cosine to ``min_lr`` and holds it over the last ``flat_share``
+    of the steps (:func:`train_run`). ``on_run(arm, seed, run)`` after each run.
     """
     out: dict[str, list[RunResult]] = {a: [] for a in arms}
     units = [(a, s) for s in seeds for a in arms]
@@ -119,7 +120,8 @@ def train_arms(configs: Mapping[str, ModelConfig], arms: Sequence[str], seeds: S
     results = run_units(train_unit, units, names=[f"arm {a}, seed {s}" for a, s in units], common=dict(
         configs=configs, train_tokens=train_tokens, val_tokens=val_tokens, steps=steps, batch_size=batch_size,
         seq_len=seq_len, lr=lr, min_lr=min_lr, eval_every=eval_every, eval_batches=eval_batches,
-        eval_batch_size=eval_batch_size, bias_update_rate=bias_update_rate, warmup=warmup, device=device))
+        eval_batch_size=eval_batch_size, bias_update_rate=bias_update_rate, warmup=warmup, device=device,
+        flat_share=flat_share))
     for (a, s), r in zip(units, results):
         out[a].append(r)
         if on_run is not None:
@@ -130,13 +132,13 @@ def train_arms(configs: Mapping[str, ModelConfig], arms: Sequence[str], seeds: S
 def train_unit(arm: str, seed: int, *, configs: Mapping[str, ModelConfig], train_tokens: Tensor, val_tokens: Tensor,
                steps: int, batch_size: int, seq_len: int, lr: float, min_lr: float | None, eval_every: int,
                eval_batches: int, eval_batch_size: int | None, bias_update_rate: float, warmup: int,
-               device: torch.device | str | None) -> RunResult:
+               device: torch.device | str | None, flat_share: float = 0.0) -> RunResult:
     """One arm at one seed (:func:`train_arms`): the seed's evaluation sample, then :func:`train_run`."""
     batches = eval_sample(val_tokens, seed, batch_size=eval_batch_size or batch_size, seq_len=seq_len,
                           n_batches=eval_batches)
     return train_run(arm, configs[arm], train_tokens, batches, steps=steps, batch_size=batch_size, seq_len=seq_len,
                      lr=lr, min_lr=min_lr, seed=seed, bias_update_rate=bias_update_rate, eval_every=eval_every,
-                     warmup=warmup, device=device)
+                     warmup=warmup, device=device, flat_share=flat_share)
 
 
 @dataclass(frozen=True)
@@ -313,13 +315,16 @@ class Plan:
     bias_update_rate: float = 1e-2
     warmup: int = 10
     bench_repeats: int = 9
+    flat_share: float = 0.0
 
     def describe(self) -> str:
         """One sentence: the geometry and the training budget."""
         return (f"{self.n_layer} layers of width {self.d_model}, {self.seq_len}-token sequences x {self.batch_size}, "
                 f"a {self.vocab}-token BPE vocabulary (trained on {self.files} corpus files); MoE = {self.n_experts} "
                 f"experts of hidden {self.expert_hidden}, top-{self.top_k}; {self.steps} steps, {self.warmup} warm-up "
-                f"steps to lr {self.lr:g}, cosine to {self.min_lr:g}; held-out loss every {self.eval_every} steps on "
+                f"steps to lr {self.lr:g}, cosine to {self.min_lr:g}"
+                + (f" at {1 - self.flat_share:.0%} of the run, then flat" if self.flat_share else "")
+                + f"; held-out loss every {self.eval_every} steps on "
                 f"{self.eval_batches * self.eval_batch_size} windows per seed; {len(self.seeds)} seeds")
 
 
@@ -336,16 +341,20 @@ def protocol_plan(mode: str | None = None) -> Plan:
 
     mode = mode or mode_info().mode
     # standard: ONE layer of width 32 on 32-token windows (a step costs ~1/3 of two layers on
-    # 64 tokens on one core), 2000 steps, 100 warm-up steps (a peak of 1e-2 reached gradually:
-    # no seed starts badly), held-out loss every 125 steps (16 evaluations) on 4 x 32 windows
+    # 64 tokens on one core), 4000 steps, 100 warm-up steps (a peak of 1e-2 reached gradually:
+    # no seed starts badly), held-out loss every 250 steps (16 evaluations) on 4 x 32 windows
     common = dict(vocab=512, files=300, d_model=32, n_layer=1, n_head=4, n_experts=8, top_k=2, expert_hidden=32,
                   seq_len=32, batch_size=16, lr=1e-2, min_lr=1e-4, eval_batches=4, eval_batch_size=32, warmup=100)
     if mode == "fast":
         return Plan(**{**common, "files": 50, "warmup": 10, "eval_batches": 2}, steps=80, eval_every=10,
                     seeds=(0, 1, 2), balance_seeds=(0,), balance_steps=80, bench_repeats=3)
     if mode == "standard":
-        return Plan(**common, steps=2000, eval_every=125, seeds=(0, 1, 2), balance_seeds=(0, 1, 2), balance_steps=200,
-                    bench_repeats=5)
+        # 4000 steps whose cosine ends at 75% of the run at lr / 30 (as lesson 03) and holds it: measured
+        # 2026-12-03 (one seed, 300 files), every arm flat over the held quarter (-0.009 to +0.001 nats per
+        # quarter; tolerance 0.01), where a cosine ending at step 4000 left every arm falling 0.013-0.015
+        # and one ending at 2000 ~0.034. 4 seeds: 12 runs of ~36 CPU s in two worker processes
+        return Plan(**{**common, "min_lr": 3.3e-4}, steps=4000, eval_every=250, flat_share=0.25, seeds=(0, 1, 2, 3),
+                    balance_seeds=(0, 1, 2), balance_steps=200, bench_repeats=5)
     if mode == "full":
         return Plan(vocab=4096, files=1000, d_model=256, n_layer=4, n_head=4, n_experts=8, top_k=2, expert_hidden=352,
                     seq_len=256, batch_size=16, steps=6000, lr=3e-3, min_lr=3e-5, eval_every=250, eval_batches=16,

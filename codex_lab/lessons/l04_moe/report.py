@@ -49,7 +49,7 @@ def run(ctx: Any) -> str:
                               max_seq_len=plan.seq_len)
         common = dict(batch_size=plan.batch_size, seq_len=plan.seq_len, lr=plan.lr, min_lr=plan.min_lr,
                       eval_batches=plan.eval_batches, eval_batch_size=plan.eval_batch_size,
-                      bias_update_rate=plan.bias_update_rate, warmup=plan.warmup)
+                      bias_update_rate=plan.bias_update_rate, warmup=plan.warmup, flat_share=plan.flat_share)
         runs = train_arms(configs, QUALITY_ARMS, plan.seeds, train_tokens, val_tokens, steps=plan.steps,
                           eval_every=plan.eval_every, **common)
         bal_runs = train_arms(configs, BALANCE_ARMS, plan.balance_seeds, train_tokens, val_tokens,
