@@ -30,7 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenarios", default="cache,hf,batching,streams,speculative",
                    help="comma-separated subset of: cache, hf, batching, streams, speculative, compile, "
                         "decode (HF generate default and static+compile vs codex_lab's fast decode), "
-                        "code_edit (prompt-lookup decoding on code edits)")
+                        "code_edit (prompt-lookup decoding on code edits), "
+                        "llama_cpp (batch-1 prefill and decode against llama.cpp on the same GGUF; --peer llama.cpp)")
+    p.add_argument("--peer", default=None, choices=["llama.cpp"],
+                   help="run only the peer comparison: llama.cpp (npm's node-llama-cpp prebuilt binaries; "
+                        "scripts/get_llama_cpp.sh installs them) against FastDecoder, interleaved rounds")
     p.add_argument("--no-hf-compile", action="store_true", help="decode scenario: skip HF generate static cache + torch.compile")
     p.add_argument("--slots", type=int, default=None,
                    help="batching scenario: engine slots (default 16 fast / 8 full)")
@@ -304,6 +308,14 @@ def bench_compile(model: CodexModel, batch: int = 4, prompt_len: int = 64, new_t
     return rows
 
 
+def _peer(model: CodexModel, tok: CodeTokenizer, threads: int | None) -> list[dict[str, Any]]:
+    from codex_lab.lessons.l06_inference.peer_llamacpp import bench_llama_cpp
+
+    # 128- and 512-token prompts, 128 new tokens; rounds interleaved (5 fast, 11 full)
+    return bench_llama_cpp(model, tok, prompt_lens=(128, 512), new_tokens=128, rounds=pick(fast=5, full=11),
+                           threads=threads)
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     seed_everything(0)
     torch.set_grad_enabled(False)
@@ -312,7 +324,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     model, tok = load_model_and_tokenizer(getattr(args, "random", False))
     model = model.to(getattr(args, "device", None) or "cpu")
     wanted = {s.strip() for s in args.scenarios.split(",") if s.strip()}
-    known = {"cache", "hf", "batching", "streams", "speculative", "compile", "decode", "code_edit"}
+    if getattr(args, "peer", None) == "llama.cpp":
+        wanted = {"llama_cpp"}
+    known = {"cache", "hf", "batching", "streams", "speculative", "compile", "decode", "code_edit", "llama_cpp"}
     from codex_lab.lessons.l06_inference.fast_scenarios import bench_code_edit, bench_decode
 
     if wanted - known:
@@ -334,6 +348,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "decode": lambda: bench_decode(model, 64, pick(fast=64, full=128), hf_compile=not getattr(args, "no_hf_compile", False),
                                        repeats=pick(fast=5, full=11)),
         "code_edit": lambda: bench_code_edit(model, tok, pick(fast=4, full=12), pick(fast=64, full=128)),
+        "llama_cpp": lambda: _peer(model, tok, getattr(args, "threads", None)),
     }
     rows: list[dict[str, Any]] = []
     bar = progress([s for s in scenarios if s in wanted], desc="inference bench", unit="scenario")

@@ -1,0 +1,222 @@
+"""llama.cpp as a peer: the same model, exported to GGUF, decoded by llama.cpp and by codex_lab's
+FastDecoder in one run with interleaved rounds (``codex-lab bench inference --peer llama.cpp``).
+
+llama.cpp comes from the prebuilt binaries that npm's ``node-llama-cpp`` ships
+(``scripts/get_llama_cpp.sh``: minutes, into ``~/.cache/codex_lab/llama.cpp``); nothing here
+downloads. A small Node.js program (``PEER_JS``, written next to the install) loads the GGUF
+once and answers one JSON job per line on stdin: prefill a prompt of token ids, or prefill it
+and decode ``n`` tokens greedily (temperature 0), timing both inside the process
+(``process.hrtime``), so the pipe costs nothing measured.
+
+What is timed, the same way on both sides (batch 1, float32 weights, the same math threads):
+- prefill: the whole prompt in one call, seconds -> prompt tokens / s;
+- generation: prefill then ``n`` greedy tokens; decode tokens / s = (n - 1) / (generation -
+  prefill): the ``n - 1`` one-token forwards after the first token (which the prefill's
+  logits give on both sides).
+The token ids are compared: ``same_tokens`` and the length of the common prefix (float32 on
+two code bases: an argmax between two nearly equal logits can differ).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from codex_lab.data.tokenizer import CodeTokenizer
+from codex_lab.infer.fast_decode import FastDecoder
+from codex_lab.nn.model import CodexModel
+
+INSTALL_HINT = ("llama.cpp is not installed: run `bash scripts/get_llama_cpp.sh` (npm's node-llama-cpp prebuilt "
+                "binaries into ~/.cache/codex_lab/llama.cpp, a few minutes; needs Node.js >= 18 and npm)")
+
+PEER_JS = r"""
+import {getLlama, LlamaLogLevel} from "node-llama-cpp";
+import {createInterface} from "node:readline";
+const [modelPath, threads, contextSize] = process.argv.slice(2);
+const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error});
+const model = await llama.loadModel({modelPath, gpuLayers: 0});
+const ctx = await model.createContext({contextSize: Number(contextSize), batchSize: Number(contextSize),
+                                       threads: Number(threads), sequences: 1});
+const seq = ctx.getSequence();
+const secs = (t0) => Number(process.hrtime.bigint() - t0) / 1e9;
+console.log(JSON.stringify({ready: true, llama_cpp_release: llama.llamaCppRelease?.release ?? null,
+                            build_type: llama.buildType ?? null, gpu: llama.gpu, threads: ctx.currentThreads ?? Number(threads)}));
+for await (const line of createInterface({input: process.stdin})) {
+  const job = JSON.parse(line);
+  await seq.clearHistory();
+  const p = job.prompt;
+  if (!job.new_tokens) {
+    const t0 = process.hrtime.bigint();
+    await seq.evaluateWithoutGeneratingNewTokens(p);
+    console.log(JSON.stringify({prefill_s: secs(t0)}));
+    continue;
+  }
+  const t0 = process.hrtime.bigint();
+  await seq.evaluateWithoutGeneratingNewTokens(p.slice(0, -1));
+  const tokens = [];
+  for await (const t of seq.evaluate([p[p.length - 1]], {temperature: 0})) {
+    tokens.push(t);
+    if (tokens.length >= job.new_tokens) break;
+  }
+  console.log(JSON.stringify({generate_s: secs(t0), tokens}));
+}
+"""
+
+
+def install_dir() -> Path:
+    """Where ``scripts/get_llama_cpp.sh`` installs (``CODEX_LAB_LLAMA_CPP`` to change)."""
+    return Path(os.environ.get("CODEX_LAB_LLAMA_CPP", Path.home() / ".cache" / "codex_lab" / "llama.cpp"))
+
+
+def find_node_llama_cpp() -> Path | None:
+    """The installed ``node-llama-cpp`` package folder, or None (then :data:`INSTALL_HINT`)."""
+    pkg = install_dir() / "node_modules" / "node-llama-cpp" / "package.json"
+    return pkg.parent if pkg.is_file() and shutil.which("node") else None
+
+
+class LlamaCppPeer:
+    """One Node.js process holding ``gguf`` in llama.cpp; :meth:`prefill` and :meth:`generate`
+    send one job each. Use as a context manager (the process ends on exit)."""
+
+    def __init__(self, gguf: str | Path, *, threads: int, context: int) -> None:
+        root = find_node_llama_cpp()
+        if root is None:
+            raise FileNotFoundError(INSTALL_HINT)
+        script = install_dir() / "codex_lab_peer.mjs"  # beside node_modules, so `import "node-llama-cpp"` resolves
+        if not script.is_file() or script.read_text() != PEER_JS:
+            script.write_text(PEER_JS)
+        self.proc = subprocess.Popen(["node", str(script), str(gguf), str(threads), str(context)], text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env={**os.environ, "NODE_LLAMA_CPP_SKIP_DOWNLOAD": "true"})
+        self.info = self._read()
+        self.info["node_llama_cpp"] = json.loads((root / "package.json").read_text())["version"]
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise RuntimeError(f"the llama.cpp peer stopped: {err.strip()[-800:]}")
+        return json.loads(line)
+
+    def _job(self, **job: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def prefill(self, prompt: Sequence[int]) -> float:
+        """Seconds to evaluate ``prompt`` (token ids) from an empty cache."""
+        return float(self._job(prompt=list(prompt))["prefill_s"])
+
+    def generate(self, prompt: Sequence[int], new_tokens: int) -> tuple[list[int], float]:
+        """(greedy new ids, seconds for prefill + ``new_tokens`` tokens) from an empty cache."""
+        r = self._job(prompt=list(prompt), new_tokens=new_tokens)
+        return [int(t) for t in r["tokens"]], float(r["generate_s"])
+
+    def __enter__(self) -> "LlamaCppPeer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def corpus_prompts(tok: CodeTokenizer, lengths: Sequence[int]) -> dict[int, list[int]]:
+    """One prompt per length: the first ``L`` tokens of held-out corpus code (the longest files first)."""
+    from codex_lab.data.corpus import load_corpus
+
+    text = "\n".join(load_corpus(max_files=40).texts("val"))
+    ids = tok.encode(text)
+    if len(ids) < max(lengths):
+        raise ValueError(f"the held-out text has {len(ids)} tokens, fewer than {max(lengths)}")
+    return {L: ids[:L] for L in lengths}
+
+
+def _ours(dec: FastDecoder, prompt: list[int], n: int) -> tuple[list[int], float, float]:
+    t0 = time.perf_counter()
+    dec.generate(prompt, 1)  # prefill + the first token (its logits' argmax)
+    t1 = time.perf_counter()
+    out = dec.generate(prompt, n)[0]
+    t2 = time.perf_counter()
+    return out, t1 - t0, t2 - t1
+
+
+def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Sequence[int] = (128, 512),
+                    new_tokens: int = 128, rounds: int = 5, threads: int | None = None,
+                    compile: bool = True) -> list[dict[str, Any]]:
+    """Interleaved rounds (module docstring): in every round, for every prompt length, codex_lab's
+    FastDecoder (compiled) then llama.cpp. Rows per engine and length: prefill and decode tokens/s
+    (median, min, max over rounds), ``same_tokens``, ``common_prefix``, and llama.cpp's release.
+    Without llama.cpp: one row that says how to install it."""
+    from codex_lab.hf.gguf_export import export_gguf
+    from codex_lab.runtime import compute_threads
+
+    if find_node_llama_cpp() is None:
+        return [{"scenario": "llama_cpp", "skipped": INSTALL_HINT}]
+    threads = threads or compute_threads()
+    torch.set_num_threads(threads)
+    model = model.eval()
+    prompts = corpus_prompts(tok, prompt_lens)
+    ctx_len = max(prompt_lens) + new_tokens
+    dec = FastDecoder(model, max_len=ctx_len, compile=compile)
+    times: dict[tuple[str, int], dict[str, list[float]]] = {}
+    toks: dict[tuple[str, int], list[int]] = {}
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        gguf = Path(tmp) / "model-f32.gguf"
+        export_gguf(model, tok, gguf, gguf_type="f32")
+        with LlamaCppPeer(gguf, threads=threads, context=ctx_len) as peer:
+            for L, p in prompts.items():  # warm-up (and compilation) outside the timed rounds
+                _ours(dec, p, new_tokens)
+                peer.generate(p, new_tokens)
+            for _ in range(rounds):
+                for L, p in prompts.items():
+                    out, pre, gen = _ours(dec, p, new_tokens)
+                    t = times.setdefault(("codex_lab_fast_decode", L), {"prefill": [], "decode": []})
+                    t["prefill"].append(L / pre)
+                    t["decode"].append((new_tokens - 1) / max(gen - pre, 1e-9))
+                    toks[("codex_lab_fast_decode", L)] = out
+                    pre_l = peer.prefill(p)
+                    out_l, gen_l = peer.generate(p, new_tokens)
+                    t = times.setdefault(("llama_cpp", L), {"prefill": [], "decode": []})
+                    t["prefill"].append(L / pre_l)
+                    t["decode"].append((new_tokens - 1) / max(gen_l - pre_l, 1e-9))
+                    toks[("llama_cpp", L)] = out_l
+            info = dict(peer.info)
+    rows = []
+    for (impl, L), t in times.items():
+        ref, mine = toks[("codex_lab_fast_decode", L)], toks[(impl, L)]
+        prefix = next((i for i, (a, b) in enumerate(zip(ref, mine)) if a != b), min(len(ref), len(mine)))
+        row: dict[str, Any] = {
+            "scenario": "llama_cpp", "impl": impl, "batch": 1, "prompt_len": L, "new_tokens": new_tokens,
+            "precision": "f32", "rounds": rounds, "threads": threads,
+            "decode_tokens_per_s": statistics.median(t["decode"]), "decode_min": min(t["decode"]),
+            "decode_max": max(t["decode"]), "prefill_tokens_per_s": statistics.median(t["prefill"]),
+            "prefill_min": min(t["prefill"]), "prefill_max": max(t["prefill"]),
+            "same_tokens": mine == ref, "common_prefix": prefix, "compiled": dec.compiled}
+        if impl == "llama_cpp":
+            row.update({f"llama_{k}": v for k, v in info.items() if k != "ready"})
+        rows.append(row)
+    by = {(r["impl"], r["prompt_len"]): r for r in rows}
+    for r in rows:  # codex_lab / llama.cpp, per length (> 1: codex_lab faster)
+        peer_row = by[("llama_cpp", r["prompt_len"])]
+        r["decode_ratio_vs_llama_cpp"] = r["decode_tokens_per_s"] / peer_row["decode_tokens_per_s"]
+        r["prefill_ratio_vs_llama_cpp"] = r["prefill_tokens_per_s"] / peer_row["prefill_tokens_per_s"]
+    return rows
+
+
+__all__ = ["INSTALL_HINT", "LlamaCppPeer", "PEER_JS", "bench_llama_cpp", "corpus_prompts", "find_node_llama_cpp",
+           "install_dir"]

@@ -1,0 +1,120 @@
+"""The llama.cpp peer (codex_lab.lessons.l06_inference.peer_llamacpp).
+
+Without llama.cpp: the scenario says how to install it and skips. The plumbing (the Node.js
+program's line protocol, timing, token comparison, ratios) is held against a stand-in
+``node-llama-cpp`` module whose "model" continues every sequence with a known rule, so the
+test can say which tokens must come back. With the real package installed
+(``scripts/get_llama_cpp.sh``), llama.cpp on the exported GGUF must give FastDecoder's greedy
+tokens. No timing is asserted (benchmarks only)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from codex_lab.lessons.l06_inference import peer_llamacpp as peer
+from conftest import seeded_model
+
+needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed (apt-get install nodejs)")
+
+# the stand-in: next token = (last * 7 + 3) % 50, after whatever the sequence holds
+FAKE = r"""
+export const LlamaLogLevel = {error: "error"};
+export async function getLlama() {
+  return {llamaCppRelease: {release: "stand-in"}, buildType: "prebuilt", gpu: false,
+    async loadModel({modelPath}) {
+      return {async createContext({threads}) {
+        let hist = [];
+        return {currentThreads: threads, getSequence() { return {
+          async clearHistory() { hist = []; },
+          async evaluateWithoutGeneratingNewTokens(t) { hist.push(...t); },
+          async *evaluate(t) { hist.push(...t); for (;;) { const n = (hist[hist.length - 1] * 7 + 3) % 50; hist.push(n); yield n; } },
+        }; }};
+      }};
+    }};
+}
+"""
+
+
+def _rule(prompt: list[int], n: int) -> list[int]:
+    out, last = [], prompt[-1]
+    for _ in range(n):
+        last = (last * 7 + 3) % 50
+        out.append(last)
+    return out
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    pkg = tmp_path / "node_modules" / "node-llama-cpp"
+    pkg.mkdir(parents=True)
+    (pkg / "package.json").write_text(json.dumps({"name": "node-llama-cpp", "version": "0.0.0-stand-in",
+                                                  "type": "module", "exports": "./index.js"}))
+    (pkg / "index.js").write_text(FAKE)
+    monkeypatch.setenv("CODEX_LAB_LLAMA_CPP", str(tmp_path))
+    return tmp_path
+
+
+def test_without_llama_cpp_the_scenario_says_how_to_install_and_skips(tmp_path, monkeypatch, small_tokenizer):
+    monkeypatch.setenv("CODEX_LAB_LLAMA_CPP", str(tmp_path / "nothing-here"))
+    assert peer.find_node_llama_cpp() is None
+    rows = peer.bench_llama_cpp(seeded_model(small_tokenizer), small_tokenizer)
+    assert rows == [{"scenario": "llama_cpp", "skipped": peer.INSTALL_HINT}]
+    assert "scripts/get_llama_cpp.sh" in rows[0]["skipped"]
+    with pytest.raises(FileNotFoundError, match="get_llama_cpp.sh"):
+        peer.LlamaCppPeer(tmp_path / "m.gguf", threads=1, context=64)
+
+
+@needs_node
+def test_the_peer_protocol_returns_the_sequences_tokens_and_times(stand_in):
+    with peer.LlamaCppPeer(stand_in / "any.gguf", threads=1, context=64) as p:
+        assert p.info["llama_cpp_release"] == "stand-in" and p.info["node_llama_cpp"] == "0.0.0-stand-in"
+        assert p.info["threads"] == 1
+        for prompt in ([5, 9, 11], [2]):
+            toks, secs = p.generate(prompt, 6)
+            assert toks == _rule(prompt, 6) and secs >= 0  # the history was cleared between jobs
+        assert p.prefill([1, 2, 3]) >= 0
+
+
+@needs_node
+def test_the_scenario_compares_tokens_and_reports_both_engines(stand_in, small_tokenizer):
+    model = seeded_model(small_tokenizer)
+    rows = peer.bench_llama_cpp(model, small_tokenizer, prompt_lens=(16, 32), new_tokens=8, rounds=2, compile=False)
+    assert sorted((r["impl"], r["prompt_len"]) for r in rows) == [
+        ("codex_lab_fast_decode", 16), ("codex_lab_fast_decode", 32), ("llama_cpp", 16), ("llama_cpp", 32)]
+    prompts = peer.corpus_prompts(small_tokenizer, (16, 32))
+    from codex_lab.infer.fast_decode import FastDecoder
+
+    for r in rows:
+        assert r["decode_min"] <= r["decode_tokens_per_s"] <= r["decode_max"] and r["rounds"] == 2
+        assert r["prefill_min"] <= r["prefill_tokens_per_s"] <= r["prefill_max"]
+        assert r["decode_ratio_vs_llama_cpp"] == pytest.approx(
+            r["decode_tokens_per_s"] / next(x for x in rows if x["impl"] == "llama_cpp"
+                                             and x["prompt_len"] == r["prompt_len"])["decode_tokens_per_s"])
+        ours = FastDecoder(model, max_len=40, compile=False).generate(prompts[r["prompt_len"]], 8)[0]
+        theirs = _rule(prompts[r["prompt_len"]], 8)
+        if r["impl"] == "llama_cpp":  # the stand-in's rule, compared with what FastDecoder gave
+            assert r["same_tokens"] == (theirs == ours) and r["llama_llama_cpp_release"] == "stand-in"
+            want = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), 8)
+            assert r["common_prefix"] == want
+        else:
+            assert r["same_tokens"] and r["common_prefix"] == 8
+
+
+@pytest.mark.skipif(peer.find_node_llama_cpp() is None, reason="llama.cpp not installed (scripts/get_llama_cpp.sh)")
+def test_real_llama_cpp_decodes_the_exported_gguf_as_fast_decoder(tmp_path, small_tokenizer):
+    from codex_lab.hf.gguf_export import export_gguf
+    from codex_lab.infer.fast_decode import FastDecoder
+
+    torch.manual_seed(0)
+    model = seeded_model(small_tokenizer)
+    gguf = export_gguf(model, small_tokenizer, tmp_path / "m.gguf", gguf_type="f32")
+    prompts = peer.corpus_prompts(small_tokenizer, (24, 48))
+    with peer.LlamaCppPeer(gguf, threads=1, context=128) as p:
+        for prompt in prompts.values():
+            ours = FastDecoder(model, max_len=80, compile=False).generate(prompt, 16)[0]
+            theirs, _ = p.generate(prompt, 16)
+            assert theirs == ours
