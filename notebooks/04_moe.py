@@ -19,7 +19,7 @@
 # # Lesson 04: mixture of experts
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/04_moe.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 21 s of process CPU time (measured 2026-12-03 under nbval with one math thread on a 2-core machine shared with other jobs: 40 s wall for the whole pytest run; the header cell below prints the estimate for yours); standard mode (1 layer of width 32, 32-token windows, 2000 steps, 3 seeds x 3 quality arms): about 3 min of CPU time on the same busy machine (the report's section: 192 s); full mode on one GPU: not yet measured.
+# **Run time:** fast mode on CPU: 21 s of process CPU time (measured 2026-12-03 under nbval with one math thread on a 2-core machine shared with other jobs: 40 s wall for the whole pytest run; the header cell below prints the estimate for yours); standard mode (1 layer of width 32, 32-token windows, 4000 steps with a held tail, 4 seeds x 3 quality arms, two runs at a time in worker processes): about 3 min (the report's section: 193 s wall on 2 quiet cores, 2026-12-03); full mode on one GPU: not yet measured.
 #
 # The source article (its claims are listed in the course's SEED.md) recommends
 # mixture-of-experts (MoE) feed-forward layers with **8-16 experts and top-k = 2-4**: "the total capacity of a big dense model at the
