@@ -20,11 +20,14 @@ if [ "$have" != "$VERSION" ]; then
     "node-llama-cpp@$VERSION"
 fi
 cd "$DIR"
-NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node --input-type=module -e '
+# a file, not `node -e`: node-llama-cpp tests its binary in a forked child, which inherits node's flags
+# (`--input-type` breaks it)
+cat > codex_lab_version.mjs <<'JS'
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 import {readFileSync} from "node:fs";
 const v = JSON.parse(readFileSync("node_modules/node-llama-cpp/package.json", "utf8")).version;
 const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error});
 console.log(`node-llama-cpp ${v}; llama.cpp release ${llama.llamaCppRelease?.release}; build ${llama.buildType}; ` +
             `gpu ${llama.gpu}; cpu math cores ${llama.cpuMathCores ?? "?"}; installed in ${process.cwd()}`);
-'
+JS
+NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node codex_lab_version.mjs

@@ -274,7 +274,24 @@ def _moe(fast: str, full: str) -> list[BenchFigure]:
     return out
 
 
+def _llama_cpp(key: str) -> list[BenchFigure]:
+    """Batch-1 decode and prefill of FastDecoder and llama.cpp after 128- and 512-token prompts."""
+    out = []
+    for L in (128, 512):
+        fd, lc = (("impl", "codex_lab_fast_decode"), ("prompt_len", L)), (("impl", "llama_cpp"), ("prompt_len", L))
+        out += [
+            BenchFigure(key, rf"(after a {L}-token prompt: FastDecoder ){NUM}( tokens/s)", fd, "decode_tokens_per_s"),
+            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?llama\.cpp ){NUM}( tokens/s)", lc, "decode_tokens_per_s"),
+            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?\*\*){NUM}(x\*\* llama\.cpp's decode)", fd,
+                        "decode_ratio_vs_llama_cpp", 2),
+            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?prefill ){NUM}(x llama\.cpp's)", fd,
+                        "prefill_ratio_vs_llama_cpp", 2),
+        ]
+    return out
+
+
 BENCH_FIGURES: list[BenchFigure] = [
+    *_llama_cpp("llama_cpp"),
     *_attention("attention"),
     *_moba("moba"),
     *_moe("moe_fast", "moe_full"),
