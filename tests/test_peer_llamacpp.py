@@ -118,3 +118,17 @@ def test_real_llama_cpp_decodes_the_exported_gguf_as_fast_decoder(tmp_path, smal
             ours = FastDecoder(model, max_len=80, compile=False).generate(prompt, 16)[0]
             theirs, _ = p.generate(prompt, 16)
             assert theirs == ours
+
+
+def test_the_report_quotes_the_recorded_peer_run_or_says_how_to_measure_it():
+    from codex_lab.course.figures import bench_record
+    from codex_lab.lessons.l06_inference.report import peer_lines
+
+    assert "not recorded" in peer_lines({}) and "get_llama_cpp.sh" in peer_lines({})
+    rec = bench_record()["llama_cpp"]
+    text = peer_lines({"llama_cpp": rec})
+    assert f"recorded {rec['measured']}, not this run" in text
+    for r in rec["rows"]:
+        if r["impl"] == "codex_lab_fast_decode":
+            assert f"after a {r['prompt_len']}-token prompt" in text
+            assert f"{r['decode_ratio_vs_llama_cpp']:.2f}x; prefill {r['prefill_ratio_vs_llama_cpp']:.2f}x" in text

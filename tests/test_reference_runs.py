@@ -50,3 +50,24 @@ def test_reference_data_carries_its_provenance(tmp_path):
     path.write_text(json.dumps({"provenance": {"command": "x"}, "data": {}}))
     with pytest.raises(InputError, match="without provenance"):
         load_reference("l03", directory=tmp_path)
+
+
+def test_lesson_05_shows_a_shipped_reference_labelled_as_such(monkeypatch):
+    """The report's lesson 05 prints a shipped reference run beside its own figures, with the
+    provenance line and the reference's own states and verdict; nothing without one, nor in full mode."""
+    import codex_lab.reference as ref_mod
+    from codex_lab.lessons.l05_multitask.report import reference_lines
+
+    monkeypatch.setattr(ref_mod, "load_reference", lambda name, **kw: None)
+    assert reference_lines("standard") == []
+    prov = ref_mod.provenance("python scripts/reference_l05.py", 1234.0, "converge")
+    fake = {"provenance": prov, "data": {
+        "setup": "2 layers", "table": "TABLE", "audit": "AUDIT", "states": {"coba": "coba: trained (...)"},
+        "primary": {"describe": "coba - single-task ... -> holds"}, "naive_vs_primary": "coba - naive ... -> not resolved"}}
+    seen = []
+    monkeypatch.setattr(ref_mod, "load_reference", lambda name, **kw: seen.append(name) or fake)
+    text = "\n".join(reference_lines("standard"))
+    assert seen == ["l05_converge_iid"]
+    assert "shipped, not this run" in text and "python scripts/reference_l05.py" in text and "21 min" in text
+    assert "TABLE" in text and "coba: trained" in text and "primary: coba - single-task ... -> holds" in text
+    assert reference_lines("full") == []

@@ -101,11 +101,29 @@ def run(ctx: Any) -> str:
               f"codebench 2 `{split}` split, pass@1 over all families, {res.primary} vs naive pooled loss: "
               f"{cn.diff:+.3f} [{cn.lo:+.3f}, {cn.hi:+.3f}] (verdict from the {split} split)",
               cn.verdict, lesson="05", states=states_text([states["naive"], states[res.primary]]))
+    lines += reference_lines(ctx.mode)
     lines += _shipped_lines(ctx, ck)
     lines += [f"HumanEval with the shipped model (greedy, {he['problems']} of 164 problems, the course's engine "
               f"and sandbox; `codex-lab eval humaneval` runs all of them): pass@1 = {he['pass_at_1']:.3f} "
               f"({he['passed']} passed)."]
     return "\n".join(lines)
+
+
+def reference_lines(mode: str) -> list[str]:
+    """The shipped reference run at the converging sizes (scripts/reference_l05.py), beside this
+    run's figures and labelled as such: its provenance, every arm's training state and its primary
+    verdict. Nothing when no reference is shipped or in full mode (which runs larger sizes itself)."""
+    from codex_lab.reference import describe_provenance, load_reference
+
+    ref = load_reference("l05_converge_iid")
+    if ref is None or mode == "full":
+        return []
+    d = ref["data"]
+    return ["### Reference run at the converging sizes (shipped, not this run)", "",
+            f"{describe_provenance(ref)}. Geometry: {d['setup']}. The same protocol and statistics as above, "
+            "trained longer; rerun it with `python scripts/reference_l05.py` (resumable, about 20 min on 2 cores).", "",
+            "```", d["table"], d["audit"], *d["states"].values(), "primary: " + d["primary"]["describe"],
+            "secondary: " + d["naive_vs_primary"], "```", ""]
 
 
 # The shipped model fine-tuned on codebench 2 iid (issue 39, item 7): a recorded run (too slow

@@ -78,6 +78,7 @@ def run(ctx: Any) -> str:
         out.append("\n" + speculative_section(ctx))
         torch.set_num_threads(threads)  # the goals are measured as `codex-lab bench inference` runs
         out.append("\n" + performance_goals(ctx))
+        out.append("\n" + peer_lines())
         return "\n".join(out)
     finally:
         torch.set_num_threads(threads)
@@ -116,6 +117,30 @@ def performance_goals(ctx: Any) -> str:
         lines.append(ctx.goal("continuous batching vs one request at a time", c["tokens_per_s"] / b["one_at_a_time"]["tokens_per_s"],
                               3.0, tail, lesson="06"))
     return (f"Performance goals (`codex-lab bench inference {' '.join(argv)}`):\n\n- " + "\n- ".join(lines))
+
+
+def peer_lines(record: dict[str, Any] | None = None) -> str:
+    """llama.cpp against FastDecoder on the same GGUF (issue 41): the recorded run of
+    ``codex-lab bench inference --peer llama.cpp`` (bench_records.json, key ``llama_cpp``), labelled
+    as recorded, with its date and conditions; how to measure it here when none is recorded."""
+    from codex_lab.course.figures import bench_record
+
+    rec = (record if record is not None else bench_record()).get("llama_cpp")
+    if not rec:
+        return ("llama.cpp as a peer: not recorded; `bash scripts/get_llama_cpp.sh` then "
+                "`codex-lab bench inference --peer llama.cpp` measures it on this machine.")
+    rows = {(r["impl"], r["prompt_len"]): r for r in rec["rows"] if "impl" in r}
+    lines = [f"llama.cpp as a peer (recorded {rec['measured']}, not this run: `{rec['command']}`, {rec['conditions']}; "
+             "batch 1, F32 GGUF of the same model, one math thread each; rerun it here with `bash scripts/get_llama_cpp.sh` "
+             "then the command):", ""]
+    for L in sorted({k[1] for k in rows}):
+        fd, lc = rows[("codex_lab_fast_decode", L)], rows[("llama_cpp", L)]
+        lines.append(f"- after a {L}-token prompt: decode FastDecoder {fd['decode_tokens_per_s']:.0f} tokens/s (rounds "
+                     f"{fd['decode_min']:.0f}-{fd['decode_max']:.0f}) vs llama.cpp {lc['decode_tokens_per_s']:.0f} "
+                     f"({lc['decode_min']:.0f}-{lc['decode_max']:.0f}): {fd['decode_ratio_vs_llama_cpp']:.2f}x; prefill "
+                     f"{fd['prefill_ratio_vs_llama_cpp']:.2f}x; same {fd['new_tokens']} greedy tokens: {lc['same_tokens']} "
+                     f"(llama.cpp {lc.get('llama_llama_cpp_release')}, node-llama-cpp {lc.get('llama_node_llama_cpp')})")
+    return "\n".join(lines)
 
 
 def speculative_section(ctx: Any) -> str:
