@@ -55,6 +55,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "serve.registry": ('ChecksumError', 'Registry'),
     "stats": ('Comparison', 'FAILS_AS_STATED', 'MIN_SEEDS', 'NONINFERIORITY_RULE', 'Proportion', 'TimingRatio', 'UNDER_TRAINED', 'VERDICTS', 'VERDICT_RULE', 'check_stated', 'compare', 'holm', 'judge_trained', 'noninferiority', 'timing_ratio', 'verdict_from_interval', 'wilson_interval'),
     "training_state": ('TrainingState', 'all_trained', 'states_text', 'training_state'),
+    "parallel": ('cpu_seconds', 'run_units', 'unit_workers'),
     "runtime": ('describe_environment', 'expected_seconds', 'fast_mode', 'get_device', 'lesson_header', 'interleaved_times', 'median_ms', 'mode_info', 'pick', 'seed_everything', 'set_mode', 'compute_threads', 'use_compute_threads'),
     "sandbox": ('SandboxResult', 'SandboxUnavailable', 'isolation_mode', 'run_python'),
     "infer.sampling": ('SamplingParams', 'apply_penalties', 'sample_next', 'token_logprobs', 'top_k_filter', 'top_p_filter'),
