@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from codex_lab.lessons.l05_multitask import experiments as ex  # noqa: E402
 from codex_lab.reference import ResumableRun, provenance, save_reference  # noqa: E402
+from codex_lab.parallel import unit_workers  # noqa: E402
 from codex_lab.runtime import use_compute_threads  # noqa: E402
 
 NAME = "l05_converge_iid"
@@ -45,6 +46,9 @@ def main() -> int:
     with use_compute_threads():
         units = [run.run(f"seed {s}", lambda s=s: run_seed(setup, s)) for s in setup.seeds]
         print(f"seeds done: {len(units)} ({run.seconds():.0f} s of wall time in all sessions)", flush=True)
+        # the machine line names the math threads of each worker process (read inside this block)
+        prov = provenance("python scripts/reference_l05.py", run.seconds(), "converge", state_file=str(args.state),
+                          workers=unit_workers(2 + len(setup.families)))
     res = ex.Results(setup)
     arms = list(units[0]["scores"])
     res.scores = {a: [u["scores"][a] for u in units] for a in arms}
@@ -64,8 +68,6 @@ def main() -> int:
             "secondary": [c.describe() for c in res.secondary()],
             "naive_vs_primary": res.comparison("naive", res.primary, "all").describe(),
             "curves": {a: [[list(p) for p in c] for c in cs] for a, cs in res.curves.items()}}
-    prov = provenance("python scripts/reference_l05.py", run.seconds(), "converge",
-                      state_file=str(args.state))
     path = save_reference(NAME, data, prov)
     print(data["table"], data["audit"], *data["states"].values(), "primary: " + data["primary"]["describe"], sep="\n")
     print(f"written: {path}")
