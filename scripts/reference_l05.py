@@ -47,7 +47,8 @@ def main() -> int:
         units = [run.run(f"seed {s}", lambda s=s: run_seed(setup, s)) for s in setup.seeds]
         print(f"seeds done: {len(units)} ({run.seconds():.0f} s of wall time in all sessions)", flush=True)
         # the machine line names the math threads of each worker process (read inside this block)
-        prov = provenance("python scripts/reference_l05.py", run.seconds(), "converge", state_file=str(args.state),
+        prov = provenance("python scripts/reference_l05.py", run.seconds(), "converge",
+                          state_file=str(args.state).replace(str(Path.home()), "~", 1),  # no home path shipped
                           workers=unit_workers(2 + len(setup.families)))
     res = ex.Results(setup)
     arms = list(units[0]["scores"])
