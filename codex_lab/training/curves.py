@@ -13,7 +13,7 @@ from torch import Tensor
 from codex_lab.data.batches import random_batch
 from codex_lab.nn.model import CodexModel
 from codex_lab.training.evaluate import val_loss
-from codex_lab.training.loop import LoopConfig, adamw, run_loop
+from codex_lab.training.loop import LoopConfig, adamw, held_tail, run_loop
 
 
 def heldout_windows(tokens: Tensor, n_windows: int, seq_len: int, seed: int, batch_size: int = 16, *,
@@ -58,14 +58,10 @@ def train_curve(model: CodexModel, train_tokens: Tensor, eval_batches: Sequence[
     (the annealing gain), so the last quarter of the curve slopes down whatever the budget;
     with the rate held at ``min_lr`` the curve shows whether more steps would still help.
     """
-    if not 0.0 <= flat_share < 1.0:
-        raise ValueError(f"flat_share is the share of the steps held at min_lr, in [0, 1); got {flat_share}")
+    loop, tail = held_tail(LoopConfig(steps=steps, lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=weight_decay,
+                                      grad_clip=1.0, eval_every=eval_every), flat_share)
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
-    # decay_end = steps x (1 - flat_share), at least past the warm-up
-    decay_end = max(min(steps, warmup + 1), round(steps * (1.0 - flat_share)))
-    loop = LoopConfig(steps=decay_end, lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=weight_decay, grad_clip=1.0,
-                      eval_every=eval_every)
     opt = adamw(model, loop, split_decay=weight_decay > 0)  # decay on matrices only
     curve = [(0.0, val_loss(model, eval_batches))]
 
@@ -80,9 +76,7 @@ def train_curve(model: CodexModel, train_tokens: Tensor, eval_batches: Sequence[
 
     model.train()
     run_loop(loss_fn, opt, loop, eval_fn=eval_fn)
-    if steps > decay_end:  # the flat tail: the same optimiser (its moments carry on), lr = min_lr
-        tail = LoopConfig(steps=steps, lr=min_lr, min_lr=None, warmup=0, weight_decay=weight_decay, grad_clip=1.0,
-                          eval_every=eval_every)
-        run_loop(loss_fn, opt, tail, eval_fn=eval_fn, start_step=decay_end)
+    if tail is not None:  # the held tail: the same optimiser (its moments carry on), lr = min_lr
+        run_loop(loss_fn, opt, tail, eval_fn=eval_fn, start_step=loop.steps)
     model.eval()
     return curve

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 import torch
@@ -65,6 +65,24 @@ class LoopConfig:
             raise ValueError(f"accum_steps must be >= 1, got {self.accum_steps}")
         if self.warmup < 0 or self.eval_every < 0:
             raise ValueError(f"warmup and eval_every must be >= 0, got {self.warmup} and {self.eval_every}")
+
+
+def held_tail(cfg: LoopConfig, flat_share: float) -> tuple[LoopConfig, LoopConfig | None]:
+    """Split ``cfg`` into a cosine that reaches ``min_lr`` at ``steps x (1 - flat_share)`` and a tail
+    that holds ``min_lr`` to ``steps``: ``(cosine config, tail config or None)``. Run the first,
+    then the tail with the same optimiser and ``start_step=cosine.steps``. A curve whose rate is
+    still falling keeps improving to its last step whatever the budget; over a held tail the
+    training-state rule reads whether more steps at the final rate would still help."""
+    if not 0.0 <= flat_share < 1.0:
+        raise ValueError(f"flat_share is the share of the steps held at min_lr, in [0, 1); got {flat_share}")
+    if not flat_share:
+        return cfg, None
+    if cfg.min_lr is None:
+        raise ValueError("flat_share needs min_lr: the rate held over the tail")
+    # decay_end = steps x (1 - flat_share), at least past the warm-up
+    decay_end = max(min(cfg.steps, cfg.warmup + 1), round(cfg.steps * (1.0 - flat_share)))
+    tail = replace(cfg, lr=cfg.min_lr, min_lr=None, warmup=0) if cfg.steps > decay_end else None
+    return replace(cfg, steps=decay_end), tail
 
 
 def lr_schedule(step: int, lr: float, warmup: int, steps: int, min_lr: float | None = None) -> float:

@@ -25,7 +25,7 @@ from codex_lab.nn.model import CodexModel
 from codex_lab.nn.moe import moe_layers_of
 from codex_lab.runtime import get_device
 from codex_lab.training.evaluate import val_loss
-from codex_lab.training.loop import LoopConfig, adamw, run_loop
+from codex_lab.training.loop import LoopConfig, adamw, held_tail, run_loop
 
 CATEGORIES = ("indent", "name", "keyword", "string", "comment", "number", "operator", "other")
 
@@ -74,14 +74,8 @@ def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Se
     model = CodexModel(cfg).to(dev)
     for m in moe_layers_of(model):
         m.bias_update_rate = bias_update_rate
-    if not 0.0 <= flat_share < 1.0:
-        raise ValueError(f"flat_share is the share of the steps held at min_lr, in [0, 1); got {flat_share}")
-    if flat_share and min_lr is None:
-        raise ValueError("flat_share needs min_lr: the rate held over the tail")
-    # decay_end = steps x (1 - flat_share), at least past the warm-up
-    decay_end = max(min(steps, warmup + 1), round(steps * (1.0 - flat_share))) if flat_share else steps
-    loop = LoopConfig(steps=decay_end, lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=0.0, grad_clip=1.0,
-                      eval_every=eval_every or 0)
+    loop, tail = held_tail(LoopConfig(steps=steps, lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=0.0,
+                                      grad_clip=1.0, eval_every=eval_every or 0), flat_share)
     opt = adamw(model, loop)
     gen = torch.Generator().manual_seed(seed)
     active, total = ffn_counts(cfg)
@@ -109,10 +103,8 @@ def train_run(name: str, cfg: ModelConfig, train_tokens: Tensor, val_batches: Se
     model.train()
     done = run_loop(loss_fn, opt, loop, eval_fn=on_eval if eval_every else None)
     rows, secs = list(done.rows), done.train_time_s
-    if steps > decay_end:  # the held tail: the same optimiser (its moments carry on), lr = min_lr
-        tail = LoopConfig(steps=steps, lr=float(min_lr), min_lr=None, warmup=0, weight_decay=0.0, grad_clip=1.0,
-                          eval_every=eval_every or 0)
-        more = run_loop(loss_fn, opt, tail, eval_fn=on_eval if eval_every else None, start_step=decay_end)
+    if tail is not None:  # the held tail: the same optimiser (its moments carry on), lr = min_lr
+        more = run_loop(loss_fn, opt, tail, eval_fn=on_eval if eval_every else None, start_step=loop.steps)
         rows, secs = rows + list(more.rows), secs + more.train_time_s
     res.history = [{k: v for k, v in r.items() if k != "lr"} for r in rows]
     res.train_time_s = secs
