@@ -26,13 +26,17 @@ export const LlamaLogLevel = {error: "error"};
 export async function getLlama() {
   return {llamaCppRelease: {release: "stand-in"}, buildType: "prebuilt", gpu: false,
     async loadModel({modelPath}) {
-      return {async createContext({threads}) {
-        let hist = [];
-        return {currentThreads: threads, getSequence() { return {
-          async clearHistory() { hist = []; },
-          async evaluateWithoutGeneratingNewTokens(t) { hist.push(...t); },
-          async *evaluate(t) { hist.push(...t); for (;;) { const n = (hist[hist.length - 1] * 7 + 3) % 50; hist.push(n); yield n; } },
-        }; }};
+      return {async createContext({threads, sequences}) {
+        let left = sequences;
+        return {currentThreads: threads, getSequence() {
+          if (left-- <= 0) throw new Error("no sequences left");  // as node-llama-cpp: one per slot
+          let hist = [];  // each sequence its own history
+          return {
+            async clearHistory() { hist = []; },
+            async evaluateWithoutGeneratingNewTokens(t) { hist.push(...t); },
+            async *evaluate(t) { hist.push(...t); for (;;) { const n = (hist[hist.length - 1] * 7 + 3) % 50; hist.push(n); yield n; } },
+          };
+        }};
       }};
     }};
 }
@@ -104,6 +108,48 @@ def test_the_scenario_compares_tokens_and_reports_both_engines(stand_in, small_t
             assert r["same_tokens"] and r["common_prefix"] == 8
 
 
+@needs_node
+def test_streams_run_one_prompt_per_sequence_and_refuse_more_than_the_slots(stand_in):
+    prompts = [[5, 9, 11], [2], [40, 41], [7]]
+    with peer.LlamaCppPeer(stand_in / "any.gguf", threads=1, context=64, sequences=4) as p:
+        toks, secs = p.streams(prompts, 5)
+        assert toks == [_rule(q, 5) for q in prompts] and secs >= 0  # each stream continued its own prompt
+        toks, _ = p.streams(prompts[:2], 3)  # fewer prompts than slots; histories cleared between jobs
+        assert toks == [_rule(q, 3) for q in prompts[:2]]
+        with pytest.raises(ValueError, match="5 prompts for a context of 4 sequences"):
+            p.streams(prompts + [[1]], 3)
+    with pytest.raises(ValueError, match="sequences must be >= 1"):
+        peer.LlamaCppPeer(stand_in / "any.gguf", threads=1, context=64, sequences=0)
+
+
+@needs_node
+def test_the_streams_scenario_reports_both_engines_and_compares_every_stream(stand_in, small_tokenizer):
+    model = seeded_model(small_tokenizer)
+    rows = peer.bench_llama_cpp_streams(model, small_tokenizer, streams=3, prompt_len=12, new_tokens=6, rounds=2,
+                                        compile=False)
+    assert [r["impl"] for r in rows] == ["codex_lab_engine", "llama_cpp"]
+    prompts = peer.stream_prompts(small_tokenizer, 3, 12)
+    assert len({tuple(q) for q in prompts}) == 3 and all(len(q) == 12 for q in prompts)
+    from codex_lab.infer.fast_decode import FastDecoder
+
+    # the engine's greedy tokens are FastDecoder's; the stand-in's are its rule: count the streams that agree
+    ours = [FastDecoder(model, max_len=18, compile=False).generate(q, 6)[0] for q in prompts]
+    theirs = [_rule(q, 6) for q in prompts]
+    same = sum(a == b for a, b in zip(ours, theirs))
+    prefix = min(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), 6) for a, b in zip(ours, theirs))
+    for r in rows:
+        assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"] and r["rounds"] == 2
+        assert r["same_streams"] == same and r["shortest_common_prefix"] == prefix and r["streams"] == 3
+        assert r["ratio_vs_llama_cpp"] == pytest.approx(rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"])
+    assert rows[1]["llama_llama_cpp_release"] == "stand-in"
+
+
+def test_without_llama_cpp_the_streams_scenario_skips_with_the_install_hint(tmp_path, monkeypatch, small_tokenizer):
+    monkeypatch.setenv("CODEX_LAB_LLAMA_CPP", str(tmp_path / "nothing-here"))
+    rows = peer.bench_llama_cpp_streams(seeded_model(small_tokenizer), small_tokenizer)
+    assert rows == [{"scenario": "llama_cpp_streams", "skipped": peer.INSTALL_HINT}]
+
+
 @pytest.mark.skipif(peer.find_node_llama_cpp() is None, reason="llama.cpp not installed (scripts/get_llama_cpp.sh)")
 def test_real_llama_cpp_decodes_the_exported_gguf_as_fast_decoder(tmp_path, small_tokenizer):
     from codex_lab.hf.gguf_export import export_gguf
@@ -118,6 +164,9 @@ def test_real_llama_cpp_decodes_the_exported_gguf_as_fast_decoder(tmp_path, smal
             ours = FastDecoder(model, max_len=80, compile=False).generate(prompt, 16)[0]
             theirs, _ = p.generate(prompt, 16)
             assert theirs == ours
+    with peer.LlamaCppPeer(gguf, threads=1, context=80, sequences=2) as p:  # two streams batched by llama.cpp
+        theirs, _ = p.streams(list(prompts.values()), 16)
+        assert theirs == [FastDecoder(model, max_len=80, compile=False).generate(q, 16)[0] for q in prompts.values()]
 
 
 def test_the_report_quotes_the_recorded_peer_run_or_says_how_to_measure_it():
@@ -128,6 +177,10 @@ def test_the_report_quotes_the_recorded_peer_run_or_says_how_to_measure_it():
     rec = bench_record()["llama_cpp"]
     text = peer_lines({"llama_cpp": rec})
     assert f"recorded {rec['measured']}, not this run" in text
+    eng = next(r for r in rec["rows"] if r["scenario"] == "llama_cpp_streams" and r["impl"] == "codex_lab_engine")
+    assert f"{eng['ratio_vs_llama_cpp']:.2f}x; streams with the same tokens: {eng['same_streams']} of 8" in text
+    without = {**rec, "rows": [r for r in rec["rows"] if r["scenario"] == "llama_cpp"]}  # an older record
+    assert "8 streams at once: not in this record" in peer_lines({"llama_cpp": without})
     for r in rec["rows"]:
         if r["impl"] == "codex_lab_fast_decode":
             assert f"after a {r['prompt_len']}-token prompt" in text

@@ -275,10 +275,12 @@ def _moe(fast: str, full: str) -> list[BenchFigure]:
 
 
 def _llama_cpp(key: str) -> list[BenchFigure]:
-    """Batch-1 decode and prefill of FastDecoder and llama.cpp after 128- and 512-token prompts."""
+    """Batch-1 decode and prefill of FastDecoder and llama.cpp after 128- and 512-token prompts, and
+    8 streams at once: the serving engine's and llama.cpp's throughput and their ratio."""
     out = []
     for L in (128, 512):
-        fd, lc = (("impl", "codex_lab_fast_decode"), ("prompt_len", L)), (("impl", "llama_cpp"), ("prompt_len", L))
+        fd = (("scenario", "llama_cpp"), ("impl", "codex_lab_fast_decode"), ("prompt_len", L))
+        lc = (("scenario", "llama_cpp"), ("impl", "llama_cpp"), ("prompt_len", L))
         out += [
             BenchFigure(key, rf"(after a {L}-token prompt: FastDecoder ){NUM}( tokens/s)", fd, "decode_tokens_per_s"),
             BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?llama\.cpp ){NUM}( tokens/s)", lc, "decode_tokens_per_s"),
@@ -287,6 +289,14 @@ def _llama_cpp(key: str) -> list[BenchFigure]:
             BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?prefill ){NUM}(x llama\.cpp's)", fd,
                         "prefill_ratio_vs_llama_cpp", 2),
         ]
+    eng, lc = (("scenario", "llama_cpp_streams"), ("impl", "codex_lab_engine")), (("scenario", "llama_cpp_streams"),
+                                                                                  ("impl", "llama_cpp"))
+    out += [
+        BenchFigure(key, rf"(8 streams at once: the serving engine ){NUM}( tokens/s)", eng, "tokens_per_s"),
+        BenchFigure(key, rf"(8 streams at once: [^|]*?llama\.cpp ){NUM}( tokens/s)", lc, "tokens_per_s"),
+        BenchFigure(key, rf"(8 streams at once: [^|]*?\*\*){NUM}(x\*\* llama\.cpp's throughput)", eng,
+                    "ratio_vs_llama_cpp", 2),
+    ]
     return out
 
 

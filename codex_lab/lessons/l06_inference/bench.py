@@ -31,10 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated subset of: cache, hf, batching, streams, speculative, compile, "
                         "decode (HF generate default and static+compile vs codex_lab's fast decode), "
                         "code_edit (prompt-lookup decoding on code edits), "
-                        "llama_cpp (batch-1 prefill and decode against llama.cpp on the same GGUF; --peer llama.cpp)")
+                        "llama_cpp (batch-1 prefill and decode against llama.cpp on the same GGUF; --peer llama.cpp), "
+                        "llama_cpp_streams (8 streams at once: the serving engine vs llama.cpp's 8 parallel sequences)")
     p.add_argument("--peer", default=None, choices=["llama.cpp"],
-                   help="run only the peer comparison: llama.cpp (npm's node-llama-cpp prebuilt binaries; "
-                        "scripts/get_llama_cpp.sh installs them) against FastDecoder, interleaved rounds")
+                   help="run only the peer comparisons: llama.cpp (npm's node-llama-cpp prebuilt binaries; "
+                        "scripts/get_llama_cpp.sh installs them) against FastDecoder at batch 1 and against the "
+                        "serving engine with 8 streams at once, interleaved rounds")
     p.add_argument("--no-hf-compile", action="store_true", help="decode scenario: skip HF generate static cache + torch.compile")
     p.add_argument("--slots", type=int, default=None,
                    help="batching scenario: engine slots (default 16 fast / 8 full)")
@@ -316,6 +318,14 @@ def _peer(model: CodexModel, tok: CodeTokenizer, threads: int | None) -> list[di
                            threads=threads)
 
 
+def _peer_streams(model: CodexModel, tok: CodeTokenizer, threads: int | None) -> list[dict[str, Any]]:
+    from codex_lab.lessons.l06_inference.peer_llamacpp import bench_llama_cpp_streams
+
+    # 8 streams of 128-token prompts, 128 new tokens each; rounds interleaved (5 fast, 11 full)
+    return bench_llama_cpp_streams(model, tok, streams=8, prompt_len=128, new_tokens=128,
+                                   rounds=pick(fast=5, full=11), threads=threads)
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     seed_everything(0)
     torch.set_grad_enabled(False)
@@ -325,8 +335,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     model = model.to(getattr(args, "device", None) or "cpu")
     wanted = {s.strip() for s in args.scenarios.split(",") if s.strip()}
     if getattr(args, "peer", None) == "llama.cpp":
-        wanted = {"llama_cpp"}
-    known = {"cache", "hf", "batching", "streams", "speculative", "compile", "decode", "code_edit", "llama_cpp"}
+        wanted = {"llama_cpp", "llama_cpp_streams"}
+    known = {"cache", "hf", "batching", "streams", "speculative", "compile", "decode", "code_edit", "llama_cpp",
+             "llama_cpp_streams"}
     from codex_lab.lessons.l06_inference.fast_scenarios import bench_code_edit, bench_decode
 
     if wanted - known:
@@ -349,6 +360,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                        repeats=pick(fast=5, full=11)),
         "code_edit": lambda: bench_code_edit(model, tok, pick(fast=4, full=12), pick(fast=64, full=128)),
         "llama_cpp": lambda: _peer(model, tok, getattr(args, "threads", None)),
+        "llama_cpp_streams": lambda: _peer_streams(model, tok, getattr(args, "threads", None)),
     }
     rows: list[dict[str, Any]] = []
     bar = progress([s for s in scenarios if s in wanted], desc="inference bench", unit="scenario")

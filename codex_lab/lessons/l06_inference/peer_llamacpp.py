@@ -41,17 +41,35 @@ INSTALL_HINT = ("llama.cpp is not installed: run `bash scripts/get_llama_cpp.sh`
 PEER_JS = r"""
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 import {createInterface} from "node:readline";
-const [modelPath, threads, contextSize] = process.argv.slice(2);
+const [modelPath, threads, contextSize, sequences = "1"] = process.argv.slice(2);
 const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error});
 const model = await llama.loadModel({modelPath, gpuLayers: 0});
+// contextSize is per sequence (node-llama-cpp gives each of the context's sequences its own cells)
 const ctx = await model.createContext({contextSize: Number(contextSize), batchSize: Number(contextSize),
-                                       threads: Number(threads), sequences: 1});
-const seq = ctx.getSequence();
+                                       threads: Number(threads), sequences: Number(sequences)});
+const seqs = Array.from({length: Number(sequences)}, () => ctx.getSequence());
+const seq = seqs[0];
+async function greedy(s, p, n) {  // prefill all but the last prompt token, then n greedy tokens
+  await s.evaluateWithoutGeneratingNewTokens(p.slice(0, -1));
+  const tokens = [];
+  for await (const t of s.evaluate([p[p.length - 1]], {temperature: 0})) {
+    tokens.push(t);
+    if (tokens.length >= n) break;
+  }
+  return tokens;
+}
 const secs = (t0) => Number(process.hrtime.bigint() - t0) / 1e9;
 console.log(JSON.stringify({ready: true, llama_cpp_release: llama.llamaCppRelease?.release ?? null,
                             build_type: llama.buildType ?? null, gpu: llama.gpu, threads: ctx.currentThreads ?? Number(threads)}));
 for await (const line of createInterface({input: process.stdin})) {
   const job = JSON.parse(line);
+  if (job.prompts) {  // one stream per sequence, all at once: node-llama-cpp batches their tokens
+    await Promise.all(seqs.map((s) => s.clearHistory()));
+    const t0 = process.hrtime.bigint();
+    const tokens = await Promise.all(job.prompts.map((p, i) => greedy(seqs[i], p, job.new_tokens)));
+    console.log(JSON.stringify({streams_s: secs(t0), tokens}));
+    continue;
+  }
   await seq.clearHistory();
   const p = job.prompt;
   if (!job.new_tokens) {
@@ -61,12 +79,7 @@ for await (const line of createInterface({input: process.stdin})) {
     continue;
   }
   const t0 = process.hrtime.bigint();
-  await seq.evaluateWithoutGeneratingNewTokens(p.slice(0, -1));
-  const tokens = [];
-  for await (const t of seq.evaluate([p[p.length - 1]], {temperature: 0})) {
-    tokens.push(t);
-    if (tokens.length >= job.new_tokens) break;
-  }
+  const tokens = await greedy(seq, p, job.new_tokens);
   console.log(JSON.stringify({generate_s: secs(t0), tokens}));
 }
 """
@@ -84,17 +97,23 @@ def find_node_llama_cpp() -> Path | None:
 
 
 class LlamaCppPeer:
-    """One Node.js process holding ``gguf`` in llama.cpp; :meth:`prefill` and :meth:`generate`
-    send one job each. Use as a context manager (the process ends on exit)."""
+    """One Node.js process holding ``gguf`` in llama.cpp; :meth:`prefill`, :meth:`generate` and
+    :meth:`streams` send one job each. ``context``: tokens per sequence; ``sequences``: how many
+    streams one context serves at once (llama.cpp's parallel slots). Use as a context manager
+    (the process ends on exit)."""
 
-    def __init__(self, gguf: str | Path, *, threads: int, context: int) -> None:
+    def __init__(self, gguf: str | Path, *, threads: int, context: int, sequences: int = 1) -> None:
+        if sequences < 1:
+            raise ValueError(f"sequences must be >= 1, got {sequences}")
+        self.sequences = sequences
         root = find_node_llama_cpp()
         if root is None:
             raise FileNotFoundError(INSTALL_HINT)
         script = install_dir() / "codex_lab_peer.mjs"  # beside node_modules, so `import "node-llama-cpp"` resolves
         if not script.is_file() or script.read_text() != PEER_JS:
             script.write_text(PEER_JS)
-        self.proc = subprocess.Popen(["node", str(script), str(gguf), str(threads), str(context)], text=True,
+        self.proc = subprocess.Popen(["node", str(script), str(gguf), str(threads), str(context), str(sequences)],
+                                     text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env={**os.environ, "NODE_LLAMA_CPP_SKIP_DOWNLOAD": "true"})
         self.info = self._read()
@@ -122,6 +141,15 @@ class LlamaCppPeer:
         """(greedy new ids, seconds for prefill + ``new_tokens`` tokens) from an empty cache."""
         r = self._job(prompt=list(prompt), new_tokens=new_tokens)
         return [int(t) for t in r["tokens"]], float(r["generate_s"])
+
+    def streams(self, prompts: Sequence[Sequence[int]], new_tokens: int) -> tuple[list[list[int]], float]:
+        """(greedy new ids per prompt, seconds): every prompt on its own sequence at once, from
+        empty caches; the seconds span all prefills and all ``new_tokens`` tokens of every stream."""
+        if not 1 <= len(prompts) <= self.sequences:
+            raise ValueError(f"{len(prompts)} prompts for a context of {self.sequences} sequences; "
+                             f"give 1 to {self.sequences} (or start the peer with sequences={len(prompts)})")
+        r = self._job(prompts=[list(p) for p in prompts], new_tokens=new_tokens)
+        return [[int(t) for t in out] for out in r["tokens"]], float(r["streams_s"])
 
     def __enter__(self) -> "LlamaCppPeer":
         return self
@@ -206,9 +234,11 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
             "decode_tokens_per_s": statistics.median(t["decode"]), "decode_min": min(t["decode"]),
             "decode_max": max(t["decode"]), "prefill_tokens_per_s": statistics.median(t["prefill"]),
             "prefill_min": min(t["prefill"]), "prefill_max": max(t["prefill"]),
-            "same_tokens": mine == ref, "common_prefix": prefix, "compiled": dec.compiled}
+            "same_tokens": mine == ref, "common_prefix": prefix}
         if impl == "llama_cpp":
             row.update({f"llama_{k}": v for k, v in info.items() if k != "ready"})
+        else:
+            row["compiled"] = dec.compiled
         rows.append(row)
     by = {(r["impl"], r["prompt_len"]): r for r in rows}
     for r in rows:  # codex_lab / llama.cpp, per length (> 1: codex_lab faster)
@@ -218,5 +248,96 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
     return rows
 
 
-__all__ = ["INSTALL_HINT", "LlamaCppPeer", "PEER_JS", "bench_llama_cpp", "corpus_prompts", "find_node_llama_cpp",
-           "install_dir"]
+def stream_prompts(tok: CodeTokenizer, streams: int, length: int) -> list[list[int]]:
+    """``streams`` different prompts of ``length`` tokens: consecutive slices of held-out corpus code."""
+    p = corpus_prompts(tok, [streams * length])[streams * length]
+    return [p[i * length:(i + 1) * length] for i in range(streams)]
+
+
+def _prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def bench_llama_cpp_streams(model: CodexModel, tok: CodeTokenizer, *, streams: int = 8, prompt_len: int = 128,
+                            new_tokens: int = 128, rounds: int = 3, threads: int | None = None,
+                            compile: bool = True) -> list[dict[str, Any]]:
+    """Batched decode, ``streams`` at once, in interleaved rounds: codex_lab's continuous-batching
+    engine (``codex_lab.serve.compiled.compiled_engine``, what ``codex-lab serve`` runs, called in
+    process) against llama.cpp with one context of ``streams`` sequences (its parallel slots,
+    batched by node-llama-cpp), the same F32 GGUF, the same math threads, no HTTP on either side.
+
+    Per round each side gets ``streams`` different held-out prompts of ``prompt_len`` tokens at
+    once and generates ``new_tokens`` greedy tokens for each (end-of-text ignored);
+    throughput = streams x new_tokens / wall seconds, prefill included. Rows per engine:
+    median, min and max over rounds, the number of streams whose tokens equal the other
+    engine's, and the shortest common prefix. Without llama.cpp: one row saying how to install it."""
+    from codex_lab.hf.gguf_export import export_gguf
+    from codex_lab.infer.sampling import SamplingParams
+    from codex_lab.runtime import compute_threads
+    from codex_lab.serve.compiled import compiled_engine
+
+    if find_node_llama_cpp() is None:
+        return [{"scenario": "llama_cpp_streams", "skipped": INSTALL_HINT}]
+    threads = threads or compute_threads()
+    torch.set_num_threads(threads)
+    model = model.eval()
+    prompts = stream_prompts(tok, streams, prompt_len)
+    if compile:
+        eng = compiled_engine(model, tok, max_batch_size=streams)
+    else:
+        from codex_lab.infer.engine import Engine
+
+        eng = Engine(model, tok, max_batch_size=streams)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+
+    def ours() -> tuple[list[list[int]], float]:
+        t0 = time.perf_counter()
+        rids = [eng.submit(p, params) for p in prompts]
+        done = {f.rid: f for f in eng.run_until_done()}
+        wall = time.perf_counter() - t0
+        bad = [done[r].finish_reason for r in rids if done[r].finish_reason != "length"]
+        if bad:
+            raise RuntimeError(f"the engine ended streams with {bad}; every stream should run to max_tokens")
+        return [list(done[r].output_ids) for r in rids], wall
+
+    rates: dict[str, list[float]] = {"codex_lab_engine": [], "llama_cpp": []}
+    out: dict[str, list[list[int]]] = {}
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        gguf = Path(tmp) / "model-f32.gguf"
+        export_gguf(model, tok, gguf, gguf_type="f32")
+        with LlamaCppPeer(gguf, threads=threads, context=prompt_len + new_tokens, sequences=streams) as peer:
+            ours()  # warm-up outside the timed rounds: the compiled step's buckets, llama.cpp's buffers
+            if eng.fast_step is not None and not eng.fast_step.ready.wait(600):
+                raise RuntimeError("the engine's decode step took over 600 s to compile")
+            ours()
+            peer.streams(prompts, new_tokens)
+            for _ in range(rounds):
+                toks, wall = ours()
+                rates["codex_lab_engine"].append(streams * new_tokens / wall)
+                out["codex_lab_engine"] = toks
+                toks, wall = peer.streams(prompts, new_tokens)
+                rates["llama_cpp"].append(streams * new_tokens / wall)
+                out["llama_cpp"] = toks
+            info = dict(peer.info)
+    same = sum(a == b for a, b in zip(out["codex_lab_engine"], out["llama_cpp"]))
+    prefix = min(_prefix(a, b) for a, b in zip(out["codex_lab_engine"], out["llama_cpp"]))
+    rows = []
+    for impl, r in rates.items():
+        row: dict[str, Any] = {
+            "scenario": "llama_cpp_streams", "impl": impl, "streams": streams, "prompt_len": prompt_len,
+            "new_tokens": new_tokens, "precision": "f32", "rounds": rounds, "threads": threads,
+            "tokens_per_s": statistics.median(r), "tokens_per_s_min": min(r), "tokens_per_s_max": max(r),
+            "same_streams": same, "shortest_common_prefix": prefix}
+        if impl == "llama_cpp":
+            row.update({f"llama_{k}": v for k, v in info.items() if k != "ready"})
+        else:
+            row["compiled"] = bool(eng.fast_step is not None and eng.fast_step.serving_graphs)
+        rows.append(row)
+    for row in rows:  # codex_lab / llama.cpp (> 1: codex_lab faster)
+        row["ratio_vs_llama_cpp"] = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
+    return rows
+
+
+__all__ = ["INSTALL_HINT", "LlamaCppPeer", "PEER_JS", "bench_llama_cpp", "bench_llama_cpp_streams", "corpus_prompts",
+           "find_node_llama_cpp", "install_dir", "stream_prompts"]

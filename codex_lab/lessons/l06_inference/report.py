@@ -129,9 +129,9 @@ def peer_lines(record: dict[str, Any] | None = None) -> str:
     if not rec:
         return ("llama.cpp as a peer: not recorded; `bash scripts/get_llama_cpp.sh` then "
                 "`codex-lab bench inference --peer llama.cpp` measures it on this machine.")
-    rows = {(r["impl"], r["prompt_len"]): r for r in rec["rows"] if "impl" in r}
+    rows = {(r["impl"], r["prompt_len"]): r for r in rec["rows"] if "impl" in r and r.get("scenario") == "llama_cpp"}
     lines = [f"llama.cpp as a peer (recorded {rec['measured']}, not this run: `{rec['command']}`, {rec['conditions']}; "
-             "batch 1, F32 GGUF of the same model, one math thread each; rerun it here with `bash scripts/get_llama_cpp.sh` "
+             "F32 GGUF of the same model, one math thread each; rerun it here with `bash scripts/get_llama_cpp.sh` "
              "then the command):", ""]
     for L in sorted({k[1] for k in rows}):
         fd, lc = rows[("codex_lab_fast_decode", L)], rows[("llama_cpp", L)]
@@ -140,6 +140,18 @@ def peer_lines(record: dict[str, Any] | None = None) -> str:
                      f"({lc['decode_min']:.0f}-{lc['decode_max']:.0f}): {fd['decode_ratio_vs_llama_cpp']:.2f}x; prefill "
                      f"{fd['prefill_ratio_vs_llama_cpp']:.2f}x; same {fd['new_tokens']} greedy tokens: {lc['same_tokens']} "
                      f"(llama.cpp {lc.get('llama_llama_cpp_release')}, node-llama-cpp {lc.get('llama_node_llama_cpp')})")
+    streams = {r["impl"]: r for r in rec["rows"] if r.get("scenario") == "llama_cpp_streams" and "impl" in r}
+    if streams:
+        ours, lc = streams["codex_lab_engine"], streams["llama_cpp"]
+        lines.append(f"- {ours['streams']} streams at once ({ours['prompt_len']}-token prompts, {ours['new_tokens']} greedy "
+                     f"tokens each, prefill included, in process: no HTTP on either side): the serving engine "
+                     f"{ours['tokens_per_s']:.0f} tokens/s (rounds {ours['tokens_per_s_min']:.0f}-{ours['tokens_per_s_max']:.0f}) "
+                     f"vs llama.cpp with {lc['streams']} parallel sequences {lc['tokens_per_s']:.0f} "
+                     f"({lc['tokens_per_s_min']:.0f}-{lc['tokens_per_s_max']:.0f}): {ours['ratio_vs_llama_cpp']:.2f}x; "
+                     f"streams with the same tokens: {ours['same_streams']} of {ours['streams']} (shortest common "
+                     f"prefix {ours['shortest_common_prefix']})")
+    else:
+        lines.append("- 8 streams at once: not in this record; `codex-lab bench inference --peer llama.cpp` measures it")
     return "\n".join(lines)
 
 
