@@ -36,37 +36,57 @@ def test_query_logits_equal_the_models_logits(data):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)  # fp32, O(1) logits, summation order differs
 
 
-def test_arms_are_matched_in_density():
-    n = lr.standard_config().task.seq_len
-    specs = {k: v for k, v in lr.ARMS.items() if k != "dense"}
+@pytest.mark.parametrize("mode", ["fast", "standard", "full"])
+def test_arms_are_matched_in_density(mode):
+    cfg = lr.config_for(mode)
+    n = cfg.task.seq_len
+    arms = lr.arms_for(mode)
+    # every arm has one spec per layer of its mode's model (full mode: 4 layers, not the standard 3)
+    assert all(len(p) == cfg.n_layer for p in arms.values()), {k: len(p) for k, p in arms.items()}
+    specs = {k: p[0] for k, p in arms.items() if k not in lr.SCHEDULES and k != "dense"}
     d = lr.densities(specs, n)
-    # every fixed sparse arm within 10% of the window + stride arm's density at the training length
+    # every sparse arm within 10% of the window + stride arm's density at the training length
     assert all(abs(v / d["window+stride"] - 1) < 0.1 for v in d.values()), d
-    # MoBA (full mode): the MoBA spec closest to that density (8-token blocks, one selected: 0.295 at N = 128)
-    assert lr.moba_spec_for(d["window+stride"], n) == lr.MOBA
+    if mode == "full":  # the article's window and stride, at its lengths
+        assert specs["window+stride"] == "window:128+strided:32" and n == 1024
+    else:  # MoBA (full mode): the MoBA spec closest to that density (8-token blocks, one selected: 0.295 at N = 128)
+        assert lr.moba_spec_for(d["window+stride"], n) == lr.MOBA
 
 
-def test_far_distances_lie_beyond_the_window_reach_and_near_ones_inside():
-    cfg = lr.standard_config()
-    assert cfg.reach == 3 * (16 - 1)
+@pytest.mark.parametrize("mode", ["standard", "full"])
+def test_far_distances_lie_beyond_the_window_reach_and_near_ones_inside(mode):
+    cfg = lr.config_for(mode)
+    assert cfg.reach == cfg.n_layer * (cfg.wide_window - 1)
     far = [d for d in cfg.task.distances if d > cfg.reach]
     near = [d for d in cfg.task.distances if d <= cfg.reach]
-    assert len(far) >= 3 and len(near) >= 3 and max(far) >= 2 * cfg.reach  # "a few times the reach"
-    tab = lr.reach_table({k: [v] * cfg.n_layer for k, v in lr.ARMS.items()}, cfg.task)
+    assert len(far) >= 2 and len(near) >= 3 and max(far) >= 1.5 * cfg.reach  # well beyond the reach
+    # no distance a strided link reads in one hop: the far queries need the relay
+    assert all(d % cfg.stride for d in cfg.task.distances), (cfg.task.distances, cfg.stride)
+    if mode == "full":  # the reach table at 1024 tokens is slow; the rule above is what it checks
+        return
+    assert cfg.reach == 3 * (16 - 1) and len(far) >= 3 and max(far) >= 2 * cfg.reach  # "a few times the reach"
+    tab = lr.reach_table({k: [v] * cfg.n_layer for k, v in cfg.specs.items()}, cfg.task)
     assert all(tab["window"][str(d)] == 1.0 for d in near) and all(tab["window"][str(d)] == 0.0 for d in far)
-    for arm in ("dense", "window+stride", "window+global"):  # two hops reach every placement
+    for arm in ("dense", "window+stride", "window+global"):  # the patterns reach every placement
         assert all(v == 1.0 for v in tab[arm].values()), (arm, tab[arm])
+    # the nearest distance lies inside the window + stride arm's own window: one hop
+    assert min(cfg.task.distances) < cfg.window
 
 
 def test_global_tokens_do_not_sit_where_the_bindings_are(data):
-    """The window+global arm's global tokens (every 8th position) are fixed; the bindings are
-    scattered: their value tokens fall on every residue mod 8, about equally often."""
+    """The window+global arm's global tokens (every ``stride``-th position) are fixed; the bindings
+    are scattered: their value tokens fall on every residue mod the stride, about equally often."""
     vocab, _, lines, _ = data
-    b = make_recall_batch(lines, vocab, lr.standard_config().task, 200, torch.Generator().manual_seed(0))
-    counts = torch.bincount(b.source_pos.flatten() % 8, minlength=8).float()
+    cfg = lr.standard_config()
+    s = cfg.stride
+    b = make_recall_batch(lines, vocab, cfg.task, 400, torch.Generator().manual_seed(0))
+    counts = torch.bincount(b.source_pos.flatten() % s, minlength=s).float()
     share = counts / counts.sum()
-    assert share.min() > 0.08 and share.max() < 0.17, share  # 1/8 = 0.125 each
-    assert (b.source_pos % 8 == 7).float().mean() < 0.2  # on a global token: about 1 in 8, not all
+    # 1/16 = 0.0625 each if uniform. Line lengths make some residues commoner (0.048-0.089 seen at
+    # seed 0: the header's fixed lines), so the bound is a factor of 2 either way, not sampling
+    # noise; what the test guards is that bindings do not pile up on the global positions
+    assert share.min() > 0.5 / s and share.max() < 2 / s, share
+    assert (b.source_pos % s == s - 1).float().mean() < 1.5 / s  # on a global token: about 1 in 16, not all
 
 
 def test_cliff_near_and_far_accuracy_follow_the_numbers():

@@ -115,7 +115,7 @@ def recall_config(mode: str) -> Any:
     laptop, converged), full (a GPU)."""
     from codex_lab.lessons.l02_sparse_attention import experiments as lr
 
-    return {"fast": lr.fast_config, "standard": lr.standard_config, "full": lr.full_config}[mode]()
+    return lr.config_for(mode)
 
 
 def long_range(ctx: Any) -> str:
@@ -130,7 +130,7 @@ def long_range(ctx: Any) -> str:
 
     mode = ctx.mode
     cfg = recall_config(mode)
-    arms = lr.arms_for(mode)
+    arms = lr.arms_for(mode, cfg=cfg)
     L, n, rf = cfg.n_layer, cfg.task.seq_len, cfg.reach
     res = lr.run_arms(arms, cfg)
     v = lr.judge(res, cfg)
