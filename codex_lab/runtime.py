@@ -9,7 +9,7 @@ Three modes:
 - **standard** (the default on a CPU): the fast sizes, except the quality experiments, which
   are sized (smaller models, shorter sequences, more steps and seeds) to reach a plateau on
   2 CPU cores within the report's 25 minutes, so their verdicts stand.
-- **full** is the course at the article's sizes, meant for a CUDA GPU (hours on a CPU).
+- **full** is the course at the article's sizes, meant for a CUDA GPU (weeks on a 2-core CPU: `scripts/estimate_full_cpu.py`).
 
 Who chooses, strongest first:
 
@@ -79,7 +79,7 @@ class ModeInfo:
         others = [m for m in MODES if m != self.mode]
         hint = "; ".join(f"for {m} mode use `--mode {m}` on the command line or set CODEX_LAB_MODE={m}" for m in others)
         if self.device != "cuda" and self.mode != "full":
-            hint += " (full mode runs the article's sizes, meant for a GPU: hours on a CPU)"
+            hint += " (full mode runs the article's sizes, meant for a GPU: weeks on a 2-core CPU)"
         return hint + "."
 
 

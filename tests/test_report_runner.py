@@ -107,7 +107,7 @@ def test_every_section_runs_in_the_mode_in_force(laptop, tmp_path):
     # full mode on a CPU runs full sizes everywhere (no section quietly kept small) and says it takes hours
     assert calls == [("01", False, False), ("04", False, False)]
     text = path.read_text()
-    assert "full mode (the article's sizes: hours on a CPU)" in text and "keep fast sizes" not in text
+    assert "full mode (the article's sizes: weeks on a 2-core CPU, by the lower bound below)" in text and "keep fast sizes" not in text
     runtime.set_mode("standard")
     calls.clear()
     rep.run_report(tmp_path / "s", modules=mods, progress=False)

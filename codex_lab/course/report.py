@@ -175,7 +175,7 @@ def header_lines(info: ModeInfo, plan: dict[str, str]) -> list[str]:
             "standard": "standard mode (fast sizes; the quality experiments sized to reach a plateau on a laptop "
                         "CPU, so their verdicts stand)",
             "full": "full mode (the article's sizes"
-                    + (": hours on a CPU" if info.device != "cuda" else "") + ")"}[info.mode]
+                    + (": weeks on a 2-core CPU, by the lower bound below" if info.device != "cuda" else "") + ")"}[info.mode]
     lines = [f"Mode: {what}, because {info.reason}.",
              f"Expected run time on this machine: {est} for {len(keys)} section(s) ({basis}; table: codex_lab/assets/timings.json).",
              f"Sections: {', '.join(keys)}.",
