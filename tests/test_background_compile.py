@@ -157,7 +157,7 @@ def test_the_served_engine_carries_prompts_in_its_step(tok):
 
 def test_compile_progress_counts_the_graphs_warmup_builds(tok):
     """What /health and /metrics report while the server warms: (graphs done, graphs in all),
-    from (0, n) before the background compile to (n, n) after it; n is warmup()'s plan (both
+    from (0, n) before the background compile to (n, n) after it; n is warmup()'s plan (all three
     shapes), and the warming flag is up only while the compile thread runs."""
     from codex_lab.infer.paged_step import served_step_options
 
@@ -166,7 +166,8 @@ def test_compile_progress_counts_the_graphs_warmup_builds(tok):
     step = eng.fast_step
     plan = step.compile_plan()
     assert step.compile_progress() == (0, len(plan)) and not step.warming
-    assert {rows for rows, _ in plan} == {2, 4}  # the decode shape and the mixed one (2 x the batch)
+    # the decode shape, the mixed one (2 x the batch) and the one-row shape of a request alone
+    assert {rows for rows, _ in plan} == {2, 4, 1}
     step.warmup_background(freeze_gc=False).join(120)
     assert step.compile_progress() == (len(plan), len(plan)) and not step.warming
-    assert len(step.compile_s) + len(step.mixed_compile_s) == len(plan)
+    assert len(step.compile_s) + len(step.mixed_compile_s) + len(step.solo_compile_s) == len(plan)

@@ -93,3 +93,46 @@ def test_load_in_a_process_of_its_own(small_tokenizer):
         bg.stop()
     with pytest.raises(RuntimeError, match="load test failed: ValueError: .*only targets this machine"):
         run_load_in_process("http://192.0.2.1:80", requests=1, progress=False)
+
+
+def test_bench_serving_peer_without_llama_server_says_how_to_build_it(tmp_path, small_tokenizer, monkeypatch):
+    import argparse
+
+    from codex_lab.course.benches import discover
+    from codex_lab.lessons.l06_inference.peer_llamacpp import SERVER_HINT, find_llama_server
+    from codex_lab.training.checkpoint import save_checkpoint
+
+    monkeypatch.setenv("CODEX_LAB_LLAMA_CPP", str(tmp_path / "nothing-here"))
+    monkeypatch.delenv("CODEX_LAB_LLAMA_SERVER", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no llama-server on it here
+    assert find_llama_server() is None and "build_llama_cpp.sh" in SERVER_HINT
+    save_checkpoint(tmp_path / "ck", _tiny_model(small_tokenizer), small_tokenizer)
+    rows = discover()["serving"].run(argparse.Namespace(concurrency="2", requests=2, max_tokens=4, rounds=1,
+                                                        checkpoint=str(tmp_path / "ck"), threads=None, peer="llama.cpp"))
+    assert rows[0] == {"impl": "llama_server", "skipped": SERVER_HINT}
+    assert [(r["impl"], r["concurrency"]) for r in rows[1:]] == [("codex_lab_serve", 2)] and rows[1]["errors"] == 0
+
+
+def test_bench_serving_against_a_real_llama_server(tmp_path, small_tokenizer):
+    """With llama-server built (scripts/build_llama_cpp.sh): the same load on both servers in
+    interleaved rounds, one row per server and level, the ratio on each (no timing asserted)."""
+    import argparse
+
+    from codex_lab.course.benches import discover
+    from codex_lab.lessons.l06_inference.peer_llamacpp import find_llama_server
+    from codex_lab.training.checkpoint import save_checkpoint
+
+    if find_llama_server() is None:
+        pytest.skip("llama-server is not built (scripts/build_llama_cpp.sh)")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package (pip install 'codex_lab[gguf]')")
+    save_checkpoint(tmp_path / "ck", _tiny_model(small_tokenizer), small_tokenizer)
+    rows = discover()["serving"].run(argparse.Namespace(concurrency="2", requests=2, max_tokens=4, rounds=2,
+                                                        checkpoint=str(tmp_path / "ck"), threads=None, peer="llama.cpp"))
+    assert sorted(r["impl"] for r in rows) == ["codex_lab_serve", "llama_server"]
+    for r in rows:
+        assert r["errors"] == 0 and r["requests"] == 2 and r["rounds"] == 2
+        assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"]
+        assert r["ratio_vs_llama_server"] == pytest.approx(
+            next(x for x in rows if x["impl"] == "codex_lab_serve")["tokens_per_s"]
+            / next(x for x in rows if x["impl"] == "llama_server")["tokens_per_s"])
+    assert next(r for r in rows if r["impl"] == "llama_server")["llama_version"]  # what --version printed

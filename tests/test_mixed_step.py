@@ -179,3 +179,35 @@ def test_a_burst_at_an_idle_engine_that_does_not_fit_is_prefilled_together(tok, 
         done.update({f.rid: f.output_ids for f in eng.step()})
     assert rows and max(rows) == 3
     assert [done[i] for i in range(3)] == [generate_ids(model, p, max_new_tokens=6)[0] for p in later]
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_a_request_alone_runs_the_one_row_shape_with_the_plain_generators_tokens(tok, backend):
+    """``solo``: one request decoding alone computes one row, not max_batch_size; two at once use
+    the decode shape; the tokens are the plain generator's either way and nothing recompiles."""
+    model = seeded_model(tok)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, tok.vocab_size, (n,), generator=g).tolist() for n in (6, 11)]
+    eng = Engine(model, tok, max_batch_size=4, block_size=8, compile=True, compile_backend=backend,
+                 step_options={"min_bucket_tokens": 16, "solo": True})
+    fast = eng.fast_step
+    assert fast.solo and [(r, nb) for r, nb in fast.compile_plan() if r == 1] == [(1, nb) for nb in fast.buckets]
+    eng.submit(prompts[0], SamplingParams(max_tokens=9, ignore_eos=True))
+    alone = {f.rid: f.output_ids for f in eng.run_until_done()}
+    assert alone[0] == generate_ids(model, prompts[0], max_new_tokens=9)[0]
+    # which shapes ran: each one's graphs are built on first use (no warm-up here)
+    assert fast.solo_compile_s and not fast.compile_s  # the decode shape never ran
+    for p in prompts:
+        eng.submit(p, SamplingParams(max_tokens=7, ignore_eos=True))
+    both = {f.rid: f.output_ids for f in eng.run_until_done()}
+    for rid, p in zip(sorted(both), prompts):
+        assert both[rid] == generate_ids(model, p, max_new_tokens=7)[0]
+    assert fast.compile_s and fast.recompiles == 0 and fast.compile_error == ""  # two at once: the 4-row shape
+
+
+def test_one_slot_has_no_separate_one_row_shape(tok):
+    model = seeded_model(tok)
+    pool = PagedKVPool(model.cfg.n_layer, model.cfg.n_kv_head, model.cfg.head_dim, 40, 8)
+    step = CompiledPagedStep(model, pool, 1, backend="eager", solo=True, min_bucket_tokens=16)
+    assert not step.solo and all(r == 1 for r, _ in step.compile_plan())
+    assert len(step.compile_plan()) == len(step.buckets)  # each bucket once, not twice

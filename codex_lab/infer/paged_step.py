@@ -78,15 +78,19 @@ class CompiledPagedStep:
             as rows (0: none; the engine then prefills eagerly). Must exceed ``max_batch_size``.
         mixed_max_tokens: the largest bucket, in tokens, compiled in that shape (longer tables
             prefill eagerly).
+        solo: also compile a one-row shape, run when a single request decodes alone (a lone
+            stream then computes one row, not ``max_batch_size``: 2.7x its tokens/s with 8
+            slots on the shipped model, docs/PROFILE.md); its graphs are built after the others.
     """
 
     def __init__(self, model: CodexModel, pool: PagedKVPool, max_batch_size: int, *, min_bucket_tokens: int = 128,
                  max_bucket_tokens: int | None = 2048, backend: str = "inductor", mode: str | None = None,
                  options: dict | None = None, compile: bool = True, mixed_rows: int = 0,
-                 mixed_max_tokens: int = 256) -> None:
+                 mixed_max_tokens: int = 256, solo: bool = False) -> None:
         if mixed_rows and mixed_rows <= max_batch_size:
             raise ValueError(f"mixed_rows={mixed_rows} must exceed max_batch_size={max_batch_size} (or be 0: none)")
         self.model, self.pool, self.max_batch_size, self.mixed_rows = model, pool, max_batch_size, mixed_rows
+        self.solo = solo and max_batch_size > 1  # with one slot the decode shape is already one row
         self.device = pool.k[0].device
         self.scratch = pool.allocate(1)[0]  # padding rows write only here
         self.max_blocks = pool.blocks_for(model.cfg.max_seq_len)
@@ -102,6 +106,7 @@ class CompiledPagedStep:
         self.compile_error = ""
         self.compile_s: dict[int, float] = {}  # bucket (blocks) -> seconds its first call took
         self.mixed_compile_s: dict[int, float] = {}  # the same for the mixed_rows shape
+        self.solo_compile_s: dict[int, float] = {}  # the same for the one-row shape (``solo``)
         self._graphs_at_start: int | None = None  # dynamo's graph count before the first bucket compiled
         self._bucket_graphs = 0  # graphs compiled by the buckets' first calls
         self._fn = None
@@ -178,14 +183,14 @@ class CompiledPagedStep:
         if not 1 <= B <= max(self.max_batch_size, self.mixed_rows):
             raise ValueError(f"{B} rows for a step of max_batch_size={self.max_batch_size}, mixed_rows={self.mixed_rows}")
         nb = self.bucket(max(len(t) for t in tables))
-        rows_shape = self.max_batch_size if B <= self.max_batch_size else self.mixed_rows
+        rows_shape = (1 if B == 1 and self.solo else self.max_batch_size) if B <= self.max_batch_size else self.mixed_rows
         pad = rows_shape - B
         # real rows: own table padded with its first block; padding rows: the scratch block only
         rows = [list(t) + [t[0]] * (nb - len(t)) for t in tables] + [[self.scratch] * nb] * pad
         idx = torch.tensor([[t] for t in tokens] + [[0]] * pad, device=self.device)  # (Bmax, 1)
         pos = torch.tensor([[p] for p in positions] + [[0]] * pad, device=self.device)  # (Bmax, 1)
         tab = torch.tensor(rows, device=self.device)  # (Bmax, NB)
-        too_long = nb > (self.max_compiled_blocks if rows_shape == self.max_batch_size else self.max_mixed_blocks)
+        too_long = nb > (self.max_mixed_blocks if rows_shape == self.mixed_rows else self.max_compiled_blocks)
         if too_long or not self.serving_graphs:
             # (B, V) eager: no compiler, past the compiled buckets, or the graphs still compiling in the background
             return self._step(idx, pos, tab)[:B]
@@ -193,7 +198,7 @@ class CompiledPagedStep:
 
     def _compiled(self, idx: Tensor, pos: Tensor, tab: Tensor, nb: int) -> Tensor:
         """The padded step through its bucket's graph, compiling it on its first call; (R, V)."""
-        done = self.compile_s if idx.shape[0] == self.max_batch_size else self.mixed_compile_s
+        done = self._done(idx.shape[0])
         if nb in done:
             return self._fn(idx, pos, tab)  # (R, V) a graph compiled before
         t0 = time.perf_counter()
@@ -218,6 +223,12 @@ class CompiledPagedStep:
         self._bucket_graphs += graphs_compiled() - before
         return logits
 
+    def _done(self, rows: int) -> dict[int, float]:
+        """The compile seconds per bucket of the shape with ``rows`` rows (decode, mixed or solo)."""
+        if rows == self.max_batch_size:
+            return self.compile_s
+        return self.mixed_compile_s if rows == self.mixed_rows else self.solo_compile_s
+
     def warmup(self, buckets: Sequence[int] | None = None) -> dict[int, float]:
         """Compile the buckets holding tables of the given block counts (default: every bucket
         up to ``max_bucket_tokens``, and in the mixed shape those up to ``mixed_max_tokens``) with
@@ -225,28 +236,32 @@ class CompiledPagedStep:
         bucket, both shapes together (0.0 when nothing compiles: eager steps)."""
         nbs = sorted({nb for _, nb in self.compile_plan(buckets)})
         for rows, nb in self.compile_plan(buckets):
-            done = self.compile_s if rows == self.max_batch_size else self.mixed_compile_s
+            done = self._done(rows)
             if nb not in done and self._fn is not None:
                 idx = torch.zeros(rows, 1, dtype=torch.long, device=self.device)  # (R, 1)
                 tab = torch.full((rows, nb), self.scratch, dtype=torch.long, device=self.device)  # (R, NB)
                 with torch.no_grad():  # as __call__: dynamo guards on the grad mode at entry
                     self._compiled(idx, torch.zeros_like(idx), tab, nb)
-        return {nb: self.compile_s.get(nb, 0.0) + self.mixed_compile_s.get(nb, 0.0) for nb in nbs}
+        return {nb: self.compile_s.get(nb, 0.0) + self.mixed_compile_s.get(nb, 0.0) + self.solo_compile_s.get(nb, 0.0)
+                for nb in nbs}
 
     def compile_plan(self, buckets: Sequence[int] | None = None) -> list[tuple[int, int]]:
         """(rows, blocks) of every graph :meth:`warmup` compiles, in its order: the decode shape's
-        buckets up to ``max_bucket_tokens``, then the mixed shape's up to ``mixed_max_tokens``."""
+        buckets up to ``max_bucket_tokens``, then the mixed shape's up to ``mixed_max_tokens``,
+        then (``solo``) the one-row shape's, as many as the decode shape's."""
         nbs = sorted({nb for nb in map(self.bucket, buckets or self.buckets) if nb <= self.max_compiled_blocks})
         plan = [(self.max_batch_size, nb) for nb in nbs]
         if self.mixed_rows:
             plan += [(self.mixed_rows, nb) for nb in nbs if nb <= self.max_mixed_blocks]
+        if self.solo:
+            plan += [(1, nb) for nb in nbs]
         return plan
 
     def compile_progress(self) -> tuple[int, int]:
         """(graphs compiled, graphs :meth:`warmup` compiles in all): what a server reports while
         its background compile runs (``/health``, ``/metrics``)."""
         plan = self.compile_plan()
-        done = sum(nb in (self.compile_s if rows == self.max_batch_size else self.mixed_compile_s) for rows, nb in plan)
+        done = sum(nb in self._done(rows) for rows, nb in plan)
         return done, len(plan)
 
     @property
@@ -296,8 +311,9 @@ def served_step_options(max_batch_size: int, *, mixed: bool = True) -> dict[str,
     arriving prompts ride as extra rows in a second shape of twice the batch's rows (``mixed``),
     and the smallest bucket holds a short completion (48 tokens, 3 blocks of 16) instead of 128,
     as every padded slot costs a gather and a dot product in every layer (a 16-row step took
-    3.5 ms over 3 blocks and 4.4 ms over 8, alone on a quiet 2-core CPU, 2026-12-02)."""
-    return {"min_bucket_tokens": 48, **({"mixed_rows": 2 * max_batch_size} if mixed else {})}
+    3.5 ms over 3 blocks and 4.4 ms over 8, alone on a quiet 2-core CPU, 2026-12-02), and a
+    request decoding alone runs a one-row shape (``solo``: docs/PROFILE.md)."""
+    return {"min_bucket_tokens": 48, "solo": True, **({"mixed_rows": 2 * max_batch_size} if mixed else {})}
 
 
 def freeze_long_lived() -> int:

@@ -44,7 +44,9 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = False, 
 
     def done(per: dict[int, float]) -> None:
         if step.compiled:
-            mixed = f" (and {len(step.mixed_compile_s)} that also carry prompt tokens)" if step.mixed_compile_s else ""
+            more = [f"{len(step.mixed_compile_s)} that also carry prompt tokens"] if step.mixed_compile_s else []
+            more += [f"{len(step.solo_compile_s)} of one row, for a request alone"] if step.solo_compile_s else []
+            mixed = f" (and {', '.join(more)})" if more else ""
             print(f"compiled {len(per)} decode buckets{mixed} in {time.perf_counter() - t0:.1f} s: "
                   "steps now run the compiled graphs", file=sys.stderr, flush=True)
         else:

@@ -90,6 +90,69 @@ def install_dir() -> Path:
     return Path(os.environ.get("CODEX_LAB_LLAMA_CPP", Path.home() / ".cache" / "codex_lab" / "llama.cpp"))
 
 
+SERVER_HINT = ("llama.cpp's llama-server is not built: run `bash scripts/build_llama_cpp.sh` (builds it from the "
+               "llama.cpp that llama-cpp-python's sdist vendors into ~/.cache/codex_lab/llama.cpp/build, tens of "
+               "minutes on 2 cores; needs cmake, g++, make) or set CODEX_LAB_LLAMA_SERVER to a llama-server binary")
+
+
+def find_llama_server() -> Path | None:
+    """llama.cpp's ``llama-server``: ``CODEX_LAB_LLAMA_SERVER``, else what ``scripts/build_llama_cpp.sh``
+    built, else one on PATH; None when there is none (then :data:`SERVER_HINT`)."""
+    env = os.environ.get("CODEX_LAB_LLAMA_SERVER")
+    for cand in ([Path(env)] if env else []) + [install_dir() / "build" / "bin" / "llama-server"]:
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return cand
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+class LlamaServer:
+    """llama.cpp's OpenAI-compatible server on ``gguf`` at 127.0.0.1:``port`` with ``slots``
+    parallel slots of ``context`` tokens each and ``threads`` math threads; started on enter
+    (waits until ``/v1/models`` answers, at most ``start_s``), stopped on exit. ``url``."""
+
+    def __init__(self, gguf: str | Path, *, port: int, slots: int, context: int, threads: int,
+                 alias: str = "codex-lab", start_s: float = 120.0) -> None:
+        exe = find_llama_server()
+        if exe is None:
+            raise FileNotFoundError(SERVER_HINT)
+        self.url = f"http://127.0.0.1:{port}"
+        self.cmd = [str(exe), "-m", str(gguf), "--alias", alias, "--host", "127.0.0.1", "--port", str(port),
+                    "-c", str(context * slots), "-np", str(slots), "-t", str(threads), "-tb", str(threads)]
+        self.start_s = start_s
+        self.proc: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> "LlamaServer":
+        import httpx
+
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        t0 = time.monotonic()
+        while True:
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() - t0 > self.start_s:
+                self.__exit__()
+                out = self.proc.stdout.read()[-1500:] if self.proc.stdout else ""
+                raise RuntimeError(f"llama-server did not start within {self.start_s:.0f} s: {out}")
+            time.sleep(0.25)
+
+    def version(self) -> str:
+        """``llama-server --version``'s first lines (version and commit)."""
+        r = subprocess.run([self.cmd[0], "--version"], capture_output=True, text=True, timeout=30)
+        return " ".join((r.stdout + r.stderr).split())[:200]
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
 def find_node_llama_cpp() -> Path | None:
     """The installed ``node-llama-cpp`` package folder, or None (then :data:`INSTALL_HINT`)."""
     pkg = install_dir() / "node_modules" / "node-llama-cpp" / "package.json"
@@ -339,5 +402,5 @@ def bench_llama_cpp_streams(model: CodexModel, tok: CodeTokenizer, *, streams: i
     return rows
 
 
-__all__ = ["INSTALL_HINT", "LlamaCppPeer", "PEER_JS", "bench_llama_cpp", "bench_llama_cpp_streams", "corpus_prompts",
+__all__ = ["INSTALL_HINT", "LlamaCppPeer", "LlamaServer", "PEER_JS", "SERVER_HINT", "find_llama_server", "bench_llama_cpp", "bench_llama_cpp_streams", "corpus_prompts",
            "find_node_llama_cpp", "install_dir", "stream_prompts"]

@@ -7,11 +7,19 @@ concurrency, the clients in a process of their own as real clients are
 p50/p95/p99 (ms), the shares within the
 seed's targets (100 ms / 20 ms), throughput and errors. All levels run in one process on
 one machine, so they compare with each other; absolute numbers depend on the machine.
+
+``--peer llama.cpp`` also starts llama.cpp's own server (``llama-server``, built by
+``scripts/build_llama_cpp.sh``) on the same model exported to an F32 GGUF, with as many
+parallel slots as the largest level and the same math threads, and drives both servers with
+the same clients and prompts, level by level in interleaved rounds (``--rounds``, default 3):
+one row per server and level with the median throughput and its range, and the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import statistics
 from typing import Any
 
 import torch
@@ -35,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how arriving prompts are prefilled: step = as rows of the compiled decode step (with "
                         "--compiled: what `codex-lab serve` runs; else batched), batched = one eager forward for "
                         "all beside the step, each = one eager forward per request (the reference path)")
+    p.add_argument("--peer", choices=("llama.cpp",), default=None,
+                   help="also drive llama.cpp's llama-server (scripts/build_llama_cpp.sh builds it) on the same model "
+                        "exported to an F32 GGUF, with as many parallel slots as the largest level and the same "
+                        "math threads, the same load in interleaved rounds; rows per server and level, with ratios")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of every level (default 1; 3 with --peer): the rows give the median and the range")
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -70,20 +84,77 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     freeze_long_lived()  # as `codex-lab serve` does once the model is loaded
     bg = serve_in_background(srv)
     rows: list[dict[str, Any]] = []
+    peer = getattr(args, "peer", None)
+    rounds = getattr(args, "rounds", None) or (3 if peer else 1)
+    if rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    stack = contextlib.ExitStack()
     try:
         run_load(bg.url, concurrency=1, requests=2, max_tokens=8, progress=False)  # warm-up (each level below has a bar)
         for eng in engines:  # the compiled engine: every bucket built (and the compiler's objects frozen) first
             if eng.fast_step is not None and not eng.fast_step.ready.wait(600):
                 raise RuntimeError("the decode step's background compile took over 600 s")
-        for c in levels:
-            n = args.requests or c * pick(fast=4, full=16)
-            s = run_load_in_process(bg.url, concurrency=c, requests=n, max_tokens=args.max_tokens, duration_s=300)
-            rows.append({"concurrency": c, "requests": s["requests_ok"], "threads": torch.get_num_threads(),
-                         "compiled": compiled, "prefill": prefill,
-                         **{k: s[k] for k in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tbt_p50_ms", "tbt_p95_ms",
-                                              "tbt_p99_ms", "ttft_share_under_100ms", "tbt_share_under_20ms",
-                                              "tokens_per_s", "errors")}})
+        targets = {"codex_lab_serve": bg.url}
+        peer_info: dict[str, Any] = {}
+        if peer == "llama.cpp":
+            targets.update(_start_llama_server(stack, ck, max(levels), torch.get_num_threads(), peer_info))
+            if "skipped" in peer_info:
+                rows.append({"impl": "llama_server", **peer_info})
+        samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for _ in range(rounds):  # interleaved: every level on every server, then the next round
+            for c in levels:
+                n = args.requests or c * pick(fast=4, full=16)
+                for impl, url in targets.items():
+                    samples.setdefault((impl, c), []).append(
+                        run_load_in_process(url, concurrency=c, requests=n, max_tokens=args.max_tokens, duration_s=300))
+        for (impl, c), ss in samples.items():
+            rates = sorted(x["tokens_per_s"] for x in ss)
+            s = next(x for x in ss if x["tokens_per_s"] == rates[len(rates) // 2])  # the median round's percentiles
+            row = {"concurrency": c, "requests": s["requests_ok"], "threads": torch.get_num_threads(),
+                   "compiled": compiled, "prefill": prefill,
+                   **{k: s[k] for k in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tbt_p50_ms", "tbt_p95_ms",
+                                        "tbt_p99_ms", "ttft_share_under_100ms", "tbt_share_under_20ms",
+                                        "tokens_per_s", "errors")}}
+            if peer:
+                row.update(impl=impl, rounds=rounds, tokens_per_s=statistics.median(rates),
+                           tokens_per_s_min=rates[0], tokens_per_s_max=rates[-1])
+                if impl == "llama_server":
+                    row.update({f"llama_{k}": v for k, v in peer_info.items()})
+            rows.append(row)
+        by = {(r.get("impl"), r["concurrency"]): r for r in rows if "concurrency" in r}
+        for (impl, c), r in by.items():  # codex-lab serve / llama-server, per level (> 1: codex-lab faster)
+            if peer and ("llama_server", c) in by:
+                r["ratio_vs_llama_server"] = by[("codex_lab_serve", c)]["tokens_per_s"] / by[("llama_server", c)]["tokens_per_s"]
     finally:
+        stack.close()
         bg.stop()
         torch.set_num_threads(old_threads)
     return rows
+
+
+def _start_llama_server(stack: contextlib.ExitStack, ck: Any, slots: int, threads: int,
+                        info: dict[str, Any]) -> dict[str, str]:
+    """llama-server on ``ck``'s model exported to an F32 GGUF (in a folder ``stack`` removes), with
+    ``slots`` parallel slots of the model's context and ``threads`` math threads, warmed with
+    one request: {"llama_server": its URL}. Without llama-server: {} and ``info["skipped"]``
+    says how to build it; else ``info`` gets its version."""
+    import socket
+    import tempfile
+    from pathlib import Path
+
+    from codex_lab.hf.gguf_export import export_gguf
+    from codex_lab.lessons.l06_inference.peer_llamacpp import SERVER_HINT, LlamaServer, find_llama_server
+    from codex_lab.serve.loadtest import run_load
+
+    if find_llama_server() is None:
+        info["skipped"] = SERVER_HINT
+        return {}
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    gguf = export_gguf(ck.model, ck.tokenizer, tmp / "model-f32.gguf", gguf_type="f32")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = stack.enter_context(LlamaServer(gguf, port=port, slots=slots, context=ck.model.cfg.max_seq_len, threads=threads))
+    run_load(srv.url, concurrency=1, requests=2, max_tokens=8, progress=False)  # warm-up
+    info.update(version=srv.version(), slots=slots)
+    return {"llama_server": srv.url}
