@@ -751,6 +751,20 @@ print(lookup_text)
 #   (`cl.mixed_step`), in a second shape of twice the rows; `codex-lab bench serving
 #   --compiled --prefill batched` compares it with the eager prefill beside the step.
 #
+# How these steps compare with the strongest CPU engine, llama.cpp, on the same weights (an F32
+# GGUF export), and where a lone stream's time goes in the serving engine, are recorded runs of
+# `codex-lab bench inference --peer llama.cpp` and `python scripts/single_stream_profile.py`
+# (too slow for this notebook: both compile). The cell prints the records, labelled as such,
+# with their dates and conditions; rerun the commands for this machine's figures.
+
+# %%
+from codex_lab.lessons.l06_inference.report import peer_lines, single_stream_lines
+
+print(peer_lines())
+print()
+print(single_stream_lines())
+
+# %% [markdown]
 # ## What we measured
 # Every line below is computed from this run; compared timings are alternating rounds with their range.
 

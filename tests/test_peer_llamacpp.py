@@ -185,3 +185,22 @@ def test_the_report_quotes_the_recorded_peer_run_or_says_how_to_measure_it():
         if r["impl"] == "codex_lab_fast_decode":
             assert f"after a {r['prompt_len']}-token prompt" in text
             assert f"{r['decode_ratio_vs_llama_cpp']:.2f}x; prefill {r['prefill_ratio_vs_llama_cpp']:.2f}x" in text
+
+
+def test_the_single_stream_record_prints_each_engine_and_its_split_or_says_how_to_measure_it():
+    from codex_lab.lessons.l06_inference.report import single_stream_lines
+
+    assert "not recorded" in single_stream_lines({}) and "single_stream_profile.py" in single_stream_lines({})
+    base = {"scenario": "single_stream", "prompt_len": 128, "new_tokens": 128, "rounds": 3, "threads": 1,
+            "same_tokens": True, "tokens_per_s_min": 1.0, "tokens_per_s_max": 2000.0}
+    rec = {"measured": "2026-01-01", "command": "python scripts/single_stream_profile.py --json", "conditions": "quiet",
+           "rows": [{**base, "impl": "fast_decode", "slots": 1, "tokens_per_s": 1000.0, "vs_fast_decode": 1.0,
+                     "ms_per_token": 1.0},
+                    {**base, "impl": "engine_solo", "slots": 8, "tokens_per_s": 400.0, "vs_fast_decode": 0.4,
+                     "step_ms_per_token": 2.0, "other_ms_per_token": 0.5},
+                    {**base, "impl": "engine_padded", "slots": 8, "tokens_per_s": 200.0, "vs_fast_decode": 0.2,
+                     "step_ms_per_token": 4.5, "other_ms_per_token": 0.5}]}
+    text = single_stream_lines({"single_stream": rec})
+    assert "recorded 2026-01-01, not this run" in text and "FastDecoder 1000 tokens/s" in text
+    assert "what `codex-lab serve` runs), 8 slots: 400 tokens/s (1-2000), 0.40x FastDecoder; per token 2.00 ms" in text
+    assert "padded to its slots, 8 slots: 200 tokens/s (1-2000), 0.20x FastDecoder; per token 4.50 ms" in text

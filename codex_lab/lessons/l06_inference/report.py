@@ -79,6 +79,7 @@ def run(ctx: Any) -> str:
         torch.set_num_threads(threads)  # the goals are measured as `codex-lab bench inference` runs
         out.append("\n" + performance_goals(ctx))
         out.append("\n" + peer_lines())
+        out.append("\n" + single_stream_lines())
         return "\n".join(out)
     finally:
         torch.set_num_threads(threads)
@@ -152,6 +153,37 @@ def peer_lines(record: dict[str, Any] | None = None) -> str:
                      f"prefix {ours['shortest_common_prefix']})")
     else:
         lines.append("- 8 streams at once: not in this record; `codex-lab bench inference --peer llama.cpp` measures it")
+    return "\n".join(lines)
+
+
+def single_stream_lines(record: dict[str, Any] | None = None) -> str:
+    """One stream through the serving engine against FastDecoder (issue 41): the recorded run of
+    ``python scripts/single_stream_profile.py`` (bench_records.json, key ``single_stream``),
+    labelled as recorded, with where the engine's time per token goes; how to measure it here
+    when none is recorded."""
+    from codex_lab.course.figures import bench_record
+
+    rec = (record if record is not None else bench_record()).get("single_stream")
+    if not rec:
+        return ("One stream, serving engine vs FastDecoder: not recorded; `python scripts/single_stream_profile.py` "
+                "measures it on this machine.")
+    rows = {r["impl"]: r for r in rec["rows"]}
+    fd = rows["fast_decode"]
+    lines = [f"One stream, in process (recorded {rec['measured']}, not this run: `{rec['command']}`, {rec['conditions']}; "
+             f"{fd['new_tokens']} greedy tokens after a {fd['prompt_len']}-token prompt, one math thread):", "",
+             f"- FastDecoder {fd['tokens_per_s']:.0f} tokens/s (rounds {fd['tokens_per_s_min']:.0f}-"
+             f"{fd['tokens_per_s_max']:.0f}), {fd['ms_per_token']:.2f} ms per token"]
+    names = {"engine_solo": "the serving engine with its one-row shape for a request alone (what `codex-lab serve` runs)",
+             "engine_padded": "the serving engine with every step padded to its slots"}
+    for k, label in names.items():
+        if k in rows:
+            r = rows[k]
+            lines.append(f"- {label}, {r['slots']} slots: {r['tokens_per_s']:.0f} tokens/s ({r['tokens_per_s_min']:.0f}-"
+                         f"{r['tokens_per_s_max']:.0f}), {r['vs_fast_decode']:.2f}x FastDecoder; per token "
+                         f"{r['step_ms_per_token']:.2f} ms in the model step, {r['other_ms_per_token']:.2f} ms around it "
+                         f"(scheduling, sampling, emitting)")
+    lines.append(f"- same greedy tokens on all: {fd['same_tokens']}. The engine's step gathers K/V through block tables "
+                 "over a bucket of blocks, where FastDecoder reads one contiguous cache (docs/PROFILE.md)")
     return "\n".join(lines)
 
 
