@@ -40,11 +40,12 @@ rm -rf "llama_cpp_python-$VERSION"
 tar xzf "$sdist"
 SRC="$DIR/src/llama_cpp_python-$VERSION/vendor/llama.cpp"
 [ -f "$SRC/CMakeLists.txt" ] || { echo "build_llama_cpp: $sdist has no vendor/llama.cpp" >&2; exit 2; }
-# the vendored tree has no .git (its build-info says commit "unknown"): the sdist's version names it
-echo "the llama.cpp that llama-cpp-python $VERSION vendors (the sdist records no commit)" > "$DIR/COMMIT"
 cmake -S "$SRC" -B "$DIR/cmake" "${FLAGS[@]}"
 cmake --build "$DIR/cmake" --target llama-server llama-bench -j "$JOBS"
 mkdir -p "$DIR/bin"
 cp "$DIR/cmake/bin/llama-server" "$DIR/cmake/bin/llama-bench" "$DIR/bin/"
+# the commit the sdist's llama.cpp was cut from, as the binary reports it ("version: ... commit 0c1e570")
+( "$DIR/bin/llama-server" --version 2>&1 | grep -oE 'commit [0-9a-f]+' | head -1 | cut -d' ' -f2 ||
+  echo "unknown" ) > "$DIR/COMMIT"
 echo "$stamp" > "$DIR/STAMP"
 report

@@ -181,6 +181,13 @@ def test_the_report_quotes_the_recorded_peer_run_or_says_how_to_measure_it():
     assert f"{eng['ratio_vs_llama_cpp']:.2f}x; streams with the same tokens: {eng['same_streams']} of 8" in text
     without = {**rec, "rows": [r for r in rec["rows"] if r["scenario"] == "llama_cpp"]}  # an older record
     assert "8 streams at once: not in this record" in peer_lines({"llama_cpp": without})
+    assert "over HTTP: not recorded" in text and "build_llama_cpp.sh" in text  # no server record given
+    srv = bench_record()["serving_llama_cpp"]
+    both = peer_lines({"llama_cpp": rec, "serving_llama_cpp": srv})
+    for r in srv["rows"]:
+        if r["impl"] == "codex_lab_serve":
+            assert (f"{r['concurrency']} client(s) over HTTP" in both
+                    and f"{r['tokens_per_s']:.0f} tokens/s" in both and f"{r['ratio_vs_llama_server']:.2f}x" in both)
     for r in rec["rows"]:
         if r["impl"] == "codex_lab_fast_decode":
             assert f"after a {r['prompt_len']}-token prompt" in text

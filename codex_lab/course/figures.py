@@ -300,8 +300,36 @@ def _llama_cpp(key: str) -> list[BenchFigure]:
     return out
 
 
+def _llama_server(key: str) -> list[BenchFigure]:
+    """codex-lab serve and llama-server under the same load over HTTP: tokens/s at 1 and 8 clients and their ratio."""
+    out = []
+    for c in (1, 8):
+        ours, theirs = (("impl", "codex_lab_serve"), ("concurrency", c)), (("impl", "llama_server"), ("concurrency", c))
+        out += [
+            BenchFigure(key, rf"({c} client[s]? over HTTP: `codex-lab serve` ){NUM}( tokens/s)", ours, "tokens_per_s"),
+            BenchFigure(key, rf"({c} client[s]? over HTTP: [^|]*?llama-server ){NUM}( tokens/s)", theirs, "tokens_per_s"),
+            BenchFigure(key, rf"({c} client[s]? over HTTP: [^|]*?\*\*){NUM}(x\*\* llama-server's throughput)", ours,
+                        "ratio_vs_llama_server", 2),
+        ]
+    return out
+
+
+def _single_stream(key: str) -> list[BenchFigure]:
+    """One stream in process: FastDecoder's tokens/s, the serving engine's with and without its one-row shape."""
+    fd, solo, pad = (("impl", "fast_decode"),), (("impl", "engine_solo"),), (("impl", "engine_padded"),)
+    return [
+        BenchFigure(key, rf"(one stream in process: FastDecoder ){NUM}( tokens/s)", fd, "tokens_per_s"),
+        BenchFigure(key, rf"(one stream in process: [^|]*?one-row shape ){NUM}( tokens/s)", solo, "tokens_per_s"),
+        BenchFigure(key, rf"(one stream in process: [^|]*?\*\*){NUM}(x\*\* FastDecoder's)", solo, "vs_fast_decode", 2),
+        BenchFigure(key, rf"(one stream in process: [^|]*?padded to 8 rows ){NUM}( tokens/s)", pad, "tokens_per_s"),
+        BenchFigure(key, rf"(one stream in process: [^|]*?model step ){NUM}( ms per token)", solo, "step_ms_per_token", 2),
+    ]
+
+
 BENCH_FIGURES: list[BenchFigure] = [
     *_llama_cpp("llama_cpp"),
+    *_single_stream("single_stream"),
+    *_llama_server("serving_llama_cpp"),
     *_attention("attention"),
     *_moba("moba"),
     *_moe("moe_fast", "moe_full"),

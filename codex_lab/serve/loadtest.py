@@ -113,10 +113,13 @@ async def _one(session: "aiohttp.ClientSession", url: str, body: dict[str, Any],
 async def run_load_async(url: str, *, concurrency: int = 4, requests: int = 16, duration_s: float = 30.0,
                          max_tokens: int = 32, disconnect_prob: float = 0.0, prompts: Sequence[str] = PROMPTS,
                          model: str | None = None, seed: int = 0, timeout_s: float = 60.0,
-                         progress: bool = True) -> LoadReport:
+                         progress: bool = True, fresh_connections: bool = False) -> LoadReport:
     """``concurrency`` clients issue streaming requests until ``requests`` were sent or
     ``duration_s`` passed (requests in flight then finish). See :func:`run_load`.
     ``progress``: a tqdm bar of finished requests (it may stop short when ``duration_s`` ends the run).
+    ``fresh_connections``: one TCP connection per request instead of keep-alive (llama.cpp's
+    llama-server drops kept-alive connections after a stream: aiohttp then fails a later request
+    with "connection reset"; a peer comparison runs both servers this way).
 
     The clients are aiohttp's (C-accelerated HTTP parsing): on the server's own machine every
     CPU-second a client spends is taken from the server it measures (httpx's streaming
@@ -128,7 +131,7 @@ async def run_load_async(url: str, *, concurrency: int = 4, requests: int = 16, 
     rep = LoadReport()
     # per-operation limits as before (connect, each read), not a limit on a whole stream
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=fresh_connections)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector, trust_env=False) as session:
         if model is None:
             async with session.get(url + "/v1/models") as r:
@@ -198,7 +201,8 @@ def run_sync(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
 def run_load(url: str, **kwargs: Any) -> LoadReport:
     """Blocking load test (see :func:`run_load_async` for the arguments):
     concurrency (clients), requests (most requests), duration_s (most seconds of issuing),
-    max_tokens, disconnect_prob (share of streams closed early), prompts, model, seed, progress."""
+    max_tokens, disconnect_prob (share of streams closed early), prompts, model, seed, progress,
+    fresh_connections (one connection per request)."""
     return run_sync(lambda: run_load_async(url, **kwargs))
 
 

@@ -121,11 +121,15 @@ class LlamaServer:
                     "-c", str(context * slots), "-np", str(slots), "-t", str(threads), "-tb", str(threads)]
         self.start_s = start_s
         self.proc: subprocess.Popen[str] | None = None
+        self.log: Any = None
 
     def __enter__(self) -> "LlamaServer":
         import httpx
 
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # the server's log goes to a file: a pipe nobody reads fills after ~100 requests' lines and
+        # then blocks the server's writes, which stalls every stream (seen 2026-12-03)
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log")
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
         t0 = time.monotonic()
         while True:
             try:
@@ -134,8 +138,9 @@ class LlamaServer:
             except httpx.HTTPError:
                 pass
             if self.proc.poll() is not None or time.monotonic() - t0 > self.start_s:
+                self.log.seek(0)
+                out = self.log.read()[-1500:]
                 self.__exit__()
-                out = self.proc.stdout.read()[-1500:] if self.proc.stdout else ""
                 raise RuntimeError(f"llama-server did not start within {self.start_s:.0f} s: {out}")
             time.sleep(0.25)
 
@@ -151,6 +156,8 @@ class LlamaServer:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        if self.log is not None and not self.log.closed:
+            self.log.close()  # a temporary file: removed on close
 
 
 def find_node_llama_cpp() -> Path | None:

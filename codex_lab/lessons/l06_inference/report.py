@@ -147,12 +147,25 @@ def peer_lines(record: dict[str, Any] | None = None) -> str:
         lines.append(f"- {ours['streams']} streams at once ({ours['prompt_len']}-token prompts, {ours['new_tokens']} greedy "
                      f"tokens each, prefill included, in process: no HTTP on either side): the serving engine "
                      f"{ours['tokens_per_s']:.0f} tokens/s (rounds {ours['tokens_per_s_min']:.0f}-{ours['tokens_per_s_max']:.0f}) "
-                     f"vs llama.cpp with {lc['streams']} parallel sequences {lc['tokens_per_s']:.0f} "
+                     f"vs llama.cpp with {lc['streams']} parallel sequences (node-llama-cpp batches them) {lc['tokens_per_s']:.0f} "
                      f"({lc['tokens_per_s_min']:.0f}-{lc['tokens_per_s_max']:.0f}): {ours['ratio_vs_llama_cpp']:.2f}x; "
                      f"streams with the same tokens: {ours['same_streams']} of {ours['streams']} (shortest common "
                      f"prefix {ours['shortest_common_prefix']})")
     else:
         lines.append("- 8 streams at once: not in this record; `codex-lab bench inference --peer llama.cpp` measures it")
+    srv = (record if record is not None else bench_record()).get("serving_llama_cpp")
+    if srv:  # the servers over HTTP (codex-lab bench serving --peer llama.cpp)
+        by = {(r.get("impl"), r.get("concurrency")): r for r in srv["rows"]}
+        for c in sorted({k[1] for k in by if k[0] == "codex_lab_serve"}):
+            ours, lc = by[("codex_lab_serve", c)], by.get(("llama_server", c))
+            if lc:
+                lines.append(f"- {c} client(s) over HTTP (recorded {srv['measured']}: `{srv['command']}`): `codex-lab serve` "
+                             f"{ours['tokens_per_s']:.0f} tokens/s ({ours['tokens_per_s_min']:.0f}-{ours['tokens_per_s_max']:.0f}) "
+                             f"vs llama-server {lc['tokens_per_s']:.0f} ({lc['tokens_per_s_min']:.0f}-"
+                             f"{lc['tokens_per_s_max']:.0f}): {ours['ratio_vs_llama_server']:.2f}x")
+    else:
+        lines.append("- over HTTP: not recorded; `bash scripts/build_llama_cpp.sh` then `codex-lab bench serving --compiled "
+                     "--peer llama.cpp` measures `codex-lab serve` against llama-server")
     return "\n".join(lines)
 
 

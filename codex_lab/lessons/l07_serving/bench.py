@@ -11,8 +11,9 @@ one machine, so they compare with each other; absolute numbers depend on the mac
 ``--peer llama.cpp`` also starts llama.cpp's own server (``llama-server``, built by
 ``scripts/build_llama_cpp.sh``) on the same model exported to an F32 GGUF, with as many
 parallel slots as the largest level and the same math threads, and drives both servers with
-the same clients and prompts, level by level in interleaved rounds (``--rounds``, default 3):
-one row per server and level with the median throughput and its range, and the ratio.
+the same clients and prompts, level by level in interleaved rounds (``--rounds``, default 3),
+one TCP connection per request on both (llama-server drops kept-alive connections after a
+stream): one row per server and level with the median throughput and its range, and the ratio.
 """
 
 from __future__ import annotations
@@ -105,8 +106,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             for c in levels:
                 n = args.requests or c * pick(fast=4, full=16)
                 for impl, url in targets.items():
+                    # with a peer, one connection per request on both servers (llama-server drops kept-alive ones)
                     samples.setdefault((impl, c), []).append(
-                        run_load_in_process(url, concurrency=c, requests=n, max_tokens=args.max_tokens, duration_s=300))
+                        run_load_in_process(url, concurrency=c, requests=n, max_tokens=args.max_tokens, duration_s=300,
+                                            **({"fresh_connections": True} if peer else {})))
         for (impl, c), ss in samples.items():
             rates = sorted(x["tokens_per_s"] for x in ss)
             s = next(x for x in ss if x["tokens_per_s"] == rates[len(rates) // 2])  # the median round's percentiles
@@ -117,7 +120,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                         "tokens_per_s", "errors")}}
             if peer:
                 row.update(impl=impl, rounds=rounds, tokens_per_s=statistics.median(rates),
-                           tokens_per_s_min=rates[0], tokens_per_s_max=rates[-1])
+                           tokens_per_s_min=rates[0], tokens_per_s_max=rates[-1],
+                           tokens=s["tokens"], finish_reasons=s["finish_reasons"])  # the median round's
                 if impl == "llama_server":
                     row.update({f"llama_{k}": v for k, v in peer_info.items()})
             rows.append(row)
@@ -155,6 +159,6 @@ def _start_llama_server(stack: contextlib.ExitStack, ck: Any, slots: int, thread
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     srv = stack.enter_context(LlamaServer(gguf, port=port, slots=slots, context=ck.model.cfg.max_seq_len, threads=threads))
-    run_load(srv.url, concurrency=1, requests=2, max_tokens=8, progress=False)  # warm-up
+    run_load(srv.url, concurrency=1, requests=2, max_tokens=8, progress=False, fresh_connections=True)  # warm-up
     info.update(version=srv.version(), slots=slots)
     return {"llama_server": srv.url}
