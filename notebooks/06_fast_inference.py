@@ -753,7 +753,7 @@ print(lookup_text)
 #
 # How these steps compare with the strongest CPU engine, llama.cpp, on the same weights (an F32
 # GGUF export), and where a lone stream's time goes in the serving engine, are recorded runs of
-# `codex-lab bench inference --peer llama.cpp` and `python scripts/single_stream_profile.py`
+# `codex-lab bench inference --peer llama.cpp` and `codex-lab bench inference --scenarios single_stream --threads 1`
 # (too slow for this notebook: both compile). The cell prints the records, labelled as such,
 # with their dates and conditions; rerun the commands for this machine's figures.
 

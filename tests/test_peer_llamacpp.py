@@ -197,10 +197,10 @@ def test_the_report_quotes_the_recorded_peer_run_or_says_how_to_measure_it():
 def test_the_single_stream_record_prints_each_engine_and_its_split_or_says_how_to_measure_it():
     from codex_lab.lessons.l06_inference.report import single_stream_lines
 
-    assert "not recorded" in single_stream_lines({}) and "single_stream_profile.py" in single_stream_lines({})
+    assert "not recorded" in single_stream_lines({}) and "--scenarios single_stream" in single_stream_lines({})
     base = {"scenario": "single_stream", "prompt_len": 128, "new_tokens": 128, "rounds": 3, "threads": 1,
             "same_tokens": True, "tokens_per_s_min": 1.0, "tokens_per_s_max": 2000.0}
-    rec = {"measured": "2026-01-01", "command": "python scripts/single_stream_profile.py --json", "conditions": "quiet",
+    rec = {"measured": "2026-01-01", "command": "codex-lab bench inference --scenarios single_stream --json", "conditions": "quiet",
            "rows": [{**base, "impl": "fast_decode", "slots": 1, "tokens_per_s": 1000.0, "vs_fast_decode": 1.0,
                      "ms_per_token": 1.0},
                     {**base, "impl": "engine_solo", "slots": 8, "tokens_per_s": 400.0, "vs_fast_decode": 0.4,
@@ -211,3 +211,17 @@ def test_the_single_stream_record_prints_each_engine_and_its_split_or_says_how_t
     assert "recorded 2026-01-01, not this run" in text and "FastDecoder 1000 tokens/s" in text
     assert "what `codex-lab serve` runs), 8 slots: 400 tokens/s (1-2000), 0.40x FastDecoder; per token 2.00 ms" in text
     assert "padded to its slots, 8 slots: 200 tokens/s (1-2000), 0.20x FastDecoder; per token 4.50 ms" in text
+
+
+def test_the_single_stream_scenario_times_each_engine_with_the_same_tokens(small_tokenizer):
+    from codex_lab.lessons.l06_inference.single_stream import bench_single_stream
+
+    rows = bench_single_stream(seeded_model(small_tokenizer), small_tokenizer, slots=3, new_tokens=6, prompt_len=16,
+                               rounds=2, compile=False)
+    assert [r["impl"] for r in rows] == ["fast_decode", "engine_solo", "engine_padded"]
+    for r in rows:  # the engines gave FastDecoder's greedy tokens in every round
+        assert r["same_tokens"] and r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"]
+        assert r["rounds"] == 2 and r["new_tokens"] == 6
+    assert rows[0]["vs_fast_decode"] == 1.0 and rows[0]["ms_per_token"] > 0
+    for r in rows[1:]:  # the engine's time per token, split: the model step and the loop around it
+        assert r["step_ms_per_token"] > 0 and r["other_ms_per_token"] > 0 and r["slots"] == 3

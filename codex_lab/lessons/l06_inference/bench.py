@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "decode (HF generate default and static+compile vs codex_lab's fast decode), "
                         "code_edit (prompt-lookup decoding on code edits), "
                         "llama_cpp (batch-1 prefill and decode against llama.cpp on the same GGUF; --peer llama.cpp), "
-                        "llama_cpp_streams (8 streams at once: the serving engine vs llama.cpp's 8 parallel sequences)")
+                        "llama_cpp_streams (8 streams at once: the serving engine vs llama.cpp's 8 parallel sequences), "
+                        "single_stream (one stream: FastDecoder vs the serving engine, with and without its one-row shape)")
     p.add_argument("--peer", default=None, choices=["llama.cpp"],
                    help="run only the peer comparisons: llama.cpp (npm's node-llama-cpp prebuilt binaries; "
                         "scripts/get_llama_cpp.sh installs them) against FastDecoder at batch 1 and against the "
@@ -318,6 +319,12 @@ def _peer(model: CodexModel, tok: CodeTokenizer, threads: int | None) -> list[di
                            threads=threads)
 
 
+def _single_stream(model: CodexModel, tok: CodeTokenizer, compile: bool) -> list[dict[str, Any]]:
+    from codex_lab.lessons.l06_inference.single_stream import bench_single_stream
+
+    return bench_single_stream(model, tok, slots=8, new_tokens=128, rounds=pick(fast=5, full=11), compile=compile)
+
+
 def _peer_streams(model: CodexModel, tok: CodeTokenizer, threads: int | None) -> list[dict[str, Any]]:
     from codex_lab.lessons.l06_inference.peer_llamacpp import bench_llama_cpp_streams
 
@@ -337,7 +344,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if getattr(args, "peer", None) == "llama.cpp":
         wanted = {"llama_cpp", "llama_cpp_streams"}
     known = {"cache", "hf", "batching", "streams", "speculative", "compile", "decode", "code_edit", "llama_cpp",
-             "llama_cpp_streams"}
+             "llama_cpp_streams", "single_stream"}
     from codex_lab.lessons.l06_inference.fast_scenarios import bench_code_edit, bench_decode
 
     if wanted - known:
@@ -361,6 +368,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "code_edit": lambda: bench_code_edit(model, tok, pick(fast=4, full=12), pick(fast=64, full=128)),
         "llama_cpp": lambda: _peer(model, tok, getattr(args, "threads", None)),
         "llama_cpp_streams": lambda: _peer_streams(model, tok, getattr(args, "threads", None)),
+        # one stream: FastDecoder vs the serving engine with and without its one-row shape (5 rounds, 11 full)
+        "single_stream": lambda: _single_stream(model, tok, compile=not getattr(args, "no_compile", False)),
     }
     rows: list[dict[str, Any]] = []
     bar = progress([s for s in scenarios if s in wanted], desc="inference bench", unit="scenario")

@@ -171,14 +171,14 @@ def peer_lines(record: dict[str, Any] | None = None) -> str:
 
 def single_stream_lines(record: dict[str, Any] | None = None) -> str:
     """One stream through the serving engine against FastDecoder (issue 41): the recorded run of
-    ``python scripts/single_stream_profile.py`` (bench_records.json, key ``single_stream``),
+    ``codex-lab bench inference --scenarios single_stream --threads 1`` (bench_records.json, key ``single_stream``),
     labelled as recorded, with where the engine's time per token goes; how to measure it here
     when none is recorded."""
     from codex_lab.course.figures import bench_record
 
     rec = (record if record is not None else bench_record()).get("single_stream")
     if not rec:
-        return ("One stream, serving engine vs FastDecoder: not recorded; `python scripts/single_stream_profile.py` "
+        return ("One stream, serving engine vs FastDecoder: not recorded; `codex-lab bench inference --scenarios single_stream --threads 1` "
                 "measures it on this machine.")
     rows = {r["impl"]: r for r in rec["rows"]}
     fd = rows["fast_decode"]
