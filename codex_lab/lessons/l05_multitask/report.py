@@ -129,15 +129,16 @@ def reference_lines(mode: str) -> list[str]:
 # The shipped model fine-tuned on codebench 2 iid (issue 39, item 7): a recorded run (too slow
 # for the report: ~1.9 CPU s per step), the configuration of scripts/l05_calibrate_shipped.py
 # (every family pooled, token loss, mix=size, max_len 320, greedy answers of <= 160 tokens,
-# 24 iid test problems per family drawn with seed 0); intervals: 95% bootstrap over problems.
+# 48 iid test problems per family drawn with seed 0); intervals: 95% bootstrap over problems.
 SHIPPED_TUNED: dict[str, Any] | None = {
-    "steps": 300, "batch_size": 16, "lr": 1e-3, "n": 24, "when": "2026-12-03, one CPU thread (565 CPU s of training)",
-    "command": "python scripts/l05_calibrate_shipped.py --steps 300 --n 24",
-    "families": {"completion": {"tuned": 1 / 24, "lo": 0.0, "hi": 0.125},
-                 "bugfix": {"tuned": 4 / 24, "lo": 0.042, "hi": 0.333},
-                 "testgen": {"tuned": 1 / 24, "lo": 0.0, "hi": 0.125},
-                 "translate": {"tuned": 5 / 24, "lo": 0.082, "hi": 0.375},
-                 "fim": {"tuned": 5 / 24, "lo": 0.082, "hi": 0.375}},
+    "steps": 1000, "batch_size": 16, "lr": 1e-3, "n": 48,
+    "when": "2026-12-03, one CPU thread at nice 10 beside other work (1727 CPU s in all)",
+    "command": "python scripts/l05_calibrate_shipped.py --steps 1000 --n 48",
+    "families": {"completion": {"tuned": 17 / 48, "lo": 0.229, "hi": 0.479},
+                 "bugfix": {"tuned": 21 / 48, "lo": 0.312, "hi": 0.583},
+                 "testgen": {"tuned": 2 / 48, "lo": 0.0, "hi": 0.104},
+                 "translate": {"tuned": 20 / 48, "lo": 0.271, "hi": 0.562},
+                 "fim": {"tuned": 28 / 48, "lo": 0.438, "hi": 0.708}},
 }
 
 
@@ -160,9 +161,9 @@ def _shipped_lines(ctx: Any, ck: Any) -> list[str]:
                      f"recorded run, {t['when']}, `{t['command']}`, {t['n']} problems per family): "
                      + ", ".join(f"{f} {v['tuned']:.3f} [{v['lo']:.3f}, {v['hi']:.3f}]" for f, v in t["families"].items())
                      + f"; in the 20-80% band: {sum(0.2 <= v['tuned'] <= 0.8 for v in t['families'].values())} of "
-                     f"{len(t['families'])} families (issue 39 asks for >= 3); this run is not at its plateau (every family's "
-                     "validation loss was still falling at its last step); a longer run: "
-                     "`nice -n 10 python scripts/l05_calibrate_shipped.py --steps 600 --n 48` measures it).")
+                     f"{len(t['families'])} families (issue 39 asks for >= 3). The run keeps no held-out curve, so its "
+                     "training state is not known: this places the benchmark's range for the shipped model, it is not "
+                     "a quality verdict (300 steps had given 0.04-0.21).")
     else:
         lines.append("Fine-tuned: not measured in this report (it takes ~20 CPU minutes): "
                      "`nice -n 10 python scripts/l05_calibrate_shipped.py --steps 600 --n 48`.")
