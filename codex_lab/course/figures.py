@@ -289,29 +289,28 @@ def _llama_cpp(key: str) -> list[BenchFigure]:
             BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?prefill ){NUM}(x llama\.cpp's)", fd,
                         "prefill_ratio_vs_llama_cpp", 2),
         ]
-    eng, lc = (("scenario", "llama_cpp_streams"), ("impl", "codex_lab_engine")), (("scenario", "llama_cpp_streams"),
-                                                                                  ("impl", "llama_cpp"))
-    out += [
-        BenchFigure(key, rf"(8 streams at once: the serving engine ){NUM}( tokens/s)", eng, "tokens_per_s"),
-        BenchFigure(key, rf"(8 streams at once: [^|]*?llama\.cpp ){NUM}( tokens/s)", lc, "tokens_per_s"),
-        BenchFigure(key, rf"(8 streams at once: [^|]*?\*\*){NUM}(x\*\* llama\.cpp's throughput)", eng,
-                    "ratio_vs_llama_cpp", 2),
+    stream = (("scenario", "llama_cpp_streams"),)
+    return out + _throughput_pair(key, "8 streams at once: ", "the serving engine", (*stream, ("impl", "codex_lab_engine")),
+                                  r"llama\.cpp", (*stream, ("impl", "llama_cpp")), "ratio_vs_llama_cpp")
+
+
+def _throughput_pair(key: str, lead: str, ours_words: str, ours: tuple[tuple[str, Any], ...], theirs_words: str,
+                     theirs: tuple[tuple[str, Any], ...], ratio_field: str) -> list[BenchFigure]:
+    """The line ``LEAD OURS N tokens/s, THEIRS N tokens/s: **Rx** THEIRS's throughput``: both
+    tokens/s and the ratio (``ratio_field`` of our row). ``theirs_words`` is a regular expression."""
+    return [
+        BenchFigure(key, rf"({lead}{ours_words} ){NUM}( tokens/s)", ours, "tokens_per_s"),
+        BenchFigure(key, rf"({lead}[^|]*?{theirs_words} ){NUM}( tokens/s)", theirs, "tokens_per_s"),
+        BenchFigure(key, rf"({lead}[^|]*?\*\*){NUM}(x\*\* {theirs_words}'s throughput)", ours, ratio_field, 2),
     ]
-    return out
 
 
 def _llama_server(key: str) -> list[BenchFigure]:
     """codex-lab serve and llama-server under the same load over HTTP: tokens/s at 1 and 8 clients and their ratio."""
-    out = []
-    for c in (1, 8):
-        ours, theirs = (("impl", "codex_lab_serve"), ("concurrency", c)), (("impl", "llama_server"), ("concurrency", c))
-        out += [
-            BenchFigure(key, rf"({c} client[s]? over HTTP: `codex-lab serve` ){NUM}( tokens/s)", ours, "tokens_per_s"),
-            BenchFigure(key, rf"({c} client[s]? over HTTP: [^|]*?llama-server ){NUM}( tokens/s)", theirs, "tokens_per_s"),
-            BenchFigure(key, rf"({c} client[s]? over HTTP: [^|]*?\*\*){NUM}(x\*\* llama-server's throughput)", ours,
-                        "ratio_vs_llama_server", 2),
-        ]
-    return out
+    return [fig for c in (1, 8)
+            for fig in _throughput_pair(key, rf"{c} client[s]? over HTTP: ", "`codex-lab serve`",
+                                        (("impl", "codex_lab_serve"), ("concurrency", c)), "llama-server",
+                                        (("impl", "llama_server"), ("concurrency", c)), "ratio_vs_llama_server")]
 
 
 def _single_stream(key: str) -> list[BenchFigure]:

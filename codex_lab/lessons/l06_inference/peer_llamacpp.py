@@ -297,7 +297,7 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
     rows = []
     for (impl, L), t in times.items():
         ref, mine = toks[("codex_lab_fast_decode", L)], toks[(impl, L)]
-        prefix = next((i for i, (a, b) in enumerate(zip(ref, mine)) if a != b), min(len(ref), len(mine)))
+        prefix = _prefix(ref, mine)
         row: dict[str, Any] = {
             "scenario": "llama_cpp", "impl": impl, "batch": 1, "prompt_len": L, "new_tokens": new_tokens,
             "precision": "f32", "rounds": rounds, "threads": threads,
