@@ -1,8 +1,10 @@
 """Lesson 05's reference run at the converging sizes (``protocol_setup("converge")``: a 2-layer
-width-64 model, 2,500 steps per pooled arm, 3 seeds), on codebench 2's ``iid`` split, shipped as
-``codex_lab/assets/reference/l05_converge_iid.json`` with its provenance.
+width-64 model, 2,500 steps per pooled arm, 3 seeds), on one split of codebench 2 (``iid`` by
+default; ``length`` and ``compose`` hold out program structure), shipped as
+``codex_lab/assets/reference/l05_converge_<split>.json`` with its provenance.
 
     python scripts/reference_l05.py            # resumes: every finished seed is kept in the state file
+    python scripts/reference_l05.py --split length
     python scripts/reference_l05.py --state F  # another state file (default ~/.cache/codex_lab/runs/)
 
 One seed is one resumable unit (``codex_lab.reference.ResumableRun``): a stopped run (a session
@@ -26,7 +28,7 @@ from codex_lab.reference import ResumableRun, provenance, save_reference  # noqa
 from codex_lab.parallel import unit_workers  # noqa: E402
 from codex_lab.runtime import use_compute_threads  # noqa: E402
 
-NAME = "l05_converge_iid"
+SPLITS = ("iid", "length", "compose")
 
 
 def run_seed(setup: ex.Setup, seed: int) -> dict:
@@ -39,15 +41,19 @@ def run_seed(setup: ex.Setup, seed: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--state", default=str(Path.home() / ".cache" / "codex_lab" / "runs" / f"{NAME}.json"))
+    ap.add_argument("--split", default="iid", choices=SPLITS, help="codebench 2 split (default: iid)")
+    ap.add_argument("--state", default=None, help="state file (default: ~/.cache/codex_lab/runs/<name>.json)")
     args = ap.parse_args()
-    setup = ex.protocol_setup("converge", "iid")
+    name = f"l05_converge_{args.split}"
+    args.state = args.state or str(Path.home() / ".cache" / "codex_lab" / "runs" / f"{name}.json")
+    setup = ex.protocol_setup("converge", args.split)
     run = ResumableRun(args.state, {"setup": dataclasses.asdict(setup)})
     with use_compute_threads():
         units = [run.run(f"seed {s}", lambda s=s: run_seed(setup, s)) for s in setup.seeds]
         print(f"seeds done: {len(units)} ({run.seconds():.0f} s of wall time in all sessions)", flush=True)
         # the machine line names the math threads of each worker process (read inside this block)
-        prov = provenance("python scripts/reference_l05.py", run.seconds(), "converge",
+        command = "python scripts/reference_l05.py" + ("" if args.split == "iid" else f" --split {args.split}")
+        prov = provenance(command, run.seconds(), "converge",
                           state_file=str(args.state).replace(str(Path.home()), "~", 1),  # no home path shipped
                           workers=unit_workers(2 + len(setup.families)))
     res = ex.Results(setup)
@@ -69,7 +75,7 @@ def main() -> int:
             "secondary": [c.describe() for c in res.secondary()],
             "naive_vs_primary": res.comparison("naive", res.primary, "all").describe(),
             "curves": {a: [[list(p) for p in c] for c in cs] for a, cs in res.curves.items()}}
-    path = save_reference(NAME, data, prov)
+    path = save_reference(name, data, prov)
     print(data["table"], data["audit"], *data["states"].values(), "primary: " + data["primary"]["describe"], sep="\n")
     print(f"written: {path}")
     return 0
