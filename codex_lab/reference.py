@@ -88,12 +88,18 @@ class ResumableRun:
                                  "delete it, or resume with the same sizes")
             self.state = state
         else:
-            self.state = {"config": self.config, "units": {}, "started": time.time()}
+            # the code that runs the first unit is the code the provenance names (a later commit may land mid-run)
+            self.state = {"config": self.config, "units": {}, "started": time.time(), "commit": _commit()}
 
     @property
     def done(self) -> dict[str, Any]:
         """Finished units: key -> {"result": ..., "seconds": ...}."""
         return self.state["units"]
+
+    @property
+    def commit(self) -> str:
+        """The commit checked out when the run's first unit started (``"unknown"`` for older state files)."""
+        return str(self.state.get("commit", "unknown"))
 
     def seconds(self) -> float:
         """Compute time of the finished units (what the run cost, whatever the pauses between sessions)."""

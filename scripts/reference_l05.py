@@ -53,7 +53,7 @@ def main() -> int:
         print(f"seeds done: {len(units)} ({run.seconds():.0f} s of wall time in all sessions)", flush=True)
         # the machine line names the math threads of each worker process (read inside this block)
         command = "python scripts/reference_l05.py" + ("" if args.split == "iid" else f" --split {args.split}")
-        prov = provenance(command, run.seconds(), "converge",
+        prov = provenance(command, run.seconds(), "converge", commit=run.commit,
                           state_file=str(args.state).replace(str(Path.home()), "~", 1),  # no home path shipped
                           workers=unit_workers(2 + len(setup.families)))
     res = ex.Results(setup)

@@ -32,6 +32,9 @@ def test_a_stopped_run_resumes_without_redoing_finished_units(tmp_path):
     assert again.run("b/1", unit("b/1")) == {"final": "b/1"} and calls == ["a/0", "b/1", "b/1"]
     assert set(json.loads((tmp_path / "state.json").read_text())["units"]) == {"a/0", "b/1"}
     assert not list(tmp_path.glob("*.tmp"))
+    # the commit that started the run survives the resume (the provenance names the code that ran the first unit)
+    started = run.commit
+    assert started != "" and again.commit == started == json.loads((tmp_path / "state.json").read_text())["commit"]
     # another configuration cannot be mixed into the same file
     with pytest.raises(InputError, match="another configuration"):
         ResumableRun(tmp_path / "state.json", {"steps": 200, "arms": ["a", "b"]})

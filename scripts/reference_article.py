@@ -1,0 +1,302 @@
+"""Reference runs at the article's mechanism sizes, on a CPU, shipped as data with provenance.
+
+The standard report shrinks every experiment to what a 2-core laptop trains to a plateau in
+minutes. These runs keep each lesson's protocol, statistics and training-state rule, and move
+the mechanism itself to the sizes the article names, with the model kept small enough that a
+2-core CPU finishes in tens of minutes (the article's full models would take weeks here:
+``scripts/estimate_full_cpu.py``):
+
+- ``02``: window 64 + stride 16 (the article's 64-128 / 16-32) on 256-token sequences, against
+  a window-only arm of matched density; 2 layers of width 64.
+- ``03``: GQA with group sizes 1-8 on 8 query heads (the article's 4-8), heads twice as wide and
+  sequences twice as long as the standard run (width 64, 64 tokens).
+- ``04``: MoE with 16 experts, top-4 (the article's 8-16, top 2-4), on 64-token windows.
+- ``08``: the capstone's designs at the article's sizes: window 64 sparse deep layers, GQA with
+  group 4 (8 query heads, 2 K/V heads), 8 experts top-2, on 256-token windows.
+
+    python scripts/reference_article.py --section 03      # resumes where a stopped run left off
+    python scripts/reference_article.py --section 04 --state F
+
+Units (one seed, or one arm at one seed) run in worker processes, as many at once as cores allow
+(:mod:`codex_lab.parallel`); each finished unit is kept in a state file
+(:class:`codex_lab.reference.ResumableRun`; default ``~/.cache/codex_lab/runs/<name>.json``), so
+a stopped run loses at most the units in flight. The result is written to
+``codex_lab/assets/reference/l<section>_article.json``: the geometry, every arm's training
+state, the verdicts (the lesson's own judging functions) and the per-seed held-out curves,
+with the provenance (commit, command, machine, date, compute time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import pickle
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from codex_lab.parallel import run_units, unit_workers  # noqa: E402
+from codex_lab.reference import ResumableRun, provenance, save_reference  # noqa: E402
+from codex_lab.runtime import use_compute_threads  # noqa: E402
+
+SECTIONS = ("02", "03", "04", "08")
+
+
+def _pack(obj: Any) -> str:
+    """A unit's result in the (local, never shipped) state file: pickled, base64 text."""
+    return base64.b64encode(pickle.dumps(obj)).decode("ascii")
+
+
+def _unpack(text: str) -> Any:
+    return pickle.loads(base64.b64decode(text))
+
+
+def run_resumable(run: ResumableRun, fn: Callable[..., Any], args: Sequence[tuple], keys: Sequence[str],
+                  common: dict[str, Any]) -> list[Any]:
+    """``fn(*a, **common)`` for every ``a`` in ``args``, in chunks of as many units as there are
+    worker processes; each chunk's results are stored as they finish (a chunk is the loss on a stop)."""
+    workers = unit_workers(len(args))
+    out: dict[str, Any] = {}
+    for i in range(0, len(args), workers):
+        chunk = list(zip(keys[i:i + workers], args[i:i + workers]))
+        todo = [(k, a) for k, a in chunk if k not in run.done]
+        if todo:
+            import time
+
+            t0 = time.perf_counter()
+            res = run_units(fn, [a for _, a in todo], common=common, names=[k for k, _ in todo])
+            each = (time.perf_counter() - t0) / len(todo)
+            for (k, _), r in zip(todo, res):
+                run.run(k, lambda r=r: _pack(r))  # stored at once (JSON: pickled text)
+                run.done[k]["seconds"] = round(each, 2)  # wall time of the chunk, shared by its units
+            run._write()
+            print(f"done: {', '.join(k for k, _ in todo)} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        for k, _ in chunk:
+            out[k] = _unpack(run.done[k]["result"])
+    return [out[k] for k in keys]
+
+
+def _curves(points: Sequence[Sequence[tuple[float, float]]], offset: float = 0.0) -> list[list[list[float]]]:
+    return [[[float(s) + offset, float(v)] for s, v in c] for c in points]
+
+
+# --- lesson 03 -------------------------------------------------------------------------------
+
+def sizes_03() -> Any:
+    from codex_lab.lessons.l03_gqa.experiments import PROTOCOL_SIZES
+
+    # heads of width 8 (the standard run's 4 are far narrower than real models') on 64 tokens
+    return dataclasses.replace(PROTOCOL_SIZES["standard"], d_model=64, seq_len=64)
+
+
+def section_03(run: ResumableRun, corpus: Any) -> dict[str, Any]:
+    from codex_lab.lessons.l03_gqa import experiments as gqa
+
+    s = config_of("03")
+    train, val, vocab = gqa.protocol_data(corpus, s)
+    runs = run_resumable(run, gqa.run_protocol_seed, [(seed,) for seed in s.seeds], [f"seed {x}" for x in s.seeds],
+                         dict(train_tokens=train, val_tokens=val, vocab_size=vocab, sizes=s))
+    v = gqa.protocol_verdicts(runs)
+    n = len(runs)
+    table = ["| g | loss right after pooling | after uptraining | from scratch (equal steps) |", "|---|---|---|---|"]
+    for g in sorted(runs[0].uptrain):
+        table.append(f"| {g} | {sum(r.converted[g] for r in runs) / n:.3f} | "
+                     f"{sum(r.final('uptrain', g) for r in runs) / n:.3f} | {sum(r.final('scratch', g) for r in runs) / n:.3f} |")
+    curves = {"MHA pre-training": _curves([r.base for r in runs])}
+    for g in sorted(runs[0].uptrain):
+        curves[f"uptrained g={g}"] = _curves([r.uptrain[g] for r in runs], offset=s.pretrain_steps)
+    return {"geometry": s.describe(), "states": [st.describe() for st in v.states.values()],
+            "table": table + ["", f"(mean of {n} seeds, nats/token on each seed's held-out windows)"],
+            "verdicts": {"primary, g = 4 uptrained": v.primary.describe(),
+                         **{k: c.describe() for k, c in v.secondary.items()}},
+            "primary": {"verdict": v.primary.verdict, "diff": v.primary.diff, "lo": v.primary.lo, "hi": v.primary.hi},
+            "curves": curves, "ylabel": "held-out loss (nats/token)", "xlabel": "step"}
+
+
+# --- lesson 04 -------------------------------------------------------------------------------
+
+def plan_04() -> Any:
+    from codex_lab.lessons.l04_moe.protocol import protocol_plan
+
+    return dataclasses.replace(protocol_plan("standard"), n_experts=16, top_k=4, seq_len=64)
+
+
+def section_04(run: ResumableRun, corpus: Any) -> dict[str, Any]:
+    from codex_lab.lessons.l04_moe import protocol as p4
+
+    plan = config_of("04")
+    tok, train, val = p4.protocol_data(corpus.files, plan)
+    configs = p4.arm_configs(tok.vocab_size, d_model=plan.d_model, n_layer=plan.n_layer, n_head=plan.n_head,
+                             n_experts=plan.n_experts, top_k=plan.top_k, expert_hidden=plan.expert_hidden,
+                             max_seq_len=plan.seq_len)
+    units = [(a, s) for s in plan.seeds for a in p4.QUALITY_ARMS]
+    common = dict(configs=configs, train_tokens=train, val_tokens=val, steps=plan.steps, batch_size=plan.batch_size,
+                  seq_len=plan.seq_len, lr=plan.lr, min_lr=plan.min_lr, eval_every=plan.eval_every,
+                  eval_batches=plan.eval_batches, eval_batch_size=plan.eval_batch_size,
+                  bias_update_rate=plan.bias_update_rate, warmup=plan.warmup, device=None, flat_share=plan.flat_share)
+    res = run_resumable(run, _train_04, units, [f"arm {a}, seed {s}" for a, s in units], common)
+    runs: dict[str, list[Any]] = {a: [] for a in p4.QUALITY_ARMS}
+    for (a, _), r in zip(units, res):
+        runs[a].append(r)
+    final = {a: [r["val_loss"] for r in rs] for a, rs in runs.items()}
+    curves = {a: [r["curve"] for r in rs] for a, rs in runs.items()}
+    v = p4.judge_quality(final, curves)
+    table = ["| arm | parameters a token uses | held-out loss (mean of seeds) |", "|---|---|---|"]
+    table += [f"| {a} | {runs[a][0]['active_params']:,} | {statistics.fmean(final[a]):.3f} |" for a in p4.QUALITY_ARMS]
+    return {"geometry": plan.describe(), "states": [st.describe() for st in v.states.values()], "table": table,
+            "verdicts": {"primary, MoE vs dense of equal active compute": v.primary.describe(),
+                         "MoE keeps the big dense model's quality": v.keeps_big.describe(),
+                         "capacity helps (big dense vs small dense)": v.capacity.describe()},
+            "primary": {"verdict": v.primary.verdict, "diff": v.primary.diff, "lo": v.primary.lo, "hi": v.primary.hi},
+            "curves": {a: _curves(c) for a, c in curves.items()}, "ylabel": "held-out loss (nats/token)",
+            "xlabel": "step"}
+
+
+def _train_04(arm: str, seed: int, **kw: Any) -> dict[str, Any]:
+    """One arm at one seed, reduced to what the verdicts need (a model does not travel back)."""
+    from codex_lab.lessons.l04_moe import protocol as p4
+
+    r = p4.train_unit(arm, seed, **kw)
+    return {"val_loss": float(r.val_loss), "curve": p4.held_out_curve(r), "active_params": int(r.active_params)}
+
+
+# --- lesson 08 -------------------------------------------------------------------------------
+
+def sizes_08() -> Any:
+    from codex_lab.lessons.l08_capstone.trade import TRADE_SIZES
+
+    return dataclasses.replace(TRADE_SIZES["standard"], seq_len=256, n_head=8, n_kv_head=2,
+                               sparse="window:64+blockstride:64:4", n_experts=8, top_k=2)
+
+
+def section_08(run: ResumableRun, corpus: Any) -> dict[str, Any]:
+    from codex_lab.lessons.l08_capstone import trade as t8
+
+    s = config_of("08")
+    train, val, vocab = t8.trade_data(corpus, s)
+    runs = run_resumable(run, t8.run_trade_seed, [(seed,) for seed in s.seeds], [f"seed {x}" for x in s.seeds],
+                         dict(train_tokens=train, val_tokens=val, vocab_size=vocab, sizes=s))
+    states = t8.trade_states(runs)
+    costs = t8.trade_costs(runs, states)
+    n = len(runs)
+    table = ["| design | loss right after conversion | after the equal budget | minus plain |", "|---|---|---|---|"]
+    for k in runs[0].curves:
+        fin = sum(r.final(k) for r in runs) / n
+        table.append(f"| {t8.LABELS.get(k, k)} | {sum(r.converted[k] for r in runs) / n:.3f} | {fin:.3f} | "
+                     + ("" if k == "plain" else f"{costs[k].diff:+.3f} [{costs[k].lo:+.3f}, {costs[k].hi:+.3f}]") + " |")
+    curves = {"plain pre-training": _curves([r.base for r in runs])}
+    for k in runs[0].curves:
+        curves[t8.LABELS.get(k, k)] = _curves([r.curves[k] for r in runs], offset=s.pretrain_steps)
+    return {"geometry": s.describe(), "states": [st.describe() for st in states.values()],
+            "table": table + ["", f"(mean of {n} seeds, nats/token; cost intervals 90%, paired by seed)"],
+            "verdicts": {f"{t8.LABELS.get(k, k)} keeps the plain model's quality": c.describe() for k, c in costs.items()},
+            "primary": {k: {"verdict": c.verdict, "diff": c.diff, "lo": c.lo, "hi": c.hi} for k, c in costs.items()},
+            "curves": curves, "ylabel": "held-out loss (nats/token)", "xlabel": "step"}
+
+
+# --- lesson 02 -------------------------------------------------------------------------------
+
+def config_02() -> Any:
+    from codex_lab.data.longrange import RecallTask
+    from codex_lab.lessons.l02_sparse_attention.geometry import standard_config
+
+    # 2 layers: the window-only reach 2 x (80 - 1) = 158; near distances 24-110 (inside it), far
+    # 185-235 beyond it; none a multiple of the stride (16)
+    task = RecallTask(seq_len=256, n_keys=7, distances=(24, 45, 70, 110, 185, 205, 235), per_distance=1,
+                      layout="scattered")
+    return dataclasses.replace(standard_config(), task=task, n_layer=2, window=64, stride=16, wide_window=80,
+                               steps=1500, eval_every=75)
+
+
+def section_02(run: ResumableRun, corpus: Any) -> dict[str, Any]:
+    from codex_lab.lessons.l02_sparse_attention import experiments as lr
+
+    cfg = config_of("02")
+    arms = lr.arms_for("standard", cfg.n_layer, cfg)
+    units = [(list(p), cfg, seed) for seed in cfg.seeds for p in arms.values()]
+    labels = [(name, seed) for seed in cfg.seeds for name in arms]
+    res = run_resumable(run, lr.train_recall, units, [f"arm {n}, seed {s}" for n, s in labels], {})
+    results: dict[str, list[Any]] = {name: [] for name in arms}
+    for (name, _), r in zip(labels, res):
+        results[name].append(r)
+    v = lr.judge(results, cfg)
+    dens = lr.densities(cfg.specs, cfg.task.seq_len)
+    dists = list(results["dense"][0].accuracy)
+    table = ["| arm | " + " | ".join(dists) + " | far mean |", "|---" * (len(dists) + 2) + "|"]
+    for k, rs in results.items():
+        m = lr.mean_by_distance(rs)
+        table.append(f"| {k} | " + " | ".join(f"{m[d]:.2f}" for d in dists) + f" | {statistics.fmean(v.far[k]):.2f} |")
+    geometry = (f"{cfg.n_layer} layers of width {cfg.d_model}, {cfg.n_head} heads, {cfg.task.seq_len}-token sequences, "
+                f"{cfg.task.n_keys} bindings at distances {', '.join(map(str, cfg.task.distances))}; window+stride "
+                f"`{cfg.specs['window+stride']}` (density {dens['window+stride']:.3f}) against window-only "
+                f"`{cfg.specs['window']}` ({dens['window']:.3f}); window-only reach {cfg.reach} tokens; {cfg.steps} "
+                f"steps of {cfg.batch}, lr {cfg.lr:g}, {cfg.warmup} warm-up; {len(cfg.seeds)} seeds")
+    return {"geometry": geometry, "states": [st.describe() for st in v.states.values()],
+            "table": table + ["", f"(recall accuracy per query distance, mean of {len(cfg.seeds)} seeds; chance "
+                                  f"{lr.chance_of(cfg):.3f})"],
+            "verdicts": {"primary, far accuracy window+stride minus window": v.stride.describe(),
+                         "primary, dense early minus sparse early": v.schedule.describe(),
+                         **{f"secondary {i + 1}": c.describe() for i, c in enumerate(v.schedule_more)}},
+            "primary": {"verdict": v.stride.verdict, "diff": v.stride.diff, "lo": v.stride.lo, "hi": v.stride.hi},
+            "curves": {k: _curves([r.curve for r in rs]) for k, rs in results.items()},
+            "ylabel": "held-out recall accuracy", "xlabel": "step"}
+
+
+SMOKE = False  # --smoke: the same code path on a few steps and three seeds (minutes), written to a scratch folder
+
+
+def _smoke(cfg: Any, section: str) -> Any:
+    """``cfg`` cut to a handful of steps and three seeds (the fewest a verdict takes): checks the code path, measures nothing."""
+    if section == "02":
+        return dataclasses.replace(cfg, steps=30, warmup=5, eval_every=10, eval_sequences=16, seeds=(0, 1, 2))
+    if section == "03":
+        return dataclasses.replace(cfg, pretrain_steps=40, uptrain_steps=4, warmup=4, eval_every=10,
+                                   uptrain_eval_every=1, eval_windows=16, seeds=(0, 1, 2))
+    if section == "04":
+        return dataclasses.replace(cfg, steps=40, warmup=4, eval_every=10, seeds=(0, 1, 2), files=50)
+    return dataclasses.replace(cfg, pretrain_steps=40, uptrain_steps=8, warmup=4, eval_every=10, uptrain_eval_every=2,
+                               eval_windows=16, seeds=(0, 1, 2))
+
+
+def config_of(section: str) -> Any:
+    """The section's sizes (what the state file must match on a resume)."""
+    cfg = {"02": config_02, "03": sizes_03, "04": plan_04, "08": sizes_08}[section]()
+    return _smoke(cfg, section) if SMOKE else cfg
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--section", required=True, choices=SECTIONS)
+    ap.add_argument("--state", default=None, help="state file (default: ~/.cache/codex_lab/runs/<name>.json)")
+    ap.add_argument("--smoke", action="store_true", help="a few steps, three seeds, written under /tmp (checks the path)")
+    args = ap.parse_args()
+    global SMOKE
+    SMOKE = args.smoke
+    name = f"l{args.section}_article"
+    runs_dir = Path("/tmp/codex_lab_smoke") if SMOKE else Path.home() / ".cache" / "codex_lab" / "runs"
+    state = args.state or str(runs_dir / f"{name}.json")
+    cfg = config_of(args.section)
+    run = ResumableRun(state, {"section": args.section, "sizes": repr(cfg)})
+    from codex_lab.data.corpus import load_corpus
+
+    corpus = load_corpus(None)
+    fn = {"02": section_02, "03": section_03, "04": section_04, "08": section_08}[args.section]
+    with use_compute_threads():
+        data = fn(run, corpus)
+        # the machine line names the math threads of each worker process (read inside this block)
+        prov = provenance(f"python scripts/reference_article.py --section {args.section}", run.seconds(), "article",
+                          commit=run.commit, state_file=state.replace(str(Path.home()), "~", 1), workers=unit_workers(2))
+    path = save_reference(name, data, prov, **({"directory": runs_dir} if SMOKE else {}))
+    print(data["geometry"], *data["states"], *data["table"], *(f"{k}: {v}" for k, v in data["verdicts"].items()),
+          sep="\n")
+    print(f"written: {path} ({run.seconds():.0f} s of compute in all sessions)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
