@@ -168,3 +168,54 @@ def draw_reference(ax: Any, curves: Mapping[str, Sequence[Sequence[Sequence[floa
         mean = [sum(s[j][1] for s in seeds) / len(seeds) for j in range(len(steps))]
         color = (colors or {}).get(arm, f"C{i}")
         ax.plot(steps, mean, ls="--", lw=1.2, color=color, alpha=0.7, label=f"{arm} ({label})")
+
+
+def article_reference_lines(section: str, *, directory: str | Path = REFERENCE_DIR) -> list[str]:
+    """The shipped reference run of lesson ``section`` at the article's sizes
+    (``scripts/reference_article.py``) as a Markdown block for the report, labelled as shipped:
+    provenance, geometry, every arm's training state, the results table and the verdicts, all
+    computed by the lesson's own functions when the run was made. When none is shipped, one line
+    saying how to make it."""
+    ref = load_reference(f"l{section}_article", directory=directory)
+    command = f"python scripts/reference_article.py --section {section}"
+    if ref is None:
+        return [f"No reference run at the article's sizes is shipped for lesson {section}; `{command}` makes one "
+                "(resumable, tens of minutes on 2 CPU cores).", ""]
+    d = ref["data"]
+    return ["### Reference run at the article's sizes (shipped, not this run)", "",
+            f"{describe_provenance(ref)}. Geometry: {d['geometry']}. The lesson's own protocol, statistics and "
+            f"training-state rule at the mechanism sizes the article names, with a model small enough for a CPU; "
+            f"rerun it with `{command}`.", "", "Training state of every arm:", "",
+            *[f"- {s}" for s in d["states"]], "", *d["table"], "",
+            *[f"- {k}: {v}" for k, v in d["verdicts"].items()], ""]
+
+
+def plot_reference(name: str, *, ylabel: str | None = None, directory: str | Path = REFERENCE_DIR) -> Any:
+    """A figure of the shipped reference ``name``'s held-out curves (mean over seeds, dashed,
+    labelled "(reference)", titled with its date and commit), or None when none is shipped."""
+    import matplotlib.pyplot as plt
+
+    ref = load_reference(name, directory=directory)
+    if ref is None:
+        return None
+    d, p = ref["data"], ref["provenance"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    draw_reference(ax, d["curves"])
+    ax.set_xlabel(d.get("xlabel", "step"))
+    ax.set_ylabel(ylabel or d.get("ylabel", "held-out value"))
+    seeds = len(next(iter(d["curves"].values())))
+    ax.set_title(f"shipped reference run {name} ({p['date'][:10]}, commit {str(p['commit'])[:7]}; mean of {seeds} "
+                 "seeds)", fontsize=8)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def article_reference_block(ctx: Any, section: str) -> list[str]:
+    """For a report section: :func:`article_reference_lines` and, when shipped, the reference
+    curves saved as a figure beside the live run's (``ctx.savefig``)."""
+    lines = article_reference_lines(section)
+    fig = plot_reference(f"l{section}_article")
+    if fig is not None:
+        lines += [ctx.savefig(fig, f"l{section}_article_reference"), ""]
+    return lines

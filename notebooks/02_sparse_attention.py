@@ -506,6 +506,21 @@ print(f"VERDICT 'dense early, sparse deep beats the reverse': {v_rev.verdict} (d
       f"[{v_all.lo:+.3f}, {v_all.hi:+.3f}])")
 
 # %% [markdown]
+# ### Beside this run: the shipped reference at the article's sizes
+# This run is sized for a laptop. The course ships a reference run of the same protocol at
+# the mechanism sizes the article names (window 64 and stride 16 on 256-token sequences), made with
+# `python scripts/reference_article.py --section 02` and stored with its provenance (commit,
+# command, machine, date, compute time). It is data, not this run: its states and verdicts
+# are printed as its own run computed them, and its curves are dashed, labelled "reference".
+
+# %%
+from codex_lab.reference import article_reference_lines, plot_reference
+
+print("\n".join(article_reference_lines("02")))
+ref_fig = plot_reference("l02_article")  # None when no reference is shipped
+plt.show()
+
+# %% [markdown]
 # Step time of the four schedules on 1024-token inputs (the 128-token task fits one tile, so
 # a block kernel has nothing to skip there), timed in interleaved rounds (each round runs every
 # schedule once, in rotating order, so load from other processes falls on all of them alike),

@@ -359,6 +359,21 @@ fig = gqa.plot_protocol(protocol_runs)
 plt.show()
 
 # %% [markdown]
+# ### Beside this run: the shipped reference at the article's sizes
+# This run is sized for a laptop. The course ships a reference run of the same protocol at
+# the mechanism sizes the article names (group sizes 1-8 on 8 query heads, heads of width 8 on 64-token windows), made with
+# `python scripts/reference_article.py --section 03` and stored with its provenance (commit,
+# command, machine, date, compute time). It is data, not this run: its states and verdicts
+# are printed as its own run computed them, and its curves are dashed, labelled "reference".
+
+# %%
+from codex_lab.reference import article_reference_lines, plot_reference
+
+print("\n".join(article_reference_lines("03")))
+ref_fig = plot_reference("l03_article")  # None when no reference is shipped
+plt.show()
+
+# %% [markdown]
 # **The verdicts.** First each arm's training state, then the primary comparison (g = 4
 # uptrained against the MHA control trained equally long) and the secondary ones (g = 2 and
 # 8 uptrained, every g from scratch), corrected together for multiplicity (Holm). Below

@@ -416,6 +416,21 @@ if moe_quality.verdict == cl.UNDER_TRAINED:
           "the interval above measures the step budget")
 
 # %% [markdown]
+# ### Beside this run: the shipped reference at the article's sizes
+# This run is sized for a laptop. The course ships a reference run of the same protocol at
+# the mechanism sizes the article names (16 experts, top-4, on 64-token windows), made with
+# `python scripts/reference_article.py --section 04` and stored with its provenance (commit,
+# command, machine, date, compute time). It is data, not this run: its states and verdicts
+# are printed as its own run computed them, and its curves are dashed, labelled "reference".
+
+# %%
+from codex_lab.reference import article_reference_lines, plot_reference
+
+print("\n".join(article_reference_lines("04")))
+ref_fig = plot_reference("l04_article")  # None when no reference is shipped
+plt.show()
+
+# %% [markdown]
 # The training times above ran one after the other on a machine that other jobs may share,
 # so they are not compared. To compare the cost of a step, one training step (forward and
 # backward on the same batch) of each quality arm alternates, round after round

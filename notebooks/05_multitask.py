@@ -468,6 +468,23 @@ for p, rs in zip(first, cb2.execute(first, answers)):
 hw = {c.metric.split(": ")[0].split()[-1]: c.half_width for c in secondary[: len(setup.families)]}
 print(f"{len(setup.seeds)} seeds x {setup.per_family} problems per family: half-width of the naive - single-task "
       "interval per family: " + ", ".join(f"{f} ±{h:.3f}" for f, h in hw.items()))
+
+# %% [markdown]
+# ### Beside this run: the shipped reference runs, one per split
+# The course ships this protocol trained to its converging sizes (2-layer width-64 models,
+# 2,500 steps per pooled arm, 3 seeds) on each codebench 2 split it has run: `iid`, `length`
+# (train on 1-2 operations, test on 3-4) and `compose` (operation pairs never adjacent in
+# training), made with `python scripts/reference_l05.py --split ...` and stored with their
+# provenance. They are data, not this run: the table and verdicts are printed as those runs
+# computed them; the held-out curves of the `iid` run are dashed, labelled "reference".
+
+# %%
+from codex_lab.lessons.l05_multitask.report import reference_lines
+from codex_lab.reference import plot_reference
+
+print("\n".join(reference_lines("standard")) or "no reference run is shipped")
+ref_fig = plot_reference("l05_converge_iid", ylabel="held-out loss (nats/token)")
+plt.show()
 print(f"primary interval half-width: ±{primary.half_width:.3f}")
 
 # %% [markdown]

@@ -403,6 +403,22 @@ for st in tstates.values():
     print(st.describe())
 
 # %% [markdown]
+# ### Beside this run: the shipped reference at the article's sizes
+# This run is sized for a laptop. The course ships a reference run of the same trade at the
+# sizes the article names (window 64 sparse deep layers, GQA with group 4, 8 experts top-2,
+# on 256-token windows), made with `python scripts/reference_article.py --section 08` and
+# stored with its provenance (commit, command, machine, date, compute time). It is data, not
+# this run: its states and verdicts are printed as its own run computed them, and its curves
+# are dashed, labelled "reference".
+
+# %%
+from codex_lab.reference import article_reference_lines, plot_reference
+
+print("\n".join(article_reference_lines("08")))
+ref_fig = plot_reference("l08_article")  # None when no reference is shipped
+plt.show()
+
+# %% [markdown]
 # Write the cost of one design yourself: the paired per-seed differences and the
 # non-inferiority rule (the one-sided 95% upper bound of the cost below the margin keeps
 # quality), then hold it to the package's `tr.trade_costs`.

@@ -56,21 +56,56 @@ def test_reference_data_carries_its_provenance(tmp_path):
 
 
 def test_lesson_05_shows_a_shipped_reference_labelled_as_such(monkeypatch):
-    """The report's lesson 05 prints a shipped reference run beside its own figures, with the
-    provenance line and the reference's own states and verdict; nothing without one, nor in full mode."""
+    """The report's lesson 05 prints every shipped reference split beside its own figures: a
+    per-split summary of the primary verdicts, then each split's provenance, states and verdicts;
+    nothing without one, nor in full mode."""
     import codex_lab.reference as ref_mod
     from codex_lab.lessons.l05_multitask.report import reference_lines
 
     monkeypatch.setattr(ref_mod, "load_reference", lambda name, **kw: None)
     assert reference_lines("standard") == []
     prov = ref_mod.provenance("python scripts/reference_l05.py", 1234.0, "converge")
-    fake = {"provenance": prov, "data": {
-        "setup": "2 layers", "table": "TABLE", "audit": "AUDIT", "states": {"coba": "coba: trained (...)"},
-        "primary": {"describe": "coba - single-task ... -> holds"}, "naive_vs_primary": "coba - naive ... -> not resolved"}}
+
+    def fake(split, verdict):
+        return {"provenance": prov, "data": {
+            "setup": "2 layers", "table": f"TABLE {split}", "audit": "AUDIT", "states": {"coba": "coba: trained (...)"},
+            "trained": {"coba": True, "single-task": False}, "primary_arm": "coba",
+            "primary": {"describe": f"coba - single-task ... -> {verdict}", "verdict": verdict, "diff": 0.2, "lo": 0.1,
+                        "hi": 0.3},
+            "naive_vs_primary": "coba - naive ... -> not resolved (x)"}}
+
+    shipped = {"l05_converge_iid": fake("iid", "holds"), "l05_converge_compose": fake("compose", "fails")}
     seen = []
-    monkeypatch.setattr(ref_mod, "load_reference", lambda name, **kw: seen.append(name) or fake)
+    monkeypatch.setattr(ref_mod, "load_reference", lambda name, **kw: seen.append(name) or shipped.get(name))
     text = "\n".join(reference_lines("standard"))
-    assert seen == ["l05_converge_iid"]
-    assert "shipped, not this run" in text and "python scripts/reference_l05.py" in text and "21 min" in text
-    assert "TABLE" in text and "coba: trained" in text and "primary: coba - single-task ... -> holds" in text
+    assert seen == ["l05_converge_iid", "l05_converge_length", "l05_converge_compose"]
+    assert "shipped, not this run" in text and "python scripts/reference_l05.py --split compose" in text and "21 min" in text
+    assert "TABLE iid" in text and "TABLE compose" in text and "length" not in text.split("| split |")[1].split("####")[0]
+    assert "| iid | coba minus single-task +0.200 [+0.100, +0.300]: holds | not resolved | 1 of 2 |" in text
+    assert "| compose | coba minus single-task +0.200 [+0.100, +0.300]: fails |" in text
     assert reference_lines("full") == []
+
+
+def test_article_reference_block_renders_a_shipped_run_or_says_how_to_make_one(tmp_path):
+    """Lessons 02-04 and 08 print the reference at the article's sizes with its provenance,
+    states, table and verdicts, and draw its curves labelled as reference; without one shipped,
+    one line names the command that makes it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from codex_lab.reference import article_reference_lines, plot_reference, save_reference
+
+    assert "python scripts/reference_article.py --section 03" in article_reference_lines("03", directory=tmp_path)[0]
+    assert plot_reference("l03_article", directory=tmp_path) is None
+    data = {"geometry": "GEOM", "states": ["MHA base: trained (...)"], "table": ["| g |", "|---|"],
+            "verdicts": {"primary": "g=4 ... -> holds"}, "primary": {"verdict": "holds"},
+            "curves": {"MHA": [[[0, 3.0], [10, 2.0]], [[0, 3.2], [10, 2.2]]]}, "ylabel": "loss", "xlabel": "step"}
+    save_reference("l03_article", data, provenance("python scripts/reference_article.py --section 03", 7200.0, "article"),
+                   directory=tmp_path)
+    text = "\n".join(article_reference_lines("03", directory=tmp_path))
+    assert "shipped, not this run" in text and "2.0 h of compute" in text and "GEOM" in text
+    assert "- MHA base: trained (...)" in text and "- primary: g=4 ... -> holds" in text
+    fig = plot_reference("l03_article", directory=tmp_path)
+    (line,) = fig.axes[0].get_lines()
+    assert line.get_label() == "MHA (reference)" and list(line.get_ydata()) == [3.1, 2.1]
+    assert "mean of 2 seeds" in fig.axes[0].get_title()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from codex_lab.reference import article_reference_block
+
 TITLE = "Lesson 02: sparse attention"
 ORDER = 2
 
@@ -178,7 +180,7 @@ def long_range(ctx: Any) -> str:
             f"Window-only reach L(w-1) = {rf}; its measured cliff: {cl_w}. Accuracy at distances <= {rf}: "
             + ", ".join(f"{k} {a:.2f}" for k, a in near.items()) + ".\n\n" + "\n".join(lines) + "\n\n"
             + "\n".join(f"- {c.describe()}" for c in (v.stride, *v.links, v.schedule, *v.schedule_more))
-            + "\n\n" + img)
+            + "\n\n" + img + "\n\n" + "\n".join(article_reference_block(ctx, "02")))
 
 
 def performance_goals(ctx: Any) -> str:

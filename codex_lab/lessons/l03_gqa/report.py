@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from codex_lab.reference import article_reference_block
+
 import torch
 
 from codex_lab.parallel import run_units
@@ -127,4 +129,5 @@ def run(ctx: Any) -> str:
               f"{v.secondary['scratch g=4'].diff:+.3f} ({v.secondary['scratch g=4'].verdict}, secondary); "
               f"{sizes.n_layer}-layer d_model {sizes.d_model} models; no statement about large models",
               primary.verdict, lesson="03", states=states_text([v.states[k] for k in ("MHA base", "uptrained g=1", "uptrained g=4")]))
+    out += ["", *article_reference_block(ctx, "03")]
     return "\n".join(out)

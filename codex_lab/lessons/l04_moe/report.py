@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from codex_lab.reference import article_reference_block
+
 import torch
 
 TITLE = "Lesson 04: mixture of experts"
@@ -192,6 +194,7 @@ def run(ctx: Any) -> str:
     ctx.claim(f"MoE layers as described (the article mentions no load balancing; unbalanced = busiest expert > "
               f"{LOAD_LIMIT:g}x the mean load)", balance_text, balance_verdict, lesson="04")
     lines += ["", performance_goal(ctx)]
+    lines += ["", *article_reference_block(ctx, "04")]
     return "\n".join(lines)
 
 

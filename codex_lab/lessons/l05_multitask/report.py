@@ -110,20 +110,38 @@ def run(ctx: Any) -> str:
 
 
 def reference_lines(mode: str) -> list[str]:
-    """The shipped reference run at the converging sizes (scripts/reference_l05.py), beside this
-    run's figures and labelled as such: its provenance, every arm's training state and its primary
-    verdict. Nothing when no reference is shipped or in full mode (which runs larger sizes itself)."""
+    """The shipped reference runs at the converging sizes (scripts/reference_l05.py), one per
+    codebench 2 split that has one (iid, length, compose), beside this run's figures and labelled
+    as such: a per-split summary of the primary verdicts, then each run's provenance, every arm's
+    training state and its verdicts. Nothing when none is shipped or in full mode (which runs
+    larger sizes itself, every split)."""
     from codex_lab.reference import describe_provenance, load_reference
 
-    ref = load_reference("l05_converge_iid")
-    if ref is None or mode == "full":
+    refs = {sp: r for sp in ("iid", "length", "compose") if (r := load_reference(f"l05_converge_{sp}")) is not None}
+    if not refs or mode == "full":
         return []
-    d = ref["data"]
-    return ["### Reference run at the converging sizes (shipped, not this run)", "",
-            f"{describe_provenance(ref)}. Geometry: {d['setup']}. The same protocol and statistics as above, "
-            "trained longer; rerun it with `python scripts/reference_l05.py` (resumable, about 20 min on 2 cores).", "",
-            "```", d["table"], d["audit"], *d["states"].values(), "primary: " + d["primary"]["describe"],
-            "secondary: " + d["naive_vs_primary"], "```", ""]
+    out = ["### Reference runs at the converging sizes, per split (shipped, not this run)", "",
+           "The same protocol and statistics as above, trained longer, on each codebench 2 split: does multi-task "
+           "training help in distribution (iid), on longer programs (length: train on 1-2 operations, test on 3-4), "
+           "on unseen combinations (compose)?", "",
+           "| split | primary comparison | naive vs balanced | arms trained |", "|---|---|---|---|"]
+    for sp, ref in refs.items():
+        d = ref["data"]
+        pr = d["primary"]
+        trained = sum(bool(t) for t in d.get("trained", {}).values())
+        out.append(f"| {sp} | {d['primary_arm']} minus single-task {pr['diff']:+.3f} [{pr['lo']:+.3f}, {pr['hi']:+.3f}]: "
+                   f"{pr['verdict']} | {d['naive_vs_primary'].split(' -> ')[-1].split(' (')[0]} | "
+                   f"{trained} of {len(d.get('trained', {}))} |")
+    out.append("")
+    for sp, ref in refs.items():
+        d = ref["data"]
+        command = "python scripts/reference_l05.py" + ("" if sp == "iid" else f" --split {sp}")
+        out += [f"#### Split `{sp}`", "",
+                f"{describe_provenance(ref)}. Geometry: {d['setup']}. Rerun it with `{command}` (resumable, about "
+                "20 min on 2 cores).", "",
+                "```", d["table"], d["audit"], *d["states"].values(), "primary: " + d["primary"]["describe"],
+                "secondary: " + d["naive_vs_primary"], "```", ""]
+    return out
 
 
 # The shipped model fine-tuned on codebench 2 iid (issue 39, item 7): a recorded run (too slow

@@ -6,6 +6,8 @@ import tempfile
 from collections import Counter
 from typing import Any
 
+from codex_lab.reference import article_reference_block
+
 TITLE = "Lesson 08: capstone (every optimisation in one model) and the seed claims"
 ORDER = 8
 
@@ -113,4 +115,5 @@ def run(ctx: Any) -> str:
     lessons = sorted({c["lesson"] for c in ctx.claims})
     parts.append(f"### Every seed claim beside what the course measured\n\n{len(ctx.claims)} claims from lessons "
                  f"{', '.join(lessons)}: " + ", ".join(f"{v} {n}" for v, n in counts.most_common()) + ".\n\n" + "\n".join(table))
+    parts.append("\n".join(article_reference_block(ctx, "08")))
     return "\n\n".join(parts)
