@@ -7,6 +7,11 @@ near-duplicate audit. One thread; about 1.9 CPU seconds per step on a 2-core lap
 default 600 steps take ~20 CPU minutes:
 
     nice -n 10 python scripts/l05_calibrate_shipped.py --steps 600 --n 48 --json out.json
+
+``--save DIR`` also writes the fine-tuned weights in float16 (half the bytes of the shipped
+float32 model; the architecture and tokenizer are the shipped model's) with the run's scores
+and provenance: ``--save codex_lab/assets/cb2_tuned`` makes the release baseline of lesson 07's
+functional gate (:func:`codex_lab.training.checkpoint.load_codebench2_tuned`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=48, help="test problems per family")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="")
+    ap.add_argument("--save", default="", help="folder for the fine-tuned float16 weights and their provenance")
     args = ap.parse_args()
     torch.set_num_threads(1)
     import codex_lab as cl
@@ -53,6 +59,14 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+    if args.save:
+        from codex_lab.reference import provenance
+        from codex_lab.training.checkpoint import save_tuned_weights
+
+        cmd = (f"python scripts/l05_calibrate_shipped.py --split {args.split} --steps {args.steps} --batch-size "
+               f"{args.batch_size} --lr {args.lr:g} --n {args.n} --seed {args.seed} --save {args.save}")
+        meta = {**out, "provenance": provenance(cmd, out["cpu_s"], "calibration (CPU seconds, one thread)")}
+        print("written:", save_tuned_weights(args.save, m, meta))
 
 
 if __name__ == "__main__":

@@ -334,6 +334,59 @@ def load_train_state(path: str | Path) -> dict[str, Any]:
     return state
 
 
+TUNED_WEIGHTS = "model_f16.safetensors"
+
+
+def tuned_path() -> Path:
+    """Folder of the shipped model fine-tuned on codebench 2 iid (float16 weights + meta)."""
+    return Path(__file__).resolve().parents[1] / "assets" / "cb2_tuned"
+
+
+def save_tuned_weights(folder: str | Path, model: CodexModel, meta: dict[str, Any]) -> Path:
+    """Write ``model``'s weights in float16 and ``meta`` (JSON) into ``folder``, atomically per file.
+
+    Only weights: the architecture and the tokenizer are the shipped model's, so
+    :func:`load_codebench2_tuned` rebuilds it from those (half the bytes of a float32 copy)."""
+    import copy
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    half = copy.deepcopy(model).to(torch.float16)
+    tmp = folder / (TUNED_WEIGHTS + ".tmp")
+    save_model(half, str(tmp), metadata={"format": "pt"})
+    tmp.chmod(0o644)  # an ordinary shipped file (the writer may create it private)
+    os.replace(tmp, folder / TUNED_WEIGHTS)
+    (folder / (META + ".tmp")).write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
+    os.replace(folder / (META + ".tmp"), folder / META)
+    return folder
+
+
+def load_codebench2_tuned(device: torch.device | str | None = None, *, folder: str | Path | None = None) -> Checkpoint:
+    """The shipped model fine-tuned on codebench 2's ``iid`` training split (issue 39, item 7:
+    ``scripts/l05_calibrate_shipped.py --save``), float16 weights read back into float32: the
+    release baseline of the server's functional gate. ``meta`` holds the run's scores and provenance.
+
+    Raises:
+        MissingFileError: the weights are not shipped (names the command that makes them).
+    """
+    folder = Path(folder) if folder is not None else tuned_path()
+    weights = folder / TUNED_WEIGHTS
+    if not weights.is_file():
+        raise MissingFileError(f"no fine-tuned weights at {str(weights)!r}; make them with `python "
+                               "scripts/l05_calibrate_shipped.py --steps 1000 --n 48 --save codex_lab/assets/cb2_tuned`")
+    base = load_pretrained()
+    model = CodexModel(base.config).to(torch.float16)
+    try:
+        load_model(model, str(weights), strict=True)
+    except Exception as exc:  # safetensors/torch raise several types; all mean a bad file
+        raise InputError(f"{weights}: cannot load the weights ({_one_line(exc)}); {_REDO}") from None
+    model = model.float().eval()
+    if device is not None:
+        model = model.to(device)
+    return Checkpoint(model=model, tokenizer=base.tokenizer, config=base.config, meta=_load_meta(folder / META),
+                      path=folder)
+
+
 def load_pretrained(device: torch.device | str | None = None) -> Checkpoint:
     """The shipped tiny checkpoint, trained on the Python standard library (see its meta)."""
     return load_checkpoint(pretrained_path(), device=device)
