@@ -21,7 +21,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "lessons.l08_capstone.claims": ('capstone_claims',),
     "training.balancing": ('Balancer', 'STRATEGIES', 'make_balancer', 'task_stats', 'token_losses'),
     "serve.canary": ('CanaryController', 'CanaryPolicy'),
-    "training.checkpoint": ('Checkpoint', 'load_checkpoint', 'load_pretrained', 'pretrained_path', 'save_checkpoint'),
+    "training.checkpoint": ('Checkpoint', 'load_checkpoint', 'load_codebench2_tuned', 'load_pretrained', 'pretrained_path', 'save_checkpoint'),
     "nn.config": ('ModelConfig',),
     "data.corpus": ('Corpus', 'SourceFile', 'load_corpus'),
     "data.batches": ('fixed_batches', 'random_batch', 'tokenize_texts'),

@@ -754,15 +754,19 @@ print(lookup_text)
 # How these steps compare with the strongest CPU engine, llama.cpp, on the same weights (an F32
 # GGUF export), and where a lone stream's time goes in the serving engine, are recorded runs of
 # `codex-lab bench inference --peer llama.cpp` and `codex-lab bench inference --scenarios single_stream --threads 1`
-# (too slow for this notebook: both compile). The cell prints the records, labelled as such,
-# with their dates and conditions; rerun the commands for this machine's figures.
+# (too slow for this notebook: both compile); `--scenarios token_profile` splits a lone stream's
+# time per token by operator (matmuls, attention, sampling, the compiled graph, other ops, and
+# the Python no operator accounts for) under `torch.profiler`. The cell prints the records,
+# labelled as such, with their dates and conditions; rerun the commands for this machine's figures.
 
 # %%
-from codex_lab.lessons.l06_inference.report import peer_lines, single_stream_lines
+from codex_lab.lessons.l06_inference.report import peer_lines, single_stream_lines, token_profile_lines
 
 print(peer_lines())
 print()
 print(single_stream_lines())
+print()
+print(token_profile_lines())
 
 # %% [markdown]
 # ## What we measured

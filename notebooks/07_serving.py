@@ -395,22 +395,28 @@ assert list(door.values()) == [403, 415, 400, 400, 200]
 # %% [markdown]
 # ## 4. Release gates: a damaged candidate is refused
 # Gates: syntax (on 8 fixed function prompts, the body parses and is not empty), functional
-# (codebench pass@1 on held-out problems, lesson 05's executable benchmark: each answer's
-# program runs in the sandbox with time and memory limits and no network), style (an
-# explicit consistency measure: 4-space indentation, snake_case names, lines <= 79), and
-# latency attainment. A candidate passes only if it is no worse than the baseline on every
-# gate. The shipped model has never seen codebench's answer format (lesson 05 measures it
-# before fine-tuning), so a functional gate on it would have little to lose. So the baseline released
-# here is the shipped model after lesson 05's balanced fine-tune on codebench's training
-# split (`tune_for_codebench`, about 40 steps); the candidate is that model with noise added
-# to every weight (a botched fine-tune, say).
+# (pass@1 on held-out problems of codebench 2's iid split, lesson 05's executable benchmark:
+# completion, bug fix, test generation, fill-in-the-middle and, with Node installed,
+# translation to JavaScript; each answer's program runs in the sandbox with time and memory
+# limits and no network), style (an explicit consistency measure: 4-space indentation,
+# snake_case names, lines <= 79), and latency attainment. A candidate passes only if it is no
+# worse than the baseline on every gate. The shipped model has never seen codebench 2's
+# answer format (lesson 05 measures it before fine-tuning), so a functional gate on it would
+# have little to lose. So the baseline released here is the shipped model fine-tuned on
+# codebench 2's iid training split for 1,000 steps (too long for a notebook: the course ships
+# its weights, made by `scripts/l05_calibrate_shipped.py --save`, with the run's scores and
+# provenance); the candidate is that model with noise added to every weight (a botched
+# fine-tune, say).
 
 # %%
-from codex_lab.lessons.l05_multitask.experiments import tune_for_codebench
+from codex_lab.training.checkpoint import load_codebench2_tuned
 
-tuned = tune_for_codebench(model, tok)  # the release baseline: knows codebench's answer format
+tuned_ck = load_codebench2_tuned()  # the release baseline: knows codebench 2's answer format
+print("baseline:", tuned_ck.meta["provenance"]["command"], "| recorded pass@1 per family:",
+      ", ".join(f"{f} {v['tuned']:.2f}" for f, v in tuned_ck.meta["families"].items()))
+tuned = tuned_ck.model
 reg = cl.Registry(tempfile.mkdtemp(prefix="codex-lab-registry-"))
-v1 = reg.add(tuned, tok, note="shipped tiny model, fine-tuned on codebench's training split")
+v1 = reg.add(tuned, tok, note="shipped tiny model, fine-tuned on codebench 2's iid training split")
 reg.promote(v1)
 base = reg.load()  # verified against its checksum, then loaded
 print("registry current:", reg.current(), "| manifest sha256", reg.manifest(v1).sha256[:16])
@@ -434,7 +440,7 @@ assert not ok_damaged
 # the functional gate alone tells the two apart, in the direction of the damage
 func_gap = baseline_gates.functional - damaged_gates.functional
 print(f"functional gate: baseline {baseline_gates.functional:.2f}, damaged {damaged_gates.functional:.2f} "
-      f"(the damage {'shows' if func_gap > 0 else 'does not show'} on codebench)")
+      f"(the damage {'shows' if func_gap > 0 else 'does not show'} on codebench 2)")
 assert baseline_gates.functional > 0 and func_gap > 0
 
 # %% [markdown]

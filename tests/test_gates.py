@@ -84,15 +84,22 @@ def test_gates_through_the_engine_catch_a_perturbed_candidate(small_tokenizer):
     assert not ok and any("tbt" in w for w in why)
 
 
-def test_functional_gate_scores_codebench_answers() -> None:
+@pytest.mark.parametrize("split", ["iid", "legacy"])
+def test_functional_gate_scores_codebench_answers(split: str) -> None:
+    """Canonical answers pass, the benchmark's own wrong answers (off-by-one constants, wrong
+    operators, wrong order, partial programs) fail, half and half scores 0.5; on codebench 2
+    iid (the default) and on the first codebench."""
     from codex_lab.evals import codebench as cb
+    from codex_lab.evals import codebench2 as cb2
     from codex_lab.serve.gates import bench_problems
 
-    probs = bench_problems(2)
+    probs = bench_problems(2, split=split)
+    assert len({p.family for p in probs}) >= 4
+    wrong_of = cb.wrong_completions if split == "legacy" else cb2.wrong_completions
     good = [Sample(GOOD[p.name]) for p in SUITE]
     right = score(good, bench=probs, bench_answers=[p.canonical_solution for p in probs])
     assert right.functional == 1.0 and right.syntax == 1.0
-    wrong = score(good, bench=probs, bench_answers=[cb.wrong_completions(p)[-1] for p in probs])
+    wrong = score(good, bench=probs, bench_answers=[wrong_of(p)[-1] for p in probs])
     assert wrong.functional == 0.0 and wrong.syntax == 1.0  # the suite's answers do not count any more
     half = [p.canonical_solution if i % 2 else "    pass\n" for i, p in enumerate(probs)]
     assert score(good, bench=probs, bench_answers=half).functional == 0.5
@@ -100,8 +107,48 @@ def test_functional_gate_scores_codebench_answers() -> None:
         score(good, bench=probs)
 
 
-def test_functional_gate_tells_a_tuned_model_from_a_damaged_copy() -> None:
-    """The shipped model, fine-tuned as in lesson 05, against the same weights with noise added.
+def test_the_default_functional_gate_is_codebench2_iid() -> None:
+    from codex_lab.evals import codebench2 as cb2
+    from codex_lab.evals.codebench2.js import node_path
+    from codex_lab.serve.gates import BENCH_PER_FAMILY, bench_problems
+
+    probs = bench_problems()
+    assert {p.split for p in probs} == {"iid"} and {p.part for p in probs} == {"test"}
+    fams = {p.family for p in probs}
+    assert fams == set(cb2.FAMILIES) - ({"translate"} if node_path() is None else set())
+    assert len(probs) == BENCH_PER_FAMILY * len(fams)
+    with pytest.raises(ValueError, match="'default'"):
+        run_gates(lambda prompts, n: [], bench="iid")
+
+
+def test_functional_gate_tells_the_tuned_baseline_from_a_damaged_copy() -> None:
+    """The release baseline (the shipped model fine-tuned on codebench 2 iid, shipped as
+    float16 weights) against the same weights with noise added, on the default gate.
+
+    No score of a particular checkpoint is assumed: only that the baseline scores above zero
+    and that noise of the weights' own size destroys it."""
+    import copy
+
+    from codex_lab.training.checkpoint import load_codebench2_tuned
+
+    ck = load_codebench2_tuned()
+    assert ck.meta["split"] == "iid" and "provenance" in ck.meta
+    damaged = copy.deepcopy(ck.model)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in damaged.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * p.float().std().clamp(min=1e-3))  # noise as large as the weights
+    good = run_gates(engine_completer(ck.model, ck.tokenizer), max_tokens=24)
+    bad = run_gates(engine_completer(damaged, ck.tokenizer), max_tokens=24)
+    assert good.functional > 0.0, good.functional
+    assert bad.functional < good.functional, (bad.functional, good.functional)
+    ok, why = gate_decision(bad.scores(), good.scores())
+    assert not ok and any(w.startswith("functional") for w in why), why
+
+
+def test_legacy_functional_gate_tells_a_tuned_model_from_a_damaged_copy() -> None:
+    """The first codebench (``bench="legacy"``): the shipped model, fine-tuned as in lesson 05,
+    against the same weights with noise added.
 
     No score of a particular checkpoint is assumed: only that fine-tuning lifts codebench
     pass@1 above zero and that noise of the weights' own size destroys it."""
@@ -117,8 +164,8 @@ def test_functional_gate_tells_a_tuned_model_from_a_damaged_copy() -> None:
     with torch.no_grad():
         for p in damaged.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * p.float().std().clamp(min=1e-3))  # noise as large as the weights
-    good = run_gates(engine_completer(tuned, ck.tokenizer), max_tokens=24)
-    bad = run_gates(engine_completer(damaged, ck.tokenizer), max_tokens=24)
+    good = run_gates(engine_completer(tuned, ck.tokenizer), max_tokens=24, bench="legacy")
+    bad = run_gates(engine_completer(damaged, ck.tokenizer), max_tokens=24, bench="legacy")
     assert good.functional > 0.0, good.functional
     assert bad.functional < good.functional, (bad.functional, good.functional)
     ok, why = gate_decision(bad.scores(), good.scores())

@@ -33,7 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "code_edit (prompt-lookup decoding on code edits), "
                         "llama_cpp (batch-1 prefill and decode against llama.cpp on the same GGUF; --peer llama.cpp), "
                         "llama_cpp_streams (8 streams at once: the serving engine vs llama.cpp's 8 parallel sequences), "
-                        "single_stream (one stream: FastDecoder vs the serving engine, with and without its one-row shape)")
+                        "single_stream (one stream: FastDecoder vs the serving engine, with and without its one-row shape), "
+                        "token_profile (one stream's time per token split into matmuls, attention, sampling, the "
+                        "compiled graph, other ops and Python, under torch.profiler)")
     p.add_argument("--peer", default=None, choices=["llama.cpp"],
                    help="run only the peer comparisons: llama.cpp (npm's node-llama-cpp prebuilt binaries; "
                         "scripts/get_llama_cpp.sh installs them) against FastDecoder at batch 1 and against the "
@@ -333,6 +335,13 @@ def _peer_streams(model: CodexModel, tok: CodeTokenizer, threads: int | None) ->
                                    rounds=pick(fast=5, full=11), threads=threads)
 
 
+def _token_profile(model: CodexModel, tok: CodeTokenizer, compile: bool) -> list[dict[str, Any]]:
+    from codex_lab.lessons.l06_inference.token_profile import bench_token_profile
+
+    return bench_token_profile(model, tok, new_tokens=pick(fast=64, full=128), slots=8, compile=compile,
+                               rounds=pick(fast=3, full=5))
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     seed_everything(0)
     torch.set_grad_enabled(False)
@@ -344,7 +353,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if getattr(args, "peer", None) == "llama.cpp":
         wanted = {"llama_cpp", "llama_cpp_streams"}
     known = {"cache", "hf", "batching", "streams", "speculative", "compile", "decode", "code_edit", "llama_cpp",
-             "llama_cpp_streams", "single_stream"}
+             "llama_cpp_streams", "single_stream", "token_profile"}
     from codex_lab.lessons.l06_inference.fast_scenarios import bench_code_edit, bench_decode
 
     if wanted - known:
@@ -370,6 +379,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "llama_cpp_streams": lambda: _peer_streams(model, tok, getattr(args, "threads", None)),
         # one stream: FastDecoder vs the serving engine with and without its one-row shape (5 rounds, 11 full)
         "single_stream": lambda: _single_stream(model, tok, compile=not getattr(args, "no_compile", False)),
+        # one stream under torch.profiler: where a token's time goes (64 tokens, 3 unprofiled rounds)
+        "token_profile": lambda: _token_profile(model, tok, compile=not getattr(args, "no_compile", False)),
     }
     rows: list[dict[str, Any]] = []
     bar = progress([s for s in scenarios if s in wanted], desc="inference bench", unit="scenario")

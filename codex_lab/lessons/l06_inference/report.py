@@ -80,6 +80,7 @@ def run(ctx: Any) -> str:
         out.append("\n" + performance_goals(ctx))
         out.append("\n" + peer_lines())
         out.append("\n" + single_stream_lines())
+        out.append("\n" + token_profile_lines())
         return "\n".join(out)
     finally:
         torch.set_num_threads(threads)
@@ -198,6 +199,25 @@ def single_stream_lines(record: dict[str, Any] | None = None) -> str:
     lines.append(f"- same greedy tokens on all: {fd['same_tokens']}. The engine's step gathers K/V through block tables "
                  "over a bucket of blocks, where FastDecoder reads one contiguous cache (docs/PROFILE.md)")
     return "\n".join(lines)
+
+
+def token_profile_lines(record: dict[str, Any] | None = None) -> str:
+    """Where a lone stream's time per token goes (issue 41): the recorded run of ``codex-lab bench
+    inference --scenarios token_profile --threads 1`` (bench_records.json, key ``token_profile``),
+    labelled as recorded; how to measure it here when none is recorded."""
+    from codex_lab.course.figures import bench_record
+    from codex_lab.lessons.l06_inference.token_profile import profile_lines
+
+    rec = (record if record is not None else bench_record()).get("token_profile")
+    if not rec:
+        return ("Time per token by operator: not recorded; `codex-lab bench inference --scenarios token_profile "
+                "--threads 1` measures it on this machine.")
+    rows = rec["rows"]
+    return "\n".join([f"Where one stream's time per token goes (recorded {rec['measured']}, not this run: "
+                      f"`{rec['command']}`, {rec['conditions']}; {rows[0]['new_tokens']} greedy tokens after a "
+                      f"{rows[0]['prompt_len']}-token prompt under torch.profiler, operator self time by category; "
+                      "'python' is the wall time no operator accounts for, inflated by profiling):", "",
+                      *profile_lines(rows)])
 
 
 def speculative_section(ctx: Any) -> str:

@@ -25,7 +25,7 @@ def _perturbed(model: torch.nn.Module, scale: float = 1.0, seed: int = 0) -> tor
 def run(ctx) -> str:  # noqa: ANN001
     """Measure the seed's section-4 targets on the shipped model; record verdicts."""
     from codex_lab.serve.canary import CanaryController, CanaryPolicy
-    from codex_lab.serve.gates import engine_completer, gate_decision, run_gates
+    from codex_lab.serve.gates import bench_problems, engine_completer, gate_decision, run_gates
     from codex_lab.serve.loadtest import malformed_storm, run_load
     from codex_lab.serve.metrics import peak_memory_bytes
     from codex_lab.serve.registry import Registry
@@ -51,11 +51,12 @@ def run(ctx) -> str:  # noqa: ANN001
             h = srv.health()
             leaked = h["in_flight"] + h["running"] + h["waiting"] + h["kv_used_tokens"]
             storm = malformed_storm(bg.url, 200)
-            # the baseline knows codebench's answer format (lesson 05's balanced fine-tune), so the
-            # functional gate can see damage; the untuned shipped model scores 0 there, as would its copy
-            from codex_lab.lessons.l05_multitask.experiments import tune_for_codebench
+            # the release baseline: the shipped model fine-tuned on codebench 2 iid (shipped weights,
+            # scripts/l05_calibrate_shipped.py --save), so the functional gate can see damage; the
+            # untuned shipped model scores ~0 there, as would its copy
+            from codex_lab.training.checkpoint import load_codebench2_tuned
 
-            tuned = tune_for_codebench(ck.model, ck.tokenizer)
+            tuned = load_codebench2_tuned().model
             base = run_gates(engine_completer(tuned, ck.tokenizer), max_tokens=48)
             dmg = run_gates(engine_completer(_perturbed(tuned), ck.tokenizer), max_tokens=48)
             passed, why = gate_decision(dmg.scores(), base.scores())
@@ -130,8 +131,9 @@ def run(ctx) -> str:  # noqa: ANN001
     ctx.claim("keep at least two previous versions", f"after 5 promotions the registry holds {len(kept)} versions",
               "holds" if len(kept) >= 3 else "fails", lesson="07")
     ctx.claim("gate new versions on syntax, function and style; no worse than the baseline",
-              f"damaged candidate {'refused' if not passed else 'passed'}; functional (codebench pass@1) "
-              f"{base.functional:.0%} for the fine-tuned baseline vs {dmg.functional:.0%} damaged"
+              f"damaged candidate {'refused' if not passed else 'passed'}; functional (codebench 2 iid pass@1, "
+              f"{len(bench_problems())} held-out problems) {base.functional:.0%} for the fine-tuned baseline vs "
+              f"{dmg.functional:.0%} damaged"
               + ("" if dmg.functional < base.functional else ": the functional gate did not see the damage in this run"),
               "holds" if not passed and dmg.functional < base.functional else
               "fails as stated" if not passed else "fails", lesson="07")  # refused, but not by the functional gate
