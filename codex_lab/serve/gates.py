@@ -285,13 +285,20 @@ def engine_completer(model, tokenizer, *, max_batch_size: int = 8, step_delay_s:
         eng = Engine(model, tokenizer, max_batch_size=max_batch_size)
         samples = [Sample(body="", arrival=time.perf_counter()) for _ in prompts]
         rid_to_i: dict[int, int] = {}
+        limit = int(model.cfg.max_seq_len)
         for i, p in enumerate(prompts):
-            params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+            ids = tokenizer.encode(p)
+            # a model whose context cannot hold the prompt and one token answers nothing (the problem fails);
+            # otherwise the answer is cut to the room its context leaves
+            room = min(max_tokens, limit - len(ids))
+            if room < 1:
+                continue
+            params = SamplingParams(max_tokens=room, temperature=0.0)
 
             def on_token(tok_id: int, text: str, i: int = i) -> None:
                 samples[i].token_times.append(time.perf_counter())
 
-            rid_to_i[eng.submit(tokenizer.encode(p), params, on_token=on_token)] = i
+            rid_to_i[eng.submit(ids, params, on_token=on_token)] = i
         while eng.has_work():
             if step_delay_s:
                 time.sleep(step_delay_s)
