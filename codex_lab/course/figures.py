@@ -325,9 +325,25 @@ def _single_stream(key: str) -> list[BenchFigure]:
     ]
 
 
+def _token_profile(key: str) -> list[BenchFigure]:
+    """A lone stream under torch.profiler: ms per token of FastDecoder (compiled) and the serving
+    engine's one-row step, unprofiled, and the engine's compiled-graph and Python shares."""
+    fd, solo = (("impl", "fast_decode"),), (("impl", "engine_solo"),)
+    return [
+        BenchFigure(key, rf"(under torch\.profiler: FastDecoder compiled ){NUM}( ms per token)", fd,
+                    "unprofiled_ms_per_token", 2),
+        BenchFigure(key, rf"(under torch\.profiler: [^|]*?its compiled graph ){NUM}( ms)", fd, "graph_ms_per_token", 2),
+        BenchFigure(key, rf"(under torch\.profiler: [^|]*?one-row step ){NUM}( ms per token)", solo,
+                    "unprofiled_ms_per_token", 2),
+        BenchFigure(key, rf"(under torch\.profiler: [^|]*?its compiled graphs ){NUM}( ms)", solo, "graph_ms_per_token", 2),
+        BenchFigure(key, rf"(under torch\.profiler: [^|]*?Python and guards ){NUM}( ms)", solo, "python_ms_per_token", 2),
+    ]
+
+
 BENCH_FIGURES: list[BenchFigure] = [
     *_llama_cpp("llama_cpp"),
     *_single_stream("single_stream"),
+    *_token_profile("token_profile"),
     *_llama_server("serving_llama_cpp"),
     *_attention("attention"),
     *_moba("moba"),
