@@ -111,9 +111,13 @@ class ResumableRun:
             return self.done[key]["result"]
         t0 = time.perf_counter()
         result = fn()
-        self.done[key] = {"result": result, "seconds": round(time.perf_counter() - t0, 2)}
-        self._write()
+        self.store(key, result, time.perf_counter() - t0)
         return result
+
+    def store(self, key: str, result: Any, seconds: float) -> None:
+        """Keep ``result`` of unit ``key`` computed elsewhere (a worker process) in ``seconds``, written at once."""
+        self.done[key] = {"result": result, "seconds": round(float(seconds), 2)}
+        self._write()
 
     def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ import dataclasses
 import pickle
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -68,19 +69,21 @@ def run_resumable(run: ResumableRun, fn: Callable[..., Any], args: Sequence[tupl
         chunk = list(zip(keys[i:i + workers], args[i:i + workers]))
         todo = [(k, a) for k, a in chunk if k not in run.done]
         if todo:
-            import time
-
             t0 = time.perf_counter()
             res = run_units(fn, [a for _, a in todo], common=common, names=[k for k, _ in todo])
             each = (time.perf_counter() - t0) / len(todo)
             for (k, _), r in zip(todo, res):
-                run.run(k, lambda r=r: _pack(r))  # stored at once (JSON: pickled text)
-                run.done[k]["seconds"] = round(each, 2)  # wall time of the chunk, shared by its units
-            run._write()
+                run.store(k, _pack(r), each)  # JSON: pickled text; the chunk's wall time, shared by its units
             print(f"done: {', '.join(k for k, _ in todo)} ({time.perf_counter() - t0:.0f} s)", flush=True)
         for k, _ in chunk:
             out[k] = _unpack(run.done[k]["result"])
     return [out[k] for k in keys]
+
+
+def seed_runs(run: ResumableRun, fn: Callable[..., Any], sizes: Any, train: Any, val: Any, vocab: int) -> list[Any]:
+    """``fn(seed, train_tokens=..., val_tokens=..., vocab_size=..., sizes=...)`` for every seed of ``sizes``, resumably."""
+    return run_resumable(run, fn, [(seed,) for seed in sizes.seeds], [f"seed {x}" for x in sizes.seeds],
+                         dict(train_tokens=train, val_tokens=val, vocab_size=vocab, sizes=sizes))
 
 
 def _curves(points: Sequence[Sequence[tuple[float, float]]], offset: float = 0.0) -> list[list[list[float]]]:
@@ -100,20 +103,14 @@ def section_03(run: ResumableRun, corpus: Any) -> dict[str, Any]:
     from codex_lab.lessons.l03_gqa import experiments as gqa
 
     s = config_of("03")
-    train, val, vocab = gqa.protocol_data(corpus, s)
-    runs = run_resumable(run, gqa.run_protocol_seed, [(seed,) for seed in s.seeds], [f"seed {x}" for x in s.seeds],
-                         dict(train_tokens=train, val_tokens=val, vocab_size=vocab, sizes=s))
+    runs = seed_runs(run, gqa.run_protocol_seed, s, *gqa.protocol_data(corpus, s))
     v = gqa.protocol_verdicts(runs)
-    n = len(runs)
-    table = ["| g | loss right after pooling | after uptraining | from scratch (equal steps) |", "|---|---|---|---|"]
-    for g in sorted(runs[0].uptrain):
-        table.append(f"| {g} | {sum(r.converted[g] for r in runs) / n:.3f} | "
-                     f"{sum(r.final('uptrain', g) for r in runs) / n:.3f} | {sum(r.final('scratch', g) for r in runs) / n:.3f} |")
+    table = gqa.protocol_table(runs)
     curves = {"MHA pre-training": _curves([r.base for r in runs])}
     for g in sorted(runs[0].uptrain):
         curves[f"uptrained g={g}"] = _curves([r.uptrain[g] for r in runs], offset=s.pretrain_steps)
     return {"geometry": s.describe(), "states": [st.describe() for st in v.states.values()],
-            "table": table + ["", f"(mean of {n} seeds, nats/token on each seed's held-out windows)"],
+            "table": table,
             "verdicts": {"primary, g = 4 uptrained": v.primary.describe(),
                          **{k: c.describe() for k, c in v.secondary.items()}},
             "primary": {"verdict": v.primary.verdict, "diff": v.primary.diff, "lo": v.primary.lo, "hi": v.primary.hi},
@@ -182,9 +179,7 @@ def section_08(run: ResumableRun, corpus: Any) -> dict[str, Any]:
     from codex_lab.lessons.l08_capstone import trade as t8
 
     s = config_of("08")
-    train, val, vocab = t8.trade_data(corpus, s)
-    runs = run_resumable(run, t8.run_trade_seed, [(seed,) for seed in s.seeds], [f"seed {x}" for x in s.seeds],
-                         dict(train_tokens=train, val_tokens=val, vocab_size=vocab, sizes=s))
+    runs = seed_runs(run, t8.run_trade_seed, s, *t8.trade_data(corpus, s))
     states = t8.trade_states(runs)
     costs = t8.trade_costs(runs, states)
     n = len(runs)

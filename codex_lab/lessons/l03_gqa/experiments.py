@@ -42,7 +42,7 @@ from codex_lab.training.pretrain import uptrain
 __all__ = [
     "MARGIN_NATS", "MIN_CHANGE_NATS", "PROTOCOL_SIZES", "UPTRAIN_SHARE", "UPTRAIN_SHARES", "ProtocolRun", "ProtocolSizes", "ProtocolVerdicts",
     "decode_tokens_per_s", "group_size_experiment", "heldout_sample", "kv_bytes_per_token", "kv_cache_bytes", "kv_saving",
-    "mean_pool_heads", "measured_cache_bytes", "mha_to_gqa", "plot_protocol", "protocol_data", "protocol_sizes",
+    "mean_pool_heads", "measured_cache_bytes", "mha_to_gqa", "plot_protocol", "protocol_data", "protocol_sizes", "protocol_table",
     "protocol_states", "protocol_verdicts", "run_protocol_seed", "train_curve", "uptrain", "val_loss",
 ]
 
@@ -365,6 +365,19 @@ def protocol_data(corpus: Any, sizes: ProtocolSizes) -> tuple[Tensor, Tensor, in
     """The protocol's token streams (:func:`codex_lab.training.curves.small_vocab_streams`):
     (train ids, val ids, vocabulary size)."""
     return small_vocab_streams(corpus, sizes.vocab_size, sizes.max_files)
+
+
+def protocol_table(runs: Sequence[ProtocolRun]) -> list[str]:
+    """Markdown rows: per g, the held-out loss right after pooling, after uptraining and from
+    scratch at equal steps, each the mean over the seeds (nats/token)."""
+    n = len(runs)
+    out = ["| g | loss right after pooling | after uptraining | from scratch (equal steps) |", "|---|---|---|---|"]
+    for g in sorted(runs[0].uptrain):
+        conv = sum(r.converted[g] for r in runs) / n
+        up = sum(r.final("uptrain", g) for r in runs) / n
+        sc = sum(r.final("scratch", g) for r in runs) / n
+        out.append(f"| {g} | {conv:.3f} | {up:.3f} | {sc:.3f} |")
+    return out + ["", f"(mean of {n} seeds, nats/token on each seed's held-out windows)"]
 
 
 def plot_protocol(runs: Sequence[ProtocolRun], *, zoom_from: float = 0.5) -> Any:

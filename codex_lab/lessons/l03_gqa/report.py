@@ -92,15 +92,7 @@ def run(ctx: Any) -> str:
             "the schedule has run its course: at its final rate another quarter of the run would move the loss by less "
             "than the seeds differ, or 0.01 nats/token; a longer schedule could still go lower, for every arm alike):", ""]
     out += [f"- {st.describe()}" for st in v.states.values()]
-    out += ["", "| g | loss right after pooling | after uptraining | from scratch (equal steps) |", "|---|---|---|---|"]
-    n = len(runs)
-    for g in sorted(runs[0].uptrain):
-        conv = sum(r.converted[g] for r in runs) / n
-        up = sum(r.final("uptrain", g) for r in runs) / n
-        sc = sum(r.final("scratch", g) for r in runs) / n
-        out.append(f"| {g} | {conv:.3f} | {up:.3f} | {sc:.3f} |")
-    out += ["", f"(mean of {n} seeds, nats/token on each seed's held-out windows)", "",
-            f"- primary, g = 4 uptrained: {primary.describe()}"]
+    out += ["", *gqa.protocol_table(runs), "", f"- primary, g = 4 uptrained: {primary.describe()}"]
     out += [f"- {name}: {c.describe()}" for name, c in v.secondary.items()]
     out += ["", f"MQA (g = 8) after uptraining: {mqa.verdict} (secondary)."]
     out += ["", ctx.savefig(gqa.plot_protocol(runs), "l03_gqa_protocol")]
