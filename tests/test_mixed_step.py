@@ -191,7 +191,8 @@ def test_a_request_alone_runs_the_one_row_shape_with_the_plain_generators_tokens
     eng = Engine(model, tok, max_batch_size=4, block_size=8, compile=True, compile_backend=backend,
                  step_options={"min_bucket_tokens": 16, "solo": True})
     fast = eng.fast_step
-    assert fast.solo and [(r, nb) for r, nb in fast.compile_plan() if r == 1] == [(1, nb) for nb in fast.buckets]
+    # the one-row step is one graph, symbolic in the table's length
+    assert fast.solo and [(r, nb) for r, nb in fast.compile_plan() if r == 1] == [(1, fast.solo_blocks)]
     eng.submit(prompts[0], SamplingParams(max_tokens=9, ignore_eos=True))
     alone = {f.rid: f.output_ids for f in eng.run_until_done()}
     assert alone[0] == generate_ids(model, prompts[0], max_new_tokens=9)[0]
@@ -211,3 +212,22 @@ def test_one_slot_has_no_separate_one_row_shape(tok):
     step = CompiledPagedStep(model, pool, 1, backend="eager", solo=True, min_bucket_tokens=16)
     assert not step.solo and all(r == 1 for r, _ in step.compile_plan())
     assert len(step.compile_plan()) == len(step.buckets)  # each bucket once, not twice
+
+
+@pytest.mark.parametrize("skip_guards", [True, False])
+def test_the_one_row_graph_serves_every_table_length_without_recompiling(tok, skip_guards):
+    """A request alone whose table grows from 1 to 7 blocks runs ONE one-row graph (its table's
+    length symbolic; a 1-block table is padded to 2, as dynamo specialises a length of 1): the
+    plain generator's tokens, no recompile, with dynamo's guards skipped or evaluated."""
+    model = seeded_model(tok)
+    eng = Engine(model, tok, max_batch_size=4, block_size=8, compile=True, compile_backend="eager",
+                 step_options={"min_bucket_tokens": 8, "solo": True})
+    fast = eng.fast_step
+    fast.skip_guards = skip_guards
+    assert fast.solo_blocks == 2 and fast.min_blocks == 1
+    prompt = [5, 9, 2]
+    eng.submit(prompt, SamplingParams(max_tokens=50, ignore_eos=True))  # 53 tokens: 7 blocks of 8
+    out = eng.run_until_done()[0].output_ids
+    assert out == generate_ids(model, prompt, max_new_tokens=50)[0]
+    assert list(fast.solo_compile_s) == [2] and not fast.compile_s  # one graph, the decode shape never ran
+    assert fast.recompiles == 0 and fast.compile_error == ""

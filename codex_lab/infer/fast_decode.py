@@ -271,20 +271,20 @@ class FastDecoder:
             return self._compiled(tokens, pos)  # type: ignore[misc]
 
     @staticmethod
-    def _unguarded(step: object, tokens: Tensor, pos: Tensor, guarded: object = None) -> Tensor:
-        """``step(tokens, pos)`` without dynamo's guard evaluation: the same shapes, dtypes
-        and devices every step, so they cannot fail; only the guards that tell this decoder's
-        graph from other graphs of the same code run. If something else changed since the
-        graph was built (the thread count, the grad mode), dynamo refuses to recompile in that
-        stance: the step then runs as ``guarded(tokens, pos)`` (default ``step``), with every
-        guard (recompiling if it must)."""
+    def _unguarded(step: object, *args: Tensor, guarded: object = None) -> Tensor:
+        """``step(*args)`` without dynamo's guard evaluation: the same shapes (or a dimension
+        the graph holds symbolic), dtypes and devices every step, so they cannot fail; only
+        the guards that tell this graph from other graphs of the same code run. If something
+        else changed since the graph was built (the thread count, the grad mode), dynamo
+        refuses to recompile in that stance: the step then runs as ``guarded(*args)`` (default
+        ``step``), with every guard (recompiling if it must)."""
         try:
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                return step(tokens, pos)  # type: ignore[operator]
+                return step(*args)  # type: ignore[operator]
         except RuntimeError as exc:
             if "skip_guard_eval_unsafe" not in str(exc):
                 raise
-        return (guarded or step)(tokens, pos)  # type: ignore[operator]
+        return (guarded or step)(*args)  # type: ignore[operator]
 
     @property
     def compiled(self) -> bool:

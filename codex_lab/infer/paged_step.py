@@ -48,7 +48,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from codex_lab.infer.fast_decode import cpu_compile_options, first_compile, graphs_compiled, without_gemm_template
+from codex_lab.infer.fast_decode import (FastDecoder, cpu_compile_options, decode_compile_options, first_compile,
+                                         graphs_compiled, without_gemm_template)
 from codex_lab.infer.generate import decode_step
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
@@ -56,6 +57,8 @@ from codex_lab.nn.model import CodexModel
 
 # the interpreter's thread switch interval while buckets compile in the background (seconds)
 COMPILE_SWITCH_INTERVAL_S = 0.0002
+# the shortest table of the one-row graph, in blocks: dynamo specialises a dimension of length 1
+SOLO_MIN_BLOCKS = 2
 
 
 class CompiledPagedStep:
@@ -78,22 +81,31 @@ class CompiledPagedStep:
             as rows (0: none; the engine then prefills eagerly). Must exceed ``max_batch_size``.
         mixed_max_tokens: the largest bucket, in tokens, compiled in that shape (longer tables
             prefill eagerly).
-        solo: also compile a one-row shape, run when a single request decodes alone (a lone
+        solo: also compile a one-row step, run when a single request decodes alone (a lone
             stream then computes one row, not ``max_batch_size``: 2.7x its tokens/s with 8
-            slots on the shipped model, docs/PROFILE.md); its graphs are built after the others.
+            slots on the shipped model, docs/PROFILE.md). It is ONE graph, symbolic in the
+            table's length (a lone row's attention over a few more slots costs little; its
+            weights' reads are what cost), built after the others, with ``solo_options``.
+        solo_options: Inductor options of the one-row graph. Default on a CPU (inductor, no
+            mode): :func:`~codex_lab.infer.fast_decode.decode_compile_options`, FastDecoder's
+            frozen weights and C++ GEMM template: a one-row step is a matrix-vector product per
+            weight, which ATen runs on one core over the unpacked weight (2.0 ms against 0.6 ms
+            per step on the shipped model, 1 thread, 2026-12-03). Frozen weights are read when
+            the graph compiles: build a new engine after changing the model's weights.
     """
 
     def __init__(self, model: CodexModel, pool: PagedKVPool, max_batch_size: int, *, min_bucket_tokens: int = 128,
                  max_bucket_tokens: int | None = 2048, backend: str = "inductor", mode: str | None = None,
                  options: dict | None = None, compile: bool = True, mixed_rows: int = 0,
-                 mixed_max_tokens: int = 256, solo: bool = False) -> None:
+                 mixed_max_tokens: int = 256, solo: bool = False, solo_options: dict | None = None) -> None:
         if mixed_rows and mixed_rows <= max_batch_size:
             raise ValueError(f"mixed_rows={mixed_rows} must exceed max_batch_size={max_batch_size} (or be 0: none)")
         self.model, self.pool, self.max_batch_size, self.mixed_rows = model, pool, max_batch_size, mixed_rows
-        self.solo = solo and max_batch_size > 1  # with one slot the decode shape is already one row
         self.device = pool.k[0].device
         self.scratch = pool.allocate(1)[0]  # padding rows write only here
         self.max_blocks = pool.blocks_for(model.cfg.max_seq_len)
+        # with one slot the decode shape is already one row; a one-block model has no length to vary
+        self.solo = solo and max_batch_size > 1 and self.max_blocks > 1
         self.min_blocks = min(self.max_blocks, pool.blocks_for(min_bucket_tokens))
         self.buckets = bucket_sizes(self.min_blocks, self.max_blocks)
         # tables longer than this many blocks run eagerly
@@ -106,10 +118,15 @@ class CompiledPagedStep:
         self.compile_error = ""
         self.compile_s: dict[int, float] = {}  # bucket (blocks) -> seconds its first call took
         self.mixed_compile_s: dict[int, float] = {}  # the same for the mixed_rows shape
-        self.solo_compile_s: dict[int, float] = {}  # the same for the one-row shape (``solo``)
+        # {solo_blocks: seconds} once the one-row graph compiled (one graph for every length)
+        self.solo_compile_s: dict[int, float] = {}
+        self.solo_blocks = max(self.min_blocks, SOLO_MIN_BLOCKS)  # the length warmup() traces it with
         self._graphs_at_start: int | None = None  # dynamo's graph count before the first bucket compiled
         self._bucket_graphs = 0  # graphs compiled by the buckets' first calls
         self._fn = None
+        self._solo_fn = None  # the one-row graph's compiled function (``solo``)
+        self.solo_options: dict = {}
+        self.skip_guards = True  # the one-row graph skips dynamo's guards after it compiled (FastDecoder's)
         self._background = False  # True while warmup_background compiles: every step runs eagerly
         self.ready = threading.Event()  # set when the compiled graphs serve (or compiling gave up)
         sparse_flex = model.cfg.attn_impl == "flex" and any(not layer.attn.pattern.is_dense for layer in model.layers)
@@ -120,6 +137,11 @@ class CompiledPagedStep:
         elif compile:
             try:
                 self._fn = torch.compile(self._step, dynamic=False, backend=backend, mode=mode, options=options)
+                if self.solo:
+                    self.solo_options = decode_compile_options(solo_options, backend, mode, self.device) or {}
+                    # dynamic=None: the table's length is marked dynamic at the first call (one graph)
+                    self._solo_fn = torch.compile(self._solo_step, dynamic=None, backend=backend, mode=mode,
+                                                  options=self.solo_options or None)
             except Exception as exc:  # pragma: no cover - torch without dynamo
                 self.compile_error = f"{type(exc).__name__}: {exc}"[:200]
 
@@ -176,12 +198,26 @@ class CompiledPagedStep:
         return decode_step(self.model, tokens, positions, self.pool.views(tables))  # (Bmax, V)
 
     @torch.no_grad()
+    def _solo_step(self, tokens: Tensor, positions: Tensor, tables: Tensor) -> Tensor:
+        """The same step for one row: tokens (1, 1) at positions (1, 1) over a table (1, NB) -> (1, V).
+        A code object of its own, so its one graph has a dynamo cache of its own."""
+        return decode_step(self.model, tokens, positions, self.pool.views(tables))  # (1, V)
+
+    @torch.no_grad()
     def __call__(self, tokens: Sequence[int], positions: Sequence[int], tables: Sequence[Sequence[int]]) -> Tensor:
         """One decode step for ``len(tokens)`` rows: each row's last token, its position and its
         block table (which must cover the position). Returns logits (B, V) of the real rows."""
         B = len(tokens)
         if not 1 <= B <= max(self.max_batch_size, self.mixed_rows):
             raise ValueError(f"{B} rows for a step of max_batch_size={self.max_batch_size}, mixed_rows={self.mixed_rows}")
+        if B == 1 and self.solo and self.serving_graphs and self._solo_fn is not None:
+            # one graph symbolic in the table's length: the table as it is (2 blocks at least, as
+            # dynamo specialises a length of 1), no bucket
+            t = list(tables[0])
+            tab = torch.tensor([t + t[:1] * (SOLO_MIN_BLOCKS - len(t))], device=self.device)  # (1, NB)
+            idx = torch.tensor([[tokens[0]]], device=self.device)  # (1, 1)
+            pos = torch.tensor([[positions[0]]], device=self.device)  # (1, 1)
+            return self._solo(idx, pos, tab)
         nb = self.bucket(max(len(t) for t in tables))
         rows_shape = (1 if B == 1 and self.solo else self.max_batch_size) if B <= self.max_batch_size else self.mixed_rows
         pad = rows_shape - B
@@ -223,6 +259,38 @@ class CompiledPagedStep:
         self._bucket_graphs += graphs_compiled() - before
         return logits
 
+    def _solo(self, idx: Tensor, pos: Tensor, tab: Tensor) -> Tensor:
+        """The one-row step through its graph, compiling it on the first call (the table's
+        length marked dynamic); (1, V). After that, dynamo's guards are skipped (``skip_guards``):
+        the graph takes any length of 2 blocks or more, and the dtypes and device never change.
+        If compiling fails with the C++ GEMM template, it compiles again with ATen's matmuls; if
+        that fails too, a lone request runs the padded decode step (``solo`` off)."""
+        if self.solo_compile_s:
+            if self.skip_guards:
+                return FastDecoder._unguarded(self._solo_fn, idx, pos, tab)
+            return self._solo_fn(idx, pos, tab)  # type: ignore[misc]
+        t0 = time.perf_counter()
+        before = graphs_compiled()
+        if self._graphs_at_start is None:
+            self._graphs_at_start = before
+        torch._dynamo.mark_dynamic(tab, 1)
+        try:
+            with first_compile(self.solo_options):
+                logits = self._solo_fn(idx, pos, tab)  # type: ignore[misc]  # (1, V)
+        except Exception as exc:  # noqa: BLE001 - no C++ compiler, no GEMM template for this CPU
+            why = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if self.solo_options.get("max_autotune"):
+                self.solo_options = without_gemm_template(self.solo_options)
+                self._solo_fn = torch.compile(self._solo_step, dynamic=None, options=self.solo_options)
+                self.compile_error = f"one-row step without the C++ GEMM template ({why})"[:300]
+                return self._solo(idx, pos, tab)
+            self.compile_error = f"one-row step: {why}"[:300]
+            self.solo, self._solo_fn = False, None
+            return self._step(idx, pos, tab)
+        self.solo_compile_s[self.solo_blocks] = time.perf_counter() - t0
+        self._bucket_graphs += graphs_compiled() - before
+        return logits
+
     def _done(self, rows: int) -> dict[int, float]:
         """The compile seconds per bucket of the shape with ``rows`` rows (decode, mixed or solo)."""
         if rows == self.max_batch_size:
@@ -237,7 +305,12 @@ class CompiledPagedStep:
         nbs = sorted({nb for _, nb in self.compile_plan(buckets)})
         for rows, nb in self.compile_plan(buckets):
             done = self._done(rows)
-            if nb not in done and self._fn is not None:
+            if rows == 1 and self.solo and not done and self._solo_fn is not None:
+                t = torch.full((1, nb), self.scratch, dtype=torch.long, device=self.device)  # (1, NB)
+                with torch.no_grad():
+                    zero = torch.zeros(1, 1, dtype=torch.long, device=self.device)  # (1, 1)
+                    self._solo(zero, zero.clone(), t)
+            elif nb not in done and self._fn is not None and not (rows == 1 and self.solo):
                 idx = torch.zeros(rows, 1, dtype=torch.long, device=self.device)  # (R, 1)
                 tab = torch.full((rows, nb), self.scratch, dtype=torch.long, device=self.device)  # (R, NB)
                 with torch.no_grad():  # as __call__: dynamo guards on the grad mode at entry
@@ -248,13 +321,13 @@ class CompiledPagedStep:
     def compile_plan(self, buckets: Sequence[int] | None = None) -> list[tuple[int, int]]:
         """(rows, blocks) of every graph :meth:`warmup` compiles, in its order: the decode shape's
         buckets up to ``max_bucket_tokens``, then the mixed shape's up to ``mixed_max_tokens``,
-        then (``solo``) the one-row shape's, as many as the decode shape's."""
+        then (``solo``) the one-row graph, once (symbolic in the table's length)."""
         nbs = sorted({nb for nb in map(self.bucket, buckets or self.buckets) if nb <= self.max_compiled_blocks})
         plan = [(self.max_batch_size, nb) for nb in nbs]
         if self.mixed_rows:
             plan += [(self.mixed_rows, nb) for nb in nbs if nb <= self.max_mixed_blocks]
         if self.solo:
-            plan += [(1, nb) for nb in nbs]
+            plan += [(1, self.solo_blocks)]
         return plan
 
     def compile_progress(self) -> tuple[int, int]:
