@@ -231,3 +231,33 @@ def test_the_one_row_graph_serves_every_table_length_without_recompiling(tok, sk
     assert out == generate_ids(model, prompt, max_new_tokens=50)[0]
     assert list(fast.solo_compile_s) == [2] and not fast.compile_s  # one graph, the decode shape never ran
     assert fast.recompiles == 0 and fast.compile_error == ""
+
+
+@pytest.mark.parametrize("skip_guards", [True, False])
+def test_frozen_weights_compile_one_graph_per_shape_for_every_length(tok, skip_guards):
+    """With frozen weights (``freezing``: the C++ GEMM template's options, which Inductor never
+    caches) each shape is ONE graph symbolic in the table's length, not one per bucket: requests
+    decoding together, arriving mid-run (the mixed shape) and alone, over tables of 1 to 7 blocks,
+    give the plain generator's tokens, with three graphs in all and no recompile. The eager backend
+    only traces (it ignores the options), so dynamo's shapes and guards are what is tested."""
+    model = seeded_model(tok)
+    eng = Engine(model, tok, max_batch_size=3, block_size=8, compile=True, compile_backend="eager",
+                 step_options={"min_bucket_tokens": 8, "solo": True, "mixed_rows": 16,
+                               "options": {"freezing": True}})
+    fast = eng.fast_step
+    fast.skip_guards = skip_guards
+    assert fast.dynamic_blocks and fast.compile_plan() == [(3, 2), (16, 2), (1, 2)]
+    assert fast.bucket(1) == 2 and fast.bucket(7) == 7  # the table's own length: no bucket padding
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, tok.vocab_size, (n,), generator=g).tolist() for n in (2, 1, 9)]
+    news = (40, 35, 45)
+    for p, n in zip(prompts[:2], news[:2]):  # two together: the decode shape, its tables growing from 1 to 6 blocks
+        eng.submit(p, SamplingParams(max_tokens=n, ignore_eos=True))
+    for _ in range(20):
+        eng.step()
+    # a third arrives (its prompt rides in the mixed shape), then decodes alone (the one-row graph)
+    eng.submit(prompts[2], SamplingParams(max_tokens=news[2], ignore_eos=True))
+    done = {f.rid: f.output_ids for f in eng.run_until_done()}
+    assert [done[i] for i in range(3)] == [generate_ids(model, p, max_new_tokens=n)[0] for p, n in zip(prompts, news)]
+    assert len(fast.compile_s) == len(fast.solo_compile_s) == 1 and len(fast.mixed_compile_s) == 1
+    assert fast.recompiles == 0 and fast.compile_error == ""

@@ -227,3 +227,17 @@ def test_serve_flags():
         p.parse_args(["--wait-ready", "--serve-while-compiling"])
     help_text = next(a.help for a in p._actions if "--no-compile" in a.option_strings)
     assert not any(c.isdigit() for c in help_text)  # no stale figures
+
+
+def test_aten_matmuls_flag_picks_the_cached_bucket_graphs():
+    """``codex-lab serve`` compiles frozen weights with the C++ GEMM template by default;
+    ``--aten-matmuls`` gives the per-bucket graphs over unfrozen weights (cached on disk)."""
+    import argparse
+
+    from codex_lab.commands import serve
+
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    assert p.parse_args([]).aten_matmuls is False and p.parse_args(["--aten-matmuls"]).aten_matmuls is True
+    help_text = next(a.help for a in p._actions if "--aten-matmuls" in a.option_strings)
+    assert not any(c.isdigit() for c in help_text)  # no stale figures

@@ -435,3 +435,12 @@ def test_a_request_that_can_never_fit_gets_400_naming_the_capacity(served):
     r = post(bg, {"model": NAME, "prompt": "a", "max_tokens": 1, "n": cap})  # exactly the capacity: served
     assert r.status_code == 200 and len(r.json()["choices"]) == cap
     assert srv.health()["in_flight"] == 0
+
+
+def test_ignore_eos_runs_past_the_fim_sentinels_too():
+    """``ignore_eos`` (what a benchmark sends for exactly max_tokens tokens): neither end-of-text
+    nor the FIM sentinels that otherwise end an answer end it; only stop_token_ids do."""
+    sp = SamplingParams(max_tokens=8, stop_token_ids=[7])
+    assert sp.for_prompt([1, 2], eos_id=0, end_ids=[5, 6]).end_ids == (0, 5, 6)
+    ignoring = SamplingParams(max_tokens=8, stop_token_ids=[7], ignore_eos=True).for_prompt([1, 2], eos_id=0, end_ids=[5, 6])
+    assert ignoring.end_ids == () and ignoring.stop_token_ids == [7]

@@ -7,6 +7,7 @@ refused with one line naming the flag and its range (exit status 2).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from typing import Any
@@ -52,9 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compile", action="store_true",
                    help="decode with the eager engine step only: nothing compiles, and the server is ready (GET /ready) "
                         "as soon as the model is loaded. By default the faster fixed-shape step compiles in the "
-                        "background (one graph per block bucket; GET /health shows graphs done / total) and replaces "
-                        "the eager one when every graph is built; the graphs are cached on disk, so a restart of "
-                        "the same model with the same torch reuses them")
+                        "background (three graphs with the weights frozen and Inductor's C++ GEMM template: the "
+                        "batch, the batch with arriving prompts, a request alone; GET /health shows graphs done / "
+                        "total; at every start, as Inductor caches no frozen graph) and replaces "
+                        "the eager one when every graph is built")
+    p.add_argument("--aten-matmuls", action="store_true",
+                   help="compile with ATen's matmuls over unfrozen weights instead: one graph per block bucket, "
+                        "cached on disk, so a restart of the same model with the same torch has them in seconds; "
+                        "many streams decode slower (docs/PROFILE.md)")
     wait = p.add_mutually_exclusive_group()
     wait.add_argument("--serve-while-compiling", dest="wait_ready", action="store_false", default=False,
                       help="the default: answer completions at once with the eager step while the graphs compile "
@@ -205,7 +211,8 @@ def main(args: argparse.Namespace) -> int:
         cache = use_compile_cache()  # said once the model has loaded, so a load error stays the only line
     # the HTTP server answers while the model loads (GET /health: phase "starting"; GET /ready: 503);
     # the tokenizer and the version arrive with the model
-    server = ModelServer(None, cfg, engine_factory=None if args.no_compile else compiled_engine)  # type: ignore[arg-type]
+    factory = None if args.no_compile else functools.partial(compiled_engine, gemm_template=not args.aten_matmuls)
+    server = ModelServer(None, cfg, engine_factory=factory)  # type: ignore[arg-type]
     uv = uvicorn.Server(uvicorn_config(create_app(server, wait_ready=args.wait_ready, compile_cache=cache), cfg,
                                        host=args.host, port=args.port))
     failed: list[BaseException] = []

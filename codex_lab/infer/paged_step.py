@@ -57,8 +57,8 @@ from codex_lab.nn.model import CodexModel
 
 # the interpreter's thread switch interval while buckets compile in the background (seconds)
 COMPILE_SWITCH_INTERVAL_S = 0.0002
-# the shortest table of the one-row graph, in blocks: dynamo specialises a dimension of length 1
-SOLO_MIN_BLOCKS = 2
+# the shortest table of a graph symbolic in its length, in blocks: dynamo specialises a dimension of length 1
+MIN_DYNAMIC_BLOCKS = 2
 
 
 class CompiledPagedStep:
@@ -107,6 +107,7 @@ class CompiledPagedStep:
         # with one slot the decode shape is already one row; a one-block model has no length to vary
         self.solo = solo and max_batch_size > 1 and self.max_blocks > 1
         self.min_blocks = min(self.max_blocks, pool.blocks_for(min_bucket_tokens))
+        self.dynamic_blocks = False  # set below from the options
         self.buckets = bucket_sizes(self.min_blocks, self.max_blocks)
         # tables longer than this many blocks run eagerly
         self.max_compiled_blocks = self.max_blocks if max_bucket_tokens is None else \
@@ -115,18 +116,23 @@ class CompiledPagedStep:
         self.max_mixed_blocks = min(self.max_compiled_blocks, self.bucket(pool.blocks_for(mixed_max_tokens)))
         options = cpu_compile_options(options, backend, mode, self.device)
         self.options = options or {}
+        # frozen weights (the C++ GEMM template): Inductor caches no frozen graph, so each shape is
+        # ONE graph symbolic in the table's length (compiled once per start) instead of one per bucket
+        self.dynamic_blocks = bool(self.options.get("freezing"))
         self.compile_error = ""
         self.compile_s: dict[int, float] = {}  # bucket (blocks) -> seconds its first call took
         self.mixed_compile_s: dict[int, float] = {}  # the same for the mixed_rows shape
         # {solo_blocks: seconds} once the one-row graph compiled (one graph for every length)
         self.solo_compile_s: dict[int, float] = {}
-        self.solo_blocks = max(self.min_blocks, SOLO_MIN_BLOCKS)  # the length warmup() traces it with
+        self.solo_blocks = max(self.min_blocks, MIN_DYNAMIC_BLOCKS)  # the length warmup() traces it with
         self._graphs_at_start: int | None = None  # dynamo's graph count before the first bucket compiled
         self._bucket_graphs = 0  # graphs compiled by the buckets' first calls
         self._fn = None
         self._solo_fn = None  # the one-row graph's compiled function (``solo``)
         self.solo_options: dict = {}
-        self.skip_guards = True  # the one-row graph skips dynamo's guards after it compiled (FastDecoder's)
+        # graphs symbolic in the table's length (the one-row graph, and every shape with
+        # ``dynamic_blocks``) skip dynamo's guards once compiled, as FastDecoder does; False: evaluate them
+        self.skip_guards = True
         self._background = False  # True while warmup_background compiles: every step runs eagerly
         self.ready = threading.Event()  # set when the compiled graphs serve (or compiling gave up)
         sparse_flex = model.cfg.attn_impl == "flex" and any(not layer.attn.pattern.is_dense for layer in model.layers)
@@ -136,7 +142,8 @@ class CompiledPagedStep:
             self.compile_error = "attn_impl='flex' builds a block mask per position and recompiles; the step runs eagerly"
         elif compile:
             try:
-                self._fn = torch.compile(self._step, dynamic=False, backend=backend, mode=mode, options=options)
+                self._fn = torch.compile(self._step, dynamic=None if self.dynamic_blocks else False, backend=backend,
+                                         mode=mode, options=options)
                 if self.solo:
                     self.solo_options = decode_compile_options(solo_options, backend, mode, self.device) or {}
                     # dynamic=None: the table's length is marked dynamic at the first call (one graph)
@@ -149,12 +156,14 @@ class CompiledPagedStep:
         """Compile with these Inductor ``options`` instead (before any bucket has compiled),
         e.g. :func:`~codex_lab.infer.fast_decode.decode_compile_options`'s frozen weights and
         C++ GEMM template (``serve.compiled.compiled_engine(gemm_template=True)``). With
-        ``freezing``, each bucket's first call turns it on while dynamo traces (else the
-        weights stay graph inputs)."""
+        ``freezing``, each shape's first call turns it on while dynamo traces (else the
+        weights stay graph inputs), and each shape is one graph symbolic in the table's length
+        (``dynamic_blocks``)."""
         if self.compile_s or self._fn is None:
             raise RuntimeError("use_options() needs a compiled step none of whose buckets has compiled yet")
         self.options = dict(options)
-        self._fn = torch.compile(self._step, dynamic=False, options=self.options)
+        self.dynamic_blocks = bool(self.options.get("freezing"))
+        self._fn = torch.compile(self._step, dynamic=None if self.dynamic_blocks else False, options=self.options)
 
     @property
     def compiled(self) -> bool:
@@ -189,7 +198,10 @@ class CompiledPagedStep:
     def bucket(self, n_blocks: int) -> int:
         """Blocks of the compiled shape that holds a table of ``n_blocks``: the smallest of
         ``min_blocks * {1, 1.5, 2, 3, 4, 6, ...}`` (powers of two and 1.5x them) that holds it,
-        clamped to ``max_seq_len``; a row reads at most 1.5x the slots it needs, past the smallest."""
+        clamped to ``max_seq_len``; a row reads at most 1.5x the slots it needs, past the smallest.
+        With ``dynamic_blocks`` (one graph for every length): the table's own length, 2 at least."""
+        if self.dynamic_blocks:
+            return max(MIN_DYNAMIC_BLOCKS, min(n_blocks, self.max_blocks))
         return next(nb for nb in self.buckets if nb >= min(n_blocks, self.max_blocks))
 
     @torch.no_grad()
@@ -214,7 +226,7 @@ class CompiledPagedStep:
             # one graph symbolic in the table's length: the table as it is (2 blocks at least, as
             # dynamo specialises a length of 1), no bucket
             t = list(tables[0])
-            tab = torch.tensor([t + t[:1] * (SOLO_MIN_BLOCKS - len(t))], device=self.device)  # (1, NB)
+            tab = torch.tensor([t + t[:1] * (MIN_DYNAMIC_BLOCKS - len(t))], device=self.device)  # (1, NB)
             idx = torch.tensor([[tokens[0]]], device=self.device)  # (1, 1)
             pos = torch.tensor([[positions[0]]], device=self.device)  # (1, 1)
             return self._solo(idx, pos, tab)
@@ -235,12 +247,16 @@ class CompiledPagedStep:
     def _compiled(self, idx: Tensor, pos: Tensor, tab: Tensor, nb: int) -> Tensor:
         """The padded step through its bucket's graph, compiling it on its first call; (R, V)."""
         done = self._done(idx.shape[0])
-        if nb in done:
+        if self._has(idx.shape[0], nb):
+            if self.dynamic_blocks and self.skip_guards:  # the shapes' graphs differ only in their rows
+                return FastDecoder._unguarded(self._fn, idx, pos, tab)
             return self._fn(idx, pos, tab)  # (R, V) a graph compiled before
         t0 = time.perf_counter()
         before = graphs_compiled()
         if self._graphs_at_start is None:
             self._graphs_at_start = before
+        if self.dynamic_blocks:
+            torch._dynamo.mark_dynamic(tab, 1)  # one graph for every table length of this shape
         try:
             # freezing while dynamo traces, and dynamo's limit of 8 graphs per function lifted (all
             # steps share _step's code: one engine has up to 14 graphs, a canary's engine adds its own)
@@ -291,6 +307,11 @@ class CompiledPagedStep:
         self._bucket_graphs += graphs_compiled() - before
         return logits
 
+    def _has(self, rows: int, nb: int) -> bool:
+        """Whether the graph that runs ``rows`` rows over ``nb`` blocks is compiled."""
+        done = self._done(rows)
+        return bool(done) if self.dynamic_blocks or (rows == 1 and self.solo) else nb in done
+
     def _done(self, rows: int) -> dict[int, float]:
         """The compile seconds per bucket of the shape with ``rows`` rows (decode, mixed or solo)."""
         if rows == self.max_batch_size:
@@ -304,13 +325,12 @@ class CompiledPagedStep:
         bucket, both shapes together (0.0 when nothing compiles: eager steps)."""
         nbs = sorted({nb for _, nb in self.compile_plan(buckets)})
         for rows, nb in self.compile_plan(buckets):
-            done = self._done(rows)
-            if rows == 1 and self.solo and not done and self._solo_fn is not None:
+            if rows == 1 and self.solo and not self._has(rows, nb) and self._solo_fn is not None:
                 t = torch.full((1, nb), self.scratch, dtype=torch.long, device=self.device)  # (1, NB)
                 with torch.no_grad():
                     zero = torch.zeros(1, 1, dtype=torch.long, device=self.device)  # (1, 1)
                     self._solo(zero, zero.clone(), t)
-            elif nb not in done and self._fn is not None and not (rows == 1 and self.solo):
+            elif not self._has(rows, nb) and self._fn is not None and not (rows == 1 and self.solo):
                 idx = torch.zeros(rows, 1, dtype=torch.long, device=self.device)  # (R, 1)
                 tab = torch.full((rows, nb), self.scratch, dtype=torch.long, device=self.device)  # (R, NB)
                 with torch.no_grad():  # as __call__: dynamo guards on the grad mode at entry
@@ -323,6 +343,8 @@ class CompiledPagedStep:
         buckets up to ``max_bucket_tokens``, then the mixed shape's up to ``mixed_max_tokens``,
         then (``solo``) the one-row graph, once (symbolic in the table's length)."""
         nbs = sorted({nb for nb in map(self.bucket, buckets or self.buckets) if nb <= self.max_compiled_blocks})
+        if self.dynamic_blocks:  # one graph per shape, whatever the length
+            nbs = [self.bucket(self.min_blocks)]
         plan = [(self.max_batch_size, nb) for nb in nbs]
         if self.mixed_rows:
             plan += [(self.mixed_rows, nb) for nb in nbs if nb <= self.max_mixed_blocks]
@@ -334,7 +356,7 @@ class CompiledPagedStep:
         """(graphs compiled, graphs :meth:`warmup` compiles in all): what a server reports while
         its background compile runs (``/health``, ``/metrics``)."""
         plan = self.compile_plan()
-        done = sum(nb in self._done(rows) for rows, nb in plan)
+        done = sum(self._has(rows, nb) for rows, nb in plan)
         return done, len(plan)
 
     @property

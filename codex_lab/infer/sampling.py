@@ -188,7 +188,9 @@ class SamplingParams:
         top_p: keep the smallest set with probability mass >= top_p (1 = all).
         stop: strings that end the generation; the text is cut before the first one.
         seed: per-request random seed (same seed, same output); None = global RNG.
-        ignore_eos: keep generating past end-of-text (benchmarks: exactly max_tokens tokens).
+        ignore_eos: keep generating past end-of-text and past the FIM sentinels that otherwise end
+            an answer (benchmarks: exactly max_tokens tokens, unless a stop string or
+            ``stop_token_ids`` ends it).
         presence_penalty: subtracted once from the logit of every token already generated
             (-2..2, OpenAI's range; positive = talk about new things).
         frequency_penalty: subtracted from a token's logit once per time it was generated (-2..2).
@@ -245,10 +247,10 @@ class SamplingParams:
     def for_prompt(self, prompt_ids: Sequence[int], *, eos_id: int | None = None,
                    end_ids: Sequence[int] = ()) -> "SamplingParams":
         """A copy for one prompt: ``context_ids`` (for ``repetition_penalty``) and ``end_ids``
-        (``eos_id`` unless ``ignore_eos``, plus ``end_ids``: what ``min_tokens`` holds back)."""
+        (``eos_id`` and ``end_ids``, none with ``ignore_eos``: what ``min_tokens`` holds back)."""
         from dataclasses import replace
 
-        ends = ([] if eos_id is None or self.ignore_eos else [int(eos_id)]) + [int(t) for t in end_ids]
+        ends = [] if self.ignore_eos else ([] if eos_id is None else [int(eos_id)]) + [int(t) for t in end_ids]
         ctx = tuple(int(t) for t in prompt_ids) if self.repetition_penalty != 1.0 else ()
         return replace(self, context_ids=ctx, end_ids=tuple(dict.fromkeys(ends)))
 

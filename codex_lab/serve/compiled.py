@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = False, mixed: bool = True, **kw: Any) -> Any:
+def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, mixed: bool = True, **kw: Any) -> Any:
     """An :class:`~codex_lab.infer.engine.Engine` with the compiled decode step. It serves at
     once: every bucket compiles in a background thread while steps run the same padded step
     eagerly (the same tokens), and all steps switch to the graphs when the last one is built.
@@ -16,14 +16,17 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = False, 
     ``mixed``: arriving prompts ride in the compiled step as extra rows
     (:func:`~codex_lab.infer.paged_step.served_step_options`); False prefills them eagerly beside it.
 
-    ``gemm_template``: compile with the weights frozen and Inductor's C++ GEMM template, as
-    :class:`~codex_lab.infer.fast_decode.FastDecoder` does. Off by default: it did not settle a
-    gain at 4-16 streams (``codex-lab bench serving``, quiet, 2026-12-02: TBT p95 at 16 streams
-    17.3 / 17.4 / 23.5 ms in three runs against 14.6-26.0 ms in nine with ATen's matmuls),
-    and Inductor does not cache frozen graphs, so its buckets took ~110 s to compile on every
-    start (the 7 of 8 slots then; with the weights as graph inputs ~45-56 s cold, ~6 s with Inductor's
-    cache warm).
-    ``docs/PROFILE.md`` has the runs.
+    ``gemm_template`` (default): compile with the weights frozen and Inductor's C++ GEMM template,
+    as :class:`~codex_lab.infer.fast_decode.FastDecoder` does. Inductor caches no frozen graph,
+    so each shape is one graph symbolic in the table's length (three in all: the batch, the batch
+    with arriving prompts, a request alone), built at every start: 88 s in the background on 2
+    cores. Through HTTP, 8 streams of 128 tokens went from 0.56x to 0.71x llama-server's
+    tokens/s in the same run (885 and 1426 tokens/s; ``codex-lab bench --mode full serving
+    --compiled --concurrency 1,8 --max-tokens 128 --peer llama.cpp``, quiet, 2026-12-03, two
+    runs minutes apart; one stream, whose one-row graph had these options in both, 0.57x and
+    0.55x). False:
+    ATen's matmuls over unfrozen weights, one graph per block bucket, cached on disk (a restart
+    has them in ~6 s); ``codex-lab serve --aten-matmuls``. ``docs/PROFILE.md`` has the runs.
     """
     import sys
     import time
@@ -43,7 +46,10 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = False, 
             step.use_options(opts)
 
     def done(per: dict[int, float]) -> None:
-        if step.compiled:
+        if step.compiled and step.dynamic_blocks:
+            print(f"compiled {len(step.compile_plan())} graphs (one per shape, any table length) in "
+                  f"{time.perf_counter() - t0:.1f} s: steps now run them", file=sys.stderr, flush=True)
+        elif step.compiled:
             more = [f"{len(step.mixed_compile_s)} that also carry prompt tokens"] if step.mixed_compile_s else []
             more += [f"{len(step.solo_compile_s)} of one row, for a request alone"] if step.solo_compile_s else []
             mixed = f" (and {', '.join(more)})" if more else ""

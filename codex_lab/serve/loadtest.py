@@ -113,13 +113,17 @@ async def _one(session: "aiohttp.ClientSession", url: str, body: dict[str, Any],
 async def run_load_async(url: str, *, concurrency: int = 4, requests: int = 16, duration_s: float = 30.0,
                          max_tokens: int = 32, disconnect_prob: float = 0.0, prompts: Sequence[str] = PROMPTS,
                          model: str | None = None, seed: int = 0, timeout_s: float = 60.0,
-                         progress: bool = True, fresh_connections: bool = False) -> LoadReport:
+                         progress: bool = True, fresh_connections: bool = False,
+                         extra_body: dict[str, Any] | None = None) -> LoadReport:
     """``concurrency`` clients issue streaming requests until ``requests`` were sent or
     ``duration_s`` passed (requests in flight then finish). See :func:`run_load`.
     ``progress``: a tqdm bar of finished requests (it may stop short when ``duration_s`` ends the run).
     ``fresh_connections``: one TCP connection per request instead of keep-alive (llama.cpp's
     llama-server drops kept-alive connections after a stream: aiohttp then fails a later request
     with "connection reset"; a peer comparison runs both servers this way).
+    ``extra_body``: more fields of every request body (e.g. ``{"ignore_eos": true}``: every
+    answer runs to ``max_tokens``, so two servers whose models stop at different places do
+    the same work; a peer comparison sends it to both). It cannot replace the fields above.
 
     The clients are aiohttp's (C-accelerated HTTP parsing): on the server's own machine every
     CPU-second a client spends is taken from the server it measures (httpx's streaming
@@ -151,8 +155,8 @@ async def run_load_async(url: str, *, concurrency: int = 4, requests: int = 16, 
                     issued += 1
                     prompt = prompts[rng.randrange(len(prompts))]
                     cut = rng.randint(1, max(1, max_tokens - 1)) if rng.random() < disconnect_prob else None
-                body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                        "temperature": 0.0, "stream_options": {"include_usage": True}}
+                body = {**(extra_body or {}), "model": model, "prompt": prompt, "max_tokens": max_tokens,
+                        "stream": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
                 await _one(session, url, body, rep, cut)
                 bar.update(1)
 
@@ -202,7 +206,7 @@ def run_load(url: str, **kwargs: Any) -> LoadReport:
     """Blocking load test (see :func:`run_load_async` for the arguments):
     concurrency (clients), requests (most requests), duration_s (most seconds of issuing),
     max_tokens, disconnect_prob (share of streams closed early), prompts, model, seed, progress,
-    fresh_connections (one connection per request)."""
+    fresh_connections (one connection per request), extra_body (more request fields)."""
     return run_sync(lambda: run_load_async(url, **kwargs))
 
 

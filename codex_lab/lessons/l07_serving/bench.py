@@ -13,7 +13,7 @@ one machine, so they compare with each other; absolute numbers depend on the mac
 parallel slots as the largest level and the same math threads, and drives both servers with
 the same clients and prompts, level by level in interleaved rounds (``--rounds``, default 3),
 one TCP connection per request on both (llama-server drops kept-alive connections after a
-stream): one row per server and level with the median throughput and its range, and the ratio.
+stream), every answer run to ``--max-tokens`` on both (``ignore_eos``: the same work): one row per server and level with the median throughput and its range, and the ratio.
 """
 
 from __future__ import annotations
@@ -106,10 +106,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             for c in levels:
                 n = args.requests or c * pick(fast=4, full=16)
                 for impl, url in targets.items():
-                    # with a peer, one connection per request on both servers (llama-server drops kept-alive ones)
+                    # with a peer, one connection per request on both servers (llama-server drops kept-alive
+                    # ones), and every answer runs to max_tokens on both (ignore_eos: the same work; without
+                    # it, of 16 answers at 1 client codex-lab's ended at end-of-text 8 times and llama-server's
+                    # once, 2026-12-03, so their throughputs counted different work)
                     samples.setdefault((impl, c), []).append(
                         run_load_in_process(url, concurrency=c, requests=n, max_tokens=args.max_tokens, duration_s=300,
-                                            **({"fresh_connections": True} if peer else {})))
+                                            **({"fresh_connections": True, "extra_body": {"ignore_eos": True}}
+                                               if peer else {})))
         for (impl, c), ss in samples.items():
             rates = sorted(x["tokens_per_s"] for x in ss)
             s = next(x for x in ss if x["tokens_per_s"] == rates[len(rates) // 2])  # the median round's percentiles
