@@ -206,11 +206,18 @@ def test_the_single_stream_record_prints_each_engine_and_its_split_or_says_how_t
                     {**base, "impl": "engine_solo", "slots": 8, "tokens_per_s": 400.0, "vs_fast_decode": 0.4,
                      "step_ms_per_token": 2.0, "other_ms_per_token": 0.5},
                     {**base, "impl": "engine_padded", "slots": 8, "tokens_per_s": 200.0, "vs_fast_decode": 0.2,
-                     "step_ms_per_token": 4.5, "other_ms_per_token": 0.5}]}
+                     "step_ms_per_token": 4.5, "other_ms_per_token": 0.5},
+                    {**base, "impl": "serve_http", "slots": 8, "tokens_per_s": 250.0, "vs_fast_decode": 0.25,
+                     "http_ms_per_token": 1.5}]}
     text = single_stream_lines({"single_stream": rec})
     assert "recorded 2026-01-01, not this run" in text and "FastDecoder 1000 tokens/s" in text
     assert "what `codex-lab serve` runs), 8 slots: 400 tokens/s (1-2000), 0.40x FastDecoder; per token 2.00 ms" in text
     assert "padded to its slots, 8 slots: 200 tokens/s (1-2000), 0.20x FastDecoder; per token 4.50 ms" in text
+    assert "over HTTP (a streaming client in a process of its own): 250 tokens/s (1-2000), 0.25x FastDecoder" in text
+    assert "add 1.50 ms per token over the engine in process" in text
+    # a record from before the HTTP row still prints
+    old = {**rec, "rows": rec["rows"][:3]}
+    assert "over HTTP" not in single_stream_lines({"single_stream": old})
 
 
 def test_the_single_stream_scenario_times_each_engine_with_the_same_tokens(small_tokenizer):
@@ -218,10 +225,13 @@ def test_the_single_stream_scenario_times_each_engine_with_the_same_tokens(small
 
     rows = bench_single_stream(seeded_model(small_tokenizer), small_tokenizer, slots=3, new_tokens=6, prompt_len=16,
                                rounds=2, compile=False)
-    assert [r["impl"] for r in rows] == ["fast_decode", "engine_solo", "engine_padded"]
+    assert [r["impl"] for r in rows] == ["fast_decode", "engine_solo", "engine_padded", "serve_http"]
     for r in rows:  # the engines gave FastDecoder's greedy tokens in every round
         assert r["same_tokens"] and r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"]
         assert r["rounds"] == 2 and r["new_tokens"] == 6
     assert rows[0]["vs_fast_decode"] == 1.0 and rows[0]["ms_per_token"] > 0
-    for r in rows[1:]:  # the engine's time per token, split: the model step and the loop around it
+    for r in rows[1:3]:  # the engine's time per token, split: the model step and the loop around it
         assert r["step_ms_per_token"] > 0 and r["other_ms_per_token"] > 0 and r["slots"] == 3
+    # through HTTP (a client process of its own): what it adds per token over the engine in process
+    http = rows[3]
+    assert http["http_ms_per_token"] == pytest.approx(1000 / http["tokens_per_s"] - 1000 / rows[1]["tokens_per_s"])
