@@ -235,3 +235,30 @@ def test_the_single_stream_scenario_times_each_engine_with_the_same_tokens(small
     # through HTTP (a client process of its own): what it adds per token over the engine in process
     http = rows[3]
     assert http["http_ms_per_token"] == pytest.approx(1000 / http["tokens_per_s"] - 1000 / rows[1]["tokens_per_s"])
+
+
+def test_a_source_built_llama_bench_runs_in_the_same_rounds(stand_in, small_tokenizer, tmp_path, monkeypatch):
+    """Where llama.cpp is built from source, its llama-bench runs in every round beside the others:
+    prefill from an empty cache, decode after the prompt in the cache; its rows carry speeds only
+    (no tokens: same_tokens None), and FastDecoder's rows get the ratios to it."""
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "llama-bench"
+    fake.write_text(f"""#!/usr/bin/env python3
+import json, sys
+a = sys.argv[1:]
+open({str(calls)!r}, "a").write(" ".join(a) + "\\n")
+gen = int(a[a.index("-n") + 1])
+print(json.dumps([{{"avg_ts": 1000.0 if gen else 5000.0, "build_commit": "abc123", "cpu_info": "stand-in CPU"}}]))
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CODEX_LAB_LLAMA_BENCH", str(fake))
+    rows = peer.bench_llama_cpp(seeded_model(small_tokenizer), small_tokenizer, prompt_lens=(16,), new_tokens=8,
+                                rounds=2, compile=False)
+    native = next(r for r in rows if r["impl"] == "llama_cpp_native")
+    assert native["decode_tokens_per_s"] == 1000.0 and native["prefill_tokens_per_s"] == 5000.0
+    assert native["same_tokens"] is None and native["llama_build_commit"] == "abc123" and native["build_type"] == "source"
+    ours = next(r for r in rows if r["impl"] == "codex_lab_fast_decode")
+    assert ours["decode_ratio_vs_llama_native"] == pytest.approx(ours["decode_tokens_per_s"] / 1000.0)
+    assert ours["prefill_ratio_vs_llama_native"] == pytest.approx(ours["prefill_tokens_per_s"] / 5000.0)
+    lines = calls.read_text().splitlines()  # two tests per round: prefill of 16, then 8 tokens at depth 16
+    assert len(lines) == 4 and "-p 16 -n 0 -d 0" in lines[0] and "-p 0 -n 8 -d 16" in lines[1]

@@ -15,6 +15,13 @@ What is timed, the same way on both sides (batch 1, float32 weights, the same ma
   logits give on both sides).
 The token ids are compared: ``same_tokens`` and the length of the common prefix (float32 on
 two code bases: an argmax between two nearly equal logits can differ).
+
+The prebuilt binaries are generic builds. Where ``scripts/build_llama_cpp.sh`` has built
+llama.cpp from source for this CPU, its ``llama-bench`` runs in the same rounds too (row
+``llama_cpp_native``): prefill of the prompt from an empty cache (``-p L -n 0``), and ``n``
+greedy tokens after the prompt's ``L`` tokens in the cache (``-p 0 -n n -d L``), each once per
+round after its own warm-up. It prints speeds, not tokens (``same_tokens`` None); on
+2026-12-03 it decoded 2-3x faster than the prebuilt build on this machine.
 """
 
 from __future__ import annotations
@@ -104,6 +111,33 @@ def find_llama_server() -> Path | None:
             return cand
     found = shutil.which("llama-server")
     return Path(found) if found else None
+
+
+def find_llama_bench() -> Path | None:
+    """llama.cpp's ``llama-bench`` built from source: ``CODEX_LAB_LLAMA_BENCH``, else beside the
+    ``llama-server`` that :func:`find_llama_server` finds (``scripts/build_llama_cpp.sh`` builds both),
+    else one on PATH; None when there is none."""
+    env = os.environ.get("CODEX_LAB_LLAMA_BENCH")
+    server = find_llama_server()
+    for cand in ([Path(env)] if env else []) + ([server.parent / "llama-bench"] if server else []):
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return cand
+    found = shutil.which("llama-bench")
+    return Path(found) if found else None
+
+
+def llama_bench(binary: Path, gguf: str | Path, *, prompt: int, gen: int, depth: int, threads: int) -> dict[str, Any]:
+    """One ``llama-bench`` test, once (after its own warm-up run): ``prompt`` tokens of prefill or
+    ``gen`` tokens of greedy decode after ``depth`` tokens already in the cache. Returns its JSON
+    record (``avg_ts``: tokens/s; ``build_commit``, ``cpu_info``); RuntimeError with its output
+    when it fails."""
+    cmd = [str(binary), "-m", str(gguf), "-p", str(prompt), "-n", str(gen), "-d", str(depth), "-t", str(threads),
+           "-r", "1", "-o", "json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    try:
+        return dict(json.loads(proc.stdout)[0])
+    except (json.JSONDecodeError, IndexError, KeyError):
+        raise RuntimeError(f"llama-bench failed (code {proc.returncode}): {proc.stderr.strip()[-300:]}") from None
 
 
 class LlamaServer:
@@ -277,6 +311,7 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
         gguf = Path(tmp) / "model-f32.gguf"
         export_gguf(model, tok, gguf, gguf_type="f32")
         with LlamaCppPeer(gguf, threads=threads, context=ctx_len) as peer:
+            native = find_llama_bench()
             for L, p in prompts.items():  # warm-up (and compilation) outside the timed rounds
                 _ours(dec, p, new_tokens)
                 peer.generate(p, new_tokens)
@@ -293,28 +328,40 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
                     t["prefill"].append(L / pre_l)
                     t["decode"].append((new_tokens - 1) / max(gen_l - pre_l, 1e-9))
                     toks[("llama_cpp", L)] = out_l
+                    if native is not None:  # llama.cpp built from source for this CPU: speed only, no tokens
+                        pp = llama_bench(native, gguf, prompt=L, gen=0, depth=0, threads=threads)
+                        tg = llama_bench(native, gguf, prompt=0, gen=new_tokens, depth=L, threads=threads)
+                        t = times.setdefault(("llama_cpp_native", L), {"prefill": [], "decode": []})
+                        t["prefill"].append(float(pp["avg_ts"]))
+                        t["decode"].append(float(tg["avg_ts"]))
+                        native_info = {"build_commit": tg.get("build_commit"), "cpu_info": tg.get("cpu_info"),
+                                       "binary": str(native)}
             info = dict(peer.info)
     rows = []
     for (impl, L), t in times.items():
-        ref, mine = toks[("codex_lab_fast_decode", L)], toks[(impl, L)]
-        prefix = _prefix(ref, mine)
+        ref, mine = toks[("codex_lab_fast_decode", L)], toks.get((impl, L))
+        prefix = _prefix(ref, mine) if mine is not None else None
         row: dict[str, Any] = {
             "scenario": "llama_cpp", "impl": impl, "batch": 1, "prompt_len": L, "new_tokens": new_tokens,
             "precision": "f32", "rounds": rounds, "threads": threads,
             "decode_tokens_per_s": statistics.median(t["decode"]), "decode_min": min(t["decode"]),
             "decode_max": max(t["decode"]), "prefill_tokens_per_s": statistics.median(t["prefill"]),
             "prefill_min": min(t["prefill"]), "prefill_max": max(t["prefill"]),
-            "same_tokens": mine == ref, "common_prefix": prefix}
+            "same_tokens": mine == ref if mine is not None else None, "common_prefix": prefix}
         if impl == "llama_cpp":
             row.update({f"llama_{k}": v for k, v in info.items() if k != "ready"})
+        elif impl == "llama_cpp_native":  # llama-bench prints no tokens (same_tokens None)
+            row.update({f"llama_{k}": v for k, v in native_info.items()}, build_type="source")
         else:
             row["compiled"] = dec.compiled
         rows.append(row)
     by = {(r["impl"], r["prompt_len"]): r for r in rows}
     for r in rows:  # codex_lab / llama.cpp, per length (> 1: codex_lab faster)
-        peer_row = by[("llama_cpp", r["prompt_len"])]
-        r["decode_ratio_vs_llama_cpp"] = r["decode_tokens_per_s"] / peer_row["decode_tokens_per_s"]
-        r["prefill_ratio_vs_llama_cpp"] = r["prefill_tokens_per_s"] / peer_row["prefill_tokens_per_s"]
+        for suffix, impl in (("llama_cpp", "llama_cpp"), ("llama_native", "llama_cpp_native")):
+            peer_row = by.get((impl, r["prompt_len"]))
+            if peer_row is not None:
+                r[f"decode_ratio_vs_{suffix}"] = r["decode_tokens_per_s"] / peer_row["decode_tokens_per_s"]
+                r[f"prefill_ratio_vs_{suffix}"] = r["prefill_tokens_per_s"] / peer_row["prefill_tokens_per_s"]
     return rows
 
 

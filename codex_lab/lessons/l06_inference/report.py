@@ -141,7 +141,15 @@ def peer_lines(record: dict[str, Any] | None = None) -> str:
                      f"{fd['decode_min']:.0f}-{fd['decode_max']:.0f}) vs llama.cpp {lc['decode_tokens_per_s']:.0f} "
                      f"({lc['decode_min']:.0f}-{lc['decode_max']:.0f}): {fd['decode_ratio_vs_llama_cpp']:.2f}x; prefill "
                      f"{fd['prefill_ratio_vs_llama_cpp']:.2f}x; same {fd['new_tokens']} greedy tokens: {lc['same_tokens']} "
-                     f"(llama.cpp {lc.get('llama_llama_cpp_release')}, node-llama-cpp {lc.get('llama_node_llama_cpp')})")
+                     f"(llama.cpp {lc.get('llama_llama_cpp_release')}, node-llama-cpp {lc.get('llama_node_llama_cpp')}, "
+                     "a prebuilt generic build)")
+        nat = rows.get(("llama_cpp_native", L))
+        if nat:  # llama-bench of llama.cpp built from source for this CPU, in the same rounds
+            lines.append(f"  - llama.cpp built from source here (llama-bench, build {nat.get('llama_build_commit')}; speed "
+                         f"only, no tokens): decode {nat['decode_tokens_per_s']:.0f} tokens/s ({nat['decode_min']:.0f}-"
+                         f"{nat['decode_max']:.0f}), prefill {nat['prefill_tokens_per_s']:.0f}: FastDecoder "
+                         f"{fd['decode_ratio_vs_llama_native']:.2f}x its decode, {fd['prefill_ratio_vs_llama_native']:.2f}x "
+                         "its prefill")
     streams = {r["impl"]: r for r in rec["rows"] if r.get("scenario") == "llama_cpp_streams" and "impl" in r}
     if streams:
         ours, lc = streams["codex_lab_engine"], streams["llama_cpp"]
