@@ -192,6 +192,9 @@ def test_the_report_quotes_the_recorded_peer_run_or_says_how_to_measure_it():
         if r["impl"] == "codex_lab_fast_decode":
             assert f"after a {r['prompt_len']}-token prompt" in text
             assert f"{r['decode_ratio_vs_llama_cpp']:.2f}x; prefill {r['prefill_ratio_vs_llama_cpp']:.2f}x" in text
+            if "decode_ratio_vs_llama_native" in r:  # llama.cpp built from source, in the same rounds
+                assert f"FastDecoder {r['decode_ratio_vs_llama_native']:.2f}x its decode" in text
+    assert "built from source here" in text  # the shipped record has the source build's rows
 
 
 def test_the_single_stream_record_prints_each_engine_and_its_split_or_says_how_to_measure_it():

@@ -288,6 +288,11 @@ def _llama_cpp(key: str) -> list[BenchFigure]:
                         "decode_ratio_vs_llama_cpp", 2),
             BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?prefill ){NUM}(x llama\.cpp's)", fd,
                         "prefill_ratio_vs_llama_cpp", 2),
+            # llama.cpp built from source for this CPU (llama-bench), in the same rounds
+            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?built from source ){NUM}( tokens/s)",
+                        (("scenario", "llama_cpp"), ("impl", "llama_cpp_native"), ("prompt_len", L)), "decode_tokens_per_s"),
+            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?\*\*){NUM}(x\*\* the source build's decode)", fd,
+                        "decode_ratio_vs_llama_native", 2),
         ]
     stream = (("scenario", "llama_cpp_streams"),)
     return out + _throughput_pair(key, "8 streams at once: ", "the serving engine", (*stream, ("impl", "codex_lab_engine")),
@@ -314,14 +319,21 @@ def _llama_server(key: str) -> list[BenchFigure]:
 
 
 def _single_stream(key: str) -> list[BenchFigure]:
-    """One stream in process: FastDecoder's tokens/s, the serving engine's with and without its one-row shape."""
+    """One stream: FastDecoder's tokens/s, the serving engine's with and without its one-row shape (in
+    process), and through ``codex-lab serve`` over HTTP with what HTTP adds per token."""
     fd, solo, pad = (("impl", "fast_decode"),), (("impl", "engine_solo"),), (("impl", "engine_padded"),)
+    http = (("impl", "serve_http"),)
     return [
         BenchFigure(key, rf"(one stream in process: FastDecoder ){NUM}( tokens/s)", fd, "tokens_per_s"),
         BenchFigure(key, rf"(one stream in process: [^|]*?one-row shape ){NUM}( tokens/s)", solo, "tokens_per_s"),
         BenchFigure(key, rf"(one stream in process: [^|]*?\*\*){NUM}(x\*\* FastDecoder's)", solo, "vs_fast_decode", 2),
         BenchFigure(key, rf"(one stream in process: [^|]*?padded to 8 rows ){NUM}( tokens/s)", pad, "tokens_per_s"),
         BenchFigure(key, rf"(one stream in process: [^|]*?model step ){NUM}( ms per token)", solo, "step_ms_per_token", 2),
+        BenchFigure(key, rf"(one stream through `codex-lab serve`: ){NUM}( tokens/s)", http, "tokens_per_s"),
+        BenchFigure(key, rf"(one stream through `codex-lab serve`: [^|]*?\*\*){NUM}(x\*\* FastDecoder's)", http,
+                    "vs_fast_decode", 2),
+        BenchFigure(key, rf"(one stream through `codex-lab serve`: [^|]*?HTTP adds ){NUM}( ms per token)", http,
+                    "http_ms_per_token", 2),
     ]
 
 

@@ -59,8 +59,9 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
             print(f"compiling failed, decoding eagerly: {step.compile_error}", file=sys.stderr, flush=True)
 
     if step.compiled:
-        print("serving now with the eager decode step; compiling the fast one in the background "
-              "(one graph per block bucket)...", file=sys.stderr, flush=True)
+        what = "one graph per shape, any table length" if step.dynamic_blocks else "one graph per block bucket"
+        print(f"serving now with the eager decode step; compiling the fast one in the background ({what})...",
+              file=sys.stderr, flush=True)
         step.warmup_background(done)
     else:
         done({})
