@@ -749,7 +749,10 @@ print(lookup_text)
 #   runs it with `cl.served_step_options(...)`: buckets from 48 tokens, and arriving prompts
 #   ride in the same compiled step, one row per prompt token at its own position
 #   (`cl.mixed_step`), in a second shape of twice the rows; `codex-lab bench serving
-#   --compiled --prefill batched` compares it with the eager prefill beside the step.
+#   --compiled --prefill batched` compares it with the eager prefill beside the step. The
+#   server compiles FastDecoder's options (frozen weights, the C++ GEMM template), which
+#   Inductor does not cache, so there each shape is ONE graph symbolic in the table's length
+#   (three in all, with a one-row shape for a request decoding alone) instead of one per bucket.
 #
 # How these steps compare with the strongest CPU engine, llama.cpp, on the same weights (an F32
 # GGUF export), and where a lone stream's time goes in the serving engine, are recorded runs of
