@@ -159,7 +159,7 @@ def test_compile_progress_counts_the_graphs_warmup_builds(tok):
     """What /health and /metrics report while the server warms: (graphs done, graphs in all),
     from (0, n) before the background compile to (n, n) after it; n is warmup()'s plan (all three
     shapes), and the warming flag is up only while the compile thread runs."""
-    from codex_lab.infer.paged_step import served_step_options
+    from codex_lab.infer.step_plan import served_step_options
 
     eng = Engine(seeded_model(tok), tok, max_batch_size=2, compile=True, compile_backend="eager",
                  step_options=served_step_options(2))

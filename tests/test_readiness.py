@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from codex_lab.infer.engine import Engine
-from codex_lab.infer.paged_step import served_step_options
+from codex_lab.infer.step_plan import served_step_options
 from codex_lab.serve.app import BackgroundServer, ModelServer, ServerConfig, create_app
 from codex_lab.serve.metrics import PHASES, parse_metrics
 from codex_lab.serve.worker import COMPILE_CACHE_ENV, compile_cache_dir, use_compile_cache

@@ -22,6 +22,13 @@ The step is :func:`~codex_lab.infer.generate.decode_step` itself, so its tokens 
 eager engine's. If compiling fails (no C++ compiler, an op Inductor lacks), the same
 function runs eagerly and :attr:`CompiledPagedStep.compile_error` says why.
 
+With frozen weights (``freezing``: the options of FastDecoder's C++ GEMM template, what
+``codex-lab serve`` compiles) Inductor caches no graph, so buckets would recompile at every
+start: there each shape is instead ONE graph symbolic in the table's length
+(``dynamic_blocks``; the table's block dimension marked dynamic at its first call, tables of
+2 blocks at least as dynamo specialises a length of 1), called with dynamo's guards skipped.
+A request decoding alone (``solo``) always runs such a one-row graph with those options.
+
 A step can also carry the new prompts' tokens (``mixed_rows``): each prompt token is one more
 row, at its own position over its request's table. Every layer writes all rows' keys and
 values before any row attends, and a row sees only slots at or before its position, so a
@@ -39,7 +46,6 @@ to its cache). ``codex-lab serve`` answers within seconds of loading the model t
 
 from __future__ import annotations
 
-import gc
 import sys
 import threading
 import time
@@ -51,6 +57,7 @@ from torch import Tensor
 from codex_lab.infer.fast_decode import (FastDecoder, cpu_compile_options, decode_compile_options, first_compile,
                                          graphs_compiled, without_gemm_template)
 from codex_lab.infer.generate import decode_step
+from codex_lab.infer.step_plan import bucket_sizes, freeze_long_lived
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
 
@@ -399,37 +406,3 @@ class CompiledPagedStep:
         t = threading.Thread(target=work, name="codex-lab-compile", daemon=True)
         t.start()
         return t
-
-
-def served_step_options(max_batch_size: int, *, mixed: bool = True) -> dict[str, int]:
-    """The compiled step's options as ``codex-lab serve`` runs it (``Engine(step_options=...)``):
-    arriving prompts ride as extra rows in a second shape of twice the batch's rows (``mixed``),
-    and the smallest bucket holds a short completion (48 tokens, 3 blocks of 16) instead of 128,
-    as every padded slot costs a gather and a dot product in every layer (a 16-row step took
-    3.5 ms over 3 blocks and 4.4 ms over 8, alone on a quiet 2-core CPU, 2026-12-02), and a
-    request decoding alone runs a one-row shape (``solo``: docs/PROFILE.md)."""
-    return {"min_bucket_tokens": 48, "solo": True, **({"mixed_rows": 2 * max_batch_size} if mixed else {})}
-
-
-def freeze_long_lived() -> int:
-    """Collect garbage once, then ``gc.freeze()``: every object alive now (the model, torch and
-    the compiler's ~550k objects after the buckets compile) moves to the collector's permanent
-    generation, which later collections never scan. Without it a full collection in a serving
-    process walks them all and stalls every stream at once: 390-560 ms measured (2026-12-02,
-    quiet 2-core CPU), enough to push TTFT p95 at 8-16 streams past 500 ms. vLLM freezes the
-    same way after capturing its graphs. Returns the number of frozen objects."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
-def bucket_sizes(min_blocks: int, max_blocks: int) -> tuple[int, ...]:
-    """Every bucket, ascending: ``min_blocks`` times 1, 1.5, 2, 3, 4, 6, ... (1.5x only of an
-    even count), then ``max_blocks``."""
-    out, nb = [], min_blocks
-    while nb < max_blocks:
-        out.append(nb)
-        if nb % 2 == 0 and nb * 3 // 2 < max_blocks:
-            out.append(nb * 3 // 2)
-        nb *= 2
-    return tuple(out) + (max_blocks,)

@@ -14,7 +14,7 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
     caller's: a bench's ``--json`` rows).
 
     ``mixed``: arriving prompts ride in the compiled step as extra rows
-    (:func:`~codex_lab.infer.paged_step.served_step_options`); False prefills them eagerly beside it.
+    (:func:`~codex_lab.infer.step_plan.served_step_options`); False prefills them eagerly beside it.
 
     ``gemm_template`` (default): compile with the weights frozen and Inductor's C++ GEMM template,
     as :class:`~codex_lab.infer.fast_decode.FastDecoder` does. Inductor caches no frozen graph,
@@ -32,7 +32,7 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
     import time
 
     from codex_lab.infer.engine import Engine
-    from codex_lab.infer.paged_step import served_step_options
+    from codex_lab.infer.step_plan import served_step_options
 
     kw.setdefault("step_options", served_step_options(kw.get("max_batch_size", 8), mixed=mixed))
     eng = Engine(model, tokenizer, compile=True, **kw)

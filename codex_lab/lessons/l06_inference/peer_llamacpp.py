@@ -20,7 +20,8 @@ The prebuilt binaries are generic builds. Where ``scripts/build_llama_cpp.sh`` h
 llama.cpp from source for this CPU, its ``llama-bench`` runs in the same rounds too (row
 ``llama_cpp_native``): prefill of the prompt from an empty cache (``-p L -n 0``), and ``n``
 greedy tokens after the prompt's ``L`` tokens in the cache (``-p 0 -n n -d L``), each once per
-round after its own warm-up. It prints speeds, not tokens (``same_tokens`` None); on
+round after its own warm-up (finding and running the native binaries:
+:mod:`~codex_lab.lessons.l06_inference.llama_native`). It prints speeds, not tokens (``same_tokens`` None); on
 2026-12-03 it decoded 2-3x faster than the prebuilt build on this machine.
 """
 
@@ -41,6 +42,8 @@ import torch
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.nn.model import CodexModel
+from codex_lab.lessons.l06_inference.llama_native import (SERVER_HINT, LlamaServer, find_llama_bench, find_llama_server,
+                                                          home_relative, install_dir, llama_bench)
 
 INSTALL_HINT = ("llama.cpp is not installed: run `bash scripts/get_llama_cpp.sh` (npm's node-llama-cpp prebuilt "
                 "binaries into ~/.cache/codex_lab/llama.cpp, a few minutes; needs Node.js >= 18 and npm)")
@@ -90,108 +93,6 @@ for await (const line of createInterface({input: process.stdin})) {
   console.log(JSON.stringify({generate_s: secs(t0), tokens}));
 }
 """
-
-
-def install_dir() -> Path:
-    """Where ``scripts/get_llama_cpp.sh`` installs (``CODEX_LAB_LLAMA_CPP`` to change)."""
-    return Path(os.environ.get("CODEX_LAB_LLAMA_CPP", Path.home() / ".cache" / "codex_lab" / "llama.cpp"))
-
-
-SERVER_HINT = ("llama.cpp's llama-server is not built: run `bash scripts/build_llama_cpp.sh` (builds it from the "
-               "llama.cpp that llama-cpp-python's sdist vendors into ~/.cache/codex_lab/llama.cpp/build, tens of "
-               "minutes on 2 cores; needs cmake, g++, make) or set CODEX_LAB_LLAMA_SERVER to a llama-server binary")
-
-
-def find_llama_server() -> Path | None:
-    """llama.cpp's ``llama-server``: ``CODEX_LAB_LLAMA_SERVER``, else what ``scripts/build_llama_cpp.sh``
-    built, else one on PATH; None when there is none (then :data:`SERVER_HINT`)."""
-    env = os.environ.get("CODEX_LAB_LLAMA_SERVER")
-    for cand in ([Path(env)] if env else []) + [install_dir() / "build" / "bin" / "llama-server"]:
-        if cand.is_file() and os.access(cand, os.X_OK):
-            return cand
-    found = shutil.which("llama-server")
-    return Path(found) if found else None
-
-
-def find_llama_bench() -> Path | None:
-    """llama.cpp's ``llama-bench`` built from source: ``CODEX_LAB_LLAMA_BENCH``, else beside the
-    ``llama-server`` that :func:`find_llama_server` finds (``scripts/build_llama_cpp.sh`` builds both),
-    else one on PATH; None when there is none."""
-    env = os.environ.get("CODEX_LAB_LLAMA_BENCH")
-    server = find_llama_server()
-    for cand in ([Path(env)] if env else []) + ([server.parent / "llama-bench"] if server else []):
-        if cand.is_file() and os.access(cand, os.X_OK):
-            return cand
-    found = shutil.which("llama-bench")
-    return Path(found) if found else None
-
-
-def llama_bench(binary: Path, gguf: str | Path, *, prompt: int, gen: int, depth: int, threads: int) -> dict[str, Any]:
-    """One ``llama-bench`` test, once (after its own warm-up run): ``prompt`` tokens of prefill or
-    ``gen`` tokens of greedy decode after ``depth`` tokens already in the cache. Returns its JSON
-    record (``avg_ts``: tokens/s; ``build_commit``, ``cpu_info``); RuntimeError with its output
-    when it fails."""
-    cmd = [str(binary), "-m", str(gguf), "-p", str(prompt), "-n", str(gen), "-d", str(depth), "-t", str(threads),
-           "-r", "1", "-o", "json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    try:
-        return dict(json.loads(proc.stdout)[0])
-    except (json.JSONDecodeError, IndexError, KeyError):
-        raise RuntimeError(f"llama-bench failed (code {proc.returncode}): {proc.stderr.strip()[-300:]}") from None
-
-
-class LlamaServer:
-    """llama.cpp's OpenAI-compatible server on ``gguf`` at 127.0.0.1:``port`` with ``slots``
-    parallel slots of ``context`` tokens each and ``threads`` math threads; started on enter
-    (waits until ``/v1/models`` answers, at most ``start_s``), stopped on exit. ``url``."""
-
-    def __init__(self, gguf: str | Path, *, port: int, slots: int, context: int, threads: int,
-                 alias: str = "codex-lab", start_s: float = 120.0) -> None:
-        exe = find_llama_server()
-        if exe is None:
-            raise FileNotFoundError(SERVER_HINT)
-        self.url = f"http://127.0.0.1:{port}"
-        self.cmd = [str(exe), "-m", str(gguf), "--alias", alias, "--host", "127.0.0.1", "--port", str(port),
-                    "-c", str(context * slots), "-np", str(slots), "-t", str(threads), "-tb", str(threads)]
-        self.start_s = start_s
-        self.proc: subprocess.Popen[str] | None = None
-        self.log: Any = None
-
-    def __enter__(self) -> "LlamaServer":
-        import httpx
-
-        # the server's log goes to a file: a pipe nobody reads fills after ~100 requests' lines and
-        # then blocks the server's writes, which stalls every stream (seen 2026-12-03)
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log")
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
-        t0 = time.monotonic()
-        while True:
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() - t0 > self.start_s:
-                self.log.seek(0)
-                out = self.log.read()[-1500:]
-                self.__exit__()
-                raise RuntimeError(f"llama-server did not start within {self.start_s:.0f} s: {out}")
-            time.sleep(0.25)
-
-    def version(self) -> str:
-        """``llama-server --version``'s first lines (version and commit)."""
-        r = subprocess.run([self.cmd[0], "--version"], capture_output=True, text=True, timeout=30)
-        return " ".join((r.stdout + r.stderr).split())[:200]
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        if self.log is not None and not self.log.closed:
-            self.log.close()  # a temporary file: removed on close
 
 
 def find_node_llama_cpp() -> Path | None:
@@ -335,7 +236,7 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
                         t["prefill"].append(float(pp["avg_ts"]))
                         t["decode"].append(float(tg["avg_ts"]))
                         native_info = {"build_commit": tg.get("build_commit"), "cpu_info": tg.get("cpu_info"),
-                                       "binary": str(native)}
+                                       "binary": home_relative(native)}
             info = dict(peer.info)
     rows = []
     for (impl, L), t in times.items():

@@ -37,7 +37,7 @@ def bench_single_stream(model: CodexModel, tok: CodeTokenizer, *, slots: int = 8
     the server: what HTTP adds). ``compile=False`` runs every path eagerly (tests)."""
     from codex_lab.infer.engine import Engine
     from codex_lab.infer.fast_decode import FastDecoder
-    from codex_lab.infer.paged_step import served_step_options
+    from codex_lab.infer.step_plan import served_step_options
     from codex_lab.infer.sampling import SamplingParams
     from codex_lab.lessons.l06_inference.peer_llamacpp import corpus_prompts
     from codex_lab.serve.compiled import compiled_engine

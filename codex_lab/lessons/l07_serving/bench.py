@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
     from codex_lab.runtime import compute_threads
     from codex_lab.serve.loadtest import run_load, run_load_in_process
-    from codex_lab.infer.paged_step import freeze_long_lived
+    from codex_lab.infer.step_plan import freeze_long_lived
     from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
 
     compiled = bool(getattr(args, "compiled", False))
@@ -151,7 +151,7 @@ def _start_llama_server(stack: contextlib.ExitStack, ck: Any, slots: int, thread
     from pathlib import Path
 
     from codex_lab.hf.gguf_export import export_gguf
-    from codex_lab.lessons.l06_inference.peer_llamacpp import SERVER_HINT, LlamaServer, find_llama_server
+    from codex_lab.lessons.l06_inference.llama_native import SERVER_HINT, LlamaServer, find_llama_server
     from codex_lab.serve.loadtest import run_load
 
     if find_llama_server() is None:
