@@ -17,6 +17,13 @@ from conftest import seeded_model
     ("aten::argmax", "sampling"), ("aten::topk", "sampling"),
     ("Torch-Compiled Region: 0/0", "compiled graph"), ("TorchDynamo Cache Lookup", "python"),
     ("aten::mul", "other ops"), ("aten::copy_", "other ops"), ("aten::rsqrt", "other ops"),
+    # a compiled graph's own C++ kernels, named under Inductor's kernel profiling, and its ATen calls
+    ("graph_1_gemm_m1n4096k256_cpp_fused__unsafe_view_add_mean_mm_mul_pow_rsqrt_slice_view_17", "matmul"),
+    ("graph_3_cpp_fused__scaled_dot_product_flash_attention_for_cpu_3", "attention"),
+    ("graph_0_cpp_fused__unsafe_view_argmax_select_18", "sampling"),
+    ("graph_0_cpp_fused_add_mean_mul_pow_rsqrt_2", "other ops"),
+    ("aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu", "attention"),
+    ("aoti_torch_cpu_addmm_out", "matmul"), ("## Call CompiledFxGraph None ##", "compiled graph"),
 ])
 def test_operators_fall_in_their_category(name: str, cat: str) -> None:
     assert category(name) == cat
@@ -63,3 +70,21 @@ def test_the_profile_record_prints_its_table_or_says_how_to_measure_it() -> None
     text = token_profile_lines({"token_profile": rec})
     assert "recorded 2026-01-01, not this run" in text
     assert "| FastDecoder, compiled | 1.50 | 2.00 | 1.00 (50%) | 0.50 (25%) | 0.00 (0%) | 0.00 (0%) | 0.25 (12%) | 0.25 (12%) |" in text
+
+
+def test_kernel_profiling_opens_the_compiled_graph() -> None:
+    """With ``cpp.enable_kernel_profile`` a compiled graph's C++ kernels are profiler events of their
+    own, so their time leaves the opaque ``compiled graph`` category for what they compute."""
+    x = torch.randn(64, 4096)  # element-wise work large enough for its kernel to lead the top operators
+    fn = torch.compile(lambda a: (a.sin() * a.cos()).argmax(-1), options={"cpp.enable_kernel_profile": True})
+    fn(x)  # compiles
+
+    def run() -> int:
+        for _ in range(8):
+            fn(x)
+        return 8
+
+    split = op_split(run, 8)
+    kernels = [name for name, _ in split["top_ops"] if name.startswith("graph_")]
+    assert kernels, f"no kernel of the graph was profiled: {split['top_ops']}"
+    assert split["ms_per_token"]["sampling"] > 0  # the fused sin-cos-argmax kernel, by its name

@@ -338,18 +338,18 @@ def _single_stream(key: str) -> list[BenchFigure]:
 
 
 def _token_profile(key: str) -> list[BenchFigure]:
-    """A lone stream under torch.profiler: ms per token of FastDecoder (compiled) and the serving
-    engine's one-row step, unprofiled, and the engine's compiled-graph and Python shares."""
-    fd, solo = (("impl", "fast_decode"),), (("impl", "engine_solo"),)
-    return [
-        BenchFigure(key, rf"(under torch\.profiler: FastDecoder compiled ){NUM}( ms per token)", fd,
-                    "unprofiled_ms_per_token", 2),
-        BenchFigure(key, rf"(under torch\.profiler: [^|]*?its compiled graph ){NUM}( ms)", fd, "graph_ms_per_token", 2),
-        BenchFigure(key, rf"(under torch\.profiler: [^|]*?one-row step ){NUM}( ms per token)", solo,
-                    "unprofiled_ms_per_token", 2),
-        BenchFigure(key, rf"(under torch\.profiler: [^|]*?its compiled graphs ){NUM}( ms)", solo, "graph_ms_per_token", 2),
-        BenchFigure(key, rf"(under torch\.profiler: [^|]*?Python and guards ){NUM}( ms)", solo, "python_ms_per_token", 2),
-    ]
+    """A lone stream under torch.profiler (the graphs' kernels profiled one by one): ms per token
+    of FastDecoder (compiled) and the serving engine's one-row step, unprofiled, and each one's
+    matmuls, attention, compiled graph's own code and Python."""
+    out = []
+    for who, anchor in ((("impl", "fast_decode"),), r"FastDecoder compiled "), ((("impl", "engine_solo"),), r"[^|]*?one-row step "):
+        head = rf"(under torch\.profiler: {anchor}"
+        out += [BenchFigure(key, head + rf"){NUM}( ms per token)", who, "unprofiled_ms_per_token", 2)]
+        for words, field in (("matmuls ", "matmul_ms_per_token"), ("attention ", "attention_ms_per_token"),
+                             ("the compiled graph's own code ", "graph_ms_per_token"),
+                             ("Python and guards ", "python_ms_per_token")):
+            out.append(BenchFigure(key, head + rf"[^|;]*?{words}){NUM}( ms)", who, field, 2))
+    return out
 
 
 BENCH_FIGURES: list[BenchFigure] = [

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 
-def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, mixed: bool = True, **kw: Any) -> Any:
+def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, mixed: bool = True,
+                    inductor_options: dict[str, Any] | None = None, **kw: Any) -> Any:
     """An :class:`~codex_lab.infer.engine.Engine` with the compiled decode step. It serves at
     once: every bucket compiles in a background thread while steps run the same padded step
     eagerly (the same tokens), and all steps switch to the graphs when the last one is built.
@@ -27,6 +28,11 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
     0.55x). False:
     ATen's matmuls over unfrozen weights, one graph per block bucket, cached on disk (a restart
     has them in ~6 s); ``codex-lab serve --aten-matmuls``. ``docs/PROFILE.md`` has the runs.
+
+    ``inductor_options``: more Inductor options for every graph, e.g.
+    ``{"cpp.enable_kernel_profile": True}`` (each C++ kernel a profiler event: lesson 06's
+    operator profile). They go with the graphs' options because the graphs compile in a thread
+    of their own, and Inductor's config set in the caller's thread does not reach it.
     """
     import sys
     import time
@@ -34,15 +40,20 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
     from codex_lab.infer.engine import Engine
     from codex_lab.infer.step_plan import served_step_options
 
+    from codex_lab.infer.fast_decode import cpu_compile_options, decode_compile_options
+
+    device = next(model.parameters()).device
     kw.setdefault("step_options", served_step_options(kw.get("max_batch_size", 8), mixed=mixed))
+    if inductor_options:  # the one-row graph's options (FastDecoder's, as by default) with these added
+        solo = decode_compile_options(None, "inductor", None, device) or {}
+        kw["step_options"] = {**kw["step_options"], "solo_options": {**solo, **inductor_options}}
     eng = Engine(model, tokenizer, compile=True, **kw)
     t0 = time.perf_counter()
     step = eng.fast_step
-    if gemm_template and step.compiled:  # frozen weights, Inductor's C++ GEMM template (as FastDecoder)
-        from codex_lab.infer.fast_decode import decode_compile_options
-
-        opts = decode_compile_options(None, "inductor", None, next(model.parameters()).device)
-        if opts:
+    if step.compiled:  # frozen weights, Inductor's C++ GEMM template (as FastDecoder); or ATen's matmuls
+        make = decode_compile_options if gemm_template else cpu_compile_options
+        opts = {**(make(None, "inductor", None, device) or {}), **(inductor_options or {})}
+        if opts and (gemm_template or inductor_options):
             step.use_options(opts)
 
     def done(per: dict[int, float]) -> None:

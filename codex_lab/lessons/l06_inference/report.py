@@ -231,7 +231,9 @@ def token_profile_lines(record: dict[str, Any] | None = None) -> str:
     return "\n".join([f"Where one stream's time per token goes (recorded {rec['measured']}, not this run: "
                       f"`{rec['command']}`, {rec['conditions']}; {rows[0]['new_tokens']} greedy tokens after a "
                       f"{rows[0]['prompt_len']}-token prompt under torch.profiler, operator self time by category; "
-                      "'python' is the wall time no operator accounts for, inflated by profiling):", "",
+                      "'compiled graph' is a graph's own code between its kernels where those are profiled "
+                      "one by one, else the whole graph; 'python' is the wall time no operator accounts for, "
+                      "inflated by profiling):", "",
                       *profile_lines(rows)])
 
 

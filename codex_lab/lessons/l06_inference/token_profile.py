@@ -5,17 +5,25 @@ Each path decodes the same greedy tokens after the same prompt under ``torch.pro
 (CPU activity); every operator's *self* time (its own time, children excluded, so nothing is
 counted twice) is put in one category by its name (:func:`category`):
 
-- ``matmul``: the projections and the output head (``aten::mm``, ``addmm``, ``bmm``, ...);
+- ``matmul``: the projections and the output head (``aten::mm``, ``addmm``, ``bmm``, ... and
+  the compiled graph's GEMM kernels, with the norms or activations Inductor fused into them);
 - ``attention``: scaled dot-product attention, its softmax, and the paged K/V gather;
 - ``sampling``: picking the token from the logits (``argmax``, ``topk``, ``sort``, ...);
-- ``compiled graph``: a ``torch.compile``d region, whose fused kernels the profiler sees as
-  one call (matmuls and attention inside it cannot be told apart);
+- ``compiled graph``: a ``torch.compile``d region's own code outside the kernels the profiler
+  names (its C++ wrapper: buffer allocation and the calls between kernels);
 - ``other ops``: norms, rotary embedding, element-wise ops, cache writes, copies.
+
+The scenario compiles with Inductor's kernel profiling on (``cpp.enable_kernel_profile``), so
+each C++ kernel of a compiled graph is a profiler event of its own (``graph_0_gemm_m1n4096k256_...``,
+``graph_0_cpp_fused_...``) and falls in the categories above by what it computes; without it
+(:func:`op_split` on a graph compiled elsewhere) a graph is one opaque ``compiled graph`` call.
 
 ``python`` is the wall time left over: the interpreter, the framework's dispatch between
 operators and the profiler's own bookkeeping, so it is inflated by profiling, and the
 profiled wall time is longer than an unprofiled run's (``unprofiled_ms_per_token`` gives that
-too, measured in the same run). The shares, not the absolute times, are the result.
+too, measured in the same run). The shares, not the absolute times, are the result. A path's
+time includes its prompt's prefill (eager on FastDecoder, the ``aten::mm`` calls there), spread
+over the generated tokens.
 """
 
 from __future__ import annotations
@@ -44,6 +52,16 @@ def category(name: str) -> str:
     checks before a compiled call count as ``python`` (framework overhead, not an operator)."""
     if name.startswith("TorchDynamo"):
         return "python"
+    if name.startswith("aoti_torch_cpu_"):  # an ATen op called from a compiled graph's C++ wrapper
+        name = "aten::" + name[len("aoti_torch_cpu_"):]
+    if name.startswith("graph_") and "_cpp_" in name:  # one C++ kernel of a compiled graph (kernel profiling)
+        if "gemm" in name:
+            return "matmul"
+        if any(k in name for k in ("argmax", "topk", "sort")):
+            return "sampling"
+        if any(k in name for k in ("softmax", "attention")):
+            return "attention"
+        return "other ops"
     if any(k in name for k in _COMPILED):
         return "compiled graph"
     if name.startswith(_MATMUL):
@@ -89,9 +107,12 @@ def bench_token_profile(model: CodexModel, tok: CodeTokenizer, *, new_tokens: in
     """Rows ``fast_decode_eager``, ``fast_decode`` (compiled) and ``engine_solo`` (the serving
     engine's one-row compiled step, what ``codex-lab serve`` runs for a lone request): the
     profiled split per token (:func:`op_split`) and the unprofiled ms per token (median of
-    ``rounds``, in the same run). ``compile=False`` runs every path eagerly (tests)."""
+    ``rounds``, in the same run). ``compile=False`` runs every path eagerly (tests). Graphs are
+    compiled with their usual options plus Inductor's kernel profiling, so the split sees inside
+    them (each kernel records itself: one check per kernel call when no profiler runs, in the
+    unprofiled rounds too)."""
     from codex_lab.infer.engine import Engine
-    from codex_lab.infer.fast_decode import FastDecoder
+    from codex_lab.infer.fast_decode import FastDecoder, decode_compile_options
     from codex_lab.infer.step_plan import served_step_options
     from codex_lab.infer.sampling import SamplingParams
     from codex_lab.lessons.l06_inference.peer_llamacpp import corpus_prompts
@@ -101,9 +122,13 @@ def bench_token_profile(model: CodexModel, tok: CodeTokenizer, *, new_tokens: in
     prompt = corpus_prompts(tok, [prompt_len])[prompt_len]
     n = new_tokens
     eager = FastDecoder(model, max_len=prompt_len + n, compile=False)
-    fast = FastDecoder(model, max_len=prompt_len + n, compile=compile)
+    # FastDecoder's options (frozen weights, the C++ GEMM template) and each kernel a profiler event
+    profiled = {"cpp.enable_kernel_profile": True}
+    device = next(model.parameters()).device
+    options = {**(decode_compile_options(None, "inductor", None, device) or {}), **profiled}
+    fast = FastDecoder(model, max_len=prompt_len + n, compile=compile, options=options if compile else None)
     if compile:
-        eng = compiled_engine(model, tok, max_batch_size=slots)
+        eng = compiled_engine(model, tok, max_batch_size=slots, inductor_options=profiled)
     else:
         eng = Engine(model, tok, max_batch_size=slots, compile=True, compile_backend="eager",
                      step_options={**served_step_options(slots), "solo": True})
@@ -139,6 +164,8 @@ def bench_token_profile(model: CodexModel, tok: CodeTokenizer, *, new_tokens: in
                          "rounds": rounds, "unprofiled_ms_per_token": statistics.median(plain[k]),
                          "same_tokens": same, **split,
                          # flat copies, for the README's recorded figures
+                         "matmul_ms_per_token": split["ms_per_token"]["matmul"],
+                         "attention_ms_per_token": split["ms_per_token"]["attention"],
                          "graph_ms_per_token": split["ms_per_token"]["compiled graph"],
                          "python_ms_per_token": split["ms_per_token"]["python"]})
     return rows
