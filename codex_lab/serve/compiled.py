@@ -38,9 +38,8 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
     import time
 
     from codex_lab.infer.engine import Engine
-    from codex_lab.infer.step_plan import served_step_options
-
     from codex_lab.infer.fast_decode import cpu_compile_options, decode_compile_options
+    from codex_lab.infer.step_plan import served_step_options
 
     device = next(model.parameters()).device
     kw.setdefault("step_options", served_step_options(kw.get("max_batch_size", 8), mixed=mixed))
