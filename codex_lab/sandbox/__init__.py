@@ -8,7 +8,7 @@ Linux, started as root (mode ``"root"``) - the boundary:
     (only a down loopback; abstract unix sockets are per network namespace), the parent and
     every other process invisible, and when the child's main process ends or is killed the
     kernel kills everything left in the namespace (no forked or detached daemon survives);
-  * a root filesystem of its own (``_launch.py``): read-only system folders, the Python
+  * a root filesystem of its own (``_launch_root.py``): read-only system folders, the Python
     installation, its environment and the installed package, each at its own path, and
     nothing else of the machine: no home folders, no checkout beyond the package folder
     (no .git, no solutions), no /run or /var (no pathname socket of the caller), no
@@ -25,7 +25,7 @@ Linux, started as root (mode ``"root"``) - the boundary:
     at the limit pid 1 of the namespace stops every process (see :func:`memory_bound` for
     machines where no cgroup can be made); a process limit per run (a uid of its own with
     RLIMIT_NPROC, and the cgroup's pids.max);
-  * a seccomp filter (``_launch.py``): socket families other than unix/IPv4/IPv6 (vsock,
+  * a seccomp filter (``_launch_seccomp.py``): socket families other than unix/IPv4/IPv6 (vsock,
     netlink, packet, ...), keyrings, io_uring, userfaultfd, bpf, perf, ptrace, memfd, SysV
     shared memory, new namespaces and the calls that need a dropped capability are refused;
   * the child runs as an unprivileged uid/gid of its own (no account, one per run), with no
@@ -51,6 +51,13 @@ count; Linux/macOS), output read with a cap, and the guard of
 ``shutil.rmtree`` outside its folder disabled). Plain mode is not a boundary: ``ctypes`` or
 ``posix`` reach the same calls. On Windows only the timeout, the temporary folder and the
 output cap hold. Never run untrusted code on a laptop in plain mode; use a container.
+
+This module holds the entry point (:func:`run_python`) and what this machine allows
+(:func:`isolation_mode`, :func:`memory_bound`); the parts live in modules of their own:
+``_result`` (what a run returns or raises), ``_process`` (the child seen from the parent: its
+capped output, its timeout), ``_paths`` (the host paths the child sees), ``_cgroup`` (the run's
+cgroups) and the in-namespace launcher ``_launch`` with its steps (``_launch_root``,
+``_launch_seccomp``, ``_launch_supervise``).
 """
 
 from __future__ import annotations
@@ -59,45 +66,25 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-# bound at import, before any guard: checks running inside a sandboxed grader child (where the
-# guard disables subprocess for the submission) can still start a nested sandbox
-_POPEN, _RUN, _KILLPG = subprocess.Popen, subprocess.run, getattr(os, "killpg", None)
+from ._cgroup import _MB, _cgroup2_mount, _cgroup2_parents, _cgroups, _oom_kills, _remove_cgroups
+from ._paths import _PKG, _site_paths, exposed_paths
+# importing _process binds Popen, run and killpg now, before any guard (see there)
+from ._process import _KILLPG, _POPEN, _RUN, _collect, _kill_group, _reader
+from ._result import _FIX, SandboxResult, SandboxUnavailable
+
+# the public API, then the names of the modules above that are still importable from here
+# although nothing in this module uses them (the functions that use the others look them up
+# here, so a test that patches ``codex_lab.sandbox._cgroups`` reaches :func:`run_python`)
+__all__ = ["ACCEPT_POLLED", "SandboxResult", "SandboxUnavailable", "exposed_paths", "isolation_mode",
+           "memory_bound", "run_python", "_FIX", "_KILLPG", "_PKG", "_cgroup2_parents", "_kill_group", "_reader"]
+
 _HERE = Path(__file__).resolve().parent
 _GUARD = (_HERE / "guard.py").read_text()
-_MB = 1024 * 1024
-_PKG = _HERE.parent  # the codex_lab package folder: exposed alone, never the checkout around it
-_FIX = ("to run generated code anyway without isolation (not a boundary: only on a machine you do not "
-        "mind losing), set CODEX_LAB_SANDBOX=plain; otherwise please report this layout")
-
-
-class SandboxUnavailable(RuntimeError):
-    """The sandbox could not be built on this machine; the message names the cause and the fix."""
-
-
-@dataclass
-class SandboxResult:
-    """Outcome: ok (exit code 0 within time), exit code, captured output (capped), timed_out.
-
-    ``truncated`` is True when the output passed ``max_output_bytes`` (the child was then
-    killed); ``mode`` names the isolation that held (``root``, ``userns`` or ``plain``).
-    """
-
-    ok: bool
-    returncode: int | None
-    stdout: str
-    stderr: str
-    timed_out: bool
-    truncated: bool = False
-    mode: str = "plain"
 
 
 _MODE: str | None = None
@@ -126,29 +113,6 @@ def isolation_mode() -> str:
     return _MODE
 
 
-def _reader(stream, cap: int, buf: bytearray, over: threading.Event, on_over) -> None:
-    """Read ``stream`` into ``buf`` up to ``cap`` bytes; past it, flag and call ``on_over``."""
-    while True:
-        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
-        if not chunk:
-            return
-        room = cap - len(buf)
-        if room > 0:
-            buf += chunk[:room]
-        if len(chunk) > room:
-            if not over.is_set():
-                over.set()
-                on_over()
-
-
-def _kill_group(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
-    try:
-        if _KILLPG is not None:
-            _KILLPG(proc.pid, signal.SIGKILL)
-    except OSError:  # already gone
-        pass
-
-
 def _limits_prelude(spec: dict[str, int]) -> str:
     """Plain mode: the child sets its own rlimits first thing (no preexec_fn, which is unsafe
     with the grader's threads); macOS refuses some (RLIMIT_AS) and keeps the others."""
@@ -157,146 +121,6 @@ def _limits_prelude(spec: dict[str, int]) -> str:
             "    try:\n        _r.setrlimit(getattr(_r, _n), (_v, _v))\n"
             "    except (ValueError, OSError, AttributeError):\n        pass\n"
             "del _r, _n, _v\n")
-
-
-def _site_paths() -> list[str]:
-    """Import paths the child needs beyond its own defaults: the environment's site folders
-    (and what their .pth files add), the user site of a user-site install, the folder that
-    holds the codex_lab package. Arbitrary other sys.path entries (a test folder, a checkout
-    put there by hand) are left out."""
-    import site
-
-    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
-    user = getattr(site, "USER_BASE", None)
-    if user:
-        prefixes.add(os.path.realpath(user))
-    out = []
-    for p in sys.path:
-        if not p or not os.path.isdir(p):
-            continue
-        rp = os.path.realpath(p)
-        if (os.path.basename(rp) in ("site-packages", "dist-packages")
-                or any(rp == q or rp.startswith(q + "/") for q in prefixes)):
-            out.append(p)
-    holder = str(_PKG.parent)
-    if holder not in out:
-        out.append(holder)
-    return out
-
-
-def exposed_paths(package: str | None = None) -> list[str]:
-    """Paths (unresolved, as the interpreter names them) bound read-only into the sandbox's root:
-    the interpreter, its prefixes, the import paths of :func:`_site_paths` (the folder holding
-    the package is replaced by the package folder itself) and the package. With ``package``
-    (a folder holding another ``codex_lab``, see :func:`run_python`), that folder instead of
-    the real package."""
-    out = {sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, sys.exec_prefix,
-           sys.base_exec_prefix, package or str(_PKG)}
-    holder = str(_PKG.parent)
-    for p in _site_paths():
-        if os.path.realpath(p) != os.path.realpath(holder):
-            out.add(p)
-    return sorted(p for p in out if p and os.path.exists(p))
-
-
-def _cgroup2_mount() -> str | None:
-    """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup`` unified, ``/sys/fs/cgroup/unified``
-    hybrid), from ``/proc/self/mountinfo``; None without one."""
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for ln in f:
-                head, _, tail = ln.partition(" - ")
-                if tail.split()[:1] == ["cgroup2"]:
-                    return head.split()[4]
-    except OSError:
-        pass
-    return None
-
-
-def _cgroup2_parents() -> list[Path]:
-    """cgroup v2 folders under which this user may make a run's cgroup with the memory
-    controller: its own cgroup where ``memory`` is enabled for children (root's, or one delegated
-    to it), else the parent of its own where that is writable by it (systemd's delegation: the
-    user owns ``user@UID.service`` and the slices under it). Moving a process between two
-    cgroups needs write access to their common ancestor's ``cgroup.procs``: checked here."""
-    mnt = _cgroup2_mount()
-    if mnt is None:
-        return []
-    try:
-        own = next(ln.split("::", 1)[1] for ln in Path("/proc/self/cgroup").read_text().splitlines()
-                   if ln.startswith("0::"))
-    except (OSError, StopIteration):
-        return []
-    base = Path(mnt) / own.lstrip("/")
-    out = []
-    for cand in (base, base.parent):
-        if not str(cand).startswith(mnt) or not os.access(cand, os.W_OK) or \
-                not os.access(cand / "cgroup.procs", os.W_OK):
-            continue
-        try:
-            if "memory" in (cand / "cgroup.subtree_control").read_text().split():
-                out.append(cand)
-        except OSError:
-            pass
-    return out
-
-
-def _cgroups(memory_mb: int, nproc: int) -> list[str]:
-    """A memory (and where allowed pids) cgroup for one run, for root or for a user who was
-    delegated one: v2 (a child of :func:`_cgroup2_parents`), else v1 hierarchies (a child of the
-    caller's own memory cgroup, where the caller may make one). [] where no memory cgroup can
-    be made; then :func:`run_python` needs the polled budget accepted (:func:`memory_bound`)."""
-    if sys.platform != "linux":
-        return []
-    name = f"codex-lab-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
-    made: list[str] = []
-    v2_only = os.path.exists("/sys/fs/cgroup/cgroup.controllers")  # unified: no v1 hierarchies at all
-    for parent in _cgroup2_parents():
-        d = parent / name
-        try:
-            d.mkdir()
-            made.append(str(d))
-            (d / "memory.max").write_text(str(memory_mb * _MB))
-            for f, v in (("memory.swap.max", "0"), ("pids.max", str(nproc)), ("memory.oom.group", "1")):
-                try:  # swap and pids may not be delegated; oom.group: ask the kernel to stop them all
-                    (d / f).write_text(v)
-                except OSError:
-                    pass
-            return made
-        except OSError:
-            _remove_cgroups(made)
-            made = []
-    if v2_only:
-        return []
-    try:
-        for ctrl, files in (("memory", {"memory.limit_in_bytes": str(memory_mb * _MB)}),
-                            ("pids", {"pids.max": str(nproc)})):
-            own = next((ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines()
-                        if ctrl in ln.split(":", 2)[1].split(",")), None)
-            base = Path("/sys/fs/cgroup") / ctrl
-            if own is None or not base.is_dir():
-                continue
-            d = base / own.lstrip("/") / name
-            if not (base / own.lstrip("/")).is_dir():
-                d = base / name
-            try:
-                d.mkdir()
-            except OSError:
-                if ctrl == "memory":
-                    raise
-                continue  # pids is a bonus (RLIMIT_NPROC holds anyway); memory is the point
-            made.append(str(d))
-            for f, v in files.items():
-                (d / f).write_text(v)
-            if ctrl == "memory":
-                try:
-                    (d / "memory.memsw.limit_in_bytes").write_text(str(memory_mb * _MB))  # no swap beyond it
-                except OSError:
-                    pass
-        return made if any("/memory/" in p for p in made) else (_remove_cgroups(made) or [])
-    except OSError:
-        _remove_cgroups(made)
-        return []
 
 
 _SCOPE: bool | None = None
@@ -353,33 +177,6 @@ def memory_bound() -> str:
         _remove_cgroups(made)
         _BOUND = "cgroup" if made else ("systemd-scope" if _systemd_scope_ok() else "polled")
     return _BOUND
-
-
-def _oom_kills(paths: list[str]) -> int:
-    """Processes the kernel killed at the memory limit of the run's cgroups (v2 ``memory.events``,
-    v1 ``memory.oom_control``: their ``oom_kill`` line; 0 where the kernel does not count)."""
-    n = 0
-    for p in paths:
-        for name in ("memory.events", "memory.oom_control"):
-            try:
-                for line in Path(p, name).read_text().splitlines():
-                    if line.startswith("oom_kill "):
-                        n += int(line.split()[1])
-            except (OSError, ValueError):
-                pass
-    return n
-
-
-def _remove_cgroups(paths: list[str]) -> None:
-    for d in paths:
-        for _ in range(50):  # the kernel frees a cgroup a moment after its last process is reaped
-            try:
-                os.rmdir(d)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.02)
 
 
 def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, nproc: int = 64,
@@ -524,40 +321,3 @@ def _run(code, tmp, mode, timeout_s, memory_mb, nproc, cap, files, hide, guard, 
                 os.rmdir(root)
             except OSError:
                 pass
-
-
-def _collect(proc, mode, timeout_s, cap, report_r) -> SandboxResult:
-    """Wait for the child (killing its group at the timeout), read its capped output, and
-    raise :class:`SandboxUnavailable` when the launcher reported a setup failure."""
-    bufs = (bytearray(), bytearray())
-    over = threading.Event()
-    kill = (lambda: _kill_group(proc)) if sys.platform != "win32" else proc.kill
-    readers = [threading.Thread(target=_reader, args=(s, cap, b, over, kill), daemon=True)
-               for s, b in zip((proc.stdout, proc.stderr), bufs)]
-    for t in readers:
-        t.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    kill()  # the whole group, always: nothing the child started outlives the call
-    proc.wait()
-    deadline = time.monotonic() + 5.0
-    for t in readers:  # pipes close once every holder is dead
-        t.join(max(0.0, deadline - time.monotonic()))
-    for s in (proc.stdout, proc.stderr):
-        s.close()
-    out, err = (bytes(b).decode("utf-8", "replace") for b in bufs)
-    if over.is_set():
-        err += f"\n[codex-lab sandbox: output over {cap} bytes; the child was stopped]"
-    rc = None if timed_out else proc.returncode
-    if report_r is not None:
-        os.set_blocking(report_r, False)
-        try:
-            report = os.read(report_r, 4096).decode("utf-8", "replace").strip()
-        except (BlockingIOError, OSError):
-            report = ""
-        if report:
-            raise SandboxUnavailable(f"{report.splitlines()[0]} (python {sys.executable}); {_FIX}")
-    return SandboxResult(rc == 0 and not over.is_set(), rc, out, err, timed_out, over.is_set(), mode)

@@ -16,6 +16,10 @@ SciPy). The rule (COURSE.md, "Verdicts with their uncertainty"):
 
 ``paired=True`` uses the per-seed differences (the same seed, data order and initial weights
 in both arms), a one-sample t interval: tighter when seeds share most of their noise.
+
+The distribution math (Student's t without SciPy) is :mod:`codex_lab.stats.student_t`; one
+binomial proportion is :mod:`codex_lab.stats.proportion`, two timings compared round by round
+:mod:`codex_lab.stats.speedup`; their names are re-exported here.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ import math
 from dataclasses import dataclass
 from dataclasses import replace
 from typing import Any, Sequence
+
+from codex_lab.stats.proportion import Proportion, wilson_interval
+from codex_lab.stats.speedup import TimingRatio, timing_ratio
+from codex_lab.stats.student_t import _normal_cdf, t_cdf, t_quantile
 
 HOLDS, FAILS, NOT_RESOLVED = "holds", "fails", "not resolved"
 UNDER_TRAINED = "under-trained: no verdict"  # an arm has not reached a plateau (codex_lab.training_state)
@@ -37,99 +45,6 @@ VERDICT_RULE = ("holds: the 95% interval of the difference excludes zero in the 
 NONINFERIORITY_RULE = ("holds: the one-sided 95% bound of the quality cost is below the margin; fails: the whole "
                        "90% interval of the cost lies above the margin; otherwise not resolved; "
                        "under-trained: no verdict when an arm has not reached a plateau")
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularised incomplete beta function (Numerical Recipes 6.4)."""
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > 1e-300 else 1e-300)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > 1e-300 else 1e-300)
-        c = 1.0 + aa / c if abs(1.0 + aa / c) > 1e-300 else 1e-300
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > 1e-300 else 1e-300)
-        c = 1.0 + aa / c if abs(1.0 + aa / c) > 1e-300 else 1e-300
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-14:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    # ln of x^a (1-x)^b / (a B(a, b))
-    lbt = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(1.0 - x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(lbt) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(lbt) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """CDF of Student's t with ``df`` degrees of freedom (df may be fractional, as in Welch)."""
-    # P(T <= t) = 1 - I_{df/(df+t^2)}(df/2, 1/2) / 2 for t >= 0
-    x = df / (df + t * t)
-    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
-    return 1.0 - tail if t >= 0 else tail
-
-
-def _normal_quantile(p: float) -> float:
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf(p)
-
-
-def t_quantile(p: float, df: float) -> float:
-    """Quantile of Student's t: the t with ``t_cdf(t, df) == p`` (relative error < 1e-10).
-
-    Any ``df > 0`` including ``math.inf`` (the normal). Bisection on the upper tail
-    ``(1 - p)`` so that p near 1 (levels like 0.9999 at df = 1, t ~ 6e3) keeps its precision,
-    with the bracket widened until it holds the answer; for df > 1e5 the Cornish-Fisher
-    expansion below (its next term is ~ z^7 / df^3 < 1e-13), where the beta function's
-    continued fraction needs more than its 300 terms.
-    """
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"p must lie in (0, 1), got {p}")
-    if not df > 0:
-        raise ValueError(f"degrees of freedom must be positive, got {df}")
-    if p == 0.5:
-        return 0.0
-    # symmetry: t_p = -t_{1-p}; work with the smaller tail as given (1 - p loses its digits near 0)
-    sign, tail = (1.0, 1.0 - p) if p > 0.5 else (-1.0, p)
-    if df > 1e5:
-        z = -_normal_quantile(tail)
-        # Cornish-Fisher: t = z + (z^3 + z) / (4 df) + (5 z^5 + 16 z^3 + 3 z) / (96 df^2)
-        return sign * (z + (z ** 3 + z) / (4.0 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96.0 * df * df))
-
-    def upper(t: float) -> float:
-        # P(T > t) = I_{df/(df+t^2)}(df/2, 1/2) / 2 for t >= 0
-        return 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-
-    lo, hi = 0.0, 1.0
-    while upper(hi) > tail:
-        lo, hi = hi, hi * 2.0
-        if hi > 1e300:
-            raise ValueError(f"t quantile for p={p}, df={df} is beyond floating point range")
-    for _ in range(400):
-        mid = 0.5 * (lo + hi)
-        if upper(mid) > tail:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-12 * hi:
-            break
-    return sign * 0.5 * (lo + hi)
 
 
 def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
@@ -298,12 +213,6 @@ def noninferiority(a: Sequence[float], b: Sequence[float], *, margin: float, met
     return replace(base, verdict=v, measured_verdict=v, kind="non-inferiority", margin=margin, p_value=p, note=note)
 
 
-def _normal_cdf(z: float) -> float:
-    from statistics import NormalDist
-
-    return NormalDist().cdf(z)
-
-
 def judge_trained(c: Comparison, states: Sequence[Any]) -> Comparison:
     """Apply the training-state rule: when any arm has not reached a plateau, the verdict is
     :data:`UNDER_TRAINED` (the interval is still reported, as a measurement of the budget).
@@ -418,98 +327,8 @@ def _scaled_interval(a: list[float], b: list[float], *, paired: bool, level: flo
     return m, m - half, m + half
 
 
-# ---------------------------------------------------------------- one proportion, two timings
-
-
-@dataclass(frozen=True)
-class Proportion:
-    """``k`` successes in ``n`` trials: the share and its Wilson score interval (``level``)."""
-
-    k: int
-    n: int
-    lo: float
-    hi: float
-    level: float = 0.95
-
-    @property
-    def rate(self) -> float:
-        """k / n."""
-        return self.k / self.n
-
-    def describe(self) -> str:
-        """``"12/40 = 30% (95% CI 18%-45%)"``."""
-        return f"{self.k}/{self.n} = {self.rate:.0%} ({self.level:.0%} CI {self.lo:.0%}-{self.hi:.0%})"
-
-
-def wilson_interval(k: int, n: int, *, level: float = 0.95) -> Proportion:
-    """Wilson score interval of a binomial proportion (Wilson 1927): good at small ``n`` and
-    at rates near 0 or 1, where the normal (Wald) interval collapses to a point.
-
-    ``k`` successes of ``n`` independent trials (0 <= k <= n, n >= 1).
-    """
-    import numbers
-
-    if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in (k, n)):
-        raise ValueError(f"k and n are counts (integers), got k={k!r}, n={n!r}")
-    if n < 1 or not 0 <= k <= n:
-        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level is the interval's coverage, a fraction in (0, 1) such as 0.95; got {level}")
-    from statistics import NormalDist
-
-    z = NormalDist().inv_cdf((1.0 + level) / 2.0)
-    p = k / n
-    # centre = (p + z^2 / 2n) / (1 + z^2 / n);  half = z sqrt(p(1-p)/n + z^2 / 4n^2) / (1 + z^2 / n)
-    denom = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if k == 0 else max(0.0, centre - half)  # exact ends: rounding leaves ~1e-17 otherwise
-    hi = 1.0 if k == n else min(1.0, centre + half)
-    return Proportion(k, n, lo, hi, level)
-
-
-@dataclass(frozen=True)
-class TimingRatio:
-    """How many times faster ``b`` ran than ``a`` over interleaved rounds.
-
-    ``speedup``: the median over rounds of a_i / b_i (> 1: b is faster); ``lo``/``hi``: the
-    smallest and largest per-round ratio (the spread); ``rounds``: how many rounds.
-    """
-
-    a: str
-    b: str
-    speedup: float
-    lo: float
-    hi: float
-    rounds: int
-
-    @property
-    def within_spread(self) -> bool:
-        """True when some rounds had b faster and some a faster: no difference measured."""
-        return self.lo <= 1.0 <= self.hi
-
-    def describe(self) -> str:
-        """One line: the median ratio, the per-round range, and whether 1.0 lies inside it."""
-        s = (f"{self.b} ran {self.speedup:.2f}x the speed of {self.a} "
-             f"(per-round range {self.lo:.2f}-{self.hi:.2f}x over {self.rounds} interleaved rounds)")
-        if self.within_spread:
-            return s + ": inside the spread, no difference measured"
-        return s + (f": {self.b} faster in every round" if self.lo > 1.0 else f": {self.b} slower in every round")
-
-
-def timing_ratio(a_ms: Sequence[float], b_ms: Sequence[float], *, a: str = "a", b: str = "b") -> TimingRatio:
-    """Compare two timings taken round by round (``codex_lab.runtime.interleaved_times``).
-
-    Round i ran both, close in time, so a_i / b_i cancels the machine's slow and fast spells
-    that a median of each would not. Needs the same number of rounds (>= 2) for both.
-    """
-    if len(a_ms) != len(b_ms) or len(a_ms) < 2:
-        raise ValueError(f"need the same number (>= 2) of interleaved rounds, got {len(a_ms)} and {len(b_ms)}; "
-                         "time both with interleaved_times(..., repeats >= 2)")
-    if any(not (x > 0 and math.isfinite(x)) for x in list(a_ms) + list(b_ms)):
-        raise ValueError("timings must be positive and finite (milliseconds)")
-    r = sorted(x / y for x, y in zip(a_ms, b_ms))
-    n = len(r)
-    # median of the per-round ratios
-    med = r[n // 2] if n % 2 else 0.5 * (r[n // 2 - 1] + r[n // 2])
-    return TimingRatio(a, b, med, r[0], r[-1], n)
+__all__ = [
+    "FAILS", "FAILS_AS_STATED", "HOLDS", "MIN_SEEDS", "NONINFERIORITY_RULE", "NOT_RESOLVED", "UNDER_TRAINED", "VERDICTS",
+    "VERDICT_RULE", "Comparison", "Proportion", "TimingRatio", "check_stated", "compare", "holm", "judge_trained",
+    "noninferiority", "t_cdf", "t_quantile", "timing_ratio", "verdict_from_interval", "wilson_interval",
+]

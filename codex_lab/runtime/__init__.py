@@ -26,6 +26,10 @@ value, so only what standard mode changes is named there. ``fast_mode()`` (and a
 
 ``mode_info()`` says which mode and why; ``lesson_header("05")`` prints that and the lesson's
 expected time on this machine (recorded timings scaled by a quick matmul calibration).
+
+Timing a function (``median_ms``, ``interleaved_times``) is :mod:`codex_lab.runtime.timing`;
+the math-thread policy (``compute_threads``) is :mod:`codex_lab.runtime.threads`; both are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -33,23 +37,25 @@ from __future__ import annotations
 import json
 import os
 import random
-import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Iterable, Iterator, TypeVar
 
 import numpy as np
 import torch
+
+from codex_lab.runtime.threads import compute_threads, use_compute_threads
+from codex_lab.runtime.timing import interleaved_times, median_ms
 
 T = TypeVar("T")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 MODES = ("fast", "standard", "full")
-TIMINGS_PATH = Path(__file__).parent / "assets" / "timings.json"
+TIMINGS_PATH = Path(__file__).parents[1] / "assets" / "timings.json"  # codex_lab/assets
 _override: tuple[str, str] | None = None  # (mode, reason) set by set_mode / the CLI flag
 _saved_env: dict[str, str | None] = {}  # CODEX_LAB_MODE as it was before set_mode changed it
 _MISSING: Any = object()
@@ -231,48 +237,6 @@ def describe_environment() -> dict[str, str]:
     return info
 
 
-def median_ms(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1, sync: Callable[[], None] | None = None) -> float:
-    """Median wall time of ``fn()`` in milliseconds over ``repeats`` runs after ``warmup``."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if sync:
-            sync()
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        times.append((time.perf_counter() - t0) * 1000.0)
-    return statistics.median(times)
-
-
-def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int, sync: Callable[[], None] | None = None,
-                      ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Wall and process-CPU milliseconds of each fn, ``repeats`` rounds, one call per fn per round.
-
-    Round-robin order spreads any load from other processes (and any drift of the machine's
-    speed during the run) evenly over the implementations, so their ratios stay fair on a
-    shared machine; timing each one in a block of its own would give the first and the
-    last different machines. The order rotates every round, so no fn always runs right
-    after the same other one (whose caches it would inherit).
-    """
-    wall: dict[str, list[float]] = {n: [] for n in fns}
-    cpu: dict[str, list[float]] = {n: [] for n in fns}
-    names = list(fns)
-    for i in range(repeats if names else 0):
-        for name in names[i % len(names):] + names[: i % len(names)]:
-            if sync:
-                sync()
-            w0, c0 = time.perf_counter(), time.process_time()
-            fns[name]()
-            if sync:
-                sync()
-            wall[name].append((time.perf_counter() - w0) * 1000.0)
-            cpu[name].append((time.process_time() - c0) * 1000.0)
-    return wall, cpu
-
-
 # ---------------------------------------------------------------- expected run times
 
 
@@ -373,33 +337,6 @@ def expected_seconds(kind: str, keys: Iterable[str], mode: str | None = None, de
     return Estimate(recorded * f, f"{format_seconds(recorded)} {source}, x{f:.2f} for this machine by a matmul calibration")
 
 
-def compute_threads() -> int:
-    """The math threads every lesson and report section uses (the one place that decides).
-
-    ``CODEX_LAB_THREADS=N`` wins; otherwise 1 on a machine with at most 2 cores (the engine,
-    server and clients, or pytest's two workers, share them: two OpenMP threads each ran
-    lesson 05's fine-tunes 11x slower on a loaded machine), else all cores but one."""
-    env = os.environ.get("CODEX_LAB_THREADS", "").strip()
-    if env:
-        if not env.isdigit() or int(env) < 1:
-            raise ValueError(f"CODEX_LAB_THREADS={env!r}: give a positive whole number of threads, e.g. 1")
-        return int(env)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return 1 if cores <= 2 else cores - 1
-
-
-@contextmanager
-def use_compute_threads() -> Iterator[int]:
-    """Run the block with :func:`compute_threads` math threads; restore the previous count after."""
-    before = torch.get_num_threads()
-    n = compute_threads()
-    torch.set_num_threads(n)
-    try:
-        yield n
-    finally:
-        torch.set_num_threads(before)
-
-
 def lesson_header(lesson: str) -> bool:
     """Print the mode, why, this lesson's expected time here and how to switch; set the math
     threads (:func:`compute_threads`); return fast mode.
@@ -430,3 +367,11 @@ def progress(iterable: Iterable[T] | None = None, *, desc: str = "", total: int 
 
     off = not enabled or os.environ.get("CODEX_LAB_PROGRESS", "").strip().lower() in _FALSE
     return tqdm(iterable, desc=desc, total=total, disable=off, unit=unit, leave=leave, dynamic_ncols=True)
+
+
+__all__ = [
+    "MODES", "TIMINGS_PATH", "Estimate", "ModeInfo", "calibrate_ms", "compute_threads", "describe_environment",
+    "expected_seconds", "fast_mode", "format_seconds", "get_device", "interleaved_times", "lesson_header", "median_ms",
+    "mode_info", "mode_override", "pick", "progress", "recorded_timings", "seed_everything", "set_mode", "speed_factor",
+    "timing_table", "use_compute_threads",
+]
