@@ -8,7 +8,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -759,17 +759,23 @@ print(lookup_text)
 # `codex-lab bench inference --peer llama.cpp` and `codex-lab bench inference --scenarios single_stream --threads 1`
 # (too slow for this notebook: both compile); `--scenarios token_profile` splits a lone stream's
 # time per token by operator (matmuls, attention, sampling, the compiled graph, other ops, and
-# the Python no operator accounts for) under `torch.profiler`. The cell prints the records,
-# labelled as such, with their dates and conditions; rerun the commands for this machine's figures.
+# the Python no operator accounts for) under `torch.profiler`, and `--scenarios native_profile`
+# puts FastDecoder and llama.cpp under one sampling profiler (Linux perf), so the two engines'
+# decode steps split into the same categories: what llama.cpp does differently, measured. The
+# cell prints the records, labelled as such, with their dates and conditions; rerun the commands
+# for this machine's figures.
 
 # %%
-from codex_lab.lessons.l06_inference.report import peer_lines, single_stream_lines, token_profile_lines
+from codex_lab.lessons.l06_inference.report import (native_profile_lines, peer_lines, single_stream_lines,
+                                                    token_profile_lines)
 
 print(peer_lines())
 print()
 print(single_stream_lines())
 print()
 print(token_profile_lines())
+print()
+print(native_profile_lines())
 
 # %% [markdown]
 # ## What we measured

@@ -106,6 +106,8 @@ def test_the_scenario_compares_tokens_and_reports_both_engines(stand_in, small_t
             assert r["common_prefix"] == want
         else:
             assert r["same_tokens"] and r["common_prefix"] == 8
+            # each length's decoder holds its run, prompt + new tokens (as llama-bench sizes its context)
+            assert r["cache_slots"] == r["prompt_len"] + 8
 
 
 @needs_node

@@ -352,8 +352,23 @@ def _token_profile(key: str) -> list[BenchFigure]:
     return out
 
 
+def _native_profile(key: str) -> list[BenchFigure]:
+    """Both engines' decode under Linux perf: wall and CPU ms per token, and the CPU ms of each one's
+    matmuls, attention, runtime (the code between kernels) and Python."""
+    out = []
+    for who, name in ((("impl", "codex_lab_fast_decode"),), "FastDecoder"), ((("impl", "llama_cpp_native"),), "llama.cpp"):
+        head = rf"(under perf, decode only: {name} "
+        out += [BenchFigure(key, head + rf"){NUM}( ms per token)", who, "wall_ms_per_token", 2),
+                BenchFigure(key, head + rf"[^|;]*?CPU ){NUM}( ms)", who, "cpu_ms_per_token", 2)]
+        for words, field in (("matmuls ", "matmul_ms_per_token"), ("attention ", "attention_ms_per_token"),
+                             ("runtime ", "runtime_ms_per_token"), ("Python ", "python_ms_per_token")):
+            out.append(BenchFigure(key, head + rf"[^|;]*?{words}){NUM}( ms)", who, field, 2))
+    return out
+
+
 BENCH_FIGURES: list[BenchFigure] = [
     *_llama_cpp("llama_cpp"),
+    *_native_profile("native_profile"),
     *_single_stream("single_stream"),
     *_token_profile("token_profile"),
     *_llama_server("serving_llama_cpp"),

@@ -35,7 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "llama_cpp_streams (8 streams at once: the serving engine vs llama.cpp's 8 parallel sequences), "
                         "single_stream (one stream: FastDecoder vs the serving engine, with and without its one-row shape), "
                         "token_profile (one stream's time per token split into matmuls, attention, sampling, the "
-                        "compiled graph, other ops and Python, under torch.profiler)")
+                        "compiled graph, other ops and Python, under torch.profiler), "
+                        "native_profile (FastDecoder and llama.cpp's llama-bench under Linux perf: CPU time per "
+                        "token by function, in the same categories, for both engines)")
     p.add_argument("--peer", default=None, choices=["llama.cpp"],
                    help="run only the peer comparisons: llama.cpp (npm's node-llama-cpp prebuilt binaries; "
                         "scripts/get_llama_cpp.sh installs them) against FastDecoder at batch 1 and against the "
@@ -342,6 +344,14 @@ def _token_profile(model: CodexModel, tok: CodeTokenizer, compile: bool) -> list
                                rounds=pick(fast=3, full=5))
 
 
+def _native_profile(model: CodexModel, tok: CodeTokenizer, random: bool) -> list[dict[str, Any]]:
+    from codex_lab.lessons.l06_inference.native_profile import bench_native_profile
+
+    # 40 x 128 tokens after a 128-token prompt per run, 2 interleaved runs of each engine (3 full)
+    return bench_native_profile(model, tok, prompt_len=128, new_tokens=128, reps=40, rounds=pick(fast=2, full=3),
+                                random=random)
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     seed_everything(0)
     torch.set_grad_enabled(False)
@@ -353,7 +363,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if getattr(args, "peer", None) == "llama.cpp":
         wanted = {"llama_cpp", "llama_cpp_streams"}
     known = {"cache", "hf", "batching", "streams", "speculative", "compile", "decode", "code_edit", "llama_cpp",
-             "llama_cpp_streams", "single_stream", "token_profile"}
+             "llama_cpp_streams", "single_stream", "token_profile", "native_profile"}
     from codex_lab.lessons.l06_inference.fast_scenarios import bench_code_edit, bench_decode
 
     if wanted - known:
@@ -381,6 +391,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "single_stream": lambda: _single_stream(model, tok, compile=not getattr(args, "no_compile", False)),
         # one stream under torch.profiler: where a token's time goes (64 tokens, 3 unprofiled rounds)
         "token_profile": lambda: _token_profile(model, tok, compile=not getattr(args, "no_compile", False)),
+        # both engines under Linux perf, one thread each: CPU time per token by function
+        "native_profile": lambda: _native_profile(model, tok, getattr(args, "random", False)),
     }
     rows: list[dict[str, Any]] = []
     bar = progress([s for s in scenarios if s in wanted], desc="inference bench", unit="scenario")

@@ -81,6 +81,7 @@ def run(ctx: Any) -> str:
         out.append("\n" + peer_lines())
         out.append("\n" + single_stream_lines())
         out.append("\n" + token_profile_lines())
+        out.append("\n" + native_profile_lines())
         return "\n".join(out)
     finally:
         torch.set_num_threads(threads)
@@ -235,6 +236,28 @@ def token_profile_lines(record: dict[str, Any] | None = None) -> str:
                       "one by one, else the whole graph; 'python' is the wall time no operator accounts for, "
                       "inflated by profiling):", "",
                       *profile_lines(rows)])
+
+
+def native_profile_lines(record: dict[str, Any] | None = None) -> str:
+    """What llama.cpp does in a token's time, beside FastDecoder, under one sampling profiler (issue
+    41): the recorded run of ``codex-lab bench inference --scenarios native_profile`` (bench_records.json,
+    key ``native_profile``), labelled as recorded; how to measure it here when none is recorded."""
+    from codex_lab.course.figures import bench_record
+    from codex_lab.lessons.l06_inference.native_profile import native_lines
+
+    rec = (record if record is not None else bench_record()).get("native_profile")
+    if not rec:
+        return ("FastDecoder and llama.cpp under one profiler: not recorded; with Linux perf and llama-bench "
+                "(`bash scripts/build_llama_cpp.sh`), `codex-lab bench inference --scenarios native_profile` "
+                "measures it on this machine.")
+    r0 = next(r for r in rec["rows"] if "impl" in r)
+    return "\n".join([f"FastDecoder and llama.cpp under Linux perf (recorded {rec['measured']}, not this run: "
+                      f"`{rec['command']}`, {rec['conditions']}; {r0['reps']} x {r0['new_tokens']} greedy tokens after "
+                      f"a {r0['prompt_len']}-token prompt, the decode steps only (llama.cpp's less a run that only "
+                      f"prefills), one thread each, sampled at {r0['freq_hz']} Hz with call chains; CPU ms per decoded "
+                      "token by the function running, attention when it runs inside an attention call; wall ms: "
+                      "the median of each engine's own timing of its runs, under the profiler):", "",
+                      *native_lines(rec["rows"])])
 
 
 def speculative_section(ctx: Any) -> str:
