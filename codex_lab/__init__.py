@@ -72,7 +72,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "infer.speculative": ('SpecStats', 'expected_speedup', 'expected_tokens_per_round', 'speculative_generate'),
     "infer.prompt_lookup": ('lookup_draft', 'prompt_lookup_generate'),
     "lessons.l06_inference.draft": ('load_draft',),
-    "infer.fast_decode": ('FastDecoder',),
+    "infer.fast_decode": ('FastDecoder', 'one_query_attention'),
     "infer.paged_step": ('CompiledPagedStep',),
     "infer.step_plan": ('served_step_options',),
     "infer.mixed": ('mixed_step',),

@@ -31,6 +31,27 @@ from codex_lab.nn.layers import apply_rope
 from codex_lab.nn.model import CodexModel
 
 
+def one_query_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
+    """Attention of one query per row over a cache, in plain tensor ops that Inductor fuses into a
+    few loops (ATen's flash attention on a CPU hands each head's one-query products to MKL's
+    matrix-vector routine, a call per head and product: docs/PROFILE.md).
+
+    q: (B, H, 1, D); k, v: (B, Hkv, L, D) with H a multiple of Hkv (grouped-query heads share a
+    K/V head); allowed: (1, L) bool, the slots the query may see. Returns (B, H, 1, D), equal to
+    ``F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)``.
+    """
+    B, H, _, D = q.shape
+    Hkv = k.shape[1]
+    qg = q.reshape(B, Hkv, H // Hkv, 1, D)  # (B, Hkv, G, 1, D): each K/V head's group of query heads
+    # s_l = q . k_l / sqrt(D), for every slot l
+    s = (qg * k[:, :, None]).sum(-1) * D ** -0.5  # (B, Hkv, G, L)
+    s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(s, dim=-1)  # (B, Hkv, G, L)
+    # y = sum_l p_l v_l
+    y = (p[..., None] * v[:, :, None]).sum(-2)  # (B, Hkv, G, D)
+    return y.reshape(B, H, 1, D)
+
+
 def graphs_compiled() -> int:
     """Graphs dynamo has compiled in this process (its ``unique_graphs`` counter)."""
     try:
@@ -116,10 +137,15 @@ class FastDecoder:
             and ``cpp_wrapper`` (the code that calls the kernels is C++, not Python). Frozen
             weights are read at the first compiled step: build a new decoder after changing
             the model's weights. The first call compiles for ~10-25 s on 2 cores.
+        attention: a decode step's attention. ``"one_query"``: :func:`one_query_attention`,
+            plain tensor ops Inductor fuses; ``"sdpa"``: ``F.scaled_dot_product_attention``;
+            ``"auto"`` (default): one_query on a CPU, sdpa elsewhere. The prompt's prefill
+            always runs SDPA.
     """
 
     def __init__(self, model: CodexModel, *, max_len: int | None = None, batch: int = 1, compile: bool = True,
-                 backend: str = "inductor", mode: str | None = None, options: dict | None = None) -> None:
+                 backend: str = "inductor", mode: str | None = None, options: dict | None = None,
+                 attention: str = "auto") -> None:
         cfg = model.cfg
         self.model = model.eval()
         self.max_len = cfg.max_seq_len if max_len is None else max_len
@@ -131,6 +157,12 @@ class FastDecoder:
         self.k = [torch.zeros(shape, device=p.device, dtype=p.dtype) for _ in range(cfg.n_layer)]  # (B, Hkv, L, D) each
         self.v = [torch.zeros(shape, device=p.device, dtype=p.dtype) for _ in range(cfg.n_layer)]
         self.slots = torch.arange(self.max_len, device=p.device)  # (L,)
+        if attention not in ("auto", "sdpa", "one_query"):
+            raise ValueError(f"attention={attention!r}: choose 'auto', 'sdpa' or 'one_query'")
+        # a decode step's attention: the one-query formula on a CPU (0.85x and 0.88x the median step time
+        # of ATen's flash attention after 128 and 512 prompt tokens, every one of 11 interleaved rounds
+        # faster: scripts/one_query_ab.py, 2026-12-06), SDPA elsewhere (not measured there)
+        self.attention = ("one_query" if p.device.type == "cpu" else "sdpa") if attention == "auto" else attention
         self.batch = batch
         self.mode = mode
         self.options: dict = {}
@@ -164,7 +196,7 @@ class FastDecoder:
     def _step(self, tokens: Tensor, pos: Tensor) -> Tensor:
         """tokens (B, T) at positions ``pos`` (T,) -> logits of the last position (B, V);
         writes their keys/values into slots ``pos`` of the static cache."""
-        m, cfg = self.model, self.model.cfg
+        m = self.model
         B, T = tokens.shape
         cos = m.rope_cos[pos][None, None]  # (1, 1, T, hd)
         sin = m.rope_sin[pos][None, None]  # (1, 1, T, hd)
@@ -180,8 +212,11 @@ class FastDecoder:
             self.v[i].index_copy_(2, pos, v)
             # allowed[t, s] = slot s is filled (s <= pos_t) and pattern(pos_t, s)
             allowed = (self.slots[None, :] <= pos[:, None]) & at.pattern.allowed(pos[:, None], self.slots[None, :])  # (T, L)
-            y = F.scaled_dot_product_attention(q, self.k[i], self.v[i], attn_mask=allowed[None, None],
-                                               enable_gqa=at.n_head != at.n_kv_head)  # (B, H, T, hd)
+            if T == 1 and self.attention == "one_query":  # a decode step
+                y = one_query_attention(q, self.k[i], self.v[i], allowed)  # (B, H, 1, hd)
+            else:
+                y = F.scaled_dot_product_attention(q, self.k[i], self.v[i], attn_mask=allowed[None, None],
+                                                   enable_gqa=at.n_head != at.n_kv_head)  # (B, H, T, hd)
             y = y.transpose(1, 2).reshape(B, T, at.n_head * at.head_dim)  # (B, T, H*hd)
             x = x + at.o_proj(y)
             x = x + layer.ffn(layer.ffn_norm(x))

@@ -1,0 +1,50 @@
+"""FastDecoder's one-query attention (``one_query_attention``, what a CPU decode step runs) against
+SDPA, the reference it replaces: the same outputs, the same greedy tokens."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from codex_lab.infer.fast_decode import FastDecoder, one_query_attention
+from codex_lab.infer.generate import generate_ids_cached
+from codex_lab.nn.model import CodexModel
+
+from conftest import tiny_config
+
+
+@pytest.mark.parametrize("h,hkv", [(4, 4), (4, 2), (6, 1)])
+def test_one_query_attention_equals_sdpa(h: int, hkv: int) -> None:
+    g = torch.Generator().manual_seed(h * 10 + hkv)
+    B, L, D = 2, 23, 16
+    q = torch.randn(B, h, 1, D, generator=g)
+    k, v = torch.randn(B, hkv, L, D, generator=g), torch.randn(B, hkv, L, D, generator=g)
+    # the slots up to position 14 are filled, and a window hides the oldest five
+    slots = torch.arange(L)
+    allowed = ((slots <= 14) & (slots > 4))[None]  # (1, L)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None, None], enable_gqa=h != hkv)
+    got = one_query_attention(q, k, v, allowed)
+    assert got.shape == want.shape == (B, h, 1, D)
+    # float32, the same sums in another order: a few units in the last place of O(1) values
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # a value behind a hidden slot changes nothing
+    v2 = v.clone()
+    v2[:, :, 20] += 100.0
+    torch.testing.assert_close(one_query_attention(q, k, v2, allowed), got)
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_head": 2, "attn_patterns": ["window:6", "dense"]}])
+def test_both_attentions_decode_the_cached_generators_tokens(kw) -> None:
+    torch.manual_seed(1)
+    model = CodexModel(tiny_config(vocab_size=300, **kw)).eval()
+    ids = torch.randint(0, 300, (11,), generator=torch.Generator().manual_seed(4)).tolist()
+    ref = generate_ids_cached(model, ids, max_new_tokens=18)[0]
+    for attention in ("one_query", "sdpa"):
+        dec = FastDecoder(model, max_len=40, compile=False, attention=attention)
+        assert dec.attention == attention
+        assert dec.generate(ids, 18)[0] == ref, attention
+
+
+def test_auto_picks_one_query_on_a_cpu_and_a_bad_choice_is_refused(tiny_model) -> None:
+    assert FastDecoder(tiny_model, max_len=16, compile=False).attention == "one_query"
+    with pytest.raises(ValueError, match="choose 'auto', 'sdpa' or 'one_query'"):
+        FastDecoder(tiny_model, max_len=16, compile=False, attention="flash")
