@@ -381,3 +381,28 @@ def test_compiled_step_on_moe_and_sparse_models(tok, kw):
         assert not fast.compiled and "flex" in fast.compile_error
     else:
         assert fast.compiled and fast.compile_error == "" and fast.compile_s
+
+
+def test_another_models_collected_moe_cache_does_not_recompile_the_step(tok):
+    """The stacked-experts cache is a weak dictionary of every MoE layer's weights: a compiled
+    step must not guard on it, or another model's entry being collected recompiles the step."""
+    import gc
+
+    from codex_lab.nn.moe_dispatch import stacked_weights
+
+    kw = {"moe_layers": [1], "n_experts": 4, "moe_top_k": 2}
+    torch.manual_seed(0)
+    model = CodexModel(tiny_config(vocab_size=tok.vocab_size, **kw)).eval()
+    others = [CodexModel(tiny_config(vocab_size=tok.vocab_size, **kw)).eval() for _ in range(3)]
+    for o in others:  # entries of other models in the cache, before and after this model's own
+        stacked_weights(o.layers[1].ffn.experts)
+    eng = Engine(model, tok, max_batch_size=2, compile=True, compile_backend="eager")
+    for p in ([5, 9, 2, 7], [11, 3]):
+        eng.submit(p, SamplingParams(max_tokens=10, ignore_eos=True))
+    eng.step()
+    eng.step()
+    del others  # the other models go: their cache entries are collected between steps
+    gc.collect()
+    done = {f.rid: f.output_ids for f in eng.run_until_done()}
+    assert [done[i] for i in range(2)] == [generate_ids(model, p, max_new_tokens=10)[0] for p in ([5, 9, 2, 7], [11, 3])]
+    assert eng.fast_step.recompiles == 0

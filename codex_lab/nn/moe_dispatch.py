@@ -210,6 +210,9 @@ def stacked_weights(experts: nn.ModuleList, params: list[Tensor] | None = None) 
     return _stacked(experts, expert_weights(experts) if params is None else params)[0]
 
 
+# never traced: dynamo would guard on the whole cache (every model's entry in the weak dictionary),
+# so a compiled step recompiled when another model's entry was collected (a test order flake, 2026-12-06)
+@torch.compiler.disable
 def _stacked(experts: nn.ModuleList, params: list[Tensor]) -> tuple[Stacked, list[tuple[Tensor, Tensor]], Tensor]:
     """(stacked gate, up, down), per expert e the views (gate|up[e] (d, 2h), down[e] (h, d)),
     and the whole gate|up tensor (E, d, 2h), cached."""
