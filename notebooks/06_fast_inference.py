@@ -741,11 +741,12 @@ print(lookup_text)
 #   decoder freezes them into the graph (the global `torch._inductor.config.freezing` must be
 #   on while dynamo traces; the `options=` flag alone leaves them graph inputs) so that
 #   Inductor's C++ GEMM template can pack them once and split each matrix-vector product
-#   over the cores (`python scripts/decode_configs.py` times each configuration). On a CPU its
-#   decode step computes the one query's attention in plain tensor ops (`cl.one_query_attention`:
-#   q.k for every slot, the masked softmax, the weighted sum of v), which Inductor fuses into
-#   its own loops. ATen's flash attention would hand each head's one-query products to MKL
-#   (`--scenarios native_profile` shows both, against llama.cpp);
+#   over the cores (`python scripts/decode_configs.py` times each configuration). Compiled on a
+#   CPU, its decode step computes the one query's attention in plain tensor ops
+#   (`cl.one_query_attention`: q.k for every slot, the masked softmax, the weighted sum of v),
+#   which Inductor fuses into its own loops, where ATen's flash attention hands each head's
+#   one-query products to MKL (`python scripts/one_query_ab.py` times the two; docs/PROFILE.md
+#   has both under the profiler);
 # - `cl.Engine(..., compile=True)`: the batch is padded to `max_batch_size` rows (padding
 #   rows write a scratch block no request owns) and each block table to a *bucket* (1, 1.5,
 #   2, 3, 4, ... times 128 tokens), one graph per bucket, compiled before serving

@@ -1,4 +1,4 @@
-"""FastDecoder's one-query attention (``one_query_attention``, what a CPU decode step runs) against
+"""FastDecoder's one-query attention (``one_query_attention``, what a compiled CPU decode step runs) against
 SDPA, the reference it replaces: the same outputs, the same greedy tokens."""
 
 import pytest
@@ -44,7 +44,8 @@ def test_both_attentions_decode_the_cached_generators_tokens(kw) -> None:
         assert dec.generate(ids, 18)[0] == ref, attention
 
 
-def test_auto_picks_one_query_on_a_cpu_and_a_bad_choice_is_refused(tiny_model) -> None:
-    assert FastDecoder(tiny_model, max_len=16, compile=False).attention == "one_query"
+def test_auto_picks_one_query_when_compiling_on_a_cpu_and_a_bad_choice_is_refused(tiny_model) -> None:
+    assert FastDecoder(tiny_model, max_len=16, backend="eager").attention == "one_query"
+    assert FastDecoder(tiny_model, max_len=16, compile=False).attention == "sdpa"  # the eager reference
     with pytest.raises(ValueError, match="choose 'auto', 'sdpa' or 'one_query'"):
         FastDecoder(tiny_model, max_len=16, compile=False, attention="flash")

@@ -139,8 +139,8 @@ class FastDecoder:
             the model's weights. The first call compiles for ~10-25 s on 2 cores.
         attention: a decode step's attention. ``"one_query"``: :func:`one_query_attention`,
             plain tensor ops Inductor fuses; ``"sdpa"``: ``F.scaled_dot_product_attention``;
-            ``"auto"`` (default): one_query on a CPU, sdpa elsewhere. The prompt's prefill
-            always runs SDPA.
+            ``"auto"`` (default): one_query when the step compiles on a CPU (Inductor fuses
+            it), sdpa otherwise. The prompt's prefill always runs SDPA.
     """
 
     def __init__(self, model: CodexModel, *, max_len: int | None = None, batch: int = 1, compile: bool = True,
@@ -159,10 +159,12 @@ class FastDecoder:
         self.slots = torch.arange(self.max_len, device=p.device)  # (L,)
         if attention not in ("auto", "sdpa", "one_query"):
             raise ValueError(f"attention={attention!r}: choose 'auto', 'sdpa' or 'one_query'")
-        # a decode step's attention: the one-query formula on a CPU (0.85x and 0.88x the median step time
-        # of ATen's flash attention after 128 and 512 prompt tokens, every one of 11 interleaved rounds
-        # faster: scripts/one_query_ab.py, 2026-12-06), SDPA elsewhere (not measured there)
-        self.attention = ("one_query" if p.device.type == "cpu" else "sdpa") if attention == "auto" else attention
+        # a decode step's attention: the one-query formula when the step compiles on a CPU (0.85x and
+        # 0.88x the median step time of ATen's flash attention after 128 and 512 prompt tokens, every one
+        # of 11 interleaved rounds faster: scripts/one_query_ab.py, 2026-12-06); SDPA, the reference,
+        # eagerly and on other devices (not measured there)
+        fused = compile and p.device.type == "cpu"
+        self.attention = ("one_query" if fused else "sdpa") if attention == "auto" else attention
         self.batch = batch
         self.mode = mode
         self.options: dict = {}
@@ -247,10 +249,8 @@ class FastDecoder:
         out: list[list[int]] = [[] for _ in range(B)]
         if max_new_tokens == 0:
             return out
-        logits = self._step(prompts, torch.arange(T, device=dev))  # (B, V) prefill, eager
         done = [False] * B
-        nxt = logits.argmax(-1)  # (B,)
-        pos = torch.tensor([T], device=dev)  # (1,) a tensor: no recompile as it changes
+        nxt, pos = self.prefill(prompts)  # (B,), (1,)
         for i in range(max_new_tokens):
             for b, t in enumerate(nxt.tolist()):
                 if not done[b]:
@@ -263,6 +263,15 @@ class FastDecoder:
             nxt = self.decode_step(nxt[:, None], pos)  # (B,)
             pos += 1
         return out
+
+    @torch.no_grad()
+    def prefill(self, prompts: Tensor) -> tuple[Tensor, Tensor]:
+        """The prompts (B, T) through the step eagerly (one call of T tokens), their keys/values
+        written into slots 0..T-1 -> (the first greedy ids (B,), the next position (1,)): what
+        :meth:`decode_step` takes next. A tensor position, so no recompile as it changes."""
+        T = prompts.shape[1]
+        nxt = self._step(prompts, torch.arange(T, device=self.slots.device)).argmax(-1)  # (B,)
+        return nxt, torch.tensor([T], device=self.slots.device)
 
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, pos: Tensor) -> Tensor:

@@ -13,10 +13,10 @@ GGUF export of the checkpoint), and only the decode steps count:
   times its saved state is restored), then N greedy tokens, R times; less a second run that only
   prefills the same prompt once (``-p L -n 0 -r 1``), function by function, so what is left is
   the decode (sampling noise makes a small category uncertain by a few samples);
-- codex-lab: a child Python process holding FastDecoder compiled (as ``codex-lab generate`` runs
-  it), R times: the prompt's prefill unsampled, then its decode steps sampled (``perf record
-  --control``: sampling is switched on and off by the child), each token checked against
-  ``generate``'s.
+- codex-lab: a child Python process holding FastDecoder compiled with its default options, R
+  times: the prompt's prefill (:meth:`FastDecoder.prefill`) unsampled, then its decode steps
+  sampled (``perf record --control``: sampling is switched on and off by the child), each token
+  checked against ``generate``'s.
 
 Each sample is put in one category (:func:`chain_category`): ``matmul``, ``attention`` (a call
 inside an attention kernel counts as attention: ATen's flash attention hands its one-query
@@ -217,8 +217,8 @@ def say(word):
     os.read(a, 16)  # perf acknowledges: sampling is on (off) from here
 prompts, same, wall = torch.tensor([prompt]), True, 0.0
 for _ in range(R):
-    nxt = dec._step(prompts, torch.arange(L)).argmax(-1)  # the prefill, eager, as generate does it
-    pos, out = torch.tensor([L]), []
+    nxt, pos = dec.prefill(prompts)  # eager, as generate does it
+    out = []
     say("enable")
     t0 = time.perf_counter()
     for i in range(N):
@@ -263,7 +263,7 @@ def profile_fast_decoder(perf: Path, *, prompt_len: int, new_tokens: int, reps: 
 def bench_native_profile(model: Any, tok: Any, *, prompt_len: int = 128, new_tokens: int = 128, reps: int = 40,
                          rounds: int = 2, freq: int = 999, random: bool = False) -> list[dict[str, Any]]:
     """Rows ``codex_lab_fast_decode`` and ``llama_cpp_native``: CPU ms per generated token split by
-    category (samples of ``rounds`` interleaved runs of each, summed), the top functions, and each
+    category (the mean of ``rounds`` interleaved runs of each), the top functions, and each
     side's own tokens/s under the profiler. Without perf or llama-bench: one row saying how to get them."""
     from codex_lab.hf.gguf_export import export_gguf
     from codex_lab.lessons.l06_inference.llama_native import find_llama_bench, home_relative

@@ -7,9 +7,8 @@ counted twice) is put in one category by its name (:func:`category`):
 
 - ``matmul``: the projections and the output head (``aten::mm``, ``addmm``, ``bmm``, ... and
   the compiled graph's GEMM kernels, with the norms or activations Inductor fused into them);
-- ``attention``: scaled dot-product attention, its softmax, and the paged K/V gather (eager
-  FastDecoder's one-query attention is ``aten::mul`` and ``aten::sum`` around its softmax: those
-  two count as other ops by name; compiled, its fused kernel counts as attention);
+- ``attention``: scaled dot-product attention, its softmax, and the paged K/V gather (compiled,
+  FastDecoder's one-query attention is one fused kernel named for its softmax);
 - ``sampling``: picking the token from the logits (``argmax``, ``topk``, ``sort``, ...);
 - ``compiled graph``: a ``torch.compile``d region's own code outside the kernels the profiler
   names (its C++ wrapper: buffer allocation and the calls between kernels);
