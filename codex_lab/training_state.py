@@ -3,36 +3,43 @@
 A quality verdict compares arms at the end of their training. If an arm is still improving,
 the comparison measures the step budget, not the mechanism (8 uptraining steps of a GQA model
 say nothing about what GQA costs). So every quality comparison of the course first asks, per
-arm, whether its held-out metric has stopped moving; when any arm has not, the verdict is
-``"under-trained: no verdict"`` (:data:`codex_lab.stats.UNDER_TRAINED`), an honest outcome.
+arm, whether its held-out metric has stopped moving by as much as the comparison can resolve;
+when any arm has not, the verdict is ``"under-trained: no verdict"``
+(:data:`codex_lab.stats.UNDER_TRAINED`), an honest outcome.
 
 The rule (:func:`training_state`), on the held-out evaluation curves of one arm, one curve
 per seed, evaluated at the same steps:
 
-1. average the seeds' curves (the mean curve: seed noise shrinks by sqrt(seeds));
-2. fit a least-squares line to the last quarter of the mean curve's evaluations (at least
-   3 of them) and project its slope over a quarter of the run:
-   ``change = slope x (last step - first step) / 4``, signed so that > 0 means *better*;
-   in words: how much more the metric would move if the run went on 25% longer at the
-   rate it ends with;
-3. the tolerance is the larger of the standard error of the arm's mean,
-   ``spread / sqrt(seeds)`` (spread: the standard deviation across seeds of each seed's mean
-   over that last quarter), and ``min_change``, the smallest change the claim cares about,
-   in the metric's units (e.g. 0.01 nats/token);
-4. **trained** when ``|change| <= tolerance``; **under-trained** when ``change > tolerance``
-   (still improving by more than the seeds differ: another quarter of training would move
-   the arm by more than the comparison can resolve); **degrading** when
-   ``change < -tolerance`` (getting worse: over-fitting or an unstable run; compare an
-   earlier checkpoint or fix the run), which also gives no verdict.
+1. **per seed**, fit a least-squares line to the seed's last evaluations (the last quarter,
+   and never fewer than ``MIN_TAIL`` = 5 of them) and project it over another quarter of the
+   run: ``c_i = slope_i x (last step - first step) / 4``, signed so that > 0 means *better*;
+   in words: how much more seed i would move if its run went on 25% longer at the rate it
+   ends with;
+2. a **one-sided 95% upper bound** on the seeds' mean projected change,
+   ``bound = mean(c) + t_0.95 x se``, where ``se`` is the larger of two standard errors, each
+   with the t of its own degrees of freedom: across seeds, ``sd(c) / sqrt(seeds)``
+   (df = seeds - 1), and within seeds, from the lines' residuals, ``(run / 4) x
+   sqrt(mean residual variance / sum (x - mean x)^2 / seeds)`` (df = seeds x (tail - 2));
+   the first catches seeds that disagree, the second evaluation noise when the seeds happen
+   to agree;
+3. the **threshold** is what the comparison can resolve: the smaller of ``min_change`` (the
+   smallest change the claim cares about) and ``MARGIN_SHARE`` (one half) of the claim's
+   margin or of the comparison's interval half-width, when given;
+4. **degrading** when the mean projected change is worse than ``-threshold`` (the held-out
+   metric getting worse: compare an earlier checkpoint); else **trained** when
+   ``bound <= threshold`` and no seed's own ``c_i`` exceeds it: even at the pessimistic end
+   of what the seeds show, another quarter of training would move the arm, and each of its
+   seeds, by less than the comparison can tell apart; otherwise **under-trained**;
+5. **did not learn** when any seed's tail mean is within ``threshold`` of ``chance`` (a seed
+   stuck at chance blocks the verdict even if the mean curve moved), or when the arm ends
+   below ``LEARN_SHARE`` (one half) of the way from chance to a ``ceiling`` the same task
+   reaches elsewhere (a plateau of a failed optimisation, not of the design).
 
-Why this rule: the comparison's interval is built from the standard error of each arm's
-mean (its half-width is ~2 to 4 x spread / sqrt(seeds)); an arm whose trend over the next
-quarter of training exceeds that standard error would move its own mean by more than the
-mean is known, so the verdict would belong to the budget. (The raw spread would be too lax:
-with noisy seeds or a per-seed evaluation sample, a curve still falling by several times its
-mean's uncertainty would pass.) ``min_change`` keeps a
-deterministic arm (zero spread) from being called under-trained for a drift nobody cares
-about. A curve with fewer than 4 evaluations cannot show a plateau: under-trained.
+Why a bound on the trend and not the seeds' level spread: the level spread is mostly each
+seed's own evaluation sample, which cancels in a paired comparison; it says nothing about
+whether the curves still move. Three seeds falling 0.08 per quarter with levels 0.15 apart
+are still falling (``tests/test_training_state.py`` shows that case and a flat one). A curve
+with fewer than ``MIN_TAIL + 1`` evaluations cannot show a plateau: evaluate more often.
 """
 
 from __future__ import annotations
@@ -41,9 +48,14 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-TRAINED, UNDER_TRAINED_STATE, DEGRADING = "trained", "under-trained", "degrading"
-MIN_POINTS = 4  # evaluations per curve; the tail fit needs >= 3 of them and one before it
-TAIL = 0.25  # the last quarter of the evaluations
+from codex_lab.stats import DEGRADING, MARGIN_SHARE, NOT_LEARNED, TRAINED, UNDER_TRAINED_STATE
+from codex_lab.stats.student_t import t_quantile
+
+MIN_TAIL = 5  # evaluations the trend is fitted on, at least
+MIN_POINTS = MIN_TAIL + 1  # evaluations per curve: the tail and one before it
+TAIL = 0.25  # the last quarter of the evaluations (more when the quarter holds fewer than MIN_TAIL)
+LEARN_SHARE = 0.5  # an arm must end at least half-way from chance to the ceiling the task shows elsewhere
+LEVEL = 0.95  # the one-sided bound's level
 
 Curve = Sequence[tuple[float, float]]  # (step, metric value), one per evaluation
 
@@ -52,10 +64,12 @@ Curve = Sequence[tuple[float, float]]  # (step, metric value), one per evaluatio
 class TrainingState:
     """Where one arm's training stands (see the module's rule).
 
-    ``change``: the projected change of the metric over another quarter of the run, metric
-    units, > 0 = better; ``tolerance``: max(spread / sqrt(seeds), min_change); ``spread``: standard
-    deviation across seeds of the tail means (0 for one seed); ``final``: the mean curve's
-    last value; ``steps``: the last evaluated step.
+    ``change``: the seeds' mean projected change of the metric over another quarter of the run,
+    metric units, > 0 = better; ``bound``: its one-sided 95% upper bound; ``tolerance``: the
+    threshold the bound is held to (min_change, or half the claim's margin if smaller);
+    ``per_seed``: each seed's projected change; ``spread``: standard deviation across seeds
+    of ``per_seed`` (0 for one seed); ``final``: the mean curve's last value; ``steps``: the
+    last evaluated step.
     """
 
     arm: str
@@ -68,6 +82,8 @@ class TrainingState:
     n_points: int
     steps: float
     reason: str = ""
+    bound: float = math.nan
+    per_seed: tuple[float, ...] = ()
 
     @property
     def trained(self) -> bool:
@@ -75,11 +91,12 @@ class TrainingState:
         return self.state == TRAINED
 
     def describe(self, fmt: str = ".3g") -> str:
-        """``"dense: trained (change over another quarter +0.002, tolerance 0.01; 3 seeds, 12 evals to step 600)"``."""
+        """``"dense: trained (projected change +0.002, bound +0.006 <= 0.01; 3 seeds, 12 evals to step 600)"``."""
         if self.reason:
             return f"{self.arm}: {self.state} ({self.reason})"
-        return (f"{self.arm}: {self.state} (change over another quarter of the run {self.change:+{fmt}}, "
-                f"tolerance {self.tolerance:{fmt}}; {self.n_seeds} seed(s), {self.n_points} evaluations to step {self.steps:g})")
+        return (f"{self.arm}: {self.state} (projected change over another quarter {self.change:+{fmt}}, "
+                f"95% bound {self.bound:+{fmt}} against {self.tolerance:{fmt}}; {self.n_seeds} seed(s), "
+                f"{self.n_points} evaluations to step {self.steps:g})")
 
     def short(self) -> str:
         """The state alone with its projected change, for tables: ``"trained (+0.002)"``."""
@@ -104,71 +121,117 @@ def _as_curves(curves: Sequence[Curve] | Sequence[Sequence[float]]) -> list[list
     return out
 
 
-def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+    """(slope, residual variance, sum (x - mean x)^2) of the least-squares line through the points."""
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     # least squares: b = sum (x - mx)(y - my) / sum (x - mx)^2
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    # residual variance s^2 = sum (y - my - b (x - mx))^2 / (n - 2)
+    s2 = sum((y - my - b * (x - mx)) ** 2 for x, y in zip(xs, ys)) / (len(xs) - 2) if len(xs) > 2 else 0.0
+    return b, s2, sxx
+
+
+def threshold_for(min_change: float, margin: float | None = None) -> float:
+    """The change an arm must stay under: ``min(min_change, MARGIN_SHARE x margin)``."""
+    if margin is None or not math.isfinite(margin) or margin <= 0:
+        return min_change
+    return min(min_change, MARGIN_SHARE * margin)
 
 
 def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, higher_is_better: bool,
-                   min_change: float, arm: str = "arm", tail: float = TAIL, chance: float | None = None) -> TrainingState:
+                   min_change: float, arm: str = "arm", tail: float = TAIL, chance: float | None = None,
+                   margin: float | None = None, ceiling: float | None = None) -> TrainingState:
     """Judge one arm's training state from its held-out curves (one per seed).
 
     Args:
         curves: per seed, the evaluations as ``(step, value)`` pairs (or bare values at steps
-            0, 1, 2, ...); all seeds evaluated at the same steps.
+            0, 1, 2, ...); all seeds evaluated at the same steps; at least ``MIN_POINTS``.
         higher_is_better: True for accuracy / pass@1, False for a loss.
         min_change: the smallest change the claim cares about, in the metric's units (> 0).
         arm: the arm's name, for messages.
-        tail: the share of the evaluations the trend is fitted on (0.25: the last quarter).
-        chance: the metric's value for a model that learned nothing (e.g. 1/8 accuracy with
-            8 candidates; ln V nats for a uniform guess over V tokens). A curve flat at chance
-            is not a plateau of learning: when the mean curve ends within two tolerances of
-            ``chance``, the arm is under-trained ("flat at chance").
+        tail: the share of the evaluations the trend is fitted on (at least ``MIN_TAIL`` of them).
+        chance: the metric's value for a model that learned nothing (1/8 accuracy with 8
+            candidates; ln V nats for a uniform guess over V tokens). Any seed whose tail mean
+            is within the threshold of it makes the arm "did not learn".
+        margin: the claim's margin or the comparison's interval half-width, metric units: the
+            threshold is at most ``MARGIN_SHARE`` of it.
+        ceiling: the value the same task reaches elsewhere (a stronger arm, a longer run);
+            needs ``chance``. An arm ending less than ``LEARN_SHARE`` of the way from chance
+            to it "did not learn the task".
     """
     if not min_change > 0 or not math.isfinite(min_change):
         raise ValueError(f"min_change is the smallest change that matters, a positive number in the metric's "
                          f"units (e.g. 0.01 nats/token); got {min_change}")
     if not 0 < tail <= 1:
         raise ValueError(f"tail is a share of the evaluations in (0, 1], got {tail}")
+    if ceiling is not None and chance is None:
+        raise ValueError(f"arm {arm}: a ceiling is judged against chance; pass chance= too")
     cs = _as_curves(curves)
     if not cs:
         raise ValueError(f"arm {arm}: no curves given; pass one evaluation curve per seed")
     steps = [s for s, _ in cs[0]]
     if any([s for s, _ in c] != steps for c in cs):
         raise ValueError(f"arm {arm}: every seed's curve must be evaluated at the same steps")
-    n = len(steps)
+    n, m = len(steps), len(cs)
+    thr = threshold_for(min_change, margin)
     if n < MIN_POINTS:
-        return TrainingState(arm, UNDER_TRAINED_STATE, math.nan, math.nan, math.nan,
-                             cs[0][-1][1] if n else math.nan, len(cs), n, steps[-1] if n else 0.0,
-                             reason=f"{n} evaluation(s): a plateau needs at least {MIN_POINTS}; evaluate more often")
+        return TrainingState(arm, UNDER_TRAINED_STATE, math.nan, thr, math.nan,
+                             cs[0][-1][1] if n else math.nan, m, n, steps[-1] if n else 0.0,
+                             reason=f"{n} evaluation(s): a plateau needs at least {MIN_POINTS} "
+                                    f"({MIN_TAIL} in the fitted tail); evaluate more often")
     if any(not math.isfinite(v) for c in cs for _, v in c):
-        return TrainingState(arm, DEGRADING, math.nan, math.nan, math.nan, math.nan, len(cs), n, steps[-1],
+        return TrainingState(arm, DEGRADING, math.nan, thr, math.nan, math.nan, m, n, steps[-1],
                              reason="a held-out value is NaN or infinite: the run diverged")
-    k = min(n - 1, max(3, math.ceil(n * tail)))
-    mean = [sum(c[i][1] for c in cs) / len(cs) for i in range(n)]
-    rate = _slope(steps[-k:], mean[-k:])
+    k = min(n - 1, max(MIN_TAIL, math.ceil(n * tail)))
     sign = 1.0 if higher_is_better else -1.0
-    # change = slope x (a quarter of the run's steps), signed so that > 0 is an improvement
-    change = sign * rate * TAIL * (steps[-1] - steps[0])
-    tails = [sum(v for _, v in c[-k:]) / k for c in cs]
-    if len(cs) > 1:
-        mt = sum(tails) / len(tails)
-        # spread = sample standard deviation across seeds of each seed's tail mean
-        spread = math.sqrt(sum((t - mt) ** 2 for t in tails) / (len(tails) - 1))
+    quarter = TAIL * (steps[-1] - steps[0])
+    xs = steps[-k:]
+    per_seed, resid = [], []
+    for c in cs:
+        b, s2, sxx = _line(xs, [v for _, v in c[-k:]])
+        # c_i = slope_i x (a quarter of the run's steps), signed so that > 0 is an improvement
+        per_seed.append(sign * b * quarter)
+        resid.append(s2)
+    mean_c = sum(per_seed) / m
+    # within seeds: se_w = quarter x sqrt(mean s_i^2 / sxx / m), df = m (k - 2)
+    se_w = quarter * math.sqrt(sum(resid) / m / sxx / m) if sxx > 0 else 0.0
+    margin_w = t_quantile(LEVEL, m * (k - 2)) * se_w
+    if m > 1:
+        # across seeds: se_b = sd(c) / sqrt(m), df = m - 1
+        spread = math.sqrt(sum((x - mean_c) ** 2 for x in per_seed) / (m - 1))
+        margin_b = t_quantile(LEVEL, m - 1) * spread / math.sqrt(m)
     else:
-        spread = 0.0
-    # tolerance = max(standard error of the arm's mean, min_change) = max(spread / sqrt(seeds), min_change)
-    tol = max(spread / math.sqrt(len(cs)), min_change)
-    state = TRAINED if abs(change) <= tol else (UNDER_TRAINED_STATE if change > 0 else DEGRADING)
-    sign_gain = sign * (mean[-1] - chance) if chance is not None else math.inf
-    # learned = better than chance by more than two tolerances (the seeds' spread or min_change)
-    if state == TRAINED and sign_gain <= 2 * tol:
-        return TrainingState(arm, UNDER_TRAINED_STATE, change, tol, spread, mean[-1], len(cs), n, steps[-1],
-                             reason=f"flat at chance: ends at {mean[-1]:.3g} against chance {chance:.3g} "
-                                    f"(within 2 x tolerance {tol:.3g}); nothing learned yet")
-    return TrainingState(arm, state, change, tol, spread, mean[-1], len(cs), n, steps[-1])
+        spread, margin_b = 0.0, 0.0
+    # bound = mean(c) + max(t_w se_w, t_b se_b): the one-sided 95% upper bound of the mean projected change
+    bound = mean_c + max(margin_w, margin_b)
+    mean = [sum(c[i][1] for c in cs) / m for i in range(n)]
+    final = mean[-1]
+    common = dict(tolerance=thr, spread=spread, final=final, n_seeds=m, n_points=n, steps=steps[-1],
+                  bound=bound, per_seed=tuple(per_seed))
+    if chance is not None:
+        tails = [sum(v for _, v in c[-k:]) / k for c in cs]
+        stuck = [i for i, t in enumerate(tails) if sign * (t - chance) <= thr]
+        if stuck:
+            return TrainingState(arm, NOT_LEARNED, mean_c, **common,
+                                 reason=f"seed(s) {', '.join(str(i) for i in stuck)} of {m} end within {thr:.3g} of "
+                                        f"chance {chance:.3g} (tail means {', '.join(f'{tails[i]:.3g}' for i in stuck)}): "
+                                        "nothing learned there")
+        if ceiling is not None and sign * (ceiling - chance) > 0:
+            # learned share = (final - chance) / (ceiling - chance)
+            share = (final - chance) / (ceiling - chance)
+            if share < LEARN_SHARE:
+                return TrainingState(arm, NOT_LEARNED, mean_c, **common,
+                                     reason=f"ends at {final:.3g}, {share:.0%} of the way from chance {chance:.3g} to "
+                                            f"{ceiling:.3g}, which the same task reaches elsewhere: the optimisation "
+                                            "failed, not the design")
+    if mean_c < -thr:
+        state = DEGRADING
+    elif bound <= thr and max(per_seed) <= thr:
+        state = TRAINED
+    else:
+        state = UNDER_TRAINED_STATE
+    return TrainingState(arm, state, mean_c, **common)
 
 
 def all_trained(states: Sequence[TrainingState] | Mapping[str, TrainingState]) -> bool:

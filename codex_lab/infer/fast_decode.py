@@ -20,8 +20,9 @@ Tokens equal :func:`codex_lab.infer.generate.generate_ids` (greedy).
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -53,12 +54,50 @@ def one_query_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Ten
 
 
 def graphs_compiled() -> int:
-    """Graphs dynamo has compiled in this process (its ``unique_graphs`` counter)."""
+    """Graphs dynamo has compiled in this process (its ``unique_graphs`` counter). Process-wide:
+    another thread's compile moves it; a step's own count is :class:`CountingBackend`."""
     try:
         from torch._dynamo.utils import counters
     except ImportError:  # pragma: no cover - no dynamo
         return 0
     return int(counters["stats"]["unique_graphs"])
+
+
+class CountingBackend:
+    """A ``torch.compile`` backend that counts the graphs it compiles, then hands each to the
+    backend it wraps (Inductor with ``mode``/``options``, or any named backend).
+
+    Dynamo calls the backend once per graph it compiles for the function compiled with it, in
+    the compiling thread, so :attr:`graphs` is that function's own count: a compile elsewhere
+    in the process (another test's engine, a background thread) never moves it, as it moves
+    :func:`graphs_compiled`.
+    """
+
+    def __init__(self, backend: str = "inductor", mode: str | None = None, options: dict | None = None,
+                 dynamic: bool | None = None) -> None:
+        if backend == "inductor":
+            self.inner = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+        else:
+            self.inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
+        self.graphs = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        with self._lock:
+            self.graphs += 1
+        return self.inner(gm, example_inputs)
+
+    def __getattr__(self, name: str) -> object:  # get_compiler_config, reset, ...: the wrapped backend's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def counted_compile(fn: Callable, *, dynamic: bool | None, backend: str = "inductor", mode: str | None = None,
+                    options: dict | None = None) -> tuple[Callable, CountingBackend]:
+    """``torch.compile(fn, ...)`` through a :class:`CountingBackend`: (the compiled function, its counter)."""
+    counter = CountingBackend(backend, mode, options, dynamic)
+    return torch.compile(fn, dynamic=dynamic, backend=counter), counter
 
 
 # dynamo's graph limit per function while a planned graph is first built (its default, 8, counts
@@ -176,11 +215,14 @@ class FastDecoder:
         self.compile_error = ""
         self.compile_s = 0.0
         self._compiled = None
+        self._counter: CountingBackend | None = None
+        self._graphs_before = 0  # graphs of counters replaced by a recompile without the GEMM template
         if compile:
             try:
                 options = decode_compile_options(options, backend, mode, p.device)
                 self.options = options or {}
-                self._compiled = torch.compile(self._next, dynamic=False, backend=backend, mode=mode, options=options)
+                self._compiled, self._counter = counted_compile(self._next, dynamic=False, backend=backend, mode=mode,
+                                                                options=options)
             except Exception as exc:  # pragma: no cover - torch without dynamo
                 self.compile_error = f"{type(exc).__name__}: {exc}"[:200]
         self._graphs_after_first: int | None = None
@@ -192,7 +234,12 @@ class FastDecoder:
     @property
     def recompiles(self) -> int:
         """Graphs compiled after the first compiled decode step (0 = compiled once, reused)."""
-        return 0 if self._graphs_after_first is None else graphs_compiled() - self._graphs_after_first
+        return 0 if self._graphs_after_first is None else self.graphs - self._graphs_after_first
+
+    @property
+    def graphs(self) -> int:
+        """Graphs this decoder's step has compiled (its own count, not the process's)."""
+        return self._graphs_before + (self._counter.graphs if self._counter is not None else 0)
 
     @torch.no_grad()
     def _step(self, tokens: Tensor, pos: Tensor) -> Tensor:
@@ -286,7 +333,7 @@ class FastDecoder:
             out = self._next(tokens, pos)
         if first:
             self.compile_s = time.perf_counter() - t0
-            self._graphs_after_first = graphs_compiled()
+            self._graphs_after_first = self.graphs
         self.decode_calls += 1
         return out
 
@@ -305,7 +352,8 @@ class FastDecoder:
                     self.compile_error, self._compiled = why, None
                     return None
                 self.options = without_gemm_template(self.options)
-                self._compiled = torch.compile(self._next, dynamic=False, options=self.options)
+                self._graphs_before = self.graphs
+                self._compiled, self._counter = counted_compile(self._next, dynamic=False, options=self.options)
                 self.compile_error = f"without the C++ GEMM template ({why})"[:300]
 
     def _traced(self, tokens: Tensor, pos: Tensor) -> Tensor:

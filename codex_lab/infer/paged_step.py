@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 
 from codex_lab.infer.fast_decode import (FastDecoder, cpu_compile_options, decode_compile_options, first_compile,
-                                         graphs_compiled, without_gemm_template)
+                                         counted_compile, without_gemm_template)
 from codex_lab.infer.generate import decode_step
 from codex_lab.infer.step_plan import bucket_sizes, freeze_long_lived
 from codex_lab.nn.kv_cache import PagedKVPool
@@ -132,7 +132,8 @@ class CompiledPagedStep:
         # {solo_blocks: seconds} once the one-row graph compiled (one graph for every length)
         self.solo_compile_s: dict[int, float] = {}
         self.solo_blocks = max(self.min_blocks, MIN_DYNAMIC_BLOCKS)  # the length warmup() traces it with
-        self._graphs_at_start: int | None = None  # dynamo's graph count before the first bucket compiled
+        self._counters: list = []  # one CountingBackend per compiled function of this step (its own graphs)
+        self._graphs_at_start: int | None = None  # this step's graph count before the first bucket compiled
         self._bucket_graphs = 0  # graphs compiled by the buckets' first calls
         self._fn = None
         self._solo_fn = None  # the one-row graph's compiled function (``solo``)
@@ -149,12 +150,12 @@ class CompiledPagedStep:
             self.compile_error = "attn_impl='flex' builds a block mask per position and recompiles; the step runs eagerly"
         elif compile:
             try:
-                self._fn = torch.compile(self._step, dynamic=None if self.dynamic_blocks else False, backend=backend,
+                self._fn = self._counted(self._step, dynamic=None if self.dynamic_blocks else False, backend=backend,
                                          mode=mode, options=options)
                 if self.solo:
                     self.solo_options = decode_compile_options(solo_options, backend, mode, self.device) or {}
                     # dynamic=None: the table's length is marked dynamic at the first call (one graph)
-                    self._solo_fn = torch.compile(self._solo_step, dynamic=None, backend=backend, mode=mode,
+                    self._solo_fn = self._counted(self._solo_step, dynamic=None, backend=backend, mode=mode,
                                                   options=self.solo_options or None)
             except Exception as exc:  # pragma: no cover - torch without dynamo
                 self.compile_error = f"{type(exc).__name__}: {exc}"[:200]
@@ -170,7 +171,7 @@ class CompiledPagedStep:
             raise RuntimeError("use_options() needs a compiled step none of whose buckets has compiled yet")
         self.options = dict(options)
         self.dynamic_blocks = bool(self.options.get("freezing"))
-        self._fn = torch.compile(self._step, dynamic=None if self.dynamic_blocks else False, options=self.options)
+        self._fn = self._counted(self._step, dynamic=None if self.dynamic_blocks else False, options=self.options)
 
     @property
     def compiled(self) -> bool:
@@ -193,14 +194,27 @@ class CompiledPagedStep:
             return False
         return self.serving_graphs and self.bucket(n_blocks) <= limit
 
+    def _counted(self, fn: Callable, *, dynamic: bool | None, backend: str = "inductor", mode: str | None = None,
+                 options: dict | None = None) -> Callable:
+        """``torch.compile`` of one of this step's functions, its graphs counted by this step."""
+        compiled, counter = counted_compile(fn, dynamic=dynamic, backend=backend, mode=mode, options=options)
+        self._counters.append(counter)
+        return compiled
+
+    @property
+    def graphs(self) -> int:
+        """Graphs this step's functions have compiled (its own count: other compiles in the
+        process, another engine's or a background thread's, never move it)."""
+        return sum(c.graphs for c in self._counters)
+
     @property
     def recompiles(self) -> int:
         """Graphs compiled beyond those of each bucket's first call (0: each bucket compiled once,
-        then reused). Dynamo's counter is per process: compile nothing else meanwhile to read it."""
+        then reused)."""
         if self._graphs_at_start is None:
             return 0
         # recompiles = graphs compiled since the first bucket began - those the first calls made
-        return graphs_compiled() - self._graphs_at_start - self._bucket_graphs
+        return self.graphs - self._graphs_at_start - self._bucket_graphs
 
     def bucket(self, n_blocks: int) -> int:
         """Blocks of the compiled shape that holds a table of ``n_blocks``: the smallest of
@@ -259,7 +273,7 @@ class CompiledPagedStep:
                 return FastDecoder._unguarded(self._fn, idx, pos, tab)
             return self._fn(idx, pos, tab)  # (R, V) a graph compiled before
         t0 = time.perf_counter()
-        before = graphs_compiled()
+        before = self.graphs
         if self._graphs_at_start is None:
             self._graphs_at_start = before
         if self.dynamic_blocks:
@@ -279,7 +293,7 @@ class CompiledPagedStep:
             self._fn = None
             return self._step(idx, pos, tab)
         done[nb] = time.perf_counter() - t0
-        self._bucket_graphs += graphs_compiled() - before
+        self._bucket_graphs += self.graphs - before
         return logits
 
     def _solo(self, idx: Tensor, pos: Tensor, tab: Tensor) -> Tensor:
@@ -293,7 +307,7 @@ class CompiledPagedStep:
                 return FastDecoder._unguarded(self._solo_fn, idx, pos, tab)
             return self._solo_fn(idx, pos, tab)  # type: ignore[misc]
         t0 = time.perf_counter()
-        before = graphs_compiled()
+        before = self.graphs
         if self._graphs_at_start is None:
             self._graphs_at_start = before
         torch._dynamo.mark_dynamic(tab, 1)
@@ -304,14 +318,14 @@ class CompiledPagedStep:
             why = f"{type(exc).__name__}: {str(exc)[:200]}"
             if self.solo_options.get("max_autotune"):
                 self.solo_options = without_gemm_template(self.solo_options)
-                self._solo_fn = torch.compile(self._solo_step, dynamic=None, options=self.solo_options)
+                self._solo_fn = self._counted(self._solo_step, dynamic=None, options=self.solo_options)
                 self.compile_error = f"one-row step without the C++ GEMM template ({why})"[:300]
                 return self._solo(idx, pos, tab)
             self.compile_error = f"one-row step: {why}"[:300]
             self.solo, self._solo_fn = False, None
             return self._step(idx, pos, tab)
         self.solo_compile_s[self.solo_blocks] = time.perf_counter() - t0
-        self._bucket_graphs += graphs_compiled() - before
+        self._bucket_graphs += self.graphs - before
         return logits
 
     def _has(self, rows: int, nb: int) -> bool:

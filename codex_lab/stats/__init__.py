@@ -35,13 +35,19 @@ from codex_lab.stats.student_t import _normal_cdf, t_cdf, t_quantile
 
 HOLDS, FAILS, NOT_RESOLVED = "holds", "fails", "not resolved"
 UNDER_TRAINED = "under-trained: no verdict"  # an arm has not reached a plateau (codex_lab.training_state)
+DID_NOT_LEARN = "did not learn the task: no verdict"  # an arm (or a seed) stayed at chance, or far below the task's ceiling
 FAILS_AS_STATED = "fails as stated"  # the article's stated figure or parameters are contradicted by the measurement
 # the one verdict vocabulary of the course: every lesson's claims and the capstone's use these
-VERDICTS: tuple[str, ...] = (HOLDS, FAILS, FAILS_AS_STATED, NOT_RESOLVED, UNDER_TRAINED)
+VERDICTS: tuple[str, ...] = (HOLDS, FAILS, FAILS_AS_STATED, NOT_RESOLVED, UNDER_TRAINED, DID_NOT_LEARN)
+NO_VERDICT: tuple[str, ...] = (UNDER_TRAINED, DID_NOT_LEARN)  # the training-state rule withheld the verdict
+# the training-state rule's states (codex_lab.training_state judges them; the verdicts here read them)
+TRAINED, UNDER_TRAINED_STATE, DEGRADING, NOT_LEARNED = "trained", "under-trained", "degrading", "did not learn"
+MARGIN_SHARE = 0.5  # an arm may move by at most half the claim's margin (or interval half-width) over another quarter
 MIN_SEEDS = 3  # the course's rule: a quality comparison runs at least 3 seeds per arm
 VERDICT_RULE = ("holds: the 95% interval of the difference excludes zero in the claimed direction; "
                 "fails: it excludes zero in the other direction; otherwise not resolved; "
-                "under-trained: no verdict when an arm has not reached a plateau")
+                "under-trained: no verdict when an arm has not reached a plateau; did not learn the task: no verdict "
+                "when an arm stayed at chance")
 NONINFERIORITY_RULE = ("holds: the one-sided 95% bound of the quality cost is below the margin; fails: the whole "
                        "90% interval of the cost lies above the margin; otherwise not resolved; "
                        "under-trained: no verdict when an arm has not reached a plateau")
@@ -215,18 +221,39 @@ def noninferiority(a: Sequence[float], b: Sequence[float], *, margin: float, met
 
 def judge_trained(c: Comparison, states: Sequence[Any]) -> Comparison:
     """Apply the training-state rule: when any arm has not reached a plateau, the verdict is
-    :data:`UNDER_TRAINED` (the interval is still reported, as a measurement of the budget).
+    :data:`UNDER_TRAINED` (:data:`DID_NOT_LEARN` when an arm stayed at chance or far below the
+    task's ceiling); the interval is still reported, as a measurement of the budget.
+
+    Besides each arm's own state, an arm counts as trained here only when its projected change
+    over another quarter of the run (the state's one-sided 95% ``bound``) is at most half of
+    what this comparison resolves: its non-inferiority margin, or its interval's half-width
+    (``codex_lab.training_state.MARGIN_SHARE``). An arm moving by more than that could move
+    the verdict.
 
     ``states``: the arms' :class:`codex_lab.training_state.TrainingState`.
     """
     states = tuple(states)
     if not states:
         raise ValueError("judge_trained needs the arms' training states (codex_lab.training_state.training_state)")
+    scale = c.margin if c.kind == "non-inferiority" and math.isfinite(c.margin) else c.half_width
+    what = "margin" if c.kind == "non-inferiority" and math.isfinite(c.margin) else "interval half-width"
+    # limit = MARGIN_SHARE x (the margin, or the interval's half-width)
+    limit = MARGIN_SHARE * scale if math.isfinite(scale) and scale > 0 else math.inf
+    judged = []
+    for s in states:
+        bound = getattr(s, "bound", math.nan)
+        if s.state == TRAINED and math.isfinite(bound) and bound > limit:
+            s = replace(s, state=UNDER_TRAINED_STATE, tolerance=limit,
+                        reason=f"projected change over another quarter {s.change:+.3g} (95% bound {bound:+.3g}) exceeds "
+                               f"half this comparison's {what}, {limit:.3g}: more training could move the verdict")
+        judged.append(s)
+    states = tuple(judged)
     bad = [s for s in states if not s.trained]
     if not bad:
         return replace(c, states=states)
     why = "; ".join(s.describe() for s in bad)
-    return replace(c, verdict=UNDER_TRAINED, states=states,
+    verdict = DID_NOT_LEARN if any(s.state == NOT_LEARNED for s in bad) else UNDER_TRAINED
+    return replace(c, verdict=verdict, states=states,
                    note=f"the interval measures the budget, not the mechanism: {why}")
 
 
@@ -244,7 +271,7 @@ def holm(comparisons: Sequence[Comparison], *, alpha: float = 0.05) -> list[Comp
         # "cost <= margin", whose one-sided p is 1 - p("cost >= margin")
         return 1.0 - c.p_value if c.kind == "non-inferiority" and c.verdict == FAILS else c.p_value
 
-    idx = [i for i, c in enumerate(comparisons) if c.verdict != UNDER_TRAINED and math.isfinite(c.p_value)]
+    idx = [i for i, c in enumerate(comparisons) if c.verdict not in NO_VERDICT and math.isfinite(c.p_value)]
     m = len(idx)
     role = f"secondary (Holm over {m})" if m else "secondary (none trained: no correction)"
     out = [replace(c, role=role) for c in comparisons]
@@ -328,7 +355,7 @@ def _scaled_interval(a: list[float], b: list[float], *, paired: bool, level: flo
 
 
 __all__ = [
-    "FAILS", "FAILS_AS_STATED", "HOLDS", "MIN_SEEDS", "NONINFERIORITY_RULE", "NOT_RESOLVED", "UNDER_TRAINED", "VERDICTS",
+    "DID_NOT_LEARN", "FAILS", "FAILS_AS_STATED", "HOLDS", "MIN_SEEDS", "NO_VERDICT", "NONINFERIORITY_RULE", "NOT_RESOLVED", "UNDER_TRAINED", "VERDICTS",
     "VERDICT_RULE", "Comparison", "Proportion", "TimingRatio", "check_stated", "compare", "holm", "judge_trained",
     "noninferiority", "t_cdf", "t_quantile", "timing_ratio", "verdict_from_interval", "wilson_interval",
 ]
