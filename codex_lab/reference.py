@@ -174,24 +174,49 @@ def draw_reference(ax: Any, curves: Mapping[str, Sequence[Sequence[Sequence[floa
         ax.plot(steps, mean, ls="--", lw=1.2, color=color, alpha=0.7, label=f"{arm} ({label})")
 
 
+def rejudge(data: Mapping[str, Any]) -> list[Any] | None:
+    """Every arm's training state, judged again from the shipped curves by today's rule
+    (:func:`codex_lab.training_state.training_state`, with the metric's direction, ``min_change``
+    and chance recorded in ``data["metric"]``); None when the data records no metric."""
+    from codex_lab.training_state import training_state
+
+    m = data.get("metric")
+    if not m or "curves" not in data:
+        return None
+    return [training_state(c, higher_is_better=bool(m["higher_is_better"]), min_change=float(m["min_change"]),
+                           chance=m.get("chance"), arm=arm) for arm, c in data["curves"].items()]
+
+
 def article_reference_lines(section: str, *, directory: str | Path = REFERENCE_DIR) -> list[str]:
     """The shipped reference run of lesson ``section`` at the article's sizes
     (``scripts/reference_article.py``) as a Markdown block for the report, labelled as shipped:
-    provenance, geometry, every arm's training state, the results table and the verdicts, all
-    computed by the lesson's own functions when the run was made. When none is shipped, one line
-    saying how to make it."""
+    provenance, geometry, every arm's training state judged again from the shipped curves by
+    today's rule, the results table and the verdicts as the run printed them. When today's rule
+    finds an arm still moving, the block says that the shipped verdicts do not stand. When none
+    is shipped, one line saying how to make it."""
     ref = load_reference(f"l{section}_article", directory=directory)
     command = f"python scripts/reference_article.py --section {section}"
     if ref is None:
         return [f"No reference run at the article's sizes is shipped for lesson {section}; `{command}` makes one "
                 "(resumable, tens of minutes on 2 CPU cores).", ""]
     d = ref["data"]
-    return ["### Reference run at the article's sizes (shipped, not this run)", "",
-            f"{describe_provenance(ref)}. Geometry: {d['geometry']}. The lesson's own protocol, statistics and "
-            f"training-state rule at the mechanism sizes the article names, with a model small enough for a CPU; "
-            f"rerun it with `{command}`.", "", "Training state of every arm:", "",
-            *[f"- {s}" for s in d["states"]], "", *d["table"], "",
-            *[f"- {k}: {v}" for k, v in d["verdicts"].items()], ""]
+    states = rejudge(d)
+    head = ["### Reference run at the article's sizes (shipped, not this run)", "",
+            f"{describe_provenance(ref)}. Geometry: {d['geometry']}. The lesson's own protocol and statistics at the "
+            f"mechanism sizes the article names, with a model small enough for a CPU; rerun it with `{command}`.", ""]
+    if states is None:
+        return head + ["Training state of every arm, as the run judged it:", "", *[f"- {s}" for s in d["states"]], "",
+                       *d["table"], "", *[f"- {k}: {v}" for k, v in d["verdicts"].items()], ""]
+    moving = [s for s in states if not s.trained]
+    verdict_head = ("Verdicts as the run printed them (they stand: every arm is at a plateau by today's rule):"
+                    if not moving else
+                    f"Verdicts as the run printed them, under the earlier training-state rule. By today's rule "
+                    f"{len(moving)} of {len(states)} arms ({', '.join(s.arm for s in moving)}) have not reached a "
+                    f"plateau, so these are measurements of the run's budget, **not verdicts**; a longer run "
+                    f"(`{command}` with more steps) settles them:")
+    return head + ["Training state of every arm, judged from the shipped curves by today's rule "
+                   "(`codex_lab.training_state`):", "", *[f"- {s.describe()}" for s in states], "", *d["table"], "",
+                   verdict_head, "", *[f"- {k}: {v}" for k, v in d["verdicts"].items()], ""]
 
 
 def plot_reference(name: str, *, ylabel: str | None = None, directory: str | Path = REFERENCE_DIR) -> Any:

@@ -114,7 +114,8 @@ def section_03(run: ResumableRun, corpus: Any) -> dict[str, Any]:
             "verdicts": {"primary, g = 4 uptrained": v.primary.describe(),
                          **{k: c.describe() for k, c in v.secondary.items()}},
             "primary": {"verdict": v.primary.verdict, "diff": v.primary.diff, "lo": v.primary.lo, "hi": v.primary.hi},
-            "curves": curves, "ylabel": "held-out loss (nats/token)", "xlabel": "step"}
+            "curves": curves, "ylabel": "held-out loss (nats/token)", "xlabel": "step",
+            "metric": {"higher_is_better": False, "min_change": gqa.MIN_CHANGE_NATS}}
 
 
 # --- lesson 04 -------------------------------------------------------------------------------
@@ -153,7 +154,7 @@ def section_04(run: ResumableRun, corpus: Any) -> dict[str, Any]:
                          "capacity helps (big dense vs small dense)": v.capacity.describe()},
             "primary": {"verdict": v.primary.verdict, "diff": v.primary.diff, "lo": v.primary.lo, "hi": v.primary.hi},
             "curves": {a: _curves(c) for a, c in curves.items()}, "ylabel": "held-out loss (nats/token)",
-            "xlabel": "step"}
+            "xlabel": "step", "metric": {"higher_is_better": False, "min_change": p4.MIN_CHANGE}}
 
 
 def _train_04(arm: str, seed: int, **kw: Any) -> dict[str, Any]:
@@ -195,7 +196,8 @@ def section_08(run: ResumableRun, corpus: Any) -> dict[str, Any]:
             "table": table + ["", f"(mean of {n} seeds, nats/token; cost intervals 90%, paired by seed)"],
             "verdicts": {f"{t8.LABELS.get(k, k)} keeps the plain model's quality": c.describe() for k, c in costs.items()},
             "primary": {k: {"verdict": c.verdict, "diff": c.diff, "lo": c.lo, "hi": c.hi} for k, c in costs.items()},
-            "curves": curves, "ylabel": "held-out loss (nats/token)", "xlabel": "step"}
+            "curves": curves, "ylabel": "held-out loss (nats/token)", "xlabel": "step",
+            "metric": {"higher_is_better": False, "min_change": t8.MIN_CHANGE_NATS}}
 
 
 # --- lesson 02 -------------------------------------------------------------------------------
@@ -244,7 +246,8 @@ def section_02(run: ResumableRun, corpus: Any) -> dict[str, Any]:
                          **{f"secondary {i + 1}": c.describe() for i, c in enumerate(v.schedule_more)}},
             "primary": {"verdict": v.stride.verdict, "diff": v.stride.diff, "lo": v.stride.lo, "hi": v.stride.hi},
             "curves": {k: _curves([r.curve for r in rs]) for k, rs in results.items()},
-            "ylabel": "held-out recall accuracy", "xlabel": "step"}
+            "ylabel": "held-out recall accuracy", "xlabel": "step",
+            "metric": {"higher_is_better": True, "min_change": lr.MIN_CHANGE, "chance": lr.chance_of(cfg)}}
 
 
 SMOKE = False  # --smoke: the same code path on a few steps and three seeds (minutes), written to a scratch folder

@@ -120,12 +120,14 @@ def _fake(acc_near: float, acc_far: float, rising: bool, seed: int, salt: int = 
 
 def test_judge_gives_verdicts_only_on_trained_arms():
     cfg = lr.standard_config()
-    plateau = {"window": (0.95, 0.13), "window+stride": (0.97, 0.9), "window+global": (0.96, 0.85),
+    plateau = {"dense": (0.97, 0.91), "window": (0.95, 0.13), "window+stride": (0.97, 0.9), "window+global": (0.96, 0.85),
                "dense early, sparse deep": (0.95, 0.14), "sparse early, dense deep": (0.96, 0.92)}
     res = {k: [_fake(a, b, False, s, i) for s in range(5)] for i, (k, (a, b)) in enumerate(plateau.items())}
     v = lr.judge(res, cfg)
     assert all(st.trained for st in v.states.values())
-    assert v.stride.verdict == HOLDS and v.stride.role == "primary" and v.stride.lo > 0.5
+    # non-inferior to dense (cost 0.01 against a 0.05 margin), and the window alone loses far links
+    assert v.stride.verdict == HOLDS and v.stride.kind == "non-inferiority" and v.stride.role == "primary"
+    assert v.needs_far.verdict == HOLDS and v.needs_far.lo > 0.5
     assert v.schedule.verdict == "fails"  # the sparse-early schedule wins here: the claim's direction fails
     assert all(c.role.startswith("secondary (Holm") for c in v.links + v.schedule_more)
     res["window+stride"] = [_fake(0.97, 0.9, True, s, 1) for s in range(5)]  # still climbing
@@ -133,6 +135,35 @@ def test_judge_gives_verdicts_only_on_trained_arms():
     assert v.states["window+stride"].state == "under-trained"
     assert v.stride.verdict == UNDER_TRAINED and "window+stride" in v.stride.note
     assert v.schedule.verdict == "fails"  # the schedule arms are trained: that claim keeps its verdict
+
+
+def test_far_links_claim_flips_with_its_counterfactuals():
+    """The same code gives each verdict: window+stride level with dense holds; 0.2 below dense
+    fails (the whole interval of the cost lies above the margin); a task the window alone also
+    solves (no far links needed) is not resolved, whatever window+stride does."""
+    dense = [0.90, 0.92, 0.91, 0.93, 0.90]
+    far = {"dense": dense, "window+stride": [d - 0.005 + 0.002 * i for i, d in enumerate(dense)],
+           "window": [0.13, 0.12, 0.14, 0.12, 0.13]}
+    assert lr.far_links_verdict(far)[0].verdict == HOLDS
+    worse = dict(far, **{"window+stride": [d - 0.2 + 0.003 * (i % 2) for i, d in enumerate(dense)]})
+    assert lr.far_links_verdict(worse)[0].verdict == "fails"
+    easy = dict(far, window=[d - 0.003 * (i % 3) for i, d in enumerate(dense)])
+    c, contrast = lr.far_links_verdict(easy)
+    assert contrast.verdict != HOLDS and c.verdict == "not resolved" and "did not test" in c.note
+
+
+def test_a_dense_arm_far_below_the_ceiling_did_not_learn():
+    """The dense arm ending at 0.44 where window+stride reaches 0.93 on the same task is a failed
+    optimisation, not a plateau: no verdict on the far-links claim."""
+    cfg = lr.standard_config()
+    res = {"dense": [_fake(0.5, 0.38, False, s, 0) for s in range(3)],
+           "window": [_fake(0.95, 0.13, False, s, 1) for s in range(3)],
+           "window+stride": [_fake(0.97, 0.9, False, s, 2) for s in range(3)],
+           "dense early, sparse deep": [_fake(0.95, 0.9, False, s, 3) for s in range(3)],
+           "sparse early, dense deep": [_fake(0.95, 0.9, False, s, 4) for s in range(3)]}
+    v = lr.judge(res, cfg)
+    assert v.states["dense"].state == "did not learn" and v.states["window"].trained
+    assert v.stride.verdict == "did not learn the task: no verdict"
 
 
 def test_tiny_run_is_deterministic_per_seed_and_records_curves():
@@ -225,11 +256,12 @@ def test_a_curve_flat_at_chance_is_not_a_trained_arm():
 
 
 def test_modes_run_the_primary_arms_and_the_ceiling():
-    """Fast: the four arms of the two primary comparisons; standard adds dense (the ceiling);
-    full adds the secondaries (window + global, MoBA where the package has it). 3 layers each."""
+    """Fast and standard: the five arms of the two primary comparisons (dense is the arm window +
+    stride is held against); full adds the secondaries (window + global, MoBA where the package
+    has it). 3 layers each."""
     fast, std, full = lr.arms_for("fast"), lr.arms_for("standard"), lr.arms_for("full")
-    assert set(fast) == {"window", "window+stride", *lr.SCHEDULES}
-    assert set(std) == set(fast) | {"dense"} and set(full) >= set(std) | {"window+global"}
+    assert set(fast) == {"dense", "window", "window+stride", *lr.SCHEDULES}
+    assert set(std) == set(fast) and set(full) >= set(std) | {"window+global"}
     assert all(len(p) == lr.standard_config().n_layer for p in std.values())
     # the schedules hold one dense layer each, first or last
     assert std["dense early, sparse deep"][0] == "dense" and std["sparse early, dense deep"][-1] == "dense"

@@ -50,6 +50,7 @@ class ReportContext:
     corpus_path: str | None = None
     progress: bool = True
     claims: list[dict[str, str]] = field(default_factory=list)
+    measured: list[dict[str, str]] = field(default_factory=list)
     goals: list[dict[str, Any]] = field(default_factory=list)
     _cache: dict[str, Any] = field(default_factory=dict)
 
@@ -93,6 +94,12 @@ class ReportContext:
         self.claims.append({"lesson": lesson, "claim": claim, "measured": measured, "verdict": verdict,
                             "states": states or "n/a (a cost or behaviour, not a trained quality)"})
 
+
+    def measure(self, what: str, figure: str, lesson: str = "") -> None:
+        """Record a figure that measures a definition (cache bytes per token, versions the
+        registry keeps): a number, not a verdict, since no input of the course could make it
+        come out the other way. It is listed apart from the claims table."""
+        self.measured.append({"lesson": lesson, "what": what, "figure": figure})
 
     def goal(self, goal: str, measured: float, target: float, how: str, lesson: str = "") -> str:
         """Record one performance goal (issue 16): a ratio ``measured`` here against ``target``
@@ -354,6 +361,9 @@ def _assemble(stamp: str, head: list[str], bodies: list[str], ctx: ReportContext
         rows += [f"| {c['lesson']} | {c['claim']} | {c['measured']} | {c.get('states', '')} | {c['verdict']} |"
                  for c in ctx.claims]
         parts.append("## Seed claims and verdicts\n\n" + "\n".join(rows) + "\n")
+    if ctx.measured:
+        parts.append("## Measured (definitions the course checks, not verdicts)\n\n"
+                     + "\n".join(f"- lesson {m['lesson']}: {m['what']}: {m['figure']}" for m in ctx.measured) + "\n")
     if ctx.goals:
         rows = ["| lesson | performance goal | measured | goal | met | how (sizes, command) |", "|---|---|---|---|---|---|"]
         rows += [f"| {g['lesson']} | {g['goal']} | {g['measured']:.2f}x | {g['target']:.2f}x | {'yes' if g['met'] else 'no'} | {g['how']} |"

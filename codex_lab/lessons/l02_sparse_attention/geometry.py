@@ -73,12 +73,12 @@ def config_for(mode: str) -> "RecallConfig":
 
 
 def arms_for(mode: str, n_layer: int | None = None, cfg: "RecallConfig | None" = None) -> dict[str, list[str]]:
-    """The arms a mode runs, in its geometry (``cfg``, default :func:`config_for`): fast (CI) only
-    the four of the two primary comparisons; standard (a laptop) those four and dense, the
-    ceiling; full every arm (window + global and MoBA are secondaries: they do not fit a
-    laptop's budget)."""
+    """The arms a mode runs, in its geometry (``cfg``, default :func:`config_for`): fast (CI) and
+    standard (a laptop) the five of the two primary comparisons (dense, the arm window + stride
+    must not fall behind; window, the contrast; window + stride; the two schedules); full every
+    arm (window + global and MoBA are secondaries: they do not fit a laptop's budget)."""
     arms = all_arms(with_moba=mode == "full", n_layer=n_layer, cfg=cfg or config_for(mode))
-    keep = {"fast": ("window", "window+stride", *SCHEDULES), "standard": ("dense", "window", "window+stride", *SCHEDULES)}
+    keep = {"fast": ("dense", "window", "window+stride", *SCHEDULES), "standard": ("dense", "window", "window+stride", *SCHEDULES)}
     if mode in keep:
         arms = {k: v for k, v in arms.items() if k in keep[mode]}
     return arms

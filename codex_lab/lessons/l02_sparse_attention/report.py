@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from codex_lab.reference import article_reference_block
+from codex_lab.stats import FAILS, FAILS_AS_STATED, HOLDS
 
 TITLE = "Lesson 02: sparse attention"
 ORDER = 2
@@ -96,17 +97,14 @@ def run(ctx: Any) -> str:
     own_speedup = own["median_ms"] / best["median_ms"]
     per_pair = base[top] / own["median_ms"]
     goal = 0.6 / best["density"]
-    ctx.claim("Sparse attention makes long code context cheap (measured forward time)",
-              f"{best['impl']} at N={top}, {DEFAULT_PATTERN} (density d={best['density']:.3f}, computes c={c:.3f} of "
-              f"the causal pairs): {best['speedup']:.2f}x dense causal SDPA (course goal 0.6/d = {goal:.1f}x). Limit: "
-              f"the same kernel on every causal pair (computing {c_all:.2f} of them) takes {own_speedup:.2f}x its time on "
-              f"the pattern, bounded by {c_all:.2f}/c = {c_all / c:.1f}x at equal cost per tile; SDPA spends {per_pair:.2f}x the kernel's time per causal pair, so 1/d = "
-              f"{1 / best['density']:.1f}x bounds the gain over SDPA only at equal cost per pair",
-              check_stated(best["speedup"], goal, math.inf), lesson="02")
+    limit = (f"at N={top}: {best['impl']} {best['speedup']:.2f}x dense causal SDPA; the same kernel on every causal pair "
+             f"(computing {c_all:.2f} of them) takes {own_speedup:.2f}x its time on the pattern, bounded by {c_all:.2f}/c = "
+             f"{c_all / c:.1f}x at equal cost per tile; SDPA spends {per_pair:.2f}x the kernel's time per causal pair, so "
+             f"1/d = {1 / best['density']:.1f}x bounds the gain over SDPA only at equal cost per pair")
     parts.append(f"Forward time, B=1, 4 heads, head dim 64, fp32, pattern `{DEFAULT_PATTERN}` "
                  "(full table: `codex-lab bench attention --json`); c = the share of causal pairs the kernel computes "
                  f"(whole tiles); at N={top} the {best['impl']} kernel on every causal pair ran "
-                 f"{own['median_ms']:.1f} ms:\n\n" + "\n".join(lines) + "\n\n" + img)
+                 f"{own['median_ms']:.1f} ms ({limit}):\n\n" + "\n".join(lines) + "\n\n" + img)
     parts.append(performance_goals(ctx))
     parts.append(long_range(ctx))
     return "\n\n".join(parts)
@@ -153,15 +151,16 @@ def long_range(ctx: Any) -> str:
     mean = {k: sum(x) / len(x) for k, x in v.far.items()}
     seeds = f"{len(cfg.seeds)} seeds, paired"
     sec = "; ".join(f"{c.metric.split(', ')[1]}: {c.diff:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] {c.verdict}" for c in v.links)
-    ceiling = f"; dense (the ceiling) {mean['dense']:.2f}" if "dense" in mean else ""
-    st_main = [v.states[k] for k in ("window", "window+stride")]
+    st_main = [v.states[k] for k in ("dense", "window+stride", "window")]
     ctx.claim("Strided links keep the far (cross-function) dependencies that the local window alone loses",
               f"recall of constants bound at random lines of real code, N={n}, {L} layers, window+stride at the "
-              f"window's density: far accuracy (distance > L(w-1) = {rf}) window+stride minus window {v.stride.diff:+.3f} "
-              f"(95% CI [{v.stride.lo:+.3f}, {v.stride.hi:+.3f}], {seeds}, primary); window+stride "
-              f"{mean['window+stride']:.2f}, window {mean['window']:.2f}{ceiling}, chance {chance:.3f}"
+              f"window's density: far accuracy (distance > {rf}) dense minus window+stride {-v.stride.diff:+.3f} "
+              f"(95% CI [{-v.stride.hi:+.3f}, {-v.stride.lo:+.3f}], margin {lr.FAR_MARGIN}, {seeds}, non-inferiority, "
+              f"primary); contrast window+stride minus window {v.needs_far.diff:+.3f} [{v.needs_far.lo:+.3f}, "
+              f"{v.needs_far.hi:+.3f}] {v.needs_far.verdict}; dense {mean['dense']:.2f}, window+stride "
+              f"{mean['window+stride']:.2f}, window {mean['window']:.2f}, chance {chance:.3f}"
               + (f". Secondary (Holm): {sec}" if sec else ""), v.stride.verdict, lesson="02",
-              states=states_text(st_main + [s_ for k, s_ in v.states.items() if k in ("window+global", "moba", "dense")]))
+              states=states_text(st_main + [s_ for k, s_ in v.states.items() if k in ("window+global", "moba")]))
     sched = [v.states[k] for k in lr.SCHEDULES]
     more = "; ".join(f"dense-early minus all-sparse {c.diff:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] {c.verdict}" for c in v.schedule_more)
     ctx.claim("Gradual sparsity: dense early layers, sparse deep layers is the better schedule",
@@ -179,8 +178,20 @@ def long_range(ctx: Any) -> str:
             f"initialisation, data order and evaluation sample; {secs:.0f} s CPU). "
             f"Window-only reach L(w-1) = {rf}; its measured cliff: {cl_w}. Accuracy at distances <= {rf}: "
             + ", ".join(f"{k} {a:.2f}" for k, a in near.items()) + ".\n\n" + "\n".join(lines) + "\n\n"
-            + "\n".join(f"- {c.describe()}" for c in (v.stride, *v.links, v.schedule, *v.schedule_more))
+            + "\n".join(f"- {c.describe()}" for c in (v.stride, v.needs_far, *v.links, v.schedule, *v.schedule_more))
             + "\n\n" + img + "\n\n" + "\n".join(article_reference_block(ctx, "02")))
+
+
+def long_context_verdict(speedup: float, goal: float) -> str:
+    """"Sparse attention makes long code context cheap", from one measured forward-time ratio:
+    holds when the speed-up over dense SDPA reaches the course's goal (0.6/d, the same bar as the
+    performance goal: met <-> holds); fails when sparse is not faster at all (<= 1x); fails as
+    stated in between (cheaper, but by less than the pattern's density promises)."""
+    if not (math.isfinite(speedup) and math.isfinite(goal) and goal > 0):
+        raise ValueError(f"a finite speed-up and a positive goal are needed, got {speedup}, {goal}")
+    if speedup >= goal:
+        return HOLDS
+    return FAILS if speedup <= 1.0 else FAILS_AS_STATED
 
 
 def performance_goals(ctx: Any) -> str:
@@ -194,6 +205,11 @@ def performance_goals(ctx: Any) -> str:
     computed = f" ({f['computed_fraction']:.1%} of causal pairs computed)" if "computed_fraction" in f else ""
     how = (f"N=8192, d={f['density']:.3f}, 1/d={f['limit_1_over_d']:.1f}x, {f['tile_fraction']:.1%} of tiles{computed}; "
            f"`codex-lab bench attention {' '.join(argv)}`")
+    # one measurement, one rule: the claim row and the goal row below read the same record
+    ctx.claim("Sparse attention makes long code context cheap (measured forward time at N=8192)",
+              f"fast kernel {f['speedup_vs_sdpa']:.2f}x dense causal SDPA, course goal 0.6/d = {f['goal_0_6_over_d']:.1f}x "
+              f"(the performance goal of the same run); {how}",
+              long_context_verdict(f["speedup_vs_sdpa"], f["goal_0_6_over_d"]), lesson="02")
     lines = [ctx.goal("sparse forward (fast kernel) vs dense causal SDPA", f["speedup_vs_sdpa"], f["goal_0_6_over_d"], how, lesson="02"),
              ctx.goal("sparse forward+backward (fast kernel) vs SDPA forward+backward", f["fwd_bwd_speedup_vs_sdpa"],
                       f["goal_fwd_bwd_0_5_over_d"], how, lesson="02")]

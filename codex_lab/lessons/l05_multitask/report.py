@@ -38,9 +38,7 @@ def _tasks_table(ctx: Any, tok: Any) -> list[str]:
               "sample vs valid-token shares: " + ", ".join(
                   f"{t} {n_s[t] / sum(n_s.values()):.0%} / {n_v[t] / sum(n_v.values()):.0%}" for t in TASK3)
               + " (lesson 05 builds the valid-token loss and MFTCoder's per-task mean and holds them equal to the package)",
-              # the advice matters when the two weightings differ: holds when some task's share moves by > 5 points
-              "holds" if max(abs(n_s[t] / sum(n_s.values()) - n_v[t] / sum(n_v.values())) for t in TASK3) > 0.05
-              else "fails", lesson="05")
+              weighting_verdict({t: n_s[t] for t in TASK3}, {t: n_v[t] for t in TASK3}), lesson="05")
     return lines
 
 
@@ -198,3 +196,13 @@ def _humaneval_pass_at_1(ctx: Any) -> dict[str, Any]:
     results = humaneval.execute(problems, completions, workers=4)
     passed = sum(r.passed for rs in results for r in rs)
     return {"problems": len(problems), "passed": passed, "pass_at_1": humaneval.score(results, ks=(1,))[1]}
+
+
+def weighting_verdict(samples: dict[str, int], valid_tokens: dict[str, int]) -> str:
+    """"Weight the mix by effective (valid) tokens, not by samples": the advice matters when the two
+    weightings differ; holds when some task's share of samples and of valid tokens differ by more
+    than 5 points, fails when they agree (every task's answers about equally long)."""
+    ns, nv = sum(samples.values()), sum(valid_tokens.values())
+    # share gap = |samples_t / sum samples - valid_t / sum valid|
+    gap = max(abs(samples[t] / ns - valid_tokens[t] / nv) for t in samples)
+    return "holds" if gap > 0.05 else "fails"

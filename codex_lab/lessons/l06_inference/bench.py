@@ -242,10 +242,14 @@ def bench_batching(model: CodexModel, tok: CodeTokenizer, n_requests: int, batch
                            compile_s=first.get("compile_s", sum(fast.compile_s.values()) + sum(fast.mixed_compile_s.values())),
                            recompiles=fast.recompiles, compile_error=fast.compile_error)
             rows_by[impl], runs[impl] = row, done
-    ref = {tuple(f.output_ids) for f in runs["one_at_a_time"]}
+    # per request, not as a set: request i's tokens must be one-at-a-time's request i's (a set would
+    # let two requests' outputs swap unnoticed)
+    ref = {f.rid: tuple(f.output_ids) for f in runs["one_at_a_time"]}
     rows = []
     for impl, _ in impls:
-        assert ref == {tuple(f.output_ids) for f in runs[impl]}, f"{impl} tokens differ from one-at-a-time"
+        got = {f.rid: tuple(f.output_ids) for f in runs[impl]}
+        bad = sorted(r for r in ref if got.get(r) != ref[r])
+        assert not bad and len(got) == len(ref), f"{impl}: requests {bad[:5]} differ from one-at-a-time"
         # ratio per round = tokens/s of this impl / tokens/s of one at a time in the same round
         ratio = [a / b for a, b in zip(speed[impl], speed["one_at_a_time"])]
         rows.append({**rows_by[impl], "rounds": rounds, "tokens_per_s": float(np.median(speed[impl])),

@@ -30,8 +30,10 @@ def run(ctx: Any) -> str:
         linear = all(b == n * per_tok for n, b in sizes.items())
         out.append(f"KV cache: {per_tok:,} bytes per token (2 x {cfg.n_layer} layers x {cfg.n_kv_head} KV heads x "
                    f"{cfg.head_dim} x 4 B); " + ", ".join(f"{n} tokens = {b / 2**20:.1f} MiB" for n, b in sizes.items()) + ".")
-        ctx.claim("KV cache grows linearly with sequence length", f"{per_tok:,} B/token, exactly linear: "
-                  + ", ".join(f"{b / 2**20:.0f} MiB at {n}" for n, b in sizes.items()), "holds" if linear else "fails", lesson="06")
+        # a preallocated cache holds n x bytes-per-token by construction: a figure, not a verdict
+        assert linear, sizes
+        ctx.measure("KV cache bytes per token", f"{per_tok:,} B/token, exactly linear: "
+                    + ", ".join(f"{b / 2**20:.0f} MiB at {n}" for n, b in sizes.items()), lesson="06")
 
         ladder = bench.bench_cache(model, [pick(fast=128, full=512)], pick(fast=16, full=64))
         by = {r["impl"]: r["tokens_per_s"] for r in ladder}
@@ -41,33 +43,16 @@ def run(ctx: Any) -> str:
         out.append(f"\nStatic cache vs no cache: {st['vs_no_cache_median']:.1f}x (per-round range {st['vs_no_cache_lo']:.1f}-"
                    f"{st['vs_no_cache_hi']:.1f}x over {st['rounds']} interleaved rounds; same tokens, asserted).")
 
-        rows, runs = bench.bench_batching(model, tok, pick(fast=12, full=32), batch=pick(fast=4, full=8))
-        b = {r["impl"]: r for r in rows}
-        cont, stat, one = b["continuous_batching"], b["static_batching"], b["one_at_a_time"]
-        ratio = cont["tokens_per_s"] / one["tokens_per_s"]
-        vs_static = cont["tokens_per_s"] / stat["tokens_per_s"]
-        out.append("\n| batching ({} mixed requests, {} slots) | tokens/s | TTFT p50 ms | TTFT p95 ms | TBT p95 ms |\n|---|---|---|---|---|\n".format(
-                   rows[0]["requests"], cont["max_batch_size"])
-                   + "\n".join(f"| {r['impl']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p95_ms']:.0f} | {r['tbt_p95_ms']:.1f} |" for r in rows))
-        # batching is the throughput lever; continuous (vs static) batching mostly buys latency
-        lower_ttft = cont["ttft_p50_ms"] < stat["ttft_p50_ms"]
-        # fails: batching buys < 1.2x; fails as stated: batching helps but the "improved" (continuous) scheduler
-        # is not ahead of plain static batching on both throughput and TTFT, which the text then says
-        verdict = "fails" if ratio <= 1.2 else ("holds" if lower_ttft and vs_static >= 1 else "fails as stated")
-        ctx.claim("Improved batch scheduling speeds up serving",
-                  f"continuous batching {ratio:.1f}x one-at-a-time throughput; vs static batching {vs_static:.2f}x throughput and "
-                  f"TTFT p50 {cont['ttft_p50_ms']:.0f} vs {stat['ttft_p50_ms']:.0f} ms ({rows[0]['requests']} mixed requests, same tokens)",
-                  verdict, lesson="06")
-
         srow, done = bench.bench_streams(model, tok, pick(fast=8, full=32), streams=4, new_tokens=pick(fast=32, full=64))
         s = srow[0]
         met = s["ttft_p95_ms"] < 100 and s["tbt_p95_ms"] < 20
         out.append(f"\n4 concurrent streams ({s['prompt_len']}-token prompts): TTFT p50/p95 {s['ttft_p50_ms']:.0f}/{s['ttft_p95_ms']:.0f} ms, "
                    f"TBT p50/p95 {s['tbt_p50_ms']:.1f}/{s['tbt_p95_ms']:.1f} ms, {s['tokens_per_s']:.0f} tokens/s, "
                    f"{torch.get_num_threads()} CPU thread.")
-        ctx.claim("Code completion targets TTFT < 100 ms and TBT < 20 ms",
-                  f"tiny model, 4 streams, CPU: TTFT p95 {s['ttft_p95_ms']:.0f} ms, TBT p95 {s['tbt_p95_ms']:.1f} ms",
-                  "holds" if met else "fails", lesson="06")
+        # the targets are judged once, on the served system (lesson 07's rows); the engine in process is a figure
+        ctx.measure("TTFT / TBT of the engine in process (the targets are judged through the server, lesson 07)",
+                    f"tiny model, 4 streams, CPU: TTFT p95 {s['ttft_p95_ms']:.0f} ms, TBT p95 {s['tbt_p95_ms']:.1f} ms "
+                    f"({'within' if met else 'outside'} 100 / 20 ms)", lesson="06")
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(1, 2, figsize=(9, 2.8))
@@ -77,7 +62,9 @@ def run(ctx: Any) -> str:
 
         out.append("\n" + speculative_section(ctx))
         torch.set_num_threads(threads)  # the goals are measured as `codex-lab bench inference` runs
-        out.append("\n" + performance_goals(ctx))
+        goals, recs = performance_goals(ctx)
+        out.append("\n" + batching_claim(ctx, [r for r in recs if r.get("scenario") == "batching"]))
+        out.append("\n" + goals)
         out.append("\n" + peer_lines())
         out.append("\n" + single_stream_lines())
         out.append("\n" + token_profile_lines())
@@ -88,7 +75,36 @@ def run(ctx: Any) -> str:
         torch.set_grad_enabled(grad)
 
 
-def performance_goals(ctx: Any) -> str:
+def batching_verdict(vs_one: float, vs_static: float, lower_ttft: bool) -> str:
+    """"Improved batch scheduling speeds up serving": fails when batching buys <= 1.2x over one
+    request at a time; holds when continuous batching is also ahead of static batching on
+    throughput (>= 1x) and on median TTFT; fails as stated in between (batching helps, but the
+    "improved" scheduler is not ahead of plain static batching on both)."""
+    if vs_one <= 1.2:
+        return "fails"
+    return "holds" if lower_ttft and vs_static >= 1 else "fails as stated"
+
+
+def batching_claim(ctx: Any, rows: list[dict[str, Any]]) -> str:
+    """The batching claim from the performance goals' own batching run (one measurement: the
+    claim's ratio and the 3x goal's ratio are the same median of per-round ratios), and its table."""
+    b = {r["impl"]: r for r in rows}
+    cont, stat = b["continuous_batching"], b["static_batching"]
+    ratio = cont["vs_one_median"]
+    vs_static = cont["tokens_per_s"] / stat["tokens_per_s"]
+    lower_ttft = cont["ttft_p50_ms"] < stat["ttft_p50_ms"]
+    ctx.claim("Improved batch scheduling speeds up serving",
+              f"continuous batching {ratio:.2f}x one-at-a-time throughput (median of per-round ratios, the run behind the "
+              f"3x performance goal); vs static batching {vs_static:.2f}x throughput and TTFT p50 {cont['ttft_p50_ms']:.0f} vs "
+              f"{stat['ttft_p50_ms']:.0f} ms ({cont['requests']} mixed requests, same tokens per request)",
+              batching_verdict(ratio, vs_static, lower_ttft), lesson="06")
+    return ("| batching ({} mixed requests, {} slots) | tokens/s | TTFT p50 ms | TTFT p95 ms | TBT p95 ms |\n|---|---|---|---|---|\n".format(
+            cont["requests"], cont["max_batch_size"])
+            + "\n".join(f"| {r['impl']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p95_ms']:.0f} | "
+                        f"{r['tbt_p95_ms']:.1f} |" for r in rows))
+
+
+def performance_goals(ctx: Any) -> tuple[str, list[dict[str, Any]]]:
     """Issue 16's goals 2, 3 and 5: batch-1 decode at least 2x HF generate and 1.5x HF generate
     with a static cache + torch.compile (same tokens, compiled once), prompt lookup at least
     1.5x plain decoding on code edits, continuous batching at least 3x one request at a time."""
@@ -117,9 +133,9 @@ def performance_goals(ctx: Any) -> str:
         if fast is not None:  # the engine's compiled fixed-shape step, what `codex-lab serve` runs
             tail += (f"; with the compiled decode step {fast['tokens_per_s'] / c['tokens_per_s']:.2f}x the eager engine "
                      f"({len(fast['buckets'])} buckets compiled in {fast['compile_s']:.1f} s, {fast['recompiles']} recompiles)")
-        lines.append(ctx.goal("continuous batching vs one request at a time", c["tokens_per_s"] / b["one_at_a_time"]["tokens_per_s"],
-                              3.0, tail, lesson="06"))
-    return (f"Performance goals (`codex-lab bench inference {' '.join(argv)}`):\n\n- " + "\n- ".join(lines))
+        lines.append(ctx.goal("continuous batching vs one request at a time", c["vs_one_median"], 3.0,
+                              tail + " (the batching claim's ratio: one measurement)", lesson="06"))
+    return (f"Performance goals (`codex-lab bench inference {' '.join(argv)}`):\n\n- " + "\n- ".join(lines)), recs
 
 
 def peer_lines(record: dict[str, Any] | None = None) -> str:

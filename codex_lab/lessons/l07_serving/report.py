@@ -121,23 +121,48 @@ def run(ctx) -> str:  # noqa: ANN001
     ]
     ctx.claim("TTFT < 100 ms", f"p95 {s4['ttft_p95_ms']:.0f} ms with 4 streams on this CPU, {load} "
               f"({s4['ttft_share_under_100ms']:.0%} of requests within)",
-              "holds" if meets_ttft else "fails", lesson="07")
+              latency_verdict(s4["ttft_p95_ms"], 100.0), lesson="07")
     ctx.claim("TBT < 20 ms", f"p95 {s4['tbt_p95_ms']:.1f} ms with 4 streams on this CPU, {load} "
               f"({s4['tbt_share_under_20ms']:.0%} of gaps within)",
-              "holds" if meets_tbt else "fails", lesson="07")
+              latency_verdict(s4["tbt_p95_ms"], 20.0), lesson="07")
     ctx.claim("a request finishes within 30 s", f"deadline enforced: a 0.3 s deadline ended a ~5 s request after "
-              f"{dl_s:.2f} s (finish_detail {dl_reason})", "holds" if dl_reason == "deadline" else "fails",
-              lesson="07")
-    ctx.claim("keep at least two previous versions", f"after 5 promotions the registry holds {len(kept)} versions",
-              "holds" if len(kept) >= 3 else "fails", lesson="07")
+              f"{dl_s:.2f} s (finish_detail {dl_reason})", deadline_verdict(dl_reason, dl_s, 0.3), lesson="07")
+    # the registry keeps what it is configured to keep: a figure, not a verdict
+    ctx.measure("versions kept by the registry", f"after 5 promotions the registry holds {len(kept)} versions "
+                f"(the article: at least two previous ones)", lesson="07")
     ctx.claim("gate new versions on syntax, function and style; no worse than the baseline",
               f"damaged candidate {'refused' if not passed else 'passed'}; functional (codebench 2 iid pass@1, "
               f"{len(bench_problems())} held-out problems) {base.functional:.0%} for the fine-tuned baseline vs "
               f"{dmg.functional:.0%} damaged"
               + ("" if dmg.functional < base.functional else ": the functional gate did not see the damage in this run"),
-              "holds" if not passed and dmg.functional < base.functional else
-              "fails as stated" if not passed else "fails", lesson="07")  # refused, but not by the functional gate
+              gate_verdict(passed, dmg.functional, base.functional), lesson="07")
     ctx.claim("roll back a worse version (canary)", f"slow canary: {dec.action if dec else 'none'}, "
-              f"{sc['errors']} failed client requests", "holds" if dec and dec.action == "rollback" and
-              sc["errors"] == 0 else "fails", lesson="07")
+              f"{sc['errors']} failed client requests", rollback_verdict(dec.action if dec else None, sc["errors"]),
+              lesson="07")
     return "\n".join(lines)
+
+
+def latency_verdict(p95_ms: float, limit_ms: float) -> str:
+    """A latency target (TTFT < 100 ms, TBT < 20 ms) on the served system's p95: holds below the
+    limit, fails at or above it."""
+    return "holds" if p95_ms < limit_ms else "fails"
+
+
+def deadline_verdict(reason: str, ended_after_s: float, deadline_s: float, slack_s: float = 1.0) -> str:
+    """"One request finishes within its deadline (30 s)": holds when a request needing longer than
+    its deadline was ended by the deadline (finish_detail "deadline") within ``slack_s`` of it (a
+    step in progress finishes first); fails otherwise (it ran on, or ended for another reason)."""
+    return "holds" if reason == "deadline" and ended_after_s <= deadline_s + slack_s else "fails"
+
+
+def gate_verdict(passed: bool, damaged_functional: float, base_functional: float) -> str:
+    """The gates on a deliberately damaged candidate: holds when they refuse it and the functional
+    gate saw the damage; fails as stated when refused by other gates only; fails when it passed."""
+    if passed:
+        return "fails"
+    return "holds" if damaged_functional < base_functional else "fails as stated"
+
+
+def rollback_verdict(action: str | None, client_errors: int) -> str:
+    """The canary on a slowed candidate: holds when it rolled back with no failed client request."""
+    return "holds" if action == "rollback" and client_errors == 0 else "fails"
