@@ -88,6 +88,23 @@ def test_decision_rule():
     assert w["n"] == 10 and math.isclose(w["ttft_attainment"], 0.1)
 
 
+def test_no_latency_data_is_never_a_promotion():
+    """A canary whose window holds no latency observation on one side (attainment nan) was promoted
+    "within the SLOs"; it now waits, saying why. The counterfactual: the same canary with latency
+    measured on both sides is promoted."""
+    def counts(n, t_ok, t_n, i_ok, i_n):
+        return window_stats({"n": n, "failures": 0, "ttft_ok": t_ok, "ttft_n": t_n, "itl_ok": i_ok, "itl_n": i_n})
+
+    p = CanaryPolicy(min_requests=10, promote_after=20, max_attainment_drop=0.1, error_budget=0.05)
+    canary = counts(30, 29, 30, 290, 300)
+    no_primary_latency = counts(100, 0, 0, 0, 0)
+    action, why = decide(canary, no_primary_latency, p)
+    assert action == "wait" and "without latency data" in why[0]
+    assert decide(canary, counts(100, 95, 100, 900, 1000), p)[0] == "promote"
+    # a canary with no latency of its own while the primary has some is a breach: rolled back
+    assert decide(counts(30, 0, 0, 0, 0), counts(100, 95, 100, 900, 1000), p)[0] == "rollback"
+
+
 def test_canary_outside_the_registry_is_decided_without_touching_it(tmp_path, small_tokenizer, capfd):
     """Lesson 07's case: a registry is given but the canary is served as "v0003-slow", a name the
     registry does not hold. The rollback happens in the server; the registry is left alone and

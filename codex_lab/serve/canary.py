@@ -8,7 +8,8 @@ decides, once the canary has served ``min_requests``:
   or failed inside the server; a client's bad request is a 4xx counted for no version, so
   no client can force a rollback) or its SLO attainment (share of first tokens within 100 ms, of token gaps
   within 20 ms) is more than ``max_attainment_drop`` below the primary's;
-- promote when it has served ``promote_after`` requests without a breach;
+- promote when it has served ``promote_after`` requests without a breach, and only when both
+  versions have latency observations in the window (no data is never "within the SLOs");
 - otherwise wait.
 
 Rolling back only stops routing new requests to the canary: requests it is already
@@ -95,14 +96,19 @@ def decide(canary: dict[str, float], primary: dict[str, float], policy: CanaryPo
     if canary["error_rate"] > policy.error_budget:
         reasons.append(f"error rate {canary['error_rate']:.1%} > budget {policy.error_budget:.1%}")
     names = (f"TTFT<={policy.ttft_slo_s * 1000:g}ms", f"TBT<={policy.tbt_slo_s * 1000:g}ms")
+    missing = []  # latency the decision has no data for: never promoted on
     for key, name in zip(("ttft_attainment", "tbt_attainment"), names):
         c, p = canary[key], primary[key]
         if math.isnan(p):
-            continue  # nothing to compare against yet
+            missing.append(f"{name}: the primary has no latency observations in this window")
+            continue
         if math.isnan(c) or c < p - policy.max_attainment_drop:
             reasons.append(f"{name} attainment {c:.1%} vs primary {p:.1%} (allowed drop {policy.max_attainment_drop:.0%})")
     if reasons:
         return "rollback", reasons
+    if missing:
+        # no comparison, no promotion: "within the SLOs" needs latency measured on both sides
+        return "wait", [f"cannot promote without latency data ({'; '.join(missing)})"]
     if canary["n"] >= policy.promote_after:
         return "promote", [f"{canary['n']:.0f} requests within the SLOs and the error budget"]
     return "wait", [f"no breach after {canary['n']:.0f} of {policy.promote_after} requests"]
