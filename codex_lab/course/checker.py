@@ -5,6 +5,13 @@ The sandbox shows it the learner's view of the package; the real modules the vie
 (its oracles) were read into its memory and deleted before anything else ran
 (:func:`codex_lab.course.learner_view.install_real`), and the submission's process starts
 only after that, with the view alone.
+
+Results go to the parent on stdout, one *frame* per line: ``NONCE KIND LENGTH JSON``, where
+``LENGTH`` is the byte length of the (ASCII) JSON body. Each exercise's ``RESULT`` frame is
+bounded on its own (:data:`MAX_RESULT_BYTES`): a result that would be larger (a check's
+message quoting a huge answer) is replaced here by an ``error`` row saying so, and the parent
+(:func:`codex_lab.course.grade_runner.parse_results`) refuses an oversize, cut or malformed
+frame for that exercise alone, so one exercise's output can never cost the others theirs.
 """
 
 from __future__ import annotations
@@ -21,6 +28,40 @@ from typing import Any
 
 from codex_lab.course import wire
 from codex_lab.course.outcome import ERROR, Result
+
+#: The most bytes one exercise's ``RESULT`` frame body may have. A check's message is at
+#: most a few hundred characters and the parent shows 2,000 of them; 64 KiB is far above
+#: that, and 32 such frames still fit in the run's 2 MiB output cap
+#: (:data:`codex_lab.course.grade_runner.MAX_OUTPUT_BYTES`), so a lesson's results always fit.
+MAX_RESULT_BYTES = 64 * 1024
+
+
+def frame(nonce: str, kind: str, payload: Any) -> bytes:
+    """One line of the results channel: ``NONCE KIND LENGTH JSON`` (see the module docstring).
+    The JSON is ASCII (``ensure_ascii``: no raw newline, bytes == characters), so ``LENGTH``
+    lets the reader tell a whole frame from one the output cap cut."""
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=True)
+    return f"{nonce} {kind} {len(body)} {body}\n".encode("ascii")
+
+
+def oversize(size: int | None = None, head: str = "") -> str:
+    """The reason given for an exercise whose result frame is over :data:`MAX_RESULT_BYTES`."""
+    got = f" ({size:,} bytes)" if size is not None else ""
+    msg = (f"answer over {MAX_RESULT_BYTES} bytes: this exercise's result{got} is larger than the grader reports "
+           "for one exercise (a check's message quoting a huge value the function returned?); not graded")
+    return msg + (f". It began: {head[:300]}" if head else "")
+
+
+def result_frame(nonce: str, key: tuple[str, str, str] | list[str], r: Result) -> bytes:
+    """The ``RESULT`` frame of exercise ``key``; over :data:`MAX_RESULT_BYTES`, an ``error``
+    frame with 0 points and the :func:`oversize` reason instead (why: a frame over the
+    run's output cap would stop the run and cost every exercise after this one)."""
+    payload = {"key": list(key), **asdict(r)}
+    size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=True))
+    if size > MAX_RESULT_BYTES:
+        payload = {"key": list(key), **asdict(Result(r.lesson, r.name, ERROR, oversize(size, r.message), 0,
+                                                     r.max_points, r.visibility))}
+    return frame(nonce, "RESULT", payload)
 
 
 def _private() -> None:
@@ -85,14 +126,19 @@ def child_main() -> None:
     sub_text = Path(sub_name).read_text(encoding="utf-8")
     os.remove(sub_name)
     _private()
+    # the classes the submission's answers may name, loaded now from the view (before the
+    # submission's process exists): decoding its answers looks them up and never imports
+    wire.preload()
     chan = os.dup(1)
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)  # the checks' own prints must not mix with the results
     lock = threading.Lock()
 
-    def emit(kind: str, payload: Any) -> None:
+    def emit(data: bytes) -> None:
         with lock:
-            os.write(chan, f"{nonce} {kind} {json.dumps(payload)}\n".encode())
+            view = memoryview(data)
+            while view:  # a short write must not leave half a frame for the next one to follow
+                view = view[os.write(chan, view):]
 
     from codex_lab.course.remote import SubmissionGone, SubmissionProcess, SubmissionTimeout
 
@@ -129,7 +175,7 @@ def child_main() -> None:
         e = registry.get(key)
         if e is None:
             continue
-        emit("BEGIN", list(key))
+        emit(frame(nonce, "BEGIN", list(key)))
         timer = threading.Timer(timeout_s + float(task["check_s"]), lambda: os._exit(3))
         timer.daemon = True
         timer.start()
@@ -153,7 +199,7 @@ def child_main() -> None:
             if proc.dead:
                 servers[e.visibility] = None
         timer.cancel()
-        emit("RESULT", {"key": list(key), **asdict(r)})
+        emit(result_frame(nonce, key, r))
     for s in servers.values():
         if s is not None:
             s.close()

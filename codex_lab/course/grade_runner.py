@@ -25,6 +25,10 @@ a fresh one afterwards (nothing a hidden check showed can reach public feedback)
 
 When the checker itself dies mid-exercise, that exercise is scored ``error`` with a one-line
 reason and a fresh run grades the rest.
+
+The results come back one bounded frame per exercise (:func:`parse_results`): an oversize,
+cut or malformed frame costs its own exercise, never the decoding of the frames that arrived
+whole, and the run's overall output cap (:data:`MAX_OUTPUT_BYTES`) still bounds a flood.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from codex_lab.course.checker import MAX_RESULT_BYTES, oversize
 from codex_lab.course.checks import Exercise, exercises_for, load_hidden
-from codex_lab.course.outcome import ERROR, SUBMISSION_SUFFIXES, Result, lesson_of
+from codex_lab.course.outcome import (ERROR, FAILED, MISSING, NOT_DONE, PARTIAL, PASSED, SUBMISSION_SUFFIXES, Result,
+                                      lesson_of)
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (editable install)
 PKG = Path(__file__).resolve().parents[1]  # codex_lab/
@@ -44,6 +50,9 @@ CHECK_S = 600.0  # the checker's own work per exercise (lesson 08's scorecard: 2
 MEMORY_MB = 3072  # per process: torch alone maps ~700 MiB of address space; the checks build small models
 MAX_SUBMISSION_BYTES = 5 * 1024 * 1024
 MAX_NESTING = 100  # arrays/objects deep in a notebook's JSON (nbformat is about 5); deeper code fails to parse in the run
+MAX_OUTPUT_BYTES = 2 * 1024 * 1024  # the whole run's stdout: bounds a flood; each result frame is bounded on its own too
+MAX_MESSAGE_CHARS = 2000  # of a result's message, kept in the report
+_STATUSES = frozenset({PASSED, PARTIAL, NOT_DONE, FAILED, ERROR, MISSING})
 # First the real modules, from memory (loaded from the view's file: importing codex_lab itself
 # would import some of them from the view), then the checker.
 _BOOT = ("import importlib.util as _u\n"
@@ -167,6 +176,85 @@ def _checks_files(lesson: str, hidden: str | Path | None) -> dict[str, str | byt
     return files
 
 
+Key = tuple[str, str, str]
+
+
+def _frame_key(value: Any, by_key: dict[Key, Exercise]) -> Key | None:
+    """``value`` (a frame's key list) as a key of this submission's exercises, or None."""
+    if type(value) is not list or len(value) != 3 or not all(type(v) is str for v in value):
+        return None
+    key = (value[0], value[1], value[2])
+    return key if key in by_key else None
+
+
+def parse_results(stdout: str, nonce: str, by_key: dict[Key, Exercise]) -> tuple[dict[Key, Result], Key | None]:
+    """The results in the checker's output: (results by key, the exercise that began last and
+    whose result did not arrive, or None).
+
+    Every ``NONCE RESULT LENGTH JSON`` frame (:func:`codex_lab.course.checker.frame`) is read
+    on its own, so a bad one costs only its exercise (the one its key names, else the one its
+    ``BEGIN`` frame named): a frame over :data:`~codex_lab.course.checker.MAX_RESULT_BYTES`
+    gets ``error`` with the "answer over N bytes" reason, a malformed one (bad JSON, wrong
+    fields, length not as declared) ``error`` with "malformed result". A frame shorter than
+    its declared length was cut where the run stopped (its output cap, its time, a crash): it
+    is left out, so the caller charges that exercise (the one begun last) with the run's
+    reason and grades the rest afresh. Lines without the run's nonce are ignored (only the
+    checker knows it). Points are clamped to the parent's own maximum, and the maximum and
+    visibility are the parent's, whatever a frame says.
+    """
+    results: dict[Key, Result] = {}
+    current: Key | None = None
+
+    def err(key: Key, msg: str) -> None:
+        e = by_key[key]
+        results[key] = Result(e.lesson, e.name, ERROR, msg, 0, e.points, e.visibility)
+
+    for line in stdout.split("\n"):  # not splitlines(): only "\n" ends a frame
+        if not line.startswith(nonce + " "):
+            continue
+        parts = line.split(" ", 3)
+        kind = parts[1] if len(parts) > 1 else ""
+        length = parts[2] if len(parts) == 4 else ""
+        declared = int(length) if length.isascii() and length.isdigit() and len(length) <= 18 else None
+        body = parts[3] if len(parts) == 4 else ""
+        size = len(body.encode("utf-8", "replace"))
+        if kind == "BEGIN":
+            try:
+                current = _frame_key(json.loads(body), by_key) if declared == size else None
+            except (ValueError, RecursionError):
+                current = None  # (the checker writes these itself: never so in practice)
+            continue
+        if kind != "RESULT":
+            continue
+        if max(declared or 0, size) > MAX_RESULT_BYTES:  # refused unread, whatever it holds
+            if current is not None:  # its key is inside the refused part: the exercise that began last
+                err(current, oversize(max(declared or 0, size)))
+            current = None
+            continue
+        if declared is not None and size < declared:
+            continue  # cut: the caller charges `current` with the reason the run stopped
+        data: Any = None
+        if declared == size:
+            try:
+                data = json.loads(body)
+            except (ValueError, RecursionError):
+                data = None
+        key = _frame_key(data.get("key"), by_key) if type(data) is dict else None
+        target, current = key or current, None  # a frame answers the BEGIN before it, once
+        if target is None:
+            continue
+        status, message, points = (data.get("status"), data.get("message"), data.get("points")) \
+            if type(data) is dict else (None, None, None)
+        if key is None or status not in _STATUSES or type(message) is not str or type(points) is not int:
+            err(target, f"malformed result from the grading process (a frame of {size} bytes that does not read as "
+                        "this exercise's result); not graded")
+            continue
+        e = by_key[key]  # the parent's own maximum and visibility; points clamped to them
+        results[key] = Result(e.lesson, e.name, status, message[:MAX_MESSAGE_CHARS], max(0, min(points, e.points)),
+                              e.points, e.visibility)
+    return results, current
+
+
 def _reason(res: Any) -> str:
     if res.truncated:
         return "the grading process printed more than the output cap; stopped"
@@ -227,30 +315,20 @@ def grade_isolated(path: Path, hidden: str | Path | None = None, timeout_s: floa
         task = {"nonce": nonce, "submission": sub_name, "lesson": lesson, "todo": todo, "timeout_s": timeout_s,
                 "forbid": forbid, "check_s": CHECK_S, "startup_s": STARTUP_S, "view": str(view)}
         budget = STARTUP_S * 2 + (timeout_s + CHECK_S) * len(todo)
-        res = run_python(_BOOT.format(view=str(view)), timeout_s=budget, memory_mb=memory_mb, nproc=128, max_output_bytes=2 * 1024 * 1024,
-                         files={**files, "task.json": json.dumps(task)}, hide=hide, guard=False, cpu_s=int(budget) + 1,
-                         package=str(view))
-        current = None
-        for line in res.stdout.splitlines():
-            if not line.startswith(nonce + " "):
-                continue
-            _, kind, payload = line.split(" ", 2)
-            data = json.loads(payload)
-            if kind == "BEGIN":
-                current = tuple(data)
-            elif kind == "RESULT" and tuple(data["key"]) in by_key:
-                key = tuple(data["key"])
-                e = by_key[key]  # the parent's own maximum and visibility; points clamped to them
-                pts = max(0, min(int(data["points"]), e.points))
-                results[key] = Result(e.lesson, e.name, str(data["status"]), str(data["message"])[:2000], pts,
-                                      e.points, e.visibility)
-        todo = [k for k in todo if k not in results]
+        res = run_python(_BOOT.format(view=str(view)), timeout_s=budget, memory_mb=memory_mb, nproc=128,
+                         max_output_bytes=MAX_OUTPUT_BYTES, files={**files, "task.json": json.dumps(task)}, hide=hide,
+                         guard=False, cpu_s=int(budget) + 1, package=str(view))
+        got, current = parse_results(res.stdout, nonce, by_key)
+        results.update({k: r for k, r in got.items() if k in todo})
+        before, todo = len(todo), [k for k in todo if k not in results]
         if not todo:
             break
         reason = _reason(res)
         if current is not None and current in todo:  # it died in that exercise: charge it, grade the rest afresh
             results[current] = err(current, reason)
             todo.remove(current)
+            continue
+        if len(todo) < before:  # it stopped after results of this run (one refused, say): the rest afresh
             continue
         for k in todo:
             results[k] = err(k, f"before grading started: {reason}")

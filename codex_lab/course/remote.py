@@ -32,8 +32,11 @@ from codex_lab.course import wire
 from codex_lab.course.forbid import ForbiddenCall, message
 from codex_lab.course.remote_serve import tensors
 
-_BOOT = "from codex_lab.course.submission_server import main; main()"
-_VIEW_BOOT = "import sys; sys.path.insert(0, {view!r}); from codex_lab.course.submission_server import main; main()"
+# wire.preload() first: the dataclasses the checker may send are then loaded before the channel
+# opens, so decoding the checker's messages imports nothing (see codex_lab.course.wire)
+_BOOT = "from codex_lab.course import wire; wire.preload(); from codex_lab.course.submission_server import main; main()"
+_VIEW_BOOT = ("import sys; sys.path.insert(0, {view!r}); from codex_lab.course import wire; wire.preload(); "
+              "from codex_lab.course.submission_server import main; main()")
 
 
 class SubmissionTimeout(BaseException):
@@ -141,6 +144,7 @@ class SubmissionProcess:
 
             view = str(view_for(forbid)) if package_names(forbid) else None
         boot = _BOOT if view is None else _VIEW_BOOT.format(view=str(view))
+        wire.preload()  # this (the checker's) side too, before the submission can send anything: decode never imports
         self.proc = subprocess.Popen([sys.executable, "-I", "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, cwd=cwd, close_fds=True, start_new_session=True)
         assert self.proc.stdin is not None and self.proc.stdout is not None

@@ -5,11 +5,19 @@ A value crosses as a JSON tree plus a list of binary blobs. What can cross: ``No
 lists, sets, dicts (any of these as keys), torch tensors (dtype, shape and raw bytes; the
 ``requires_grad`` flag travels beside them), NumPy arrays of plain dtypes, NumPy scalars
 (turned into ``bool`` / ``int`` / ``float``: a ``numpy.bool_`` is accepted where a bool is
-asked), ``torch.dtype``, and dataclasses defined in ``codex_lab`` (by field, rebuilt by
-the receiver). Anything else is refused with a message naming its type, or, on the
-checker's side only, sent as a *handle*: the other side gets a proxy whose public methods
-call back into the checker (a tokenizer, a hidden check's stand-in object) with data
-arguments and data results.
+asked), ``torch.dtype``, and the package's dataclasses named in :data:`WIRE_DATACLASSES`
+(by field, rebuilt by the receiver). Anything else is refused with a message naming its
+type, or, on the checker's side only, sent as a *handle*: the other side gets a proxy whose
+public methods call back into the checker (a tokenizer, a hidden check's stand-in object)
+with data arguments and data results.
+
+Decoding never imports anything. A class named on the wire is looked up only in
+:data:`WIRE_DATACLASSES` and only in a module already in ``sys.modules`` (each side loads
+those modules at start-up with :func:`preload`, before the other side can send a byte);
+any other name is refused with a :class:`WireError` that names it. Why: the name comes
+from the graded side, and a ``codex_lab.*`` module missing from the learner's view would
+be looked for further along the import path, in folders the graded process may be able
+to write to; importing it would run the submission's code in the checker.
 
 Every decoded value is a fresh plain object (a ``bool`` is a ``bool``, a tensor a plain
 ``torch.Tensor`` of the stated dtype and shape), so nothing the submission returns can
@@ -27,12 +35,25 @@ import json
 import os
 import select
 import struct
+import sys
 import time
+import types
 from typing import Any, Callable
 
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # a learner's tensors at exercise sizes are kilobytes; 512 MiB refuses a flood
 MAX_DEPTH = 64  # nesting of containers in one value
 _LEN = struct.Struct(">Q")
+
+#: The classes that may cross as dataclasses, as ``"module:qualname"``: the allow-list the
+#: receiver looks names up in (nothing else is rebuilt, and nothing is imported to find
+#: one). ``ModelConfig`` is the only one the lessons' checks pass or expect (lesson 08's
+#: ``design_to_config``). To let another one cross, add it here: :func:`preload` then loads
+#: its module in both processes at start-up. On the checker's side a dataclass not listed
+#: travels as a handle (its fields readable through the proxy); from the submission it is
+#: refused with a message naming it.
+WIRE_DATACLASSES: frozenset[str] = frozenset({
+    "codex_lab.nn.config:ModelConfig",
+})
 
 
 class WireError(Exception):
@@ -45,6 +66,20 @@ class ChannelClosed(WireError):
 
 class ChannelTimeout(WireError):
     """No message arrived before the deadline."""
+
+
+def preload() -> None:
+    """Import the modules of :data:`WIRE_DATACLASSES` (trusted names, from this constant only).
+
+    Called once at start-up by each side (the checker before it starts the submission's
+    process, the submission's process before it loads the file), so that :func:`decode`
+    finds those classes in ``sys.modules`` and never has to import one."""
+    for path in sorted(WIRE_DATACLASSES):
+        importlib.import_module(path.partition(":")[0])
+
+
+def _wire_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 # ---- values -------------------------------------------------------------------------------
@@ -103,13 +138,14 @@ def encode(value: Any, blobs: list[bytes], handle: Callable[[Any], dict[str, Any
         blobs.append(value)
         return {"$": "bytes", "b": len(blobs) - 1}
     cls = type(value)
-    if dataclasses.is_dataclass(cls) and cls.__module__.startswith("codex_lab.") and not isinstance(value, type):
+    if dataclasses.is_dataclass(cls) and not isinstance(value, type) and _wire_name(cls) in WIRE_DATACLASSES:
         fields = {f.name: sub(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        return {"$": "dc", "cls": f"{cls.__module__}:{cls.__qualname__}", "v": fields}
+        return {"$": "dc", "cls": _wire_name(cls), "v": fields}
     if handle is not None:
         return handle(value)
     raise WireError(f"a {cls.__module__}.{cls.__qualname__} object cannot be graded: return plain values "
-                    "(bool, int, float, str, tuples, lists, dicts, tensors)")
+                    "(bool, int, float, str, tuples, lists, dicts, tensors"
+                    + (", or one of " + ", ".join(sorted(WIRE_DATACLASSES)) if WIRE_DATACLASSES else "") + ")")
 
 
 def decode(node: Any, blobs: list[bytes], handle: Callable[[dict[str, Any]], Any] | None = None,
@@ -135,8 +171,8 @@ def decode(node: Any, blobs: list[bytes], handle: Callable[[dict[str, Any]], Any
         if np is None:
             raise WireError("a NumPy array arrived but NumPy is not installed")
         dt = np.dtype(str(node["dtype"]))
-        if dt.hasobject:
-            raise WireError("object arrays cannot cross")
+        if dt.hasobject or dt.fields is not None:  # what encode refuses to send
+            raise WireError("object and structured arrays cannot cross")
         shape = [int(s) for s in node["shape"]]
         return np.frombuffer(_blob(blobs, node["b"]), dtype=dt).reshape(shape).copy()
     if kind == "dtype":
@@ -172,7 +208,9 @@ def _blob(blobs: list[bytes], i: Any) -> bytes:
 def _dtype(name: Any) -> Any:
     import torch
 
-    dt = getattr(torch, str(name), None)
+    # vars(), not getattr(): torch's module __getattr__ imports submodules on a miss, and
+    # decoding imports nothing
+    dt = vars(torch).get(str(name))
     if not isinstance(dt, torch.dtype):
         raise WireError(f"unknown dtype {name!r}")
     return dt
@@ -196,14 +234,24 @@ def _tensor(node: dict[str, Any], blobs: list[bytes]) -> Any:
 
 
 def _dataclass(path: str, fields: dict[str, Any]) -> Any:
+    """The allow-listed class ``path`` names, rebuilt from ``fields``; found without importing
+    (see the module docstring): only in :data:`WIRE_DATACLASSES`, only in ``sys.modules``."""
     mod_name, _, qual = path.partition(":")
     if not mod_name.startswith("codex_lab.") or not qual or "<" in qual:
-        raise WireError(f"dataclass {path!r} is not the package's")
-    obj: Any = importlib.import_module(mod_name)
+        raise WireError(f"dataclass {path[:200]!r} is not the package's")
+    if path not in WIRE_DATACLASSES:
+        raise WireError(f"{path[:200]!r} is not a class the grader rebuilds from data (allowed: "
+                        f"{', '.join(sorted(WIRE_DATACLASSES))}); refused, nothing was imported")
+    obj: Any = sys.modules.get(mod_name)
+    if obj is None:
+        raise WireError(f"{path!r} is allowed but its module is not loaded in this process (wire.preload() "
+                        "was not called at start-up); refused, nothing was imported")
     for part in qual.split("."):
-        obj = getattr(obj, part)
-    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
-        raise WireError(f"{path!r} is not a dataclass")
+        # the namespace itself, not getattr(): a module's __getattr__ (PEP 562, the package's
+        # lazy exports) would import on a miss
+        obj = vars(obj).get(part) if isinstance(obj, (type, types.ModuleType)) else None
+    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj) and _wire_name(obj) == path):
+        raise WireError(f"{path!r} is not a dataclass of the loaded module")
     names = {f.name for f in dataclasses.fields(obj) if f.init}
     try:
         return obj(**{k: v for k, v in fields.items() if k in names})
