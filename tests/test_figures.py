@@ -1,13 +1,31 @@
-"""The README and the notebook headers state the figures of the one record
-(codex_lab/assets/timings.json): run times per lesson, the report's total, the test count and
-the CI duration. `python scripts/update_figures.py` rewrites them after re-timing."""
+"""The README, the docs pages and the notebook headers state the figures of the records
+(codex_lab/assets/timings.json: run times per lesson, the report's total, the test count and
+the CI duration; codex_lab/assets/bench_records.json: the performance figures).
+`python scripts/update_figures.py` rewrites them after re-timing.
+
+The README keeps the lesson table, the report's total and the suite's figures; the measured
+results and the performance goals live in docs/*.md (``figures.TEXTS``): a performance figure
+is checked on the page that states it."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
 from codex_lab.course import figures
+
+
+def _copy_texts(root: Path) -> Path:
+    """The README, the docs pages and the notebook sources, copied under ``root`` (the texts figures rewrite)."""
+    (root / "notebooks").mkdir()
+    (root / "docs").mkdir()
+    shutil.copy(figures.ROOT / "README.md", root / "README.md")
+    for p in (figures.ROOT / "docs").glob("*.md"):
+        shutil.copy(p, root / "docs" / p.name)
+    for p in (figures.ROOT / "notebooks").glob("0*.py"):
+        shutil.copy(p, root / "notebooks" / p.name)
+    return root
 
 
 def test_every_stated_figure_agrees_with_the_record():
@@ -15,13 +33,14 @@ def test_every_stated_figure_agrees_with_the_record():
     assert not bad, "run `python scripts/update_figures.py` after re-timing:\n" + "\n".join(bad)
 
 
-def _copy_texts(root: Path) -> Path:
-    """The README and the notebook sources, copied under ``root`` (the texts figures rewrite)."""
-    (root / "notebooks").mkdir()
-    shutil.copy(figures.ROOT / "README.md", root / "README.md")
-    for p in (figures.ROOT / "notebooks").glob("0*.py"):
-        shutil.copy(p, root / "notebooks" / p.name)
-    return root
+def test_the_readme_states_the_timing_figures_itself():
+    """The learner's figures stay on the front page: each lesson's run time in the course map,
+    the report's fast-mode total, the test count and the CI duration are in README.md itself."""
+    text = (figures.ROOT / "README.md").read_text(encoding="utf-8")
+    for key, secs in figures.lesson_seconds(figures.record()).items():
+        assert re.search(rf"\n\| \[{key} [^\n]*\| {secs} s \|\n", text), f"lesson {key}'s row in the README's course map"
+    for pat in (figures.REPORT_RE, figures.TESTS_RE, figures.CI_RE):
+        assert pat.search(text), f"the README states no figure matching {pat.pattern!r}"
 
 
 def test_a_stale_figure_is_caught_and_rewritten(tmp_path):
@@ -46,19 +65,19 @@ def test_report_total_is_the_sum_of_its_sections():
 
 
 def test_a_stale_performance_figure_is_caught_and_rewritten(tmp_path):
-    """The README's decode figures come from the bench record: a changed ratio in the text is
-    listed with the record's value, and apply() writes the record's value back."""
+    """The decode figures (docs/PERFORMANCE.md) come from the bench record: a changed ratio in
+    the text is listed with the record's value, and apply() writes the record's value back."""
     root = _copy_texts(tmp_path)
     bench = figures.bench_record()
     fig = next(f for f in figures.BENCH_FIGURES if f.key == "decode" and f.field == "speedup_vs_hf_generate")
     want = fig.value(bench["decode"]["rows"])
-    readme = root / "README.md"
+    readme = root / "docs" / "PERFORMANCE.md"
     text = readme.read_text()
     assert len(fig.pattern.findall(text)) == 1
     readme.write_text(fig.pattern.sub(lambda m: f"{m.group(1)}9.99{m.group(3)}", text))
     bad = figures.mismatches(root=root)
     assert any("9.99" in b and want in b for b in bad), bad
-    assert figures.apply(root=root) == ["README.md"] and figures.mismatches(root=root) == []
+    assert figures.apply(root=root) == ["docs/PERFORMANCE.md"] and figures.mismatches(root=root) == []
     # a record whose rows changed is a stale text too
     rows = [dict(r) for r in bench["decode"]["rows"]]
     for r in rows:
