@@ -1,4 +1,5 @@
-"""codex-lab export: a folder transformers loads alone (greedy tokens equal codex-lab generate), and a
+"""codex-lab export: a folder transformers loads alone (greedy tokens equal codex-lab generate, and it
+stops where codex-lab stops: at end-of-text and at a FIM sentinel generated outside FIM), and a
 llama-architecture GGUF that gguf's reader reads back, held to the model by a NumPy forward pass that
 uses llama.cpp's RoPE convention (adjacent pairs)."""
 
@@ -11,14 +12,17 @@ import pytest
 import torch
 
 from codex_lab.cli import main as cli
-from codex_lab.data.tokenizer import EOT, PAD, SPECIAL_TOKENS
-from codex_lab.infer.generate import generate, generate_ids
+from codex_lab.data.tokenizer import EOT, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, PAD, SPECIAL_TOKENS
+from codex_lab.hf.export import stop_token_ids
+from codex_lab.infer.generate import answer_end_ids, generate, generate_ids
 from codex_lab.infer.sampling import SamplingParams
 from codex_lab.training.checkpoint import load_pretrained
 
 transformers = pytest.importorskip("transformers")
 
 PROMPTS = ["def fibonacci(n):\n", "import os\n\nclass Config:\n", "for i in range(10):\n    print("]
+# the shipped model's greedy first token after this prompt is <|fim_suffix|>: a plain answer of 0 tokens
+STOPS_AT_ONCE = "for i in range(10):\n    "
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +53,76 @@ def test_folder_has_the_files_and_tokenizer_config(exported):
     ids = ck.tokenizer.encode(PROMPTS[0]) + [ck.tokenizer.eot_id]
     assert tok.decode(ids, skip_special_tokens=True) == PROMPTS[0]
     gc = json.loads((out / "generation_config.json").read_text())
-    assert gc["eos_token_id"] == ck.tokenizer.eot_id and gc["max_length"] == ck.model.cfg.max_seq_len
+    assert gc["max_length"] == ck.model.cfg.max_seq_len
+    stops = stop_token_ids(ck.tokenizer)  # end-of-text first, then the FIM sentinels
+    assert gc["eos_token_id"] == stops and gc["pad_token_id"] == ck.tokenizer.pad_id
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == stops  # config.json says the same
+
+
+def hf_greedy(hf, ids: list[int], n: int, **kw) -> list[int]:
+    """transformers' greedy new tokens after ``ids`` (the token that ended it, if any, is kept)."""
+    with torch.no_grad():
+        return hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, **kw)[0, len(ids):].tolist()
+
+
+def test_stop_ids_are_where_codex_lab_ends_a_plain_answer(exported):
+    _, ck = exported
+    tok = ck.tokenizer
+    stops = stop_token_ids(tok)
+    assert [tok.tok.id_to_token(i) for i in stops] == [EOT, FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE]
+    # the ids generate() and the server (serve.completion) hand the sampler for a request without suffix:
+    # eos_id=eot_id and end_ids=answer_end_ids(...), turned into the ending ids by SamplingParams.for_prompt
+    ids = tok.encode(STOPS_AT_ONCE)
+    ends = SamplingParams(max_tokens=1).for_prompt(ids, eos_id=tok.eot_id, end_ids=answer_end_ids(tok, ids)).end_ids
+    assert sorted(ends) == sorted(stops)
+    # a FIM request is not a plain answer: there a sentinel is part of the layout, only end-of-text ends it
+    assert answer_end_ids(tok, ids, fim=True) == [] and answer_end_ids(tok, [tok.token_id(FIM_PREFIX), *ids]) == []
+
+
+def test_transformers_stops_where_codex_lab_stops_because_of_the_export(exported, capsys):
+    out, ck = exported
+    tok, n = ck.tokenizer, 32
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
+    ids = tok.encode(STOPS_AT_ONCE)
+    g = generate(ck.model, tok, STOPS_AT_ONCE, SamplingParams(max_tokens=n))
+    assert g.ids == [] and g.finish_reason == "stop"  # codex-lab: 0 tokens
+    capsys.readouterr()
+    assert cli(["generate", STOPS_AT_ONCE, "--max-new-tokens", str(n)]) == 0
+    assert "[0 tokens, finish_reason=stop]" in capsys.readouterr().out
+    free = generate_ids(ck.model, ids, SamplingParams(max_tokens=n), eos_id=None)[0]  # greedy, nothing ends it
+    assert free[0] == tok.token_id(FIM_SUFFIX) and len(free) == n
+    # transformers with the exported generation config: the same 0 tokens, ended by the same <|fim_suffix|>
+    y = hf_greedy(hf, ids, n)
+    assert y == [free[0]] and y[:-1] == g.ids
+    # counterfactual: without the exported stop ids transformers runs on for all n tokens, the same tokens
+    # codex-lab's loop gives with no ending id: the export is what makes it stop
+    assert hf_greedy(hf, ids, n, eos_token_id=None) == free
+    assert hf_greedy(hf, ids, n, eos_token_id=tok.eot_id) == free  # end-of-text alone (the export before)
+
+
+def test_server_stops_there_too(exported):
+    import httpx
+
+    from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+
+    _, ck = exported
+    srv = ModelServer(ck.tokenizer, ServerConfig(model_name="shipped", max_batch_size=2, max_waiting=4))
+    srv.add_version("v1", ck.model)
+    bg = serve_in_background(srv)
+    try:
+        for prompt, sentinel in ((STOPS_AT_ONCE, FIM_SUFFIX), (PROMPTS[1], FIM_MIDDLE)):
+            body = {"model": "shipped", "prompt": prompt, "max_tokens": 32, "temperature": 0, "logprobs": 0}
+            r = httpx.post(bg.url + "/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            g = generate(ck.model, ck.tokenizer, prompt, SamplingParams(max_tokens=32))
+            assert g.ids == [] and g.finish_reason == "stop", prompt
+            choice = r.json()["choices"][0]
+            assert choice["finish_reason"] == "stop" and choice["text"] == "", prompt
+            # 0 tokens of answer; the server lists (and counts, as vLLM counts end-of-text) the token that ended it
+            assert choice["logprobs"]["tokens"] == [sentinel] and r.json()["usage"]["completion_tokens"] == 1, prompt
+    finally:
+        bg.stop()
+        srv.close()
 
 
 def test_transformers_greedy_equals_codex_lab_generate(exported, capsys):
@@ -57,21 +130,21 @@ def test_transformers_greedy_equals_codex_lab_generate(exported, capsys):
     tok = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
     n = 24
-    for prompt in PROMPTS:
+    for prompt in PROMPTS + [STOPS_AT_ONCE]:
         x = tok(prompt, return_tensors="pt").input_ids
-        with torch.no_grad():
-            y = hf.generate(x, max_new_tokens=n, do_sample=False)[0, x.shape[1]:].tolist()
-        if y and y[-1] == tok.eos_token_id:  # transformers keeps the end-of-text token; codex-lab stops before it
-            y = y[:-1]
-        raw = generate_ids(ck.model, ck.tokenizer.encode(prompt), SamplingParams(max_tokens=n), eos_id=tok.eos_token_id)[0]
-        assert y == raw, prompt
+        assert x[0].tolist() == ck.tokenizer.encode(prompt)
+        y = hf_greedy(hf, x[0].tolist(), n)
+        raw = generate_ids(ck.model, ck.tokenizer.encode(prompt), SamplingParams(max_tokens=n), eos_id=None)[0]
+        g = generate(ck.model, ck.tokenizer, prompt, SamplingParams(max_tokens=n))
+        # the same tokens, and the same token ends both (transformers keeps it; codex-lab's ids stop before it)
+        assert y == raw[: len(g.ids) + (g.finish_reason == "stop")], prompt
+        assert y[: len(g.ids)] == g.ids
         capsys.readouterr()
         assert cli(["generate", prompt, "--max-new-tokens", str(n)]) == 0
         printed = capsys.readouterr().out
         # codex-lab generate leaves control tokens out of the text (as vLLM and llama.cpp) and a FIM sentinel
         # ends a plain answer: the text is that of the tokens before the first sentinel, skipping special ones
-        g = generate(ck.model, ck.tokenizer, prompt, SamplingParams(max_tokens=n))
-        assert raw[: len(g.ids)] == g.ids and printed.startswith(prompt + g.text + "\n")
+        assert printed.startswith(prompt + g.text + "\n")
         assert g.text == tok.decode(g.ids, skip_special_tokens=True) and "<|" not in g.text
 
 
@@ -90,7 +163,7 @@ def test_gguf_reads_back_with_the_tensors_and_metadata(exported):
     assert f["llama.rope.freq_base"] == cfg.rope_theta and f["llama.rope.dimension_count"] == cfg.head_dim
     assert abs(f["llama.attention.layer_norm_rms_epsilon"] - cfg.norm_eps) < 1e-12
     assert f["tokenizer.ggml.model"] == "gpt2" and f["tokenizer.ggml.pre"] == "gpt-2"
-    assert f["tokenizer.ggml.eos_token_id"] == ck.tokenizer.eot_id
+    assert f["tokenizer.ggml.eos_token_id"] == f["tokenizer.ggml.eot_token_id"] == ck.tokenizer.eot_id
     vocab = ck.tokenizer.tok
     assert f["tokenizer.ggml.tokens"] == [vocab.id_to_token(i) for i in range(cfg.vocab_size)]
     control = {i for i, t in enumerate(f["tokenizer.ggml.token_type"]) if t == gguf.TokenType.CONTROL}

@@ -93,6 +93,26 @@ def test_gguf_carries_llama_cpp_fim_keys(exports, shipped):
     assert f[keys.EOT_ID] == f[keys.EOS_ID] == vocab.eot_id
 
 
+def test_gguf_marks_where_generation_ends(exports, shipped):
+    """The ids codex-lab ends a plain answer at (:func:`stop_token_ids`: end-of-text and the FIM sentinels)
+    are CONTROL tokens in every GGUF type, end-of-text is eos and eot, and the sentinels are the FIM keys.
+    (llama.cpp ends at eos / eot, not at the fim_pre / suf / mid ids: see codex_lab.hf.gguf_export.)"""
+    from codex_lab.hf.export import stop_token_ids
+
+    tok, keys = shipped.tokenizer, gguf.Keys.Tokenizer
+    stops = stop_token_ids(tok)
+    assert stops == [tok.eot_id, tok.token_id(FIM_PREFIX), tok.token_id(FIM_SUFFIX), tok.token_id(FIM_MIDDLE)]
+    plain = tok.encode("for i in range(10):\n    print(i)")
+    for gguf_type, path in exports.items():
+        f = {k: v.contents() for k, v in gguf.GGUFReader(str(path)).fields.items()}
+        types = f[keys.TOKEN_TYPE]
+        assert len(types) == shipped.model.cfg.vocab_size, gguf_type
+        assert [types[i] for i in stops] == [gguf.TokenType.CONTROL] * len(stops), gguf_type
+        assert all(types[i] == gguf.TokenType.NORMAL for i in plain), gguf_type  # ordinary text stays NORMAL
+        assert f[keys.EOS_ID] == f[keys.EOT_ID] == stops[0], gguf_type
+        assert [f[keys.FIM_PRE_ID], f[keys.FIM_SUF_ID], f[keys.FIM_MID_ID]] == stops[1:], gguf_type
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o027])
 def test_export_files_follow_the_umask(tmp_path, umask, capsys):
     old = os.umask(umask)

@@ -126,3 +126,22 @@ def test_commands_take_hf(folder) -> None:
     for cmd in (["serve", "--help"], ["bench", "inference", "--help"]):
         r = _cli(*cmd)
         assert r.returncode == 0 and "--hf" in r.stdout, cmd
+
+
+def test_exported_folder_reads_back_with_its_stop_ids(tmp_path: Path) -> None:
+    """export_hf_folder writes ``eos_token_id`` as a list (end-of-text first, then the FIM sentinels):
+    ``--hf`` reads end-of-text from it and ends a plain answer where the checkpoint itself does,
+    including the shipped model's 0-token answer to "for i in range(10):\\n    " (<|fim_suffix|> first)."""
+    from codex_lab.hf.export import export_hf_folder, stop_token_ids
+    from codex_lab.infer.generate import generate
+    from codex_lab.training.checkpoint import load_pretrained
+
+    ck = load_pretrained("cpu")
+    back = load_hf_folder(export_hf_folder(ck.model, ck.tokenizer, tmp_path / "hf"))
+    assert back.tokenizer.eot_id == ck.tokenizer.eot_id and back.tokenizer.pad_id == ck.tokenizer.pad_id
+    assert stop_token_ids(back.tokenizer) == stop_token_ids(ck.tokenizer)
+    for prompt in ("for i in range(10):\n    ", "def fibonacci(n):\n"):
+        want = generate(ck.model, ck.tokenizer, prompt, SamplingParams(max_tokens=32))
+        got = generate(back.model, back.tokenizer, prompt, SamplingParams(max_tokens=32))
+        assert (got.ids, got.finish_reason) == (want.ids, want.finish_reason), prompt
+    assert generate(back.model, back.tokenizer, "for i in range(10):\n    ", SamplingParams(max_tokens=32)).ids == []

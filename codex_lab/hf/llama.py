@@ -188,14 +188,16 @@ def from_hf(hf_model: "PreTrainedModel", *, max_seq_len: int | None = None, dtyp
 
 
 @torch.no_grad()
-def to_hf(model: CodexModel, *, arch: str | None = None, eos_token_id: int | None = None, pad_token_id: int | None = None) -> "PreTrainedModel":
+def to_hf(model: CodexModel, *, arch: str | None = None, eos_token_id: int | list[int] | None = None,
+          pad_token_id: int | None = None) -> "PreTrainedModel":
     """The same network as a ``transformers`` model, in eval mode on the model's device.
 
     Args:
         model: a dense codex_lab model (no sparse attention layers, no MoE layers).
         arch: "llama" or "qwen2"; default "qwen2" when the model has q/k/v biases, else "llama".
             A bias-free model may also be exported as Qwen2 (its biases are then zero).
-        eos_token_id, pad_token_id: written into the HF config (``generate`` stops at eos).
+        eos_token_id, pad_token_id: written into the HF config (``generate`` stops at eos; a list of
+            ids stops at any of them).
 
     Returns:
         ``LlamaForCausalLM`` or ``Qwen2ForCausalLM`` with copied (not shared) weights.
