@@ -492,14 +492,18 @@ main = judge_trained(noninferiority(far["dense"], far["window+stride"], margin=l
                      [states["dense"], states["window+stride"]])
 verdicts = lr.judge(results, rcfg)
 assert (main.diff, main.lo, main.hi) == (verdicts.stride.diff, verdicts.stride.lo, verdicts.stride.hi)
+# the package's verdict also asks the contrast: it holds only when the window alone loses the far links
+assert verdicts.stride.verdict == main.verdict or verdicts.needs_far.verdict != "holds"
 for c in [verdicts.stride, verdicts.needs_far, *verdicts.links]:
     print(c.describe())
 cliff_w = lr.cliff(lr.mean_by_distance(results["window"]), chance)
 print(f"\nwindow-only: derived reach L(w-1) = {L}x{w_only - 1} = {rf_window} tokens; measured cliff (first distance below "
       f"halfway to chance): {cliff_w}")
-print(f"VERDICT 'strided links keep the far dependencies the window loses': {verdicts.stride.verdict} (far accuracy "
+print(f"VERDICT 'strided links keep the far dependencies the window loses': {verdicts.stride.verdict} (by hand: "
+      f"{main.verdict} before the contrast; far accuracy "
       f"dense minus window+stride {-main.diff:+.3f}, 95% CI [{-main.hi:+.3f}, {-main.lo:+.3f}], margin {lr.FAR_MARGIN}; "
       f"the window alone: {verdicts.needs_far.verdict}, {len(rcfg.seeds)} seeds)")
+print(rcfg.preregistration)
 assert all(math.isfinite(x) for v in far.values() for x in v)
 
 # %% [markdown]

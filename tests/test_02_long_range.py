@@ -14,7 +14,7 @@ from codex_lab.stats import HOLDS, UNDER_TRAINED
 
 TINY_TASK = RecallTask(seq_len=64, n_keys=3, distances=(10, 40), per_distance=1, layout="scattered")
 TINY = lr.RecallConfig(task=TINY_TASK, n_layer=2, d_model=32, ffn_hidden=32, batch=2, steps=4, eval_every=1, eval_sequences=4,
-                       seeds=(0, 1), corpus_files=10)
+                       seeds=(0, 1), tuning_seeds=(), corpus_files=10)
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +137,16 @@ def test_judge_gives_verdicts_only_on_trained_arms():
     assert v.schedule.verdict == "fails"  # the schedule arms are trained: that claim keeps its verdict
 
 
+def test_verdict_seeds_are_not_the_tuning_seeds():
+    """Pre-registration: the sizes were tuned on seeds 0-2, the verdicts are judged on others, the
+    report says which; a config judging on a tuning seed is refused."""
+    for cfg in (lr.standard_config(), lr.fast_config(), lr.full_config()):
+        assert not set(cfg.seeds) & set(cfg.tuning_seeds)
+    assert "tuned on seeds 0, 1, 2" in lr.standard_config().preregistration
+    with pytest.raises(ValueError, match="tuning seeds"):
+        lr.RecallConfig(seeds=(1, 5, 6))
+
+
 def test_far_links_claim_flips_with_its_counterfactuals():
     """The same code gives each verdict: window+stride level with dense holds; 0.2 below dense
     fails (the whole interval of the cost lies above the margin); a task the window alone also
@@ -232,7 +242,7 @@ def test_lesson_02_words_its_conclusions_from_computed_values():
     for fixed in ("not reproduced at this scale", "holds with a correction", "does not hold", "faster than all-dense",
                   "is the physical limit"):
         assert fixed not in src and fixed not in report, f"retired or fixed outcome text left in lesson 02: {fixed!r}"
-    for computed in ("main.verdict", "v_rev.verdict", "v_all.verdict", "lr.claim_verdict(", "lr.arm_states(",
+    for computed in ("main.verdict", "v_rev.verdict", "v_all.verdict", "noninferiority(", "lr.arm_states(",
                      "lr.judge(", "check_stated(", "cl.interleaved_times(", "cl.timing_ratio(", "speed.describe()",
                      "cliff_w"):
         assert computed in code, f"lesson 02 should compute {computed!r}"

@@ -96,7 +96,6 @@ def run(ctx: Any) -> str:
     c_all = own.get("computed_fraction", 1.0)
     own_speedup = own["median_ms"] / best["median_ms"]
     per_pair = base[top] / own["median_ms"]
-    goal = 0.6 / best["density"]
     limit = (f"at N={top}: {best['impl']} {best['speedup']:.2f}x dense causal SDPA; the same kernel on every causal pair "
              f"(computing {c_all:.2f} of them) takes {own_speedup:.2f}x its time on the pattern, bounded by {c_all:.2f}/c = "
              f"{c_all / c:.1f}x at equal cost per tile; SDPA spends {per_pair:.2f}x the kernel's time per causal pair, so "
@@ -158,7 +157,7 @@ def long_range(ctx: Any) -> str:
               f"(95% CI [{-v.stride.hi:+.3f}, {-v.stride.lo:+.3f}], margin {lr.FAR_MARGIN}, {seeds}, non-inferiority, "
               f"primary); contrast window+stride minus window {v.needs_far.diff:+.3f} [{v.needs_far.lo:+.3f}, "
               f"{v.needs_far.hi:+.3f}] {v.needs_far.verdict}; dense {mean['dense']:.2f}, window+stride "
-              f"{mean['window+stride']:.2f}, window {mean['window']:.2f}, chance {chance:.3f}"
+              f"{mean['window+stride']:.2f}, window {mean['window']:.2f}, chance {chance:.3f}; {cfg.preregistration}"
               + (f". Secondary (Holm): {sec}" if sec else ""), v.stride.verdict, lesson="02",
               states=states_text(st_main + [s_ for k, s_ in v.states.items() if k in ("window+global", "moba")]))
     sched = [v.states[k] for k in lr.SCHEDULES]

@@ -89,7 +89,6 @@ def run(ctx) -> str:  # noqa: ANN001
     finally:
         torch.set_num_threads(threads)
 
-    meets_ttft, meets_tbt = s4["ttft_p95_ms"] < 100, s4["tbt_p95_ms"] < 20
     load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     lines += [
         "Shipped tiny model behind the OpenAI-compatible server (one torch thread), clients on the same "
