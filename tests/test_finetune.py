@@ -54,6 +54,26 @@ def test_weights_logged_every_step_and_runs_are_deterministic(taskset, small_tok
     assert "spread of relative gains" in r.table() and json.dumps(r.to_dict())
 
 
+@pytest.mark.parametrize("balance,mix", [("coba", "balancer"), ("token", "size")])
+def test_a_session_advanced_in_chunks_is_the_same_run(taskset, small_tokenizer, balance, mix):
+    """advance(2) then advance(4) runs the same 6 steps as one finetune() of 6 steps: the same
+    losses, evaluations and weights (model, optimiser, balancer and batch order carry over)."""
+    from codex_lab.training.finetune import FinetuneSession
+
+    one = fresh_model(small_tokenizer.vocab_size)
+    r = finetune(one, small_tokenizer, taskset, cfg(balance=balance, mix=mix, steps=6), progress=False)
+    two = fresh_model(small_tokenizer.vocab_size)
+    s = FinetuneSession(two, small_tokenizer, taskset, cfg(balance=balance, mix=mix, steps=999))
+    s.advance(2)
+    s.advance(4)
+    c = s.result()
+    assert [x["loss"] for x in r.steps] == [x["loss"] for x in c.steps] and c.config.steps == 6
+    assert [e["step"] for e in c.evals] == [0.0, 2.0, 4.0, 6.0] and torch.equal(r.final, c.final)
+    assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), two.state_dict().values()))
+    with pytest.raises(ValueError, match="at least 1 step"):
+        s.advance(0)
+
+
 def test_balancer_mix_samples_tasks_by_the_convergence_weights(taskset, small_tokenizer):
     from codex_lab.training.balancing import ConvergenceBalancer
 

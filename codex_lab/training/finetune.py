@@ -140,6 +140,93 @@ def prepare(tok: CodeTokenizer, taskset: TaskSet, cfg: FinetuneConfig) -> tuple[
     return train, val
 
 
+class FinetuneSession:
+    """A fine-tuning run that can be continued: :meth:`advance` trains ``n`` more steps from where
+    the last call stopped (the model, optimiser, balancer and batch generator carry over), so a
+    run can be extended until its arm reaches a plateau (:mod:`codex_lab.training.plateau`).
+    The learning rate is constant after the warm-up, so the steps of one call or of several are
+    the same steps: ``advance(a); advance(b)`` equals one run of ``a + b`` steps
+    (``tests/test_finetune.py`` holds them equal). ``cfg.steps`` is not used; :func:`finetune`
+    runs exactly ``cfg.steps``.
+    """
+
+    def __init__(self, model: CodexModel, tok: CodeTokenizer, taskset: TaskSet, cfg: FinetuneConfig, *,
+                 balancer: Balancer | None = None) -> None:
+        self.model, self.cfg = model, cfg
+        self.train, self.val = prepare(tok, taskset, cfg)
+        self.names = list(cfg.tasks)
+        self.device = torch.device(cfg.device) if cfg.device else next(model.parameters()).device
+        model.to(self.device).train()
+        self.gen = seed_everything(cfg.seed)
+        self.bal = balancer or make_balancer(cfg.balance, len(self.names), **cfg.balance_options)
+        self.bal.to(self.device)
+        self.loop = LoopConfig(steps=cfg.steps, lr=cfg.lr, warmup=max(1, cfg.warmup), weight_decay=cfg.weight_decay,
+                               grad_clip=cfg.grad_clip, eval_every=cfg.eval_every)
+        self.opt = adamw(list(model.parameters()) + list(self.bal.parameters()), self.loop)
+        self.pool = [e for t in self.names for e in self.train[t]]
+        self.pad = tok.pad_id
+        self.step = 0
+        self.rows: list[dict[str, float]] = []
+        self.evals: list[dict[str, float]] = []
+        self.time_s = 0.0
+        self.initial = self._eval(0)
+
+    def _draw(self) -> list[Encoded]:
+        cfg, gen, names, K = self.cfg, self.gen, self.names, len(self.names)
+        if cfg.mix == "size":
+            idx = torch.randint(0, len(self.pool), (cfg.batch_size,), generator=gen).tolist()
+            return [self.pool[i] for i in idx]
+        if cfg.mix == "balancer":
+            # P(task k) = the balancer's current weight w_k
+            ks = torch.multinomial(self.bal.sampling_weights().cpu().float(), cfg.batch_size, replacement=True,
+                                   generator=gen).tolist()
+        else:
+            ks = torch.randint(0, K, (cfg.batch_size,), generator=gen).tolist()
+        return [self.train[names[k]][int(torch.randint(0, len(self.train[names[k]]), (1,), generator=gen))] for k in ks]
+
+    def _loss(self, _: int) -> tuple[Tensor, dict[str, float]]:
+        names, K = self.names, len(self.names)
+        b = collate(self._draw(), self.pad)
+        y = b.y.to(self.device)
+        logits = self.model(b.x.to(self.device)).logits  # (B, T, V)
+        loss, w = self.bal(token_losses(logits, y), y, b.task.to(self.device))
+        counts = torch.bincount(b.task, minlength=K)
+        return loss, {**{f"w_{t}": float(w[k]) for k, t in enumerate(names)},
+                      **{f"n_{t}": float(counts[k]) for k, t in enumerate(names)}}
+
+    def _eval(self, step: int, _: dict[str, float] | None = None) -> Tensor:
+        if self.evals and self.evals[-1]["step"] == step:
+            return torch.empty(0)
+        vl, acc = task_losses(self.model, self.val, self.names, pad_id=self.pad, batch_size=self.cfg.batch_size)
+        self.evals.append({"step": float(step), **{f"val_{t}": float(vl[k]) for k, t in enumerate(self.names)},
+                           **{f"acc_{t}": float(acc[k]) for k, t in enumerate(self.names)}})
+        self.bal.observe_val(vl)
+        return vl
+
+    def advance(self, steps: int, *, progress: bool = False) -> None:
+        """Train ``steps`` more optimiser steps (evaluating every ``eval_every`` and at the end)."""
+        if steps < 1:
+            raise ValueError(f"advance() needs at least 1 step, got {steps}")
+        t0 = time.perf_counter()
+        self.loop.steps = self.step + steps
+        done = run_loop(self._loss, self.opt, self.loop, clip_params=self.model.parameters(), eval_fn=self._eval,
+                        start_step=self.step, progress=progress, desc=f"finetune {self.cfg.balance}")
+        self.rows += [{**r, "step": float(r["step"])} for r in done.rows]
+        self.step = self.loop.steps
+        self.time_s += time.perf_counter() - t0
+
+    def result(self) -> FinetuneResult:
+        """The run so far as a :class:`FinetuneResult` (its config's ``steps`` set to the steps run)."""
+        names = self.names
+        final = torch.tensor([self.evals[-1][f"val_{t}"] for t in names])
+        final_acc = torch.tensor([self.evals[-1][f"acc_{t}"] for t in names])
+        if any(math.isnan(float(v)) for v in final):
+            raise RuntimeError("a task's validation loss is NaN; check its validation examples")
+        cfg = FinetuneConfig(**{**asdict(self.cfg), "steps": self.step, "tasks": tuple(self.cfg.tasks)})
+        return FinetuneResult(cfg, list(self.rows), list(self.evals), self.initial, final, final_acc,
+                              {t: len(self.train[t]) for t in names}, self.time_s)
+
+
 def finetune(
     model: CodexModel,
     tok: CodeTokenizer,
@@ -149,59 +236,10 @@ def finetune(
     progress: bool = True,
     balancer: Balancer | None = None,
 ) -> FinetuneResult:
-    """Fine-tune ``model`` in place on the tasks of ``cfg`` with the chosen balancer."""
-    train, val = prepare(tok, taskset, cfg)
-    names = list(cfg.tasks)
-    K = len(names)
-    device = torch.device(cfg.device) if cfg.device else next(model.parameters()).device
-    model.to(device).train()
-    gen = seed_everything(cfg.seed)
-    bal = balancer or make_balancer(cfg.balance, K, **cfg.balance_options)
-    bal.to(device)
-    loop = LoopConfig(steps=cfg.steps, lr=cfg.lr, warmup=max(1, cfg.warmup), weight_decay=cfg.weight_decay,
-                      grad_clip=cfg.grad_clip, eval_every=cfg.eval_every)
-    opt = adamw(list(model.parameters()) + list(bal.parameters()), loop)
-    pool = [e for t in names for e in train[t]]
-    pad = tok.pad_id
-
-    def draw() -> list[Encoded]:
-        if cfg.mix == "size":
-            idx = torch.randint(0, len(pool), (cfg.batch_size,), generator=gen).tolist()
-            return [pool[i] for i in idx]
-        if cfg.mix == "balancer":
-            # P(task k) = the balancer's current weight w_k
-            ks = torch.multinomial(bal.sampling_weights().cpu().float(), cfg.batch_size, replacement=True, generator=gen).tolist()
-        else:
-            ks = torch.randint(0, K, (cfg.batch_size,), generator=gen).tolist()
-        return [train[names[k]][int(torch.randint(0, len(train[names[k]]), (1,), generator=gen))] for k in ks]
-
-    def loss_fn(_: int) -> tuple[Tensor, dict[str, float]]:
-        b = collate(draw(), pad)
-        y = b.y.to(device)
-        logits = model(b.x.to(device)).logits  # (B, T, V)
-        loss, w = bal(token_losses(logits, y), y, b.task.to(device))
-        counts = torch.bincount(b.task, minlength=K)
-        return loss, {**{f"w_{t}": float(w[k]) for k, t in enumerate(names)},
-                      **{f"n_{t}": float(counts[k]) for k, t in enumerate(names)}}
-
-    def run_eval(step: int, _: dict[str, float] | None = None) -> Tensor:
-        if evals and evals[-1]["step"] == step:
-            return torch.empty(0)
-        vl, acc = task_losses(model, val, names, pad_id=pad, batch_size=cfg.batch_size)
-        evals.append({"step": float(step), **{f"val_{t}": float(vl[k]) for k, t in enumerate(names)},
-                      **{f"acc_{t}": float(acc[k]) for k, t in enumerate(names)}})
-        bal.observe_val(vl)
-        return vl
-
-    evals: list[dict[str, float]] = []
-    t0 = time.perf_counter()
-    initial = run_eval(0)
-    done = run_loop(loss_fn, opt, loop, clip_params=model.parameters(), eval_fn=run_eval, progress=progress,
-                    desc=f"finetune {cfg.balance}")
-    steps = [{**r, "step": float(r["step"])} for r in done.rows]
-    final = torch.tensor([evals[-1][f"val_{t}"] for t in names])
-    final_acc = torch.tensor([evals[-1][f"acc_{t}"] for t in names])
-    if any(math.isnan(float(v)) for v in final):
-        raise RuntimeError("a task's validation loss is NaN; check its validation examples")
-    return FinetuneResult(cfg, steps, evals, initial, final, final_acc, {t: len(train[t]) for t in names}, time.perf_counter() - t0)
+    """Fine-tune ``model`` in place on the tasks of ``cfg`` with the chosen balancer for ``cfg.steps`` steps."""
+    s = FinetuneSession(model, tok, taskset, cfg, balancer=balancer)
+    s.advance(cfg.steps, progress=progress)
+    r = s.result()
+    r.config = cfg
+    return r
 
