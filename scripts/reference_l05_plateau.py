@@ -1,0 +1,89 @@
+"""Lesson 05's reference run of the claim as the article states it: one pretrained base,
+fine-tuned as five single-task specialists, naive multi-task and two balanced arms, each arm to
+its own plateau (``codex_lab.lessons.l05_multitask.pretrained``, ``setup_for("reference")``),
+on one codebench 2 split; shipped as ``codex_lab/assets/reference/l05_plateau_<split>.json``.
+
+    python scripts/reference_l05_plateau.py            # resumes: every finished arm is kept
+    python scripts/reference_l05_plateau.py --split length
+    python scripts/reference_l05_plateau.py --state F  # another state file
+
+One arm (all its seeds, in lockstep) is one resumable unit (``codex_lab.reference.ResumableRun``);
+two arms run at a time in worker processes. The base is pretrained once and cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from codex_lab.lessons.l05_multitask import pretrained as pt  # noqa: E402
+from codex_lab.parallel import run_units, unit_workers  # noqa: E402
+from codex_lab.reference import ResumableRun, provenance, save_reference  # noqa: E402
+from codex_lab.runtime import use_compute_threads  # noqa: E402
+
+SPLITS = ("iid", "length", "compose")
+
+
+def summary(res: pt.PlateauResults) -> dict:
+    """The verdicts and figures the report prints, computed by the lesson's own functions."""
+    size, gain, verdict = res.size_claim()
+    small = res.small_claim()
+    mde = pt.detectable_effect(res.setup)
+    return {"setup": res.setup.describe(), "split": res.setup.split, "primary_arm": res.primary,
+            "states": {a: s.describe() for a, s in res.states().items()},
+            "compute": res.compute_lines(),
+            "extension_confirmed": {a: (r["extension_steps"] > 0 and math.isfinite(r["extension_change"])
+                                        and abs(r["extension_change"]) < res.setup.min_change)
+                                    for a, r in res.arms.items()},
+            "size": {"describe": size.describe(), "verdict": verdict, "gain": gain,
+                     "position": pt.size_position(gain), "diff": size.diff, "lo": size.lo, "hi": size.hi},
+            "small": {"describe": small.describe(), "verdict": small.verdict, "diff": small.diff, "lo": small.lo,
+                      "hi": small.hi},
+            "detectable": mde}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--split", default="iid", choices=SPLITS, help="codebench 2 split (default: iid)")
+    ap.add_argument("--state", default=None, help="state file (default: ~/.cache/codex_lab/runs/<name>.json)")
+    ap.add_argument("--mode", default="reference", help="sizes (setup_for): reference (default) or fast (a smoke run)")
+    args = ap.parse_args()
+    name = f"l05_plateau_{args.split}" + ("" if args.mode == "reference" else f"_{args.mode}")
+    args.state = args.state or str(Path.home() / ".cache" / "codex_lab" / "runs" / f"{name}.json")
+    setup = pt.setup_for(args.mode, args.split)
+    run = ResumableRun(args.state, {"setup": dataclasses.asdict(setup)})
+    names = [f"single-task:{f}" for f in setup.families] + ["naive", *setup.balanced]
+    print(f"smallest effect this design can detect: {pt.detectable_effect(setup)}", flush=True)
+    with use_compute_threads():
+        tok, ts = pt.tokenizer(setup), pt.sized_taskset(setup)
+        pt.pretrain_base(setup, tok, log=lambda s: print(s, flush=True))
+        jobs = unit_workers(2)
+        while pending := [a for a in names if a not in run.done]:
+            batch = pending[:jobs]
+            t0 = time.perf_counter()
+            outs = run_units(pt.run_arm, [(setup, a) for a in batch], common=dict(tok=tok, ts=ts), names=batch)
+            wall = time.perf_counter() - t0
+            for a, o in zip(batch, outs):
+                run.store(a, o, wall / len(batch))  # the batch's wall time, shared by its units
+                print(f"{a}: {o['state']}; {o['steps']} steps, {o['cpu_s']:.0f} CPU s", flush=True)
+        command = "python scripts/reference_l05_plateau.py" + ("" if args.split == "iid" else f" --split {args.split}")
+        prov = provenance(command, run.seconds(), "reference", commit=run.commit,
+                          state_file=str(args.state).replace(str(Path.home()), "~", 1), workers=jobs)
+    res = pt.PlateauResults(setup, {a: run.done[a]["result"] for a in names})
+    data = {**summary(res), "arms": res.arms}
+    path = save_reference(name, data, prov)
+    print(*data["compute"], *data["states"].values(), data["size"]["describe"], data["size"]["verdict"],
+          data["size"]["position"], data["small"]["describe"], sep="\n")
+    print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
