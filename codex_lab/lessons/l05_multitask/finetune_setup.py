@@ -117,16 +117,19 @@ class PlateauSetup:
 
 
 def setup_for(mode: str, split: str = "iid") -> PlateauSetup:
-    """Sizes per mode. ``fast`` (CI): a 1-layer base of 60 steps and a cap of 60 fine-tuning steps:
+    """Sizes per mode. ``fast`` (CI): a 1-layer base of 40 steps and a cap of 40 fine-tuning steps:
     far too short, the rule must withhold the verdicts. ``standard``: the laptop's live run
-    (a cap of 1,200 steps per arm, 24 test problems per family and seed). ``reference``: the
-    shipped reference run's sizes (``scripts/reference_l05_plateau.py``). ``full``: a GPU's."""
+    (width 32, a cap of 800 steps per arm, 16 test problems per family and seed). ``reference``:
+    the shipped reference run's sizes (``scripts/reference_l05_plateau.py``). ``full``: a GPU's."""
     if mode == "fast":
-        return PlateauSetup(split=split, large_n=48, small_n=8, d_model=32, n_layer=1, n_head=2, vocab=384,
-                            max_len=192, base_steps=60, base_batch=8, base_files=40, eval_every=10, chunk=20,
-                            min_steps=20, max_steps=60, per_family=4, val_per_task=8, max_new_tokens=64)
+        return PlateauSetup(split=split, large_n=32, small_n=6, d_model=32, n_layer=1, n_head=2, vocab=384,
+                            max_len=192, base_steps=40, base_batch=8, base_files=20, eval_every=10, chunk=20,
+                            min_steps=20, max_steps=40, per_family=2, val_per_task=8, max_new_tokens=48)
     if mode == "standard":
-        return PlateauSetup(split=split, max_steps=1200, per_family=24)
+        # the laptop's live run, smaller than the reference (the report's budget): width 32, 300 + 4 x 30
+        # programs, a cap of 800 steps per arm, 16 test problems per family and seed
+        return PlateauSetup(split=split, large_n=300, small_n=30, d_model=32, base_steps=800, max_steps=800,
+                            per_family=16)
     if mode == "full":
         return PlateauSetup(split=split, d_model=128, n_layer=4, vocab=2048, base_steps=6000, base_batch=32,
                             batch_size=16, max_steps=12000, seeds=(10, 11, 12, 13, 14), per_family=96)

@@ -1,0 +1,76 @@
+"""Lesson 05's pretrained-base protocol: every arm to its plateau, the claimed size tested."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from codex_lab.lessons.l05_multitask import pretrained as pt
+from codex_lab.stats import FAILS, FAILS_AS_STATED, HOLDS, NOT_RESOLVED, UNDER_TRAINED, compare
+
+TINY = pt.PlateauSetup(large_n=12, small_n=3, d_model=16, n_layer=1, n_head=2, vocab=384, max_len=160, base_steps=4,
+                       base_batch=2, base_seq=32, base_files=3, batch_size=2, eval_every=2, chunk=4, min_steps=4,
+                       max_steps=8, per_family=1, val_per_task=2, max_new_tokens=8, extend=0.5)
+
+
+def test_families_render_disjoint_programs_of_the_declared_sizes():
+    ts = pt.sized_taskset(pt.setup_for("fast"))
+    s = pt.setup_for("fast")
+    uids = {f: {e.func for e in d["train"]} for f, d in ts.examples.items()}  # func: the program's uid
+    assert {f: len(u) for f, u in uids.items()} == s.sizes() and s.sizes()["completion"] > s.sizes()["bugfix"]
+    fams = list(uids)
+    assert all(not uids[a] & uids[b] for i, a in enumerate(fams) for b in fams[i + 1:]), "a program is shared"
+    with pytest.raises(ValueError, match="training programs"):
+        pt.sized_taskset(pt.PlateauSetup(large_n=10_000))
+
+
+def test_verdict_seeds_are_not_the_tuning_seeds():
+    for mode in ("fast", "standard", "reference", "full"):
+        s = pt.setup_for(mode)
+        assert not set(s.seeds) & set(s.tuning_seeds) and len(s.seeds) >= 3
+    with pytest.raises(ValueError, match="tune and judge"):
+        pt.PlateauSetup(seeds=(0, 5, 6))
+
+
+def test_the_size_verdict_flips_with_the_gain():
+    """The same rule gives every verdict: a relative gain inside 8-15% holds; +40% (the sign
+    holds, the size does not) fails as stated, and so does +2%; a loss fails; noise is not
+    resolved; an arm off its plateau gives no verdict."""
+    a = [0.30, 0.32, 0.31, 0.29, 0.30]
+
+    def verdict(rel, jitter=0.002):
+        b = [x * (1 + rel) + jitter * (-1) ** i for i, x in enumerate(a)]
+        return pt.relative_gain_verdict(a, b, compare(a, b, paired=True))
+
+    gain, v = verdict(0.11)
+    assert v == HOLDS and 0.08 < gain["mean"] < 0.15 and pt.size_position(gain) == "inside the stated 8-15%"
+    assert verdict(0.40)[1] == FAILS_AS_STATED and pt.size_position(verdict(0.40)[0]) == "above the stated 8-15%"
+    assert verdict(0.02, 0.0005)[1] == FAILS_AS_STATED
+    assert verdict(-0.2)[1] == FAILS
+    noisy = [0.30, 0.36, 0.25, 0.33, 0.27]
+    assert pt.relative_gain_verdict(a, noisy, compare(a, noisy, paired=True))[1] == NOT_RESOLVED
+    c = compare(a, [x * 1.11 for x in a], paired=True)
+    from dataclasses import replace
+    assert pt.relative_gain_verdict(a, a, replace(c, verdict=UNDER_TRAINED))[1] == UNDER_TRAINED
+
+
+def test_the_smallest_detectable_effect_shrinks_with_problems_and_seeds():
+    small = pt.detectable_effect(pt.setup_for("fast"))
+    big = pt.detectable_effect(pt.setup_for("reference"))
+    assert big["absolute"] < small["absolute"] and big["problems"] == 48 * 5 and math.isclose(big["p"], 0.3)
+
+
+def test_a_tiny_protocol_runs_every_arm_and_withholds_the_verdicts(tmp_path, monkeypatch):
+    """Every arm of a tiny run, in this process: the rule withholds both verdicts (8 steps cannot
+    plateau), each arm records its compute; the base is cached and reused."""
+    monkeypatch.setenv("CODEX_LAB_CACHE", str(tmp_path))
+    res = pt.run_protocol(TINY, jobs=1)
+    assert set(res.arms) == {*(f"single-task:{f}" for f in TINY.families), "naive", "coba", "task_token"}
+    assert all(r["steps"] == 8 and not r["reached"] and len(r["scores"]) == 3 for r in res.arms.values())
+    c, gain, v = res.size_claim()
+    assert v == UNDER_TRAINED and res.small_claim().verdict == UNDER_TRAINED
+    assert all("steps per seed (the cap)" in line for line in res.compute_lines())
+    assert len(list((tmp_path / "l05_base").glob("*.safetensors"))) == 1
+    again = pt.PlateauResults.from_json(res.to_json())
+    assert again.setup == TINY and again.size_claim()[2] == v
