@@ -307,7 +307,7 @@ assert init_loss["mean"] < init_loss["random"], "mean-pooling should keep more t
 # the curve's last quarter shows whether more steps would still help (a cosine that ends at
 # the last step keeps lowering the loss until then, whatever the budget). "Trained" thus
 # means the schedule has run its course: at its final rate, more steps would move the loss
-# by less than the seeds differ. A longer schedule could still go lower, for every arm alike.
+# by less than the claim cares about (a one-sided 95% bound on the seeds' projected change). A longer schedule could still go lower, for every arm alike.
 #
 # The geometry is shrunk, not the step count: in standard mode (a laptop) 2 layers of width
 # 32 with 8 heads of width 4, 32-token sequences in batches of 16 and a 512-token vocabulary

@@ -8,7 +8,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -184,7 +184,8 @@ assert bool(capacity_keep_mask(idx, 4, None).all())  # dropless keeps everything
 # trained on the course corpus, more steps rather than a bigger model (the article's sizes
 # are full mode's, on a GPU). Every arm's held-out loss is recorded along the way, and the
 # training-state rule (`codex_lab.training_state`) calls an arm *trained* only when another quarter
-# of its run would move it by less than the seeds differ (or 0.01 nats/token). Seeds vary the
+# of its run would move it by less than 0.01 nats/token (a one-sided 95% bound over the seeds' projected
+# changes, every seed included). Seeds vary the
 # initial weights, the order of the training windows and the held-out sample; the arms of one
 # seed share them (paired). In fast mode (CI) the runs are a tenth as long, and the verdicts
 # are expected to say "under-trained: no verdict".
@@ -224,8 +225,9 @@ common = dict(batch_size=plan.batch_size, seq_len=plan.seq_len, lr=plan.lr, min_
 print(f"{len(train_tokens):,} training tokens, {len(val_tokens):,} held-out tokens")
 runs = train_arms(configs, QUALITY_ARMS, plan.seeds, train_tokens, val_tokens, steps=plan.steps,
                   eval_every=plan.eval_every, **common)
-runs.update(train_arms(configs, BALANCE_ARMS, plan.balance_seeds, train_tokens, val_tokens,
-                       steps=plan.balance_steps, eval_every=plan.balance_steps, **common))
+# the balance arms: the same seeds and steps as the aux-loss MoE they are compared with
+runs.update(train_arms(configs, BALANCE_ARMS, plan.seeds, train_tokens, val_tokens,
+                       steps=plan.steps, eval_every=plan.eval_every, **common))
 for name, rs in runs.items():
     r = rs[0]
     print(f"{name:>12}: held-out loss per seed " + ", ".join(f"{x.val_loss:.3f}" for x in rs)
@@ -236,7 +238,7 @@ for name, rs in runs.items():
 # ### Balance over training
 # "Max load" is the busiest expert's share divided by the mean share (1.0 = perfectly
 # even; 4.0 = one expert is in every token's top 2 of 8); the load entropy's ceiling is `log 8`.
-# Seed 0 of each MoE arm (the balance arms train `plan.balance_steps` steps).
+# Seed 0 of each MoE arm (every arm trains the same steps).
 
 # %%
 def smooth(v, w=10):
@@ -282,10 +284,10 @@ def sample_of(seed):
                        n_batches=plan.eval_batches)
 
 
-load = {"moe_none": [busiest_load(r.model, sample_of(s)) for r, s in zip(runs["moe_none"], plan.balance_seeds)],
+load = {"moe_none": [busiest_load(r.model, sample_of(s)) for r, s in zip(runs["moe_none"], plan.seeds)],
         "moe": [busiest_load(r.model, sample_of(s)) for r, s in zip(runs["moe"], plan.seeds)],
-        "moe_bias": [busiest_load(r.model, sample_of(s)) for r, s in zip(runs["moe_bias"], plan.balance_seeds)]}
-assert abs(load["moe_none"][0] - held_out_load(runs["moe_none"][0].model, sample_of(plan.balance_seeds[0]))) < 1e-9
+        "moe_bias": [busiest_load(r.model, sample_of(s)) for r, s in zip(runs["moe_bias"], plan.seeds)]}
+assert abs(load["moe_none"][0] - held_out_load(runs["moe_none"][0].model, sample_of(plan.seeds[0]))) < 1e-9
 for name, v in load.items():
     print(f"{name:>8}: busiest expert on held-out tokens " + ", ".join(f"{x:.2f}x" for x in v) + " the mean load")
 
@@ -499,7 +501,10 @@ assert all(rec["max_abs_diff"] < 1e-5 for rec in measured)  # fp32, O(1) outputs
 # vocabulary (holds, fails, fails as stated, not resolved, under-trained: no verdict):
 
 # %%
-balance_verdict, balance_text = balance_claim(load)
+# the load arms are judged like the quality arms: a verdict only once each reached its plateau
+bal_states = {a: training_state([held_out_curve(r) for r in runs[a]], higher_is_better=False, min_change=MIN_CHANGE, arm=a)
+              for a in ("moe_none", "moe_bias", "moe")}
+balance_verdict, balance_text = balance_claim(load, states=bal_states)
 print(f"- 8-16 experts, top-2..4 store a big model's parameters at a small model's compute (a step within "
       f"{STEP_LIMIT:g}x the equal-active dense model's): {cost_text} -> {cost_verdict}; at this size "
       f"{step_cost.describe()}.")

@@ -54,10 +54,10 @@ def plans() -> dict[str, dict[str, Any]]:
     p4 = l04.protocol_plan("full")
     cfg4 = l04.arm_configs(p4.vocab, d_model=p4.d_model, n_layer=p4.n_layer, n_head=p4.n_head, n_experts=p4.n_experts,
                            top_k=p4.top_k, expert_hidden=p4.expert_hidden, max_seq_len=p4.seq_len)["moe"]
-    n4 = len(l04.QUALITY_ARMS) * len(p4.seeds) * p4.steps + 2 * len(p4.balance_seeds) * p4.balance_steps
+    n4 = (len(l04.QUALITY_ARMS) + 2) * len(p4.seeds) * p4.steps
     out["04"] = {"config": cfg4, "batch": (p4.batch_size, p4.seq_len), "steps": n4,
                  "plan": f"{len(l04.QUALITY_ARMS)} arms x {len(p4.seeds)} seeds x {p4.steps} steps + 2 balance arms x "
-                         f"{len(p4.balance_seeds)} seeds x {p4.balance_steps} (every arm timed as the MoE one)"}
+                         f"{len(p4.seeds)} seeds x {p4.steps} (every arm timed as the MoE one)"}
     splits = l05.protocol_splits("full")
     st5 = l05.protocol_setup("full", split=splits[0])
     pooled = len(l05._arms(st5))

@@ -92,6 +92,17 @@ def test_balance_claim_follows_the_load() -> None:
     assert verdict == HOLDS and "limit 1.5x" in text and "what holds" not in text
     verdict, text = balance_claim({"moe_none": [2.0] * 3, "moe": [1.9] * 3, "moe_bias": [1.6] * 3})
     assert verdict == FAILS_AS_STATED and "no balancing tried" in text
+    # every load arm trains as long as the MoE it is compared with and is judged by the same rule:
+    # a balance arm still moving withholds the verdict; all flat, the verdict stands
+    from codex_lab.training_state import training_state
+
+    flat = training_state([[(s, 3.0) for s in range(0, 1100, 100)]] * 3, higher_is_better=False, min_change=0.01,
+                          arm="moe")
+    falling = training_state([[(s, 3.0 - s / 1000) for s in range(0, 1100, 100)]] * 3, higher_is_better=False,
+                             min_change=0.01, arm="moe_none")
+    skewed = {"moe_none": [2.9, 3.1, 3.4], "moe": [1.2, 1.3, 1.25], "moe_bias": [1.1, 1.05, 1.1]}
+    assert balance_claim(skewed, states={"moe": flat, "moe_none": falling})[0] == "under-trained: no verdict"
+    assert balance_claim(skewed, states={"moe": flat, "moe_none": flat})[0] == FAILS_AS_STATED
     assert LOAD_LIMIT == 1.5
 
 

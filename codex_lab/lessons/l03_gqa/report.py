@@ -90,7 +90,7 @@ def run(ctx: Any) -> str:
             "the others are secondary (Holm).", "",
             "Training state of every arm (the rule of `codex_lab.training_state` on its held-out curve; 'trained' means "
             "the schedule has run its course: at its final rate another quarter of the run would move the loss by less "
-            "than the seeds differ, or 0.01 nats/token; a longer schedule could still go lower, for every arm alike):", ""]
+            "than 0.01 nats/token at a one-sided 95% bound over the seeds; a longer schedule could still go lower, for every arm alike):", ""]
     out += [f"- {st.describe()}" for st in v.states.values()]
     out += ["", *gqa.protocol_table(runs), "", f"- primary, g = 4 uptrained: {primary.describe()}"]
     out += [f"- {name}: {c.describe()}" for name, c in v.secondary.items()]

@@ -23,7 +23,7 @@ one CPU core).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -36,8 +36,8 @@ from codex_lab.nn.model import CodexModel
 from codex_lab.nn.moe import moe_layers_of
 from codex_lab.parallel import run_units
 from codex_lab.runtime import interleaved_times
-from codex_lab.stats import (FAILS_AS_STATED, Comparison, TimingRatio, check_stated, compare, holm, judge_trained,
-                             noninferiority, timing_ratio)
+from codex_lab.stats import (FAILS_AS_STATED, UNDER_TRAINED, Comparison, TimingRatio, check_stated, compare, holm,
+                             judge_trained, noninferiority, timing_ratio)
 from codex_lab.training_state import TrainingState, training_state
 
 
@@ -206,19 +206,23 @@ def held_out_load(model: CodexModel, batches: Sequence[tuple[Tensor, Tensor]]) -
     return max(float(c.max() / c.mean().clamp_min(1e-9)) for c in counts)
 
 
-def balance_claim(load: Mapping[str, Sequence[float]], *, limit: float = LOAD_LIMIT) -> tuple[str, str]:
+def balance_claim(load: Mapping[str, Sequence[float]], *, limit: float = LOAD_LIMIT,
+                  states: Mapping[str, Any] | None = None) -> tuple[str, str]:
     """(verdict, measured text) of "MoE layers as described (no load balancing mentioned)".
 
     ``load[arm]``: per seed, :func:`held_out_load` of ``moe_none`` (required), and optionally
     ``moe`` (aux loss) and ``moe_bias``. "fails as stated" when the unbalanced router's mean
     busiest-expert load exceeds ``limit`` x the mean load, else "holds"; the text says what
-    the balancing methods measure.
+    the balancing methods measure. With ``states`` (the load arms' training states, all trained
+    the same steps and seeds), "under-trained: no verdict" unless every arm reached its plateau:
+    a router's load early in training is not its load at the end.
     """
     def mean(xs: Sequence[float]) -> float:
         return sum(xs) / len(xs)
 
     none = list(load["moe_none"])
     verdict = check_stated(mean(none), 1.0, limit)
+    moving = [s for s in (states or {}).values() if not s.trained]
     text = (f"busiest expert without balancing {mean(none):.2f}x the mean load on held-out tokens "
             f"(seeds {min(none):.2f}-{max(none):.2f}x; limit {limit:g}x)")
     names = {"moe": "Switch aux loss", "moe_bias": "bias balancing"}
@@ -229,6 +233,8 @@ def balance_claim(load: Mapping[str, Sequence[float]], *, limit: float = LOAD_LI
         fixed = [names[a] for a in ("moe", "moe_bias") if a in load and load[a] and mean(load[a]) <= limit]
         text += (": what holds is an MoE layer with " + " or ".join(fixed) + f" (within {limit:g}x)" if fixed
                  else f": no balancing tried kept the load within {limit:g}x")
+    if moving:
+        return UNDER_TRAINED, text + "; " + "; ".join(s.describe() for s in moving)
     return verdict, text
 
 
@@ -287,9 +293,9 @@ class Plan:
     ``expert_hidden``, top-``top_k``; training: ``steps`` of ``batch_size`` x ``seq_len``
     tokens, a linear warm-up over ``warmup`` steps to the peak ``lr``, cosine-decayed to
     ``min_lr``; held-out loss every ``eval_every`` steps on ``eval_batches`` x
-    ``eval_batch_size`` windows; ``seeds`` for the quality arms, ``balance_seeds`` /
-    ``balance_steps`` for the load claim's extra arms (the unbalanced and the bias-balanced
-    MoE; the aux-loss MoE's load is measured on the trained quality arm); ``bench_repeats``:
+    ``eval_batch_size`` windows; ``seeds`` for every arm: the load claim's extra arms (the
+    unbalanced and the bias-balanced MoE) get the same seeds, steps and plateau rule as the
+    aux-loss MoE they are compared with (its load is measured on the trained quality arm); ``bench_repeats``:
     interleaved rounds of the step-cost comparison (a cost, not a quality: small outside full).
     """
 
@@ -310,8 +316,6 @@ class Plan:
     eval_batches: int
     eval_batch_size: int
     seeds: tuple[int, ...]
-    balance_seeds: tuple[int, ...]
-    balance_steps: int
     bias_update_rate: float = 1e-2
     warmup: int = 10
     bench_repeats: int = 9
@@ -347,19 +351,18 @@ def protocol_plan(mode: str | None = None) -> Plan:
                   seq_len=32, batch_size=16, lr=1e-2, min_lr=1e-4, eval_batches=4, eval_batch_size=32, warmup=100)
     if mode == "fast":
         return Plan(**{**common, "files": 50, "warmup": 10, "eval_batches": 2}, steps=80, eval_every=10,
-                    seeds=(0, 1, 2), balance_seeds=(0,), balance_steps=80, bench_repeats=3)
+                    seeds=(0, 1, 2), bench_repeats=3)
     if mode == "standard":
         # 4000 steps whose cosine ends at 75% of the run at lr / 30 (as lesson 03) and holds it: measured
         # 2026-12-03 (one seed, 300 files), every arm flat over the held quarter (-0.009 to +0.001 nats per
         # quarter; tolerance 0.01), where a cosine ending at step 4000 left every arm falling 0.013-0.015
         # and one ending at 2000 ~0.034. 4 seeds: 12 runs of ~36 CPU s in two worker processes
         return Plan(**{**common, "min_lr": 3.3e-4}, steps=4000, eval_every=250, flat_share=0.25, seeds=(0, 1, 2, 3),
-                    balance_seeds=(0, 1, 2), balance_steps=200, bench_repeats=5)
+                    bench_repeats=5)
     if mode == "full":
         return Plan(vocab=4096, files=1000, d_model=256, n_layer=4, n_head=4, n_experts=8, top_k=2, expert_hidden=352,
                     seq_len=256, batch_size=16, steps=6000, lr=3e-3, min_lr=3e-5, eval_every=250, eval_batches=16,
-                    eval_batch_size=16, seeds=(0, 1, 2, 3, 4), balance_seeds=(0, 1, 2), balance_steps=2000,
-                    warmup=200)
+                    eval_batch_size=16, seeds=(0, 1, 2, 3, 4), warmup=200)
     raise ValueError(f"mode {mode!r} is not one of fast, standard, full")
 
 

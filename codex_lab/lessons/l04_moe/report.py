@@ -38,7 +38,7 @@ def run(ctx: Any) -> str:
     from codex_lab.nn.model import CodexModel
     from codex_lab.nn.moe import ffn_param_counts, moe_layers_of
     from codex_lab.stats import NONINFERIORITY_RULE, VERDICT_RULE
-    from codex_lab.training_state import states_text
+    from codex_lab.training_state import states_text, training_state
 
     threads = torch.get_num_threads()
     # the math threads are the report's (course.report runs each section under
@@ -54,8 +54,9 @@ def run(ctx: Any) -> str:
                       bias_update_rate=plan.bias_update_rate, warmup=plan.warmup, flat_share=plan.flat_share)
         runs = train_arms(configs, QUALITY_ARMS, plan.seeds, train_tokens, val_tokens, steps=plan.steps,
                           eval_every=plan.eval_every, **common)
-        bal_runs = train_arms(configs, BALANCE_ARMS, plan.balance_seeds, train_tokens, val_tokens,
-                              steps=plan.balance_steps, eval_every=plan.balance_steps, **common)
+        # the balance arms: the same seeds, steps and plateau rule as the aux-loss MoE they are compared with
+        bal_runs = train_arms(configs, BALANCE_ARMS, plan.seeds, train_tokens, val_tokens, steps=plan.steps,
+                              eval_every=plan.eval_every, **common)
         final = {a: [r.val_loss for r in runs[a]] for a in QUALITY_ARMS}
         curves = {a: [held_out_curve(r) for r in runs[a]] for a in QUALITY_ARMS}
         verdicts = judge_quality(final, curves)
@@ -67,10 +68,13 @@ def run(ctx: Any) -> str:
                                                        seq_len=plan.seq_len, n_batches=plan.eval_batches))
                     for r, s in zip(rs, seeds)]
 
-        load = {"moe_none": loads(bal_runs["moe_none"], plan.balance_seeds),
-                "moe_bias": loads(bal_runs["moe_bias"], plan.balance_seeds),
+        load = {"moe_none": loads(bal_runs["moe_none"], plan.seeds),
+                "moe_bias": loads(bal_runs["moe_bias"], plan.seeds),
                 "moe": loads(runs["moe"], plan.seeds)}
-        balance_verdict, balance_text = balance_claim(load)
+        bal_states = {a: training_state([held_out_curve(r) for r in rs], higher_is_better=False, min_change=MIN_CHANGE,
+                                        arm=a) for a, rs in (("moe_none", bal_runs["moe_none"]),
+                                                             ("moe_bias", bal_runs["moe_bias"]), ("moe", runs["moe"]))}
+        balance_verdict, balance_text = balance_claim(load, states=bal_states)
 
         # step cost, interleaved rounds: the trained models (this size) and fresh one-layer
         # models at the shipped model's width (d = 256, dense hidden 704 = 2 experts of 352)
@@ -138,8 +142,8 @@ def run(ctx: Any) -> str:
     lines = [
         f"Geometry ({ctx.mode} mode), shrunk from the article's sizes so every arm can reach a plateau on one CPU "
         f"core: {plan.describe()}. Seeds vary the initial weights, the order of the training windows and the "
-        f"held-out sample (every arm of one seed sees the same ones: paired). The balance arms train "
-        f"{plan.balance_steps} steps over {len(plan.balance_seeds)} seed(s).",
+        f"held-out sample (every arm of one seed sees the same ones: paired). The balance arms train as long, "
+        f"over the same seeds, as the MoE arm they are compared with.",
         "",
         "| arm | FFN hidden | FFN params stored / active | held-out loss (per seed) | training state | train time (s, seed 0) |",
         "|---|---|---|---|---|---|",
@@ -154,7 +158,7 @@ def run(ctx: Any) -> str:
         img,
         "",
         "Training states (held-out curves, last quarter's trend projected over another quarter of the run, "
-        f"tolerance max(standard error of the arm's mean = seed spread / sqrt(seeds), {MIN_CHANGE} nats/token)): " + "; ".join(s.describe() for s in st.values()) + ".",
+        f"a one-sided 95% bound on the seeds' projected change over another quarter, held to {MIN_CHANGE} nats/token): " + "; ".join(s.describe() for s in st.values()) + ".",
         "",
         f"Primary ({VERDICT_RULE}): {quality.describe()}.",
         "",
@@ -192,7 +196,8 @@ def run(ctx: Any) -> str:
               verdicts.keeps_big.describe(), verdicts.keeps_big.verdict,
               lesson="04", states=states_text([st["dense_total"], st["moe"]]))
     ctx.claim(f"MoE layers as described (the article mentions no load balancing; unbalanced = busiest expert > "
-              f"{LOAD_LIMIT:g}x the mean load)", balance_text, balance_verdict, lesson="04")
+              f"{LOAD_LIMIT:g}x the mean load)", balance_text, balance_verdict, lesson="04",
+              states=states_text(list(bal_states.values())))
     lines += ["", performance_goal(ctx)]
     lines += ["", *article_reference_block(ctx, "04")]
     return "\n".join(lines)
