@@ -605,3 +605,211 @@ def test_train_state_zip_bomb_and_legacy_format_are_refused_before_loading(tmp_p
     torch.save(state, legacy, _use_new_zipfile_serialization=False)
     with pytest.raises(InputError, match="not a zip archive"):
         load_train_state(legacy)
+
+
+# ---- the weight bytes a config implies against the bytes the weight files hold ------------------
+# A config edited to declare 2.5 GiB (within CONFIG_LIMITS, and under the memory budget of a big
+# machine), or a sparse weights file of 2.5 GiB that takes 4 KiB on disk, was allocated before its
+# files were checked. Each loader now compares the two figures before it builds any model: the
+# evidence below is that the model's constructor is never called (no timing, no RSS reading).
+
+BIG_DIMS = {"d_model": 4096, "n_layer": 3, "n_head": 32, "ffn_hidden": 16384}  # ~3 GB of float32, within the limits
+
+
+@pytest.fixture()
+def built(monkeypatch) -> list[ModelConfig]:
+    """The configs CodexModel is constructed with from now on (meta-device builds included). A real
+    (not meta-device) build of over 1 GiB of weights raises instead of allocating them, so a loader
+    that would build the bomb fails the test here rather than take the memory."""
+    from codex_lab.data.weights_file import config_weight_numel
+
+    calls: list[ModelConfig] = []
+    real = CodexModel.__init__
+
+    def recording(self, cfg, *a, **kw):
+        calls.append(cfg)
+        if torch.get_default_device().type != "meta" and 4 * config_weight_numel(cfg) > 1 << 30:
+            raise AssertionError(f"the loader built a model of {4 * config_weight_numel(cfg):,} bytes of weights")
+        real(self, cfg, *a, **kw)
+
+    monkeypatch.setattr(CodexModel, "__init__", recording)
+    return calls
+
+
+@pytest.mark.parametrize("kw", [{}, {"tie_embeddings": False, "n_kv_head": 2, "qkv_bias": True},
+                                {"moe_layers": [1], "n_experts": 4, "moe_top_k": 2, "n_shared_experts": 1},
+                                {"moe_layers": [0, 1], "moe_router_bias": True, "moe_ffn_hidden": 48}])
+def test_config_weight_numel_equals_what_a_checkpoint_stores(kw):
+    """The exact comparison's count (from the config alone) equals the values save_model writes:
+    parameters (tied ones once) and persistent buffers (each MoE layer's expert_bias)."""
+    from codex_lab.data.weights_file import config_weight_numel
+
+    cfg = ModelConfig(vocab_size=512, d_model=64, n_layer=2, n_head=4, max_seq_len=64, **kw)
+    with torch.device("meta"):
+        stored = {id(t): t.numel() for t in CodexModel(cfg).state_dict(keep_vars=True).values()}
+    assert config_weight_numel(cfg) == sum(stored.values())
+
+
+def _sparse_file(path: Path, head: bytes, size: int) -> None:
+    """``head`` then holes up to ``size`` bytes: the file reads as ``size`` bytes, takes ~4 KiB on disk."""
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+
+
+def _skip_without_holes(path: Path) -> None:
+    from codex_lab.data.weights_file import bytes_on_disk
+
+    if bytes_on_disk(path) * 2 >= path.stat().st_size:
+        pytest.skip(f"the filesystem of {path.parent} keeps no sparse files (or cannot report holes)")
+
+
+def test_config_declaring_more_weights_than_its_files_is_refused_before_any_model_is_built(
+        good, tmp_path, monkeypatch, built):
+    from codex_lab.data.weights_file import config_weight_numel, read_safetensors_header, header_bytes
+
+    monkeypatch.setenv("CODEX_LAB_MAX_LOAD_BYTES", str(1 << 50))  # the budget admits it: this check must not
+    ck = copy(good, tmp_path / "ck")
+    edit_config(**BIG_DIMS)(ck)
+    declared = 4 * config_weight_numel(load_config_of(ck))
+    held = header_bytes(read_safetensors_header(ck / W))
+    assert declared > 2.5 * 2**30 and held < 1 << 20
+    with pytest.raises(InputError) as ei:
+        load_checkpoint(ck)
+    msg = str(ei.value)
+    assert f"the config declares {declared:,} bytes of weights, " in msg and f"the files hold {held:,} " in msg, msg
+    assert str(ck / C) in msg and str(ck / W) in msg and "re-save the checkpoint" in msg and "\n" not in msg, msg
+    assert built == [], "the model (even a meta-device one) was built before the sizes were compared"
+    # the counterfactual: the unedited checkpoint loads, and is built once (on the meta device, then for real)
+    assert load_checkpoint(good).config.d_model == 32 and len(built) == 2
+
+
+def load_config_of(ck: Path) -> ModelConfig:
+    from codex_lab.training.checkpoint import load_config
+
+    return load_config(ck / C)
+
+
+def test_sparse_weights_file_of_gigabytes_is_refused_before_any_model_is_built(good, tmp_path, monkeypatch, built):
+    """The red team's folder: config and header agree on 2.9 GB, the file is that long, but sparse."""
+    from codex_lab.data.weights_file import bytes_on_disk
+
+    monkeypatch.setenv("CODEX_LAB_MAX_LOAD_BYTES", str(1 << 50))
+    ck = copy(good, tmp_path / "ck")
+    edit_config(**BIG_DIMS)(ck)
+    cfg = load_config_of(ck)
+    with torch.device("meta"):
+        model = CodexModel(cfg)
+    header, pos = {}, 0
+    for k, t in model.state_dict().items():
+        if k == "lm_head.weight":  # tied to embed.weight: stored once, as save_model does
+            continue
+        header[k] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [pos, pos + t.numel() * 4]}
+        pos += t.numel() * 4
+    raw = json.dumps(header).encode()
+    _sparse_file(ck / W, struct.pack("<Q", len(raw)) + raw, 8 + len(raw) + pos)
+    _skip_without_holes(ck / W)
+    built.clear()
+    with pytest.raises(InputError) as ei:
+        load_checkpoint(ck)
+    msg = str(ei.value)
+    on_disk = bytes_on_disk(ck / W)
+    print(f"\n{(ck / W).stat().st_size:,}-byte sparse file ({on_disk:,} bytes on disk): {msg}")
+    assert f"the config declares {pos:,} bytes of weights, the files hold {on_disk:,} on disk" in msg, msg
+    assert "sparse" in msg and str(ck / W) in msg and "\n" not in msg, msg
+    assert built == []
+    assert load_checkpoint(good).config.d_model == 32
+
+
+@pytest.mark.parametrize("loader", ["fine-tuned weights", "draft"])
+def test_shipped_side_loaders_refuse_a_sparse_weights_file(tmp_path, loader, built):
+    """load_codebench2_tuned(folder=...) and load_draft(target, path) read a user-given folder:
+    its weights file is compared with the model they build it for before a tensor is read."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from codex_lab.lessons.l06_inference.draft import DRAFT_DIR, load_draft
+    from codex_lab.training.checkpoint import load_codebench2_tuned, load_pretrained, tuned_path
+
+    tuned = loader == "fine-tuned weights"
+    src, name = (tuned_path(), "model_f16.safetensors") if tuned else (DRAFT_DIR, "draft.safetensors")
+    d = tmp_path / "w"
+    shutil.copytree(src, d)
+    raw = (d / name).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    _sparse_file(d / name, raw[: 8 + n], len(raw))  # the same header, the data all holes
+    _skip_without_holes(d / name)
+    target = load_pretrained().model
+    read: list[str] = []
+    import safetensors.torch as st
+
+    def no_read(path, *a, **kw):
+        read.append(str(path))
+        return load_file(path, *a, **kw)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(st, "load_file", no_read)
+        built.clear()
+        with pytest.raises(InputError) as ei:
+            load_codebench2_tuned(folder=d) if loader == "fine-tuned weights" else load_draft(target, d)
+    msg = str(ei.value)
+    assert str(d / name) in msg and "the config declares" in msg and "on disk" in msg and "\n" not in msg, msg
+    assert str(d / name) not in read  # refused from the header: no tensor of the file was read
+    # only the shipped base model was built (the fine-tuned loader builds it first), never one for the file
+    assert len(built) <= 2 and all(c.d_model == target.cfg.d_model for c in built)
+    # the counterfactual: the shipped files load
+    if loader == "fine-tuned weights":
+        assert load_codebench2_tuned().config == target.cfg
+    else:
+        assert len(load_draft(target).layers) >= 1
+
+
+def test_hf_folder_with_a_sparse_weights_file_is_refused_before_transformers_loads_it(hf_folder, tmp_path, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    from codex_lab.hf.folder import hf_param_estimate, load_hf_folder
+
+    d = copy(hf_folder, tmp_path / "hf")
+    cfg = json.loads((d / C).read_text())
+    cfg.update(num_hidden_layers=3, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32,
+               intermediate_size=16384)
+    (d / C).write_text(json.dumps(cfg))
+    n = hf_param_estimate(transformers.AutoConfig.from_pretrained(d, local_files_only=True))
+    header = {"model.embed_tokens.weight": {"dtype": "BF16", "shape": [n], "data_offsets": [0, 2 * n]}}
+    raw = json.dumps(header).encode()
+    _sparse_file(d / "model.safetensors", struct.pack("<Q", len(raw)) + raw, 8 + len(raw) + 2 * n)
+    _skip_without_holes(d / "model.safetensors")
+    monkeypatch.setenv("CODEX_LAB_MAX_LOAD_BYTES", str(1 << 50))
+
+    def never(*a, **kw):
+        raise AssertionError("transformers was asked to load the folder")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", never)
+    with pytest.raises(InputError) as ei:
+        load_hf_folder(d, dtype=torch.bfloat16)
+    msg = str(ei.value)
+    assert f"the config declares {2 * n:,} bytes of weights" in msg and "on disk" in msg, msg
+    assert str(d / C) in msg and str(d / "model.safetensors") in msg and "\n" not in msg, msg
+
+
+def test_gguf_reader_compares_the_file_with_the_model_before_reading_a_tensor(small_tokenizer, tmp_path):
+    pytest.importorskip("gguf")
+    from codex_lab.hf.gguf_export import export_gguf, read_gguf_state
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=small_tokenizer.vocab_size, d_model=64, n_layer=2, n_head=4, max_seq_len=64)
+    model = CodexModel(cfg).eval()
+    path = export_gguf(model, small_tokenizer, tmp_path / "m.gguf")
+    assert set(read_gguf_state(path, model)) >= {"embed.weight", "layers.1.ffn.down_proj.weight"}  # it reads back
+    # another model's shape: refused from the header, naming both figures
+    bigger = CodexModel(ModelConfig(vocab_size=small_tokenizer.vocab_size, d_model=64, n_layer=3, n_head=4,
+                                    max_seq_len=64))
+    with pytest.raises(InputError, match="the config declares .* bytes of weights, the files hold"):
+        read_gguf_state(path, bigger)
+    # the same header, the tensors' bytes holes: refused before one is dequantised
+    import gguf
+
+    start = gguf.GGUFReader(str(path)).data_offset
+    raw = path.read_bytes()
+    _sparse_file(path, raw[:start], len(raw))
+    _skip_without_holes(path)
+    with pytest.raises(InputError, match="on disk"):
+        read_gguf_state(path, model)

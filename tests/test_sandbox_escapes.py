@@ -7,7 +7,9 @@ normal user in userns mode where the machine allows it):
   do not exist in the sandbox, and what it does see is read-only;
 - unmounting a hidden path, or mounting anything, fails (no capability left);
 - memory is capped for the sandbox as a whole (several processes), disk too (several files);
-- a setup failure raises one line naming its cause and the fix, and generated code cannot fake one.
+- a setup failure raises one line naming its cause and the fix, and generated code cannot fake one;
+- two runs at once share no file under /etc (an flock on the shared /etc/hostname carried bits
+  between them), and a thread's first run never sees the "plain" mode set while another probes.
 """
 
 from __future__ import annotations
@@ -322,3 +324,112 @@ print('SURVIVED')
         r = run_python(code, guard=False, timeout_s=30, memory_mb=300)
         assert not r.ok and not r.timed_out, r
         assert "memory budget" in r.stderr, r
+
+
+# Each run: every regular file under /etc (links not followed), its (st_dev, st_ino) and whether an
+# exclusive non-blocking flock on it was granted; the locks are held for HOLD seconds; the clock
+# readings (CLOCK_MONOTONIC, one clock for the whole machine: no time namespace) only establish that
+# one run asked for its locks while the other held all of its own.
+ETC_PROBE = """
+import fcntl, json, os, stat, time
+files = {{}}
+t0 = time.monotonic()
+for d, dirs, names in os.walk('/etc'):
+    for name in names:
+        p = os.path.join(d, name)
+        st = os.lstat(p)
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # /etc/shadow: no read right, so no lock either
+            files[p] = [st.st_dev, st.st_ino, 'unreadable']
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            files[p] = [st.st_dev, st.st_ino, 'locked']
+        except BlockingIOError:
+            files[p] = [st.st_dev, st.st_ino, 'BLOCKED']
+t1 = time.monotonic()
+time.sleep({hold})
+print(json.dumps({{'files': files, 'asked': [t0, t1], 'held_until': time.monotonic()}}))
+"""
+
+
+def _host_etc_inodes() -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of every file under the host's /etc, and of what its links lead to."""
+    out = set()
+    for d, _, names in os.walk("/etc"):
+        for name in names:
+            p = os.path.join(d, name)
+            for look in (os.lstat, os.stat):
+                try:
+                    st = look(p)
+                except OSError:
+                    continue
+                out.add((st.st_dev, st.st_ino))
+    return out
+
+
+@needs_ns
+def test_concurrent_runs_share_no_lockable_file_under_etc():
+    """flock on the shared read-only /etc/hostname carried bits between two runs at once: each run
+    now has its own /etc (copies on a tmpfs of its own), so no file under it is an inode of the host
+    or of the other run, and an exclusive flock held by one never blocks the other."""
+    import json
+
+    for hold in (4, 20):  # a machine too loaded to overlap the runs within 4 s gets a second, longer try
+        out: dict[str, object] = {}
+        runs = [threading.Thread(target=lambda n=n: out.__setitem__(n, run_python(
+            ETC_PROBE.format(hold=hold), guard=False, timeout_s=hold + 60))) for n in "AB"]
+        for t in runs:
+            t.start()
+        for t in runs:
+            t.join()
+        for n in "AB":
+            assert out[n].ok, out[n]
+        a, b = (json.loads(out[n].stdout.strip().splitlines()[-1]) for n in "AB")
+        first, second = sorted((a, b), key=lambda r: r["asked"][1])
+        if first["asked"][1] <= second["asked"][0] and second["asked"][1] <= first["held_until"]:
+            break  # the second run asked for every lock while the first held all of its own
+    else:
+        pytest.fail("the two runs never overlapped (each ran while the other was not holding its locks)")
+    for r in (a, b):
+        assert r["files"], r  # the run sees an /etc (what it needs of it: passwd, the linker's cache...)
+        assert "/etc/hostname" not in r["files"], r  # nothing needs it: not there at all
+        assert all(state != "BLOCKED" for *_, state in r["files"].values()), r
+        if os.path.isfile("/etc/passwd"):
+            assert r["files"]["/etc/passwd"][2] == "locked", r
+    inodes_a = {(dev, ino) for dev, ino, _ in a["files"].values()}
+    inodes_b = {(dev, ino) for dev, ino, _ in b["files"].values()}
+    assert not inodes_a & inodes_b, "two concurrent runs share files under /etc"
+    assert not (inodes_a | inodes_b) & _host_etc_inodes(), "a run's /etc holds the host's own files"
+
+
+@needs_ns
+def test_concurrent_first_runs_never_see_an_interim_plain_mode(monkeypatch):
+    """isolation_mode() set "plain" while its probe ran: a second thread's first run at that moment
+    (the grader runs several at once) was told "plain" and ran unsandboxed (with the host's /etc)."""
+    started, release = threading.Event(), threading.Event()
+    real = sb._RUN
+    probes: list[int] = []
+
+    def held_probe(*args, **kwargs):
+        probes.append(1)
+        if len(probes) == 1:  # the first thread's probe stays in flight until the second has its answer
+            started.set()
+            release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sb, "_MODE", None)
+    monkeypatch.setattr(sb, "_RUN", held_probe)
+    first: list[str] = []
+    t = threading.Thread(target=lambda: first.append(sb.isolation_mode()))
+    t.start()
+    try:
+        assert started.wait(60)
+        second = sb.isolation_mode()  # asked while the first probe is still running
+    finally:
+        release.set()
+        t.join(60)
+    assert second == first[0] == MODE

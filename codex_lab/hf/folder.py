@@ -17,7 +17,6 @@ methods the engine and ``generate`` call (``encode``, ``encode_batch``, ``decode
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -26,7 +25,7 @@ import torch
 from tokenizers import Tokenizer
 
 from codex_lab.data.tokenizer import MAX_TOKENIZER_BYTES, CodeTokenizer
-from codex_lab.data.weights_file import check_budget, read_safetensors_header
+from codex_lab.data.weights_file import check_budget, check_weights_held, safetensors_sizes
 from codex_lab.errors import InputError, MissingFileError
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
@@ -225,21 +224,22 @@ def check_hf_weights(path: Path, hf_cfg: Any, dtype: torch.dtype) -> None:
     """Refuse a folder before transformers allocates anything for it: every ``*.safetensors``
     header must match its file (declared sizes within the file), the weights must cover the
     model ``config.json`` describes (else transformers would allocate and randomly fill the
-    rest), and the two copies that exist during conversion must fit the memory budget.
+    rest) and be on disk, not holes of a sparse file
+    (:func:`~codex_lab.data.weights_file.check_weights_held`), and the two copies that exist
+    during conversion must fit the memory budget.
 
     Raises:
         InputError: one line naming the file and the fix.
     """
-    numel = 0
-    for f in sorted(path.glob("*.safetensors")):
-        numel += sum(math.prod(shape) for shape, _ in read_safetensors_header(f).values())
+    files = {f: safetensors_sizes(f) for f in sorted(path.glob("*.safetensors"))}
+    numel = sum(n for n, _ in files.values())
     try:
         n_params = hf_param_estimate(hf_cfg)
     except (AttributeError, TypeError, ValueError) as exc:
         raise InputError(f"{path / 'config.json'}: {exc}; re-save the folder with save_pretrained") from None
-    if numel < 0.98 * n_params:  # 2%: biases and norms the estimate leaves out only add to numel
-        raise InputError(f"{path / 'config.json'}: describes {n_params:,} parameters but the *.safetensors files "
-                         f"hold {numel:,}; the config and weights come from different models, re-save the folder")
+    # not exact: biases and norms the estimate leaves out only add to the files' count (2% slack)
+    check_weights_held(path / "config.json", n_params, files, exact=False,
+                       fix="the config and weights come from different models, re-save the folder with save_pretrained")
     per = torch.empty(0, dtype=dtype).element_size()
     # the Hugging Face model and the converted one are both in memory during the conversion
     check_budget(2 * per * max(n_params, numel), path / "config.json",

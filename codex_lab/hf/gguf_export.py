@@ -18,6 +18,14 @@ Fill-in-the-middle: the sentinels' ids are written under llama.cpp's keys
 ``tokenizer.ggml.fim_pre_token_id`` / ``fim_suf_token_id`` / ``fim_mid_token_id`` (and
 ``eot_token_id``), so llama.cpp's infill (``/infill``) finds them without a table of its own.
 
+Where generation ends: every id of :func:`~codex_lab.hf.export.stop_token_ids` (end-of-text
+and the FIM sentinels, where codex-lab ends a plain answer) is a CONTROL token, and
+``eos_token_id`` / ``eot_token_id`` are end-of-text. llama.cpp ends generation at eos, eot,
+eom, ``fim_pad`` / ``fim_rep`` / ``fim_sep`` and a fixed list of token texts (``<|endoftext|>``
+among them), not at ``fim_pre`` / ``fim_suf`` / ``fim_mid``, and GGUF has no key for more
+end ids: a llama.cpp run that samples a sentinel outside FIM goes on (a control token, it
+shows no text), where codex-lab and the exported Hugging Face folder stop.
+
 Tensor types (``gguf_type``), as ``convert_hf_to_gguf.py --outtype`` writes them: ``f32``;
 ``f16`` (the 2-D weights in half precision, the 1-D norm weights kept in F32 as llama.cpp
 does); ``q8_0`` (the 2-D weights in llama.cpp's Q8_0: blocks of 32 values sharing one F16
@@ -87,11 +95,21 @@ def _encode(name: str, arr: np.ndarray, gguf_type: str) -> tuple[np.ndarray, Any
 def read_gguf_state(path: str | Path, model: CodexModel) -> dict[str, torch.Tensor]:
     """The state dict of ``model``'s shape read back from a GGUF this module wrote: every tensor
     dequantised to float32 (gguf-py's reader and ``gguf.quants.dequantize``) and q / k
-    un-permuted to codex_lab's RoPE layout. Load it with ``model.load_state_dict(..., strict=False)``."""
+    un-permuted to codex_lab's RoPE layout. Load it with ``model.load_state_dict(..., strict=False)``.
+
+    Before any tensor is read, the values the file declares must be the ``model``'s parameters
+    and really on disk (:func:`~codex_lab.data.weights_file.check_weights_held`): a file
+    declaring more, or a sparse one, is an InputError instead of an allocation of its size.
+    """
     import gguf
 
+    from codex_lab.data.weights_file import check_weights_held, config_param_estimate
+
     cfg = model.cfg
-    r = gguf.GGUFReader(str(path))
+    r = gguf.GGUFReader(str(path))  # memory-maps the file: the header is parsed, no tensor is read yet
+    sizes = (sum(int(t.n_elements) for t in r.tensors), sum(int(t.n_bytes) for t in r.tensors))
+    check_weights_held(Path(path), config_param_estimate(cfg), {Path(path): sizes},
+                       fix="the GGUF was exported from another model: export it again from this one (export_gguf)")
     got: dict[str, np.ndarray] = {}
     for t in r.tensors:
         arr = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
@@ -178,9 +196,13 @@ def _add_tokenizer(w: Any, tokenizer: CodeTokenizer, vocab_size: int) -> None:
     if model.get("type") != "BPE" or pre.get("type") != "ByteLevel":
         raise ValueError(f"GGUF export supports byte-level BPE tokenizers; this one is {model.get('type')} with "
                          f"pre-tokenizer {pre.get('type')}")
+    from codex_lab.hf.export import stop_token_ids
+
     vocab = tokenizer.tok
     tokens = [vocab.id_to_token(i) or f"[PAD{i}]" for i in range(vocab_size)]  # ids past the tokenizer: unused rows
     special = {t.content for t in vocab.get_added_tokens_decoder().values() if t.special} | set(SPECIAL_TOKENS)
+    stops = stop_token_ids(tokenizer)  # where codex-lab ends a plain answer: control tokens, end-of-text first
+    special |= {tokens[i] for i in stops if i < vocab_size}
     types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     w.add_tokenizer_model("gpt2")
@@ -188,12 +210,15 @@ def _add_tokenizer(w: Any, tokenizer: CodeTokenizer, vocab_size: int) -> None:
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
-    w.add_eos_token_id(tokenizer.eot_id)
-    w.add_eot_token_id(tokenizer.eot_id)  # end of an infill too
+    # eot and the FIM keys by llama.cpp's key names, which gguf-py releases before them lack as constants
+    keys = gguf.Keys.Tokenizer
+    w.add_eos_token_id(stops[0])  # end-of-text
+    w.add_uint32(getattr(keys, "EOT_ID", "tokenizer.ggml.eot_token_id"), stops[0])  # end of an infill too
     w.add_pad_token_id(tokenizer.pad_id)
     # llama.cpp's FIM keys (llama-vocab reads them for /infill): the sentinels the tokenizer has
-    keys = gguf.Keys.Tokenizer
-    for key, token in ((keys.FIM_PRE_ID, FIM_PREFIX), (keys.FIM_SUF_ID, FIM_SUFFIX), (keys.FIM_MID_ID, FIM_MIDDLE)):
+    for key, token in ((getattr(keys, "FIM_PRE_ID", "tokenizer.ggml.fim_pre_token_id"), FIM_PREFIX),
+                       (getattr(keys, "FIM_SUF_ID", "tokenizer.ggml.fim_suf_token_id"), FIM_SUFFIX),
+                       (getattr(keys, "FIM_MID_ID", "tokenizer.ggml.fim_mid_token_id"), FIM_MIDDLE)):
         idx = vocab.token_to_id(token)
         if idx is not None:
             w.add_uint32(key, idx)

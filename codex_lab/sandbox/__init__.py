@@ -99,7 +99,9 @@ def isolation_mode() -> str:
     if os.environ.get("CODEX_LAB_SANDBOX") == "plain" or sys.platform != "linux":
         return "plain"
     if _MODE is None:
-        _MODE = "plain"
+        # decided in a local and published once: two threads' first runs at once (the grader's
+        # pool) must not see a "plain" set only while the probe runs, which ran one unsandboxed
+        mode = "plain"
         unshare = shutil.which("unshare")
         if unshare:
             flags = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
@@ -107,9 +109,10 @@ def isolation_mode() -> str:
                 probe = _RUN([unshare, *flags, "--net", "--ipc", "--pid", "--fork", "--kill-child", "--mount",
                               "--mount-proc", "true"], capture_output=True, timeout=10)
                 if probe.returncode == 0:
-                    _MODE = "root" if os.geteuid() == 0 else "userns"
+                    mode = "root" if os.geteuid() == 0 else "userns"
             except (OSError, subprocess.TimeoutExpired):
                 pass
+        _MODE = mode
     return _MODE
 
 
@@ -132,7 +135,7 @@ def _systemd_scope_ok() -> bool:
     Checked once by running ``cat`` of the scope's own ``memory.max`` under a 64 MiB limit."""
     global _SCOPE
     if _SCOPE is None:
-        _SCOPE = False
+        ok = False  # published once decided, as in isolation_mode: no interim answer for other threads
         tool, mnt = shutil.which("systemd-run"), _cgroup2_mount()
         if tool and mnt and os.geteuid() != 0 and os.environ.get("XDG_RUNTIME_DIR"):
             probe = f"cat {mnt}$(sed -n 's/^0:://p' /proc/self/cgroup)/memory.max"
@@ -142,9 +145,10 @@ def _systemd_scope_ok() -> bool:
                          env={"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": os.environ["XDG_RUNTIME_DIR"],
                               **({"DBUS_SESSION_BUS_ADDRESS": os.environ["DBUS_SESSION_BUS_ADDRESS"]}
                                  if "DBUS_SESSION_BUS_ADDRESS" in os.environ else {})})
-                _SCOPE = r.returncode == 0 and r.stdout.strip() == str(64 * _MB)
+                ok = r.returncode == 0 and r.stdout.strip() == str(64 * _MB)
             except (OSError, subprocess.TimeoutExpired):
                 pass
+        _SCOPE = ok
     return _SCOPE
 
 

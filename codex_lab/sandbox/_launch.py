@@ -5,8 +5,10 @@ Started by :func:`codex_lab.sandbox.run_python` as ``unshare ... python -I -S _l
 too). It never imports codex_lab. Steps:
 
 1. A new root on an empty tmpfs. Into it, read-only bind mounts (submounts read-only too) of
-   exactly what the child needs: the system folders (/usr, /etc, /bin, /lib*), a fresh
-   read-only sysfs of the sandbox's network namespace (no host interface, no cgroupfs), the
+   exactly what the child needs: the system folders (/usr, /bin, /lib*), a fresh
+   read-only sysfs of the sandbox's network namespace (no host interface, no cgroupfs), a
+   read-only /etc of per-run copies of the few files a child uses (not the host's: an
+   ``flock`` on a file two concurrent runs share crosses between them), the
    Python installation and its
    environment (every ``expose`` path, each bound at its own path: folders above it are
    fresh 0755 folders of the new root, so a private home (0700) on the way is no obstacle and

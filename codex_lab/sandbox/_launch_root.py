@@ -1,14 +1,26 @@
 """The sandbox's own root filesystem, steps 1-4 of the launcher (:mod:`codex_lab.sandbox._launch`):
 mount flags and calls, read-only binds of the system folders and exposed paths (symlinks on the
 way recreated, submounts read-only too), a fresh /proc, a minimal /dev, /sys of the sandbox's
-network namespace, the one scratch tmpfs (the disk budget), empty mounts over hidden paths;
-then entering it: joining the run's cgroup, ``pivot_root``, detaching the old root.
+network namespace, a per-run /etc of copies, the one scratch tmpfs (the disk budget), empty
+mounts over hidden paths; then entering it: joining the run's cgroup, ``pivot_root``, detaching
+the old root.
+
+/etc is not bound from the host: a file bound into two sandboxes running at once is one inode
+in both, and an ``flock`` on it (allowed on a read-only file) is seen by the other, so
+``/etc/hostname`` carried bits between two concurrent runs. The few /etc files a Python child
+uses (:data:`ETC_FILES`, :data:`ETC_TREES`) are copied into a tmpfs of the run's own, read-only
+once built; the rest of /etc (hostname, machine-id, the host's service configuration) is absent.
+The links copied as links (alternatives, fontconfig's conf.d) lead where the host's do, mostly
+into /usr, which like every other read-only bind (system folders, the Python installation, the
+/dev nodes) is still one inode for all runs.
 """
 
 import ctypes
 import os
 import platform
 import shutil
+import stat
+import sys
 
 from ._launch_base import SetupError, _libc
 
@@ -18,7 +30,19 @@ MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 ST_FLAGS = ((1, MS_RDONLY), (2, MS_NOSUID), (4, MS_NODEV), (8, MS_NOEXEC), (1024, MS_NOATIME),
             (2048, MS_NODIRATIME), (4096, MS_RELATIME))
 MNT_DETACH = 2
-SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # not /etc: see ETC_FILES
+# /etc files a child uses (traced: the dynamic linker, name-service and passwd lookups, the time
+# zone, mimetypes, platform, ssl, socket's services and protocols), each copied (symlinks
+# followed) into the run's own /etc; absent on the host, absent in the sandbox. shadow and
+# gshadow are empty placeholders (see _copy_etc_file): the refusal to read them stays as it was.
+ETC_FILES = ("ld.so.cache", "ld.so.preload", "nsswitch.conf", "passwd", "group", "shadow", "gshadow", "hosts",
+             "host.conf", "gai.conf", "resolv.conf", "services", "protocols", "networks", "localtime", "timezone",
+             "locale.alias", "mime.types", "os-release", "ssl/openssl.cnf")
+# /etc folders copied whole: their symlinks recreated as symlinks (alternatives: /usr/bin/cc ->
+# /etc/alternatives/cc -> the compiler; fonts: fontconfig's conf.d links), files copied
+# (Debian's python3.X/sitecustomize.py, which the system Python's site imports)
+ETC_TREES = ("alternatives", "fonts", "python3", "python%d.%d" % sys.version_info[:2])
+ETC_MAX_FILE_BYTES = 16 << 20  # a config file; anything larger is not copied
 SYS_MOUNT_SETATTR, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, 0x8000, 1  # same number on x86_64 and aarch64
 DEVICES = ("null", "zero", "full", "random", "urandom")
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
@@ -84,7 +108,7 @@ def _bind_ro(root: str, src: str, recursive: bool = True) -> None:
 
 def _submounts_ro(dst: str) -> None:
     """Make every mount below ``dst`` read-only too (a read-only remount of a recursive bind
-    covers only its top mount: /etc/hosts bound by a container runtime, or anything mounted
+    covers only its top mount: a file bound by a container runtime, or anything mounted
     under an exposed path, would stay writable). ``mount_setattr`` (Linux 5.12) does it at
     once; older kernels get each submount of /proc/self/mountinfo remounted."""
     class Attr(ctypes.Structure):
@@ -100,6 +124,97 @@ def _submounts_ro(dst: str) -> None:
     for mp in points:
         if mp.startswith(dst.rstrip("/") + "/"):
             _mount(None, mp, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _lock_flags(mp), None)
+
+
+def _etc_plan() -> list:
+    """What the run's /etc holds: ``(path inside /etc, kind, source)`` with kind ``"dir"``,
+    ``"link"`` (source: the link's target, recreated as it is) or ``"file"`` (source: the host
+    file to copy, symlinks followed), for :data:`ETC_FILES` and :data:`ETC_TREES` as the host has them."""
+    plan: list = []
+    made: set = set()
+
+    def parents(rel: str) -> None:
+        d = os.path.dirname(rel)
+        if d and d not in made:
+            parents(d)
+            made.add(d)
+            plan.append((d, "dir", None))
+
+    for rel in ETC_FILES:
+        src = os.path.join("/etc", rel)
+        if os.path.isfile(src):  # follows a symlink (os-release -> ../usr/lib/os-release): the content is copied
+            parents(rel)
+            plan.append((rel, "file", src))
+    for top in ETC_TREES:
+        base = os.path.join("/etc", top)
+        if os.path.islink(base) or not os.path.isdir(base):
+            continue
+        for dirpath, dirnames, filenames in os.walk(base):  # never follows links into other folders
+            rel_dir = os.path.relpath(dirpath, "/etc")
+            parents(os.path.join(rel_dir, "x"))
+            for name in sorted(dirnames + filenames):
+                src = os.path.join(dirpath, name)
+                rel = os.path.join(rel_dir, name)
+                if os.path.islink(src):
+                    plan.append((rel, "link", os.readlink(src)))
+                elif name in filenames and os.path.isfile(src):
+                    plan.append((rel, "file", src))
+    return plan
+
+
+def _copy_etc_file(src: str, dst: str) -> None:
+    """Copy one /etc file for the child: content and permission bits, owned by the launcher. A file
+    the child could not read on the host (not world-readable: shadow, gshadow) becomes an empty
+    placeholder with the same bits, so no byte of it enters the sandbox and reading it is refused
+    as before; so does a file over :data:`ETC_MAX_FILE_BYTES` or one the launcher cannot read."""
+    st = os.stat(src)
+    data = b""
+    if st.st_mode & stat.S_IROTH and st.st_size <= ETC_MAX_FILE_BYTES:
+        try:
+            with open(src, "rb") as f:
+                data = f.read(ETC_MAX_FILE_BYTES)
+        except OSError:
+            data = b""
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o755)  # never set-id or writable by others
+    finally:
+        os.close(fd)
+
+
+def _size(path: str) -> int:
+    """Bytes of ``path`` (symlinks followed), 0 if it vanished since it was listed."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _build_etc(root: str) -> str:
+    """The run's own /etc (:data:`ETC_FILES`, :data:`ETC_TREES`) on a tmpfs sized for it; returns
+    its path. Left writable here (exposed paths and hide mounts may still add to it);
+    :func:`build_root` makes it read-only once the root is complete."""
+    plan = _etc_plan()
+    page = 4096
+    # every file takes whole pages of the tmpfs; 256 KiB and 256 inodes spare for the links
+    # and mount points that exposed and hidden paths may still add under /etc
+    size = sum(-(-min(_size(src), ETC_MAX_FILE_BYTES) // page) * page for _, kind, src in plan if kind == "file")
+    size += 256 << 10
+    etc = _inside(root, "/etc")
+    os.makedirs(etc, mode=0o755, exist_ok=True)
+    _mount("tmpfs", etc, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes={len(plan) + 256},mode=0755")
+    for rel, kind, src in plan:
+        dst = os.path.join(etc, rel)
+        if kind == "dir":
+            os.makedirs(dst, mode=0o755, exist_ok=True)
+        elif kind == "link":
+            os.symlink(src, dst)
+        elif os.path.isfile(src):  # still there (a file removed on the host meanwhile is left out)
+            _copy_etc_file(src, dst)
+    return etc
 
 
 def _outermost(paths) -> list:
@@ -150,6 +265,8 @@ def build_root(cfg: dict) -> None:
         dst = _inside(root, at)
         os.makedirs(dst, mode=0o755, exist_ok=True)
         _mount(src, dst, None, MS_BIND, None)
+    # /etc: per-run copies, not the host's inodes (an flock on a shared one crosses between runs)
+    etc = _build_etc(root)
     # after the scratch mounts: an environment or clone under /tmp (as CI makes) is bound on top
     seen: set = set()
     system = [p for p in SYSTEM if os.path.lexists(p)]
@@ -176,6 +293,8 @@ def build_root(cfg: dict) -> None:
             _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
         elif not os.path.lexists(dst) and os.path.isdir(h):  # an empty read-only folder at its path
             os.makedirs(dst, mode=0o555)
+    # /etc holds only the copies: read-only like the host's (in userns mode the child is its owner)
+    _mount(None, etc, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     # /dev holds only the device binds and the links: read-only (in userns mode the child is its owner)
     _mount(None, dev, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC, None)
 

@@ -26,7 +26,10 @@ from codex_lab.errors import InputError, MissingFileError
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.data.tokenizer import CodeTokenizer
-from codex_lab.data.weights_file import check_budget, config_param_estimate, read_safetensors_header
+from codex_lab.data.weights_file import (
+    check_budget, check_weights_held, config_param_estimate, config_weight_numel, header_bytes,
+    read_safetensors_header,
+)
 
 WEIGHTS, CONFIG, TOKENIZER, META = "model.safetensors", "config.json", "tokenizer.json", "meta.json"
 
@@ -219,40 +222,54 @@ def load_config(path: str | Path) -> ModelConfig:
     return cfg
 
 
-def check_weights_header(path: str | Path, cfg: ModelConfig) -> None:
-    """Compare a safetensors file's header (names, shapes, dtypes) with the model ``cfg`` describes.
+def check_weights_header(path: str | Path, cfg: ModelConfig, config_path: str | Path | None = None) -> None:
+    """Compare a safetensors file's header (sizes, names, shapes, dtypes) with the model ``cfg`` describes.
 
     Every declared tensor must lie inside the file with the byte size its shape implies
-    (:func:`~codex_lab.data.weights_file.read_safetensors_header`). The model is built on the meta device (no memory), so a config that does not match the
-    weights is refused before anything is allocated.
+    (:func:`~codex_lab.data.weights_file.read_safetensors_header`). Then, from the config alone
+    (no model built, not even on the meta device), the weight bytes it implies must equal the
+    bytes the file declares and those bytes must really be on disk
+    (:func:`~codex_lab.data.weights_file.check_weights_held`: a config edited to declare 2.5 GiB,
+    or a sparse 2.5 GiB file taking 4 KiB on disk, is refused here). Only then is the model
+    built, on the meta device (no memory), to compare names and shapes.
+
+    Args:
+        path: the safetensors file.
+        cfg: the config the weights must fit.
+        config_path: the file ``cfg`` was read from, named in errors (default: ``config.json`` beside ``path``).
 
     Raises:
-        InputError: the file is truncated/garbage, or names/shapes do not match (names the file).
+        InputError: the file is truncated/garbage, holds another amount of weights than the
+            config declares, or names/shapes do not match (names the file).
     """
     path = Path(path)
+    config_path = Path(config_path) if config_path is not None else path.parent / CONFIG
     # declared sizes against the file's size, before anything is allocated for them
     header = read_safetensors_header(path)
+    numel = sum(math.prod(shape) for shape, _ in header.values())
+    # the config's weight bytes against the file's, before any model (even a meta one) is built
+    check_weights_held(config_path, config_weight_numel(cfg), {path: (numel, header_bytes(header))})
     try:
         with torch.device("meta"):
             shape_model = CodexModel(cfg)
     except (ValueError, TypeError, KeyError, RuntimeError) as exc:  # e.g. a bad attention pattern spec
-        raise InputError(f"{path.parent / CONFIG}: {_one_line(exc)}; re-save the checkpoint or repair the file by hand") from None
+        raise InputError(f"{config_path}: {_one_line(exc)}; re-save the checkpoint or repair the file by hand") from None
     groups: dict[int, list[str]] = {}  # tied parameters share one tensor and are stored once
     for name, p in shape_model.named_parameters(remove_duplicate=False):
         groups.setdefault(id(p), []).append(name)
     expected = {n: tuple(t.shape) for n, t in shape_model.state_dict().items()}
     extra = sorted(set(header) - set(expected))
     if extra:
-        raise InputError(f"{path}: tensors {extra[:3]} are not in the model {path.parent / CONFIG} describes; {_REDO}")
+        raise InputError(f"{path}: tensors {extra[:3]} are not in the model {config_path} describes; {_REDO}")
     param_names = {n for names in groups.values() for n in names}
     wanted = [names for names in groups.values()] + [[n] for n in expected if n not in param_names]
     absent = [names[0] for names in wanted if not any(n in header for n in names)]
     if absent:
-        raise InputError(f"{path}: missing tensors {absent[:3]} for the model {path.parent / CONFIG} describes; {_REDO}")
+        raise InputError(f"{path}: missing tensors {absent[:3]} for the model {config_path} describes; {_REDO}")
     for n, (shape, dtype) in header.items():
         if shape != expected[n]:
             raise InputError(
-                f"{path}: {n} has shape {list(shape)} but {path.parent / CONFIG} implies {list(expected[n])}; "
+                f"{path}: {n} has shape {list(shape)} but {config_path} implies {list(expected[n])}; "
                 "the config and weights come from different models, re-save the checkpoint"
             )
         if dtype not in ("F16", "BF16", "F32", "F64"):
@@ -375,6 +392,8 @@ def load_codebench2_tuned(device: torch.device | str | None = None, *, folder: s
         raise MissingFileError(f"no fine-tuned weights at {str(weights)!r}; make them with `python "
                                "scripts/l05_calibrate_shipped.py --steps 1000 --n 48 --save codex_lab/assets/cb2_tuned`")
     base = load_pretrained()
+    # the file against the shipped config (sizes, bytes on disk, names, shapes) before the model is built
+    check_weights_header(weights, base.config, pretrained_path() / CONFIG)
     model = CodexModel(base.config).to(torch.float16)
     try:
         load_model(model, str(weights), strict=True)

@@ -276,13 +276,26 @@ def draft_meta(path: str | Path = DRAFT_DIR) -> dict[str, Any]:
 def load_draft(target: CodexModel, path: str | Path = DRAFT_DIR) -> CodexModel:
     """The shipped distilled draft around ``target`` (which must be the shipped model: the
     draft reads its embedding and head). Weights are stored in float16 and loaded in the
-    target's dtype and device."""
+    target's dtype and device.
+
+    The file's header is checked before its tensors are read: the draft's weights (its block(s)
+    and norm, at most the target's own) must be what the file declares and really on disk
+    (:func:`~codex_lab.data.weights_file.check_weights_held`), so a file declaring more, or a
+    sparse one, is an InputError instead of an allocation of whatever it declares.
+    """
     from safetensors.torch import load_file
 
+    from codex_lab.data.weights_file import check_weights_held, safetensors_sizes
+
     meta = draft_meta(path)
-    draft = make_draft(target, int(meta["config"]["n_layer"]))
+    draft = make_draft(target, int(meta["config"]["n_layer"]))  # bounded: copies of the target's own blocks
+    weights = Path(path) / "draft.safetensors"
+    want = sum(t.numel() for t in draft_state(draft).values())
+    check_weights_held(Path(path) / "meta.json", want, {weights: safetensors_sizes(weights)},
+                       fix="the draft was made for another target: remake it "
+                           "(python -m codex_lab.lessons.l06_inference.draft)")
     ref = next(target.parameters())
-    state = {k: v.to(device=ref.device, dtype=ref.dtype) for k, v in load_file(str(Path(path) / "draft.safetensors")).items()}
+    state = {k: v.to(device=ref.device, dtype=ref.dtype) for k, v in load_file(str(weights)).items()}
     missing = set(draft_state(draft)) - set(state)
     if missing:
         raise ValueError(f"{path}: the draft file lacks {sorted(missing)[:3]}")
