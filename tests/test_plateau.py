@@ -56,3 +56,22 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="chunk"):
         train_to_plateau([seed_of(lambda s: 1.0)], arm="x", chunk=100, max_steps=10, higher_is_better=False,
                          min_change=0.01)
+
+
+def test_an_arm_that_overfits_is_compared_at_its_best_checkpoint():
+    """Loss falls to a minimum at step 400 then rises (a small task over-fitting): the rule says
+    "degrading"; with snapshot/restore the arm goes back to its best chunk end and is trained
+    there (early stopping on validation). Without them it stays degrading (the counterfactual)."""
+    def fn(s: int) -> float:
+        return 2.0 + ((s - 400) / 400) ** 2
+
+    snaps, restored = [], []
+    seeds = [seed_of(fn) for _ in range(3)]
+    run = train_to_plateau(seeds, arm="small", chunk=100, max_steps=3000, min_steps=300, higher_is_better=False,
+                           min_change=0.01, snapshot=lambda: len(snaps) or snaps.append(1) or len(snaps),
+                           restore=restored.append)
+    assert run.state.trained and run.best_step == 400 and restored and "past its best" in run.state.describe()
+    assert run.extension_steps == 0 and "best checkpoint, step 400" in run.describe()
+    plain = train_to_plateau([seed_of(fn) for _ in range(3)], arm="small", chunk=100, max_steps=3000, min_steps=300,
+                             higher_is_better=False, min_change=0.01)
+    assert plain.state.state == "degrading" and plain.best_step is None

@@ -12,6 +12,11 @@ took again, and the arm's mean held-out value must move by less than ``min_chang
 the rule's own test: an arm the rule called trained that still moves by more than what the
 claim cares about would show the rule wrong, and the report prints it either way.
 
+An arm whose held-out value turns worse (over-fitting: a small task fine-tuned alone) has passed
+its best: with ``snapshot``/``restore`` its seeds go back to the chunk end where the arm's mean
+held-out value was best, and the arm is compared there (early stopping on validation, never on
+test); :func:`plateau_state` calls that checkpoint trained and says so.
+
 Each seed is driven through one function, ``advance(n) -> curve``, that trains ``n`` more steps
 and returns the seed's whole held-out curve so far ((step, value) pairs), for example a
 :class:`codex_lab.training.finetune.FinetuneSession` wrapped to return its mean validation
@@ -21,8 +26,8 @@ loss per evaluation.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
 
 from codex_lab.stats import DEGRADING, TRAINED
 from codex_lab.training_state import TrainingState, training_state
@@ -53,6 +58,7 @@ class PlateauRun:
     extension_steps: int = 0
     extension_change: float = math.nan
     extended_curves: list[Curve] = field(default_factory=list)
+    best_step: int | None = None  # early stopping: the checkpoint the arm is compared at (None: the last step)
 
     @property
     def confirmed(self) -> bool:
@@ -62,6 +68,8 @@ class PlateauRun:
     def describe(self) -> str:
         """One line: the state at the stopping point and the extension check."""
         s = f"{self.arm}: {self.state.short()} at {self.steps} steps per seed" + ("" if self.reached else " (the cap)")
+        if self.best_step is not None:
+            s += f", compared at its best checkpoint, step {self.best_step} (it got worse after)"
         if self.extension_steps:
             s += (f"; {self.extension_steps} more steps moved it {self.extension_change:+.3g} "
                   f"({'within' if self.confirmed else 'beyond'} min_change {self.min_change:g})")
@@ -72,32 +80,79 @@ def _mean_last(curves: Sequence[Curve]) -> float:
     return sum(c[-1][1] for c in curves) / len(curves)
 
 
+def best_step(curves: Sequence[Curve], *, higher_is_better: bool, every: int) -> tuple[float, float]:
+    """(step, mean value) of the best mean held-out value over the seeds, among the evaluations
+    at multiples of ``every`` steps after step 0 (the chunk ends, where a run can be restored)."""
+    steps = [s for s, _ in curves[0]]
+    sign = 1.0 if higher_is_better else -1.0
+    cands = [(i, s) for i, s in enumerate(steps) if s > 0 and round(s) % every == 0]
+    if not cands:
+        raise ValueError(f"no evaluation at a multiple of {every} steps")
+    i, s = max(cands, key=lambda t: sign * sum(c[t[0]][1] for c in curves))
+    return s, sum(c[i][1] for c in curves) / len(curves)
+
+
+def plateau_state(curves: Sequence[Curve], *, higher_is_better: bool, min_change: float, arm: str, every: int,
+                  margin: float | None = None, chance: float | None = None) -> TrainingState:
+    """The training-state rule, with early stopping: an arm the rule calls "degrading" whose best
+    chunk-end evaluation (:func:`best_step`) lies before its last is past its best, and is
+    "trained" at that checkpoint (the reason says where and by how much it then got worse)."""
+    st = training_state(curves, higher_is_better=higher_is_better, min_change=min_change, arm=arm, margin=margin,
+                        chance=chance)
+    if st.state != DEGRADING or not all(math.isfinite(v) for c in curves for _, v in c):
+        return st
+    step, value = best_step(curves, higher_is_better=higher_is_better, every=every)
+    if step >= curves[0][-1][0]:
+        return st
+    return replace(st, state=TRAINED, final=value,
+                   reason=f"past its best: the mean held-out value was {value:.4g} at step {step:g} and then worsened to "
+                          f"{_mean_last(curves):.4g} by step {curves[0][-1][0]:g} (projected change {st.change:+.3g} per "
+                          f"quarter); compared at its best checkpoint, step {step:g} (early stopping on validation)")
+
+
 def train_to_plateau(advance: Sequence[Advance], *, arm: str, chunk: int, max_steps: int, higher_is_better: bool,
                      min_change: float, min_steps: int = 0, margin: float | None = None,
                      chance: float | None = None, extend: float = EXTEND,
-                     before_extension: Callable[[], None] | None = None) -> PlateauRun:
+                     before_extension: Callable[[], None] | None = None,
+                     snapshot: Callable[[], Any] | None = None, restore: Callable[[Any], None] | None = None) -> PlateauRun:
     """Train every seed (one ``advance`` per seed) ``chunk`` steps at a time until the arm is
     trained, degrading, or at ``max_steps``; then, if ``extend`` > 0 and the arm was called
     trained, train ``ceil(extend x steps)`` more (in chunks) and record how far the arm's mean
     held-out value moved. The rule's arguments (``higher_is_better``, ``min_change``,
     ``margin``, ``chance``) are :func:`codex_lab.training_state.training_state`'s.
     ``before_extension``: called at the stopping point, before the extension trains on (score
-    the models there: the verdict is read where the rule stopped)."""
+    the models there: the verdict is read where the rule stopped). ``snapshot()`` (after each
+    chunk) and ``restore(snap)``: with both, an arm that turns worse is restored to the chunk end
+    of its best mean held-out value and judged there (:func:`plateau_state`)."""
     if not advance:
         raise ValueError(f"arm {arm}: give one advance function per seed")
     if chunk < 1 or max_steps < chunk:
         raise ValueError(f"arm {arm}: chunk ({chunk}) must be >= 1 and max_steps ({max_steps}) >= chunk")
     steps = 0
     curves: list[Curve] = []
+    sign = 1.0 if higher_is_better else -1.0
+    best: tuple[float, int, Any] | None = None  # (mean value, step, snapshot) at the best chunk end so far
+    early = snapshot is not None and restore is not None
     while True:
         curves = [list(a(chunk)) for a in advance]
         steps += chunk
+        if early and (best is None or sign * _mean_last(curves) > sign * best[0]):
+            best = (_mean_last(curves), steps, snapshot())  # type: ignore[misc]
         st = training_state(curves, higher_is_better=higher_is_better, min_change=min_change, arm=arm, margin=margin,
                             chance=chance)
         if steps >= min_steps and st.state in (TRAINED, DEGRADING):
             break
         if steps + chunk > max_steps:
             break
+    if early and st.state == DEGRADING:
+        st = plateau_state(curves, higher_is_better=higher_is_better, min_change=min_change, arm=arm, every=chunk,
+                           margin=margin, chance=chance)
+        if st.state == TRAINED and best is not None and best[1] < steps:
+            restore(best[2])  # type: ignore[misc]
+            run = PlateauRun(arm, steps, st, True, curves, min_change, best_step=best[1])
+            if before_extension is not None:
+                before_extension()
+            return run  # no extension: the rise itself showed that more training does not help
     run = PlateauRun(arm, steps, st, st.state == TRAINED, curves, min_change)
     if before_extension is not None:
         before_extension()
@@ -115,4 +170,4 @@ def train_to_plateau(advance: Sequence[Advance], *, arm: str, chunk: int, max_st
     return run
 
 
-__all__ = ["EXTEND", "PlateauRun", "train_to_plateau"]
+__all__ = ["EXTEND", "PlateauRun", "best_step", "plateau_state", "train_to_plateau"]

@@ -76,10 +76,19 @@ def run_arm(setup: PlateauSetup, arm: str, *, tok: Any, ts: Any) -> dict[str, An
         for seed, m in zip(setup.seeds, models):
             scores.append(score_model(copy.deepcopy(m), tok, test_problems(setup, seed, fams), setup.max_new_tokens))
 
+    def snapshot() -> list[dict[str, Any]]:
+        return [copy.deepcopy(m.state_dict()) for m in models]
+
+    def restore(snap: list[dict[str, Any]]) -> None:
+        for m, sd in zip(models, snap):
+            m.load_state_dict(sd)
+
+    # a specialist on a small family over-fits: it is restored to its best chunk end (early stopping on validation)
     run = train_to_plateau([advance_of(s) for s in sessions], arm=arm, chunk=setup.chunk, max_steps=setup.max_steps,
                            min_steps=setup.min_steps, higher_is_better=False, min_change=setup.min_change,
-                           extend=setup.extend, before_extension=score_now)
-    return {"arm": arm, "steps": run.steps, "reached": run.reached, "state": run.state.describe(),
+                           extend=setup.extend, before_extension=score_now, snapshot=snapshot, restore=restore)
+    return {"arm": arm, "steps": run.steps, "best_step": run.best_step, "reached": run.reached,
+            "state": run.state.describe(),
             "curves": run.curves, "extension_steps": run.extension_steps, "extension_change": run.extension_change,
             "scores": scores, "examples_seen": run.steps * setup.batch_size * len(setup.seeds),
             "cpu_s": time.process_time() - t0}
@@ -96,11 +105,13 @@ class PlateauResults:
     cpu_s: float = 0.0
 
     def states(self) -> dict[str, Any]:
-        """Each arm's training state at its stopping point (the specialists one by one)."""
-        from codex_lab.training_state import training_state
+        """Each arm's training state at its stopping point (the specialists one by one); an arm past
+        its best is trained at its best chunk end (:func:`codex_lab.training.plateau.plateau_state`)."""
+        from codex_lab.training.plateau import plateau_state
 
-        return {a: training_state([[tuple(p) for p in c] for c in r["curves"]], higher_is_better=False,
-                                  min_change=self.setup.min_change, arm=a) for a, r in self.arms.items()}
+        return {a: plateau_state([[tuple(p) for p in c] for c in r["curves"]], higher_is_better=False,
+                                 min_change=self.setup.min_change, arm=a, every=self.setup.chunk)
+                for a, r in self.arms.items()}
 
     def specialists(self) -> list[str]:
         return [f"single-task:{f}" for f in self.setup.families]
@@ -118,8 +129,9 @@ class PlateauResults:
 
     @property
     def primary(self) -> str:
-        """The balanced arm with the lowest mean validation loss at its stopping point (never test)."""
-        return min(self.setup.balanced, key=lambda a: statistics.fmean(c[-1][1] for c in self.arms[a]["curves"]))
+        """The balanced arm with the lowest mean validation loss where it is compared (never test)."""
+        st = self.states()
+        return min(self.setup.balanced, key=lambda a: st[a].final)
 
     def _judge(self, c: Comparison, arms: Sequence[str]) -> Comparison:
         st = self.states()
@@ -147,7 +159,8 @@ class PlateauResults:
         for a, r in self.arms.items():
             ext = (f"; +{r['extension_steps']} steps moved it {r['extension_change']:+.3f} nats/token"
                    if r["extension_steps"] else "; no extension (not trained)")
-            out.append(f"{a}: {r['steps']} steps per seed{'' if r['reached'] else ' (the cap)'}, "
+            best = f", compared at its best checkpoint, step {r['best_step']}" if r.get("best_step") else ""
+            out.append(f"{a}: {r['steps']} steps per seed{'' if r['reached'] else ' (the cap)'}{best}, "
                        f"{r['examples_seen']:,} examples in all, {r['cpu_s']:.0f} CPU s{ext}")
         return out
 
