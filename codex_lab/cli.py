@@ -30,7 +30,7 @@ def _add_mode(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """Parser with one sub-parser per command module."""
     parser = argparse.ArgumentParser(prog="codex-lab", description="codex-lab: build and measure a fast, good code LLM.")
-    parser.add_argument("--mode", choices=("fast", "full"), default=argparse.SUPPRESS, help=MODE_HELP)
+    parser.add_argument("--mode", choices=("fast", "standard", "full"), default=argparse.SUPPRESS, help=MODE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         mod = importlib.import_module(f"{commands.__name__}.{info.name}")

@@ -8,7 +8,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -19,7 +19,18 @@
 # # Lesson 00: tour and set-up
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/00_tour.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 8 s on the course's reference 2-core machine (one math thread; measured 13 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).
+# **Takeaway:** A code model only scores the next token; you will turn those scores into
+# code with a sampling rule and a generation loop of your own, held equal to the package's,
+# and measure, with a 95% interval, the share of its generated functions that parse.
+#
+# **You will build:**
+#
+# - the sampling rule, logits `(B, V)` to token ids `(B,)` (greedy, temperature, top-k),
+#   held equal to `codex_lab.infer.sampling.sample_next`;
+# - the generation loop (seeded; it stops at end-of-text or after `n_new` tokens), held
+#   equal to the package's `cl.generate`.
+#
+# **Run time:** fast mode on CPU: 8 s; full mode (GPU) and how this was measured: see the appendix.
 #
 # This course builds, piece by piece, the machinery that makes a code-generation model fast
 # and good, and measures every claim instead of repeating it. This tour shows the pieces
@@ -314,3 +325,11 @@ print(f"- Kernels: the fused and reference attention paths agree to {diff:.1e} i
 # - Chen et al. (2021), *Evaluating Large Language Models Trained on Code* (Codex, HumanEval):
 #   what "good at code" is measured by at scale.
 # - Dao et al. (2022), *FlashAttention*: why a fused attention kernel is faster.
+
+# %% [markdown]
+# ## Appendix: provenance of the run-time figures
+# The **Run time** line at the top of this lesson keeps only the fast-mode figure on CPU.
+# The rest of its sentence as it stood there, verbatim, says how that figure was measured
+# and what the other modes take (its "header cell below" is this lesson's first code cell):
+#
+# > [fast mode on CPU: the figure at the top] on the course's reference 2-core machine (one math thread; measured 13 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).

@@ -8,7 +8,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -19,7 +19,18 @@
 # # Lesson 01: what does a code model attend to?
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/01_attention_patterns.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 3 s on the course's reference 2-core machine (one math thread; measured 6 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).
+# **Takeaway:** You will test the claim that a code token needs only a 64-128-token window
+# on the shipped model: how fast its attention mass falls with distance, what share of it
+# lands within the window, and what the window costs in held-out loss.
+#
+# **You will build:**
+#
+# - layer 0's attention probabilities by hand (project, rotate with RoPE, score, mask,
+#   softmax), held equal to the package's `attention_maps`;
+# - the per-snippet held-out loss of a windowed model, written out and checked against the
+#   package's `snippet_losses`.
+#
+# **Run time:** fast mode on CPU: 3 s; full mode (GPU) and how this was measured: see the appendix.
 #
 # The source article argues for sparse attention on code because "code has local scope":
 # each token should mostly need a window of 64-128 nearby tokens. Before building sparse
@@ -289,3 +300,11 @@ print(f"- Verdict on 'code has local scope, a 64-128 token window suffices' (non
 #   first token soaks up attention, and why keeping it matters for windowed attention.
 #
 # Exercises: `exercises/01_attention_patterns.ipynb` (pointed to before "Explore").
+
+# %% [markdown]
+# ## Appendix: provenance of the run-time figures
+# The **Run time** line at the top of this lesson keeps only the fast-mode figure on CPU.
+# The rest of its sentence as it stood there, verbatim, says how that figure was measured
+# and what the other modes take (its "header cell below" is this lesson's first code cell):
+#
+# > [fast mode on CPU: the figure at the top] on the course's reference 2-core machine (one math thread; measured 6 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).

@@ -19,7 +19,19 @@
 # # Lesson 03: grouped-query attention (MHA -> GQA -> MQA)
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/03_gqa.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 23 s of process CPU time (CI's mode) (measured 2026-12-03 under nbval with one math thread on a 2-core machine shared with other jobs: 22 s user + 1 s system for the whole pytest run, 72 s wall under load; the header cell below prints the estimate for yours); standard mode (the CPU default; section 6 runs the GQA protocol: 4 seeds x 4 pre-trainings of 3000 steps plus 4 uptrainings of 300, two seeds at a time in worker processes): about 5 min, from the report's section (283 s wall on 2 quiet cores, 2026-12-03) plus the rest of the lesson in fast mode (not timed as a whole notebook); full mode on one GPU: not yet measured (no GPU was lent this round).
+# **Takeaway:** You will measure what sharing key/value heads across groups of query heads
+# saves in KV-cache bytes, and judge, with a non-inferiority test over seeds on arms trained
+# to a plateau, what converting a trained model to GQA (mean-pool, then uptrain) costs in
+# quality.
+#
+# **You will build:**
+#
+# - grouped attention without copying K/V (the queries reshaped to `(B, H_kv, g, T, D)`),
+#   checked against both codex_lab kernels;
+# - the MHA-to-GQA conversion that mean-pools each group's K/V heads (`convert`), checked
+#   against `cl.mha_to_gqa`.
+#
+# **Run time:** fast mode on CPU: 23 s; standard and full mode (GPU), and how this was measured: see the appendix.
 #
 # While a model generates code, every layer keeps the keys and values of every earlier token
 # (the KV cache) so that each new token costs one row of attention, not a full recomputation.
@@ -534,3 +546,11 @@ print(f"(notebook run time {elapsed:.0f} s in {cl.mode_info().mode} mode on {dev
 # - Qwen Team (2024), *Qwen2.5-Coder Technical Report*: the GQA head counts used above.
 #
 # Exercises: `exercises/03_gqa.ipynb` (pointed to at the end of section 5).
+
+# %% [markdown]
+# ## Appendix: provenance of the run-time figures
+# The **Run time** line at the top of this lesson keeps only the fast-mode figure on CPU.
+# The rest of its sentence as it stood there, verbatim, says how that figure was measured
+# and what the other modes take (its "header cell below" is this lesson's first code cell):
+#
+# > [fast mode on CPU: the figure at the top] of process CPU time (CI's mode) (measured 2026-12-03 under nbval with one math thread on a 2-core machine shared with other jobs: 22 s user + 1 s system for the whole pytest run, 72 s wall under load; the header cell below prints the estimate for yours); standard mode (the CPU default; section 6 runs the GQA protocol: 4 seeds x 4 pre-trainings of 3000 steps plus 4 uptrainings of 300, two seeds at a time in worker processes): about 5 min, from the report's section (283 s wall on 2 quiet cores, 2026-12-03) plus the rest of the lesson in fast mode (not timed as a whole notebook); full mode on one GPU: not yet measured (no GPU was lent this round).

@@ -19,7 +19,22 @@
 # # Lesson 04: mixture of experts
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/04_moe.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 21 s of process CPU time (measured 2026-12-03 under nbval with one math thread on a 2-core machine shared with other jobs: 40 s wall for the whole pytest run; the header cell below prints the estimate for yours); standard mode (1 layer of width 32, 32-token windows, 4000 steps with a held tail, 4 seeds x 3 quality arms, two runs at a time in worker processes): about 3 min (the report's section: 193 s wall on 2 quiet cores, 2026-12-03); full mode on one GPU: not yet measured.
+# **Takeaway:** You will build a mixture-of-experts layer from its parts and measure what
+# the "big capacity, small compute" claim leaves out: how routing balances on code tokens,
+# what a capacity limit drops, and how MoE compares, trained to a plateau, with dense models
+# of equal active compute and of equal total parameters.
+#
+# **You will build:**
+#
+# - the top-k router with renormalised weights (Mixtral's rule), held equal to
+#   `codex_lab.nn.moe.route`;
+# - dispatch as the plain loop that defines it (each token's weighted sum of its `k`
+#   experts), held equal to the reference and grouped paths;
+# - the busiest expert's load on held-out tokens, held equal to the package's
+#   `held_out_load`, and the quality verdicts from `cl.compare`, `cl.noninferiority`,
+#   `cl.holm` and `cl.judge_trained`, held equal to `judge_quality`.
+#
+# **Run time:** fast mode on CPU: 21 s; standard and full mode (GPU), and how this was measured: see the appendix.
 #
 # The source article (its claims are listed in the course's SEED.md) recommends
 # mixture-of-experts (MoE) feed-forward layers with **8-16 experts and top-k = 2-4**: "the total capacity of a big dense model at the
@@ -548,3 +563,11 @@ print(f"- Dispatch: the grouped path ran {grouped['speedup_vs_reference']:.1f}x 
 # - DeepSeek-AI (2024), *DeepSeek-V3 Technical Report* (auxiliary-loss-free bias balancing).
 #
 # Exercises: `exercises/04_moe.ipynb` (pointed to in section 4).
+
+# %% [markdown]
+# ## Appendix: provenance of the run-time figures
+# The **Run time** line at the top of this lesson keeps only the fast-mode figure on CPU.
+# The rest of its sentence as it stood there, verbatim, says how that figure was measured
+# and what the other modes take (its "header cell below" is this lesson's first code cell):
+#
+# > [fast mode on CPU: the figure at the top] of process CPU time (measured 2026-12-03 under nbval with one math thread on a 2-core machine shared with other jobs: 40 s wall for the whole pytest run; the header cell below prints the estimate for yours); standard mode (1 layer of width 32, 32-token windows, 4000 steps with a held tail, 4 seeds x 3 quality arms, two runs at a time in worker processes): about 3 min (the report's section: 193 s wall on 2 quiet cores, 2026-12-03); full mode on one GPU: not yet measured.

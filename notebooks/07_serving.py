@@ -8,7 +8,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -19,7 +19,19 @@
 # # Lesson 07: a monitored server, release gates, canary and rollback
 # <a href="https://colab.research.google.com/github/codex-lab/codex-lab/blob/main/notebooks/07_serving.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open in Colab"/></a>
 #
-# **Run time:** fast mode on CPU: 24 s on the course's reference 2-core machine (one math thread; measured 40 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).
+# **Takeaway:** You will serve the model with per-token latency recorded against the
+# article's targets (TTFT < 100 ms, TBT < 20 ms), and let a new version reach traffic only
+# through release gates and a canary that promotes or rolls it back from live metrics.
+#
+# **You will build:**
+#
+# - a streaming (server-sent events) completions endpoint with FastAPI that records TTFT and
+#   TBT into Prometheus histograms, and a client that reads the stream, held equal to the
+#   package server and metrics;
+# - the canary decision as a function of live metrics, held equal to the package's
+#   `codex_lab.CanaryController`.
+#
+# **Run time:** fast mode on CPU: 24 s; full mode (GPU) and how this was measured: see the appendix.
 #
 # The article (section 4 of the seed) asks a code model in production for: time to first
 # token (TTFT) under 100 ms, time between tokens (TBT) under 20 ms, every request done within
@@ -622,3 +634,11 @@ bg.stop()
 # - Yu et al. 2022, *Orca: a distributed serving system for transformer-based generative models* (continuous batching, lesson 06).
 # - Zhong et al. 2024, *DistServe* (TTFT and TBT as separate SLOs; goodput).
 # - Beyer et al., *Site Reliability Engineering* (O'Reilly 2016) and *The Site Reliability Workbook* (2018), chapters on canarying releases and SLOs.
+
+# %% [markdown]
+# ## Appendix: provenance of the run-time figures
+# The **Run time** line at the top of this lesson keeps only the fast-mode figure on CPU.
+# The rest of its sentence as it stood there, verbatim, says how that figure was measured
+# and what the other modes take (its "header cell below" is this lesson's first code cell):
+#
+# > [fast mode on CPU: the figure at the top] on the course's reference 2-core machine (one math thread; measured 40 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).

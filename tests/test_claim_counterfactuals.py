@@ -52,12 +52,11 @@ COUNTERFACTUALS: dict[str, list[str]] = {
     "gate new versions": ["test_claim_counterfactuals.py::test_serving_verdicts"],
     "roll back a worse version": ["test_claim_counterfactuals.py::test_serving_verdicts"],
     # the capstone's claims (l08_capstone/claims.py): one test builds inputs for each verdict
-    "Sparse attention: O(N^2)": ["test_capstone.py::test_finetune_stage_and_gate_decision_on_the_composed_model"],
-    "GQA cuts the KV cache": ["test_capstone.py::test_finetune_stage_and_gate_decision_on_the_composed_model"],
-    "MoE: the capacity of a big model": ["test_capstone.py::test_finetune_stage_and_gate_decision_on_the_composed_model"],
-    "Balanced multi-task fine-tuning scores": ["test_capstone.py::test_finetune_stage_and_gate_decision_on_the_composed_model"],
-    "TTFT < 100 ms and TBT < 20 ms": ["test_capstone.py::test_finetune_stage_and_gate_decision_on_the_composed_model"],
-    "A new version must be no worse": ["test_capstone.py::test_finetune_stage_and_gate_decision_on_the_composed_model"],
+    "On the capstone candidate: sparse attention": ["test_capstone.py::test_finetune_stage_and_gate_decision_on_the_composed_model"],
+    "On the capstone candidate: GQA cuts": ["test_capstone.py::test_finetune_stage_and_gate_decision_on_the_composed_model"],
+    "On the capstone candidate: MoE": ["test_capstone.py::test_finetune_stage_and_gate_decision_on_the_composed_model"],
+    "On the capstone candidate: TTFT": ["test_capstone.py::test_finetune_stage_and_gate_decision_on_the_composed_model"],
+    "On the capstone candidate: a new version": ["test_capstone.py::test_finetune_stage_and_gate_decision_on_the_composed_model"],
 }
 
 

@@ -38,6 +38,9 @@ def test_mode_flag_on_experiment_commands():
     parser = build_parser()
     assert parser.parse_args(["report", "--mode", "full"]).mode == "full"
     assert parser.parse_args(["--mode", "fast", "report"]).mode == "fast"  # global, before the command
+    # every command accepts the three modes the same way, before or after the command
+    assert parser.parse_args(["--mode", "standard", "report"]).mode == "standard"
+    assert parser.parse_args(["report", "--mode", "standard"]).mode == "standard"
     assert parser.parse_args(["train", "--mode", "fast"]).mode == "fast"
     assert parser.parse_args(["finetune", "--mode", "full"]).mode == "full"
     bench = sorted(discover())[0]

@@ -54,7 +54,10 @@ def canary_release(
         ctl = CanaryController(server, policy, registry=reg)
         ctl.start(v_cand, reg.load(v_cand).model)  # loaded back: its checksum is verified first
         ctl.watch(interval_s=0.2, timeout_s=timeout_s)
-        load = run_load(bg.url, concurrency=4, requests=requests, max_tokens=max_tokens, duration_s=timeout_s)
+        # every answer runs to max_tokens (ignore_eos): a tiny model often ends after one token, and a
+        # canary is never promoted on latency it did not observe (no gap between tokens, no TBT)
+        load = run_load(bg.url, concurrency=4, requests=requests, max_tokens=max_tokens, duration_s=timeout_s,
+                        extra_body={"ignore_eos": True})
         decision = ctl.join(timeout_s)
         if decision is None or decision.action == "wait":
             decision = ctl.step()  # one last look once the traffic has ended

@@ -57,7 +57,7 @@ def run(ctx: Any) -> str:
         rows = tr.trade_rows(runs, abl, batch=8)
         decision = tr.trade_decision(rows)
         claims = cap.capstone_claims(models={"baseline": res.baseline, "candidate": res.candidate}, log=res.log,
-                                     finetunes=res.finetune, reports=res.gates, passed=res.passed, reasons=res.reasons,
+                                     reports=res.gates, passed=res.passed, reasons=res.reasons,
                                      ablation=abl, rollout=rollout)
     finally:
         torch.set_num_threads(threads)
