@@ -74,8 +74,13 @@ def main() -> int:
                 run.store(a, o, wall / len(batch))  # the batch's wall time, shared by its units
                 print(f"{a}: {o['state']}; {o['steps']} steps, {o['cpu_s']:.0f} CPU s", flush=True)
         command = "python scripts/reference_l05_plateau.py" + ("" if args.split == "iid" else f" --split {args.split}")
-        prov = provenance(command, run.seconds(), "reference", commit=run.commit,
-                          state_file=str(args.state).replace(str(Path.home()), "~", 1), workers=jobs)
+        from codex_lab.reference import _commit
+
+        # commit: the code that trained the units; verdicts_commit: the code that judged them now
+        # (a rerun of this script over a finished state file re-judges without retraining)
+        prov = provenance(command, run.seconds(), "reference", commit=run.commit, verdicts_commit=_commit(),
+                          state_file=str(args.state).replace(str(Path.home()), "~", 1), workers=jobs,
+                          duration_note="the base's pretraining (cached, 89 CPU s) is not counted")
     res = pt.PlateauResults(setup, {a: run.done[a]["result"] for a in names})
     data = {**summary(res), "arms": res.arms}
     path = save_reference(name, data, prov)

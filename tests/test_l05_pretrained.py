@@ -74,3 +74,14 @@ def test_a_tiny_protocol_runs_every_arm_and_withholds_the_verdicts(tmp_path, mon
     assert len(list((tmp_path / "l05_base").glob("*.safetensors"))) == 1
     again = pt.PlateauResults.from_json(res.to_json())
     assert again.setup == TINY and again.size_claim()[2] == v
+
+
+def test_arms_at_the_benchmarks_floor_did_not_learn_the_task():
+    """Both arms under 10% pass@1: no verdict ("did not learn the task"), whatever the interval;
+    the counterfactual: one arm in the benchmark's band and the comparison keeps its verdict."""
+    low_a, low_b = [0.02, 0.03, 0.02], [0.06, 0.07, 0.08]
+    c = compare(low_a, low_b, paired=True)
+    assert c.verdict == HOLDS and pt.floor_verdict(c, low_a, low_b).verdict == "did not learn the task: no verdict"
+    hi_b = [0.30, 0.32, 0.31]
+    c2 = compare(low_a, hi_b, paired=True)
+    assert pt.floor_verdict(c2, low_a, hi_b).verdict == HOLDS

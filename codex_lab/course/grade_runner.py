@@ -38,7 +38,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from codex_lab.course.checker import MAX_RESULT_BYTES, oversize
+from codex_lab.course.checker import MAX_RESULT_BYTES, SWITCHES, oversize
 from codex_lab.course.checks import Exercise, exercises_for, load_hidden
 from codex_lab.course.outcome import (ERROR, FAILED, MISSING, NOT_DONE, PARTIAL, PASSED, SUBMISSION_SUFFIXES, Result,
                                       lesson_of)
@@ -55,7 +55,12 @@ MAX_MESSAGE_CHARS = 2000  # of a result's message, kept in the report
 _STATUSES = frozenset({PASSED, PARTIAL, NOT_DONE, FAILED, ERROR, MISSING})
 # First the real modules, from memory (loaded from the view's file: importing codex_lab itself
 # would import some of them from the view), then the checker.
-_BOOT = ("import importlib.util as _u\n"
+# the checker's switches (codex_lab.course.checker.SWITCHES: no native kernel, no compile, no
+# cache of compiled code) are set before anything imports torch or codex_lab, so what torch reads
+# at import already has them; checker.isolate() then makes the private folders
+_BOOT = ("import os as _os\n"
+         "_os.environ.update({switches!r})\n"
+         "import importlib.util as _u\n"
          "_spec = _u.spec_from_file_location('codex_lab_real_modules', {view!r} + '/codex_lab/course/learner_view.py')\n"
          "_m = _u.module_from_spec(_spec)\n_spec.loader.exec_module(_m)\n_m.install_real()\ndel _u, _spec, _m\n"
          "from codex_lab.course.checker import child_main\nchild_main()\n")
@@ -315,7 +320,7 @@ def grade_isolated(path: Path, hidden: str | Path | None = None, timeout_s: floa
         task = {"nonce": nonce, "submission": sub_name, "lesson": lesson, "todo": todo, "timeout_s": timeout_s,
                 "forbid": forbid, "check_s": CHECK_S, "startup_s": STARTUP_S, "view": str(view)}
         budget = STARTUP_S * 2 + (timeout_s + CHECK_S) * len(todo)
-        res = run_python(_BOOT.format(view=str(view)), timeout_s=budget, memory_mb=memory_mb, nproc=128,
+        res = run_python(_BOOT.format(view=str(view), switches=SWITCHES), timeout_s=budget, memory_mb=memory_mb, nproc=128,
                          max_output_bytes=MAX_OUTPUT_BYTES, files={**files, "task.json": json.dumps(task)}, hide=hide,
                          guard=False, cpu_s=int(budget) + 1, package=str(view))
         got, current = parse_results(res.stdout, nonce, by_key)

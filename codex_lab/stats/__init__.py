@@ -219,7 +219,7 @@ def noninferiority(a: Sequence[float], b: Sequence[float], *, margin: float, met
     return replace(base, verdict=v, measured_verdict=v, kind="non-inferiority", margin=margin, p_value=p, note=note)
 
 
-def judge_trained(c: Comparison, states: Sequence[Any]) -> Comparison:
+def judge_trained(c: Comparison, states: Sequence[Any], *, same_metric: bool = True) -> Comparison:
     """Apply the training-state rule: when any arm has not reached a plateau, the verdict is
     :data:`UNDER_TRAINED` (:data:`DID_NOT_LEARN` when an arm stayed at chance or far below the
     task's ceiling); the interval is still reported, as a measurement of the budget.
@@ -230,7 +230,10 @@ def judge_trained(c: Comparison, states: Sequence[Any]) -> Comparison:
     (``codex_lab.training_state.MARGIN_SHARE``). An arm moving by more than that could move
     the verdict.
 
-    ``states``: the arms' :class:`codex_lab.training_state.TrainingState`.
+    ``states``: the arms' :class:`codex_lab.training_state.TrainingState`. ``same_metric``: the
+    states' curves measure the comparison's metric (False: e.g. a validation loss behind a
+    pass@1 comparison; the bound and the interval are then in different units, and each arm is
+    held to its own ``min_change`` only).
     """
     states = tuple(states)
     if not states:
@@ -238,7 +241,7 @@ def judge_trained(c: Comparison, states: Sequence[Any]) -> Comparison:
     scale = c.margin if c.kind == "non-inferiority" and math.isfinite(c.margin) else c.half_width
     what = "margin" if c.kind == "non-inferiority" and math.isfinite(c.margin) else "interval half-width"
     # limit = MARGIN_SHARE x (the margin, or the interval's half-width)
-    limit = MARGIN_SHARE * scale if math.isfinite(scale) and scale > 0 else math.inf
+    limit = MARGIN_SHARE * scale if same_metric and math.isfinite(scale) and scale > 0 else math.inf
     judged = []
     for s in states:
         bound = getattr(s, "bound", math.nan)

@@ -234,7 +234,8 @@ class Results:
         c = compare(self.values(baseline, family), self.values(arm, family), paired=True,
                     metric=f"{self.setup.split} pass@1 {family}: {arm} - {baseline}")
         st = self.states()
-        return judge_trained(c, [st[baseline], st[arm]])
+        # validation-loss states behind a pass@1 comparison: different units (judge_trained's same_metric)
+        return judge_trained(c, [st[baseline], st[arm]], same_metric=False)
 
     def primary_comparison(self) -> Comparison:
         """The pre-declared primary comparison: the primary balanced arm vs the specialists, all families."""

@@ -36,11 +36,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from codex_lab.lessons.l05_multitask.finetune_setup import (ARMS, BALANCED, STATED, PlateauSetup, pretrain_base,
+from codex_lab.lessons.l05_multitask.finetune_setup import (ARMS, BALANCED, FLOOR, STATED, PlateauSetup, pretrain_base,
                                                            setup_for, sized_taskset, test_problems, tokenizer)
 from codex_lab.parallel import run_units
-from codex_lab.stats import (FAILS, FAILS_AS_STATED, HOLDS, NO_VERDICT, NOT_RESOLVED, Comparison, compare,
-                             judge_trained, t_quantile)
+from codex_lab.stats import (DID_NOT_LEARN, FAILS, FAILS_AS_STATED, HOLDS, NO_VERDICT, NOT_RESOLVED, Comparison,
+                             compare, judge_trained, t_quantile)
 from codex_lab.training.finetune import FinetuneSession
 from codex_lab.training.plateau import train_to_plateau
 
@@ -133,9 +133,12 @@ class PlateauResults:
         st = self.states()
         return min(self.setup.balanced, key=lambda a: st[a].final)
 
-    def _judge(self, c: Comparison, arms: Sequence[str]) -> Comparison:
+    def _judge(self, c: Comparison, arms: Sequence[str], a: Sequence[float], b: Sequence[float]) -> Comparison:
         st = self.states()
-        return judge_trained(c, [st[a] for a in arms])
+        # the states read validation loss (nats/token), the comparison pass@1: each arm is held to
+        # min_change (0.03 nats ~ 0.03 pass@1, the experiments module's calibration), not to the interval
+        c = judge_trained(c, [st[x] for x in arms], same_metric=False)
+        return floor_verdict(c, a, b)
 
     def size_claim(self) -> tuple[Comparison, dict[str, float], str]:
         """"+8-15% over single-task": (the pass@1 comparison over all families, the relative
@@ -143,15 +146,15 @@ class PlateauResults:
         fams, prim = self.setup.families, self.primary
         a, b = self.values("single-task", fams), self.values(prim, fams)
         c = self._judge(compare(a, b, paired=True, metric=f"pass@1 all families: {prim} - single-task"),
-                        [*self.specialists(), prim])
+                        [*self.specialists(), prim], a, b)
         return c, *relative_gain_verdict(a, b, c)
 
     def small_claim(self) -> Comparison:
         """"Balancing rescues the small tasks": pass@1 over the small families, primary balanced arm vs naive."""
         small, prim = self.setup.small, self.primary
-        c = compare(self.values("naive", small), self.values(prim, small), paired=True,
-                    metric=f"pass@1 small families ({', '.join(small)}): {prim} - naive")
-        return self._judge(c, ["naive", prim])
+        a, b = self.values("naive", small), self.values(prim, small)
+        c = compare(a, b, paired=True, metric=f"pass@1 small families ({', '.join(small)}): {prim} - naive")
+        return self._judge(c, ["naive", prim], a, b)
 
     def compute_lines(self) -> list[str]:
         """Each arm's compute: steps per seed to its plateau, examples seen, CPU s, the extension check."""
@@ -172,6 +175,19 @@ class PlateauResults:
         s = dict(d["setup"])
         s.update({k: tuple(v) for k, v in s.items() if isinstance(v, list)})
         return cls(PlateauSetup(**s), d["arms"], d.get("cpu_s", 0.0))
+
+
+def floor_verdict(c: Comparison, a: Sequence[float], b: Sequence[float], floor: float = FLOOR) -> Comparison:
+    """No verdict when both arms' mean pass@1 is under ``floor``: the benchmark cannot rank models
+    at its floor, so the arms "did not learn the task" (the note gives both means)."""
+    ma, mb = statistics.fmean(a), statistics.fmean(b)
+    if c.verdict in NO_VERDICT or max(ma, mb) >= floor:
+        return c
+    from dataclasses import replace
+
+    return replace(c, verdict=DID_NOT_LEARN, note=f"both arms at the benchmark's floor: mean pass@1 {ma:.3f} and "
+                                                  f"{mb:.3f}, under {floor:g} (a benchmark ranks models in its 20-80% "
+                                                  "band); a stronger base model is needed to test the claim")
 
 
 def relative_gain_verdict(a: Sequence[float], b: Sequence[float], c: Comparison,
@@ -250,5 +266,5 @@ def run_protocol(setup: PlateauSetup, *, log: Callable[[str], None] | None = Non
     return res
 
 
-__all__ = ["ARMS", "BALANCED", "STATED", "PlateauResults", "PlateauSetup", "detectable_effect", "relative_gain_verdict",
+__all__ = ["ARMS", "BALANCED", "FLOOR", "STATED", "PlateauResults", "floor_verdict", "PlateauSetup", "detectable_effect", "relative_gain_verdict",
            "run_arm", "run_protocol", "setup_for", "size_position"]
