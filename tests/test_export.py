@@ -13,7 +13,7 @@ import torch
 
 from codex_lab.cli import main as cli
 from codex_lab.data.tokenizer import EOT, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, PAD, SPECIAL_TOKENS
-from codex_lab.hf.export import stop_token_ids
+from codex_lab.data.fim import stop_token_ids
 from codex_lab.infer.generate import answer_end_ids, generate, generate_ids
 from codex_lab.infer.sampling import SamplingParams
 from codex_lab.training.checkpoint import load_pretrained

@@ -196,3 +196,17 @@ def fim_prompt_ids(tokenizer: CodeTokenizer, prefix: str, suffix: str, fmt: FimF
     if fmt == "psm":
         return [pre, *p_ids, suf, *s_ids, mid]
     return [pre, suf, *s_ids, mid, *p_ids]
+
+
+def sentinel_ids(tokenizer: CodeTokenizer) -> list[int]:
+    """Ids of the FIM sentinels (:data:`SENTINELS`) the tokenizer has, in that order."""
+    return [i for i in (tokenizer.tok.token_to_id(s) for s in SENTINELS) if i is not None]
+
+
+def stop_token_ids(tokenizer: CodeTokenizer) -> list[int]:
+    """Where a plain (non-FIM) answer ends, end-of-text first: ``<|endoftext|>`` and the FIM
+    sentinels. The one definition: ``codex-lab generate`` and the server end a request without
+    ``suffix`` there (:func:`codex_lab.infer.generate.answer_end_ids`), and the exporters write it
+    (the Hugging Face ``eos_token_id`` list; the GGUF's control tokens and eos / eot / FIM keys)."""
+    return list(dict.fromkeys([int(tokenizer.eot_id), *sentinel_ids(tokenizer)]))
+

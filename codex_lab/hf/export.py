@@ -4,7 +4,7 @@
 
     out/config.json               LlamaConfig (or Qwen2Config for q/k/v biases), eos / pad ids
     out/generation_config.json    greedy by default, eos / pad ids, max_length = the context;
-                                  eos_token_id is the list :func:`stop_token_ids`
+                                  eos_token_id is the list :func:`~codex_lab.data.fim.stop_token_ids`
     out/model.safetensors         the weights (tied embeddings stay tied)
     out/tokenizer.json            the course tokenizer, byte for byte
     out/tokenizer_config.json     model_max_length = the context; eos, pad and every reserved
@@ -22,7 +22,7 @@ user or a container's user could not load the folder; :func:`umask_mode` puts it
 5.x both read.
 
 Where generation ends: codex-lab ends a plain (non-FIM) answer at end-of-text and at a FIM
-sentinel (:mod:`codex_lab.infer.sampling`); :func:`stop_token_ids` is that set, and both
+sentinel (:mod:`codex_lab.infer.sampling`); :func:`~codex_lab.data.fim.stop_token_ids` is that set, and both
 ``config.json`` and ``generation_config.json`` carry it as ``eos_token_id`` (a list, which
 transformers' ``generate`` accepts), so transformers stops where ``codex-lab generate`` does.
 """
@@ -35,6 +35,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from codex_lab.data.fim import stop_token_ids
 from codex_lab.data.tokenizer import EOT, PAD, SPECIAL_TOKENS, CodeTokenizer
 from codex_lab.hf.llama import to_hf
 from codex_lab.nn.model import CodexModel
@@ -59,18 +60,6 @@ def current_umask() -> int:
 def umask_mode(path: str | Path) -> None:
     """Give the regular file ``path`` the mode ``open()`` creates files with: 0666 minus the umask."""
     os.chmod(path, 0o666 & ~current_umask())
-
-
-def stop_token_ids(tokenizer: CodeTokenizer) -> list[int]:
-    """The ids that end a plain (non-FIM) answer, end-of-text first: the ``eos_id`` and
-    ``end_ids`` that ``codex-lab generate`` (:func:`~codex_lab.infer.generate.generate`) and the
-    server (:mod:`codex_lab.serve.completion`) end a request without ``suffix`` at, taken from
-    the same :func:`~codex_lab.infer.generate.answer_end_ids`. For the course tokenizer:
-    ``<|endoftext|>``, ``<|fim_prefix|>``, ``<|fim_suffix|>``, ``<|fim_middle|>``. The exporters
-    write it (the HF ``eos_token_id`` list; the GGUF's control tokens and eos / eot / FIM keys)."""
-    from codex_lab.infer.generate import answer_end_ids
-
-    return list(dict.fromkeys([int(tokenizer.eot_id), *(int(t) for t in answer_end_ids(tokenizer, ()))]))
 
 
 def special_tokens_of(tokenizer: CodeTokenizer) -> tuple[str, str | None, list[str]]:
@@ -137,4 +126,4 @@ WRITTEN = ("config.json", "generation_config.json", "model.safetensors", "model.
            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "codex_lab_meta.json")
 
 
-__all__ = ["EOT", "PAD", "export_hf_folder", "special_tokens_of", "stop_token_ids", "tokenizer_files"]
+__all__ = ["EOT", "PAD", "export_hf_folder", "special_tokens_of", "tokenizer_files"]

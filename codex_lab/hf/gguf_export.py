@@ -18,7 +18,7 @@ Fill-in-the-middle: the sentinels' ids are written under llama.cpp's keys
 ``tokenizer.ggml.fim_pre_token_id`` / ``fim_suf_token_id`` / ``fim_mid_token_id`` (and
 ``eot_token_id``), so llama.cpp's infill (``/infill``) finds them without a table of its own.
 
-Where generation ends: every id of :func:`~codex_lab.hf.export.stop_token_ids` (end-of-text
+Where generation ends: every id of :func:`~codex_lab.data.fim.stop_token_ids` (end-of-text
 and the FIM sentinels, where codex-lab ends a plain answer) is a CONTROL token, and
 ``eos_token_id`` / ``eot_token_id`` are end-of-text. llama.cpp ends generation at eos, eot,
 eom, ``fim_pad`` / ``fim_rep`` / ``fim_sep`` and a fixed list of token texts (``<|endoftext|>``
@@ -196,7 +196,7 @@ def _add_tokenizer(w: Any, tokenizer: CodeTokenizer, vocab_size: int) -> None:
     if model.get("type") != "BPE" or pre.get("type") != "ByteLevel":
         raise ValueError(f"GGUF export supports byte-level BPE tokenizers; this one is {model.get('type')} with "
                          f"pre-tokenizer {pre.get('type')}")
-    from codex_lab.hf.export import stop_token_ids
+    from codex_lab.data.fim import stop_token_ids
 
     vocab = tokenizer.tok
     tokens = [vocab.id_to_token(i) or f"[PAD{i}]" for i in range(vocab_size)]  # ids past the tokenizer: unused rows

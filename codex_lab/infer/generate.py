@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from codex_lab.data.tokenizer import CodeTokenizer
-from codex_lab.infer.sampling import FIM_SENTINELS, SamplingParams, params_from, sample_next
+from codex_lab.data.fim import sentinel_ids
+from codex_lab.infer.sampling import SamplingParams, params_from, sample_next
 from codex_lab.nn.kv_cache import DynamicKVCache, make_static_caches
 from codex_lab.nn.model import CodexModel
 
@@ -219,8 +220,9 @@ def special_ids(tokenizer: CodeTokenizer) -> set[int]:
 
 
 def fim_sentinel_ids(tokenizer: CodeTokenizer) -> list[int]:
-    """Ids of the FIM sentinels the tokenizer has (:data:`~codex_lab.infer.sampling.FIM_SENTINELS`)."""
-    return [i for i in (tokenizer.tok.token_to_id(s) for s in FIM_SENTINELS) if i is not None]
+    """Ids of the FIM sentinels the tokenizer has (:func:`codex_lab.data.fim.sentinel_ids`, the
+    one definition the exporters' stop tokens also read)."""
+    return sentinel_ids(tokenizer)
 
 
 def answer_end_ids(tokenizer: CodeTokenizer, prompt_ids: Sequence[int], fim: bool = False) -> list[int]:

@@ -194,17 +194,15 @@ class CompiledPagedStep:
             return False
         return self.serving_graphs and self.bucket(n_blocks) <= limit
 
-    def _counted(self, fn: Callable, *, dynamic: bool | None, backend: str = "inductor", mode: str | None = None,
-                 options: dict | None = None) -> Callable:
-        """``torch.compile`` of one of this step's functions, its graphs counted by this step."""
-        compiled, counter = counted_compile(fn, dynamic=dynamic, backend=backend, mode=mode, options=options)
+    def _counted(self, fn: Callable, *, dynamic: bool | None, **kw: object) -> Callable:
+        """``torch.compile`` of one of this step's functions (``kw``: backend, mode, options), its graphs counted here."""
+        compiled, counter = counted_compile(fn, dynamic=dynamic, **kw)  # type: ignore[arg-type]
         self._counters.append(counter)
         return compiled
 
     @property
     def graphs(self) -> int:
-        """Graphs this step's functions have compiled (its own count: other compiles in the
-        process, another engine's or a background thread's, never move it)."""
+        """Graphs this step's functions compiled (its own count: no other compile in the process moves it)."""
         return sum(c.graphs for c in self._counters)
 
     @property

@@ -38,11 +38,14 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import Tensor
 
+from codex_lab.data.fim import SENTINELS
+
 # temperatures below this are greedy: logits / 1e-38 overflow float32 to inf and softmax gives NaN
 GREEDY_BELOW = 1e-6
 
-# the tokens that end an answer outside fill-in-the-middle (see the module's docstring)
-FIM_SENTINELS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+# the tokens that end an answer outside fill-in-the-middle (see the module's docstring): the data
+# layer's FIM sentinels, the one definition the exporters' stop tokens read too
+FIM_SENTINELS = SENTINELS
 
 # repetition_penalty's range: vLLM asks only > 0; below 1e-4 a logit of ~10 divided by it
 # nears float32's range once a temperature of 1e-6 divides it again, so the floor is here
