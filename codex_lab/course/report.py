@@ -102,7 +102,7 @@ class ReportContext:
         self.measured.append({"lesson": lesson, "what": what, "figure": figure})
 
     def goal(self, goal: str, measured: float, target: float, how: str, lesson: str = "") -> str:
-        """Record one performance goal (issue 16): a ratio ``measured`` here against ``target``
+        """Record one performance goal: a ratio ``measured`` here against ``target``
         (met when measured >= target), with ``how`` (sizes, command); returns a one-line summary."""
         met = measured >= target
         self.goals.append({"lesson": lesson, "goal": goal, "measured": measured, "target": target, "how": how, "met": met})

@@ -379,8 +379,8 @@ def save_tuned_weights(folder: str | Path, model: CodexModel, meta: dict[str, An
 
 
 def load_codebench2_tuned(device: torch.device | str | None = None, *, folder: str | Path | None = None) -> Checkpoint:
-    """The shipped model fine-tuned on codebench 2's ``iid`` training split (issue 39, item 7:
-    ``scripts/l05_calibrate_shipped.py --save``), float16 weights read back into float32: the
+    """The shipped model fine-tuned on codebench 2's ``iid`` training split
+    (``scripts/l05_calibrate_shipped.py --save``), float16 weights read back into float32: the
     release baseline of the server's functional gate. ``meta`` holds the run's scores and provenance.
 
     Raises:

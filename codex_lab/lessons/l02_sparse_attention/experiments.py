@@ -9,7 +9,7 @@ converges on a laptop: 128-token sequences (the article's 1-2k), window 12 and s
 what a window sees, one to relay it, one to read it), so the window-only stack's reach
 L(w - 1) = 45 tokens and the far distances (61-110) are 1.4-2.4 times it.
 
-Protocol (issue 37): for one seed every arm starts from the same initial weights (the
+Protocol: for one seed every arm starts from the same initial weights (the
 patterns add no parameters) and sees the same batches, and the seed also draws the held-out
 evaluation sequences; so seeds vary initialisation, data order and evaluation sample, and arms
 are compared paired by seed. During training :func:`codex_lab.training.loop.run_loop` calls an

@@ -194,7 +194,7 @@ def long_context_verdict(speedup: float, goal: float) -> str:
 
 
 def performance_goals(ctx: Any) -> str:
-    """Issue 16's goal 1 at its own size (N=8192) in every mode: the fast kernel forward at least
+    """The course's attention goal at its own size (N=8192) in every mode: the fast kernel forward at least
     0.6/d and forward+backward at least 0.5/d over dense causal SDPA, with 1/d and the tile share."""
     from codex_lab.course.benches import run_bench
 

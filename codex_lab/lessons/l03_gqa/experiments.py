@@ -102,7 +102,7 @@ def group_size_experiment(
     return rows
 
 
-# ------------------------------------------------------------------ the paper's protocol (issue 37)
+# ------------------------------------------------------------------ the paper's protocol
 #
 # "GQA with group size 4-8 keeps quality" is a non-inferiority claim, judged the way Ainslie
 # et al. (2023) measure it: an MHA base pre-trained until its held-out loss stops moving,

@@ -1,4 +1,4 @@
-"""Lesson 04's quality protocol (issue 37): MoE against dense at equal ACTIVE compute and at
+"""Lesson 04's quality protocol: MoE against dense at equal ACTIVE compute and at
 equal TOTAL parameters, every arm trained to a plateau, and the cost / balance claims worded
 from their measurements.
 

@@ -204,7 +204,7 @@ def run(ctx: Any) -> str:
 
 
 def performance_goal(ctx: Any) -> str:
-    """Issue 16's goal 4: grouped dispatch at least as fast as the fastest Hugging Face Mixtral
+    """The course's performance goal for MoE: grouped dispatch at least as fast as the fastest Hugging Face Mixtral
     block path at every bench size (the bench's default sizes of this mode)."""
     from codex_lab.course.benches import run_bench
 

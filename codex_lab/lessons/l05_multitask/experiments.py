@@ -355,7 +355,7 @@ def tune_for_codebench(model: Any, tok: Any, *, steps: int = 40, seed: int = 0, 
 def tune_shipped_on_codebench2(model: Any, tok: Any, *, split: str = "iid", steps: int = 300, batch_size: int = 16,
                                lr: float = 1e-3, seed: int = 0, examples: bool = True) -> Any:
     """The shipped model fine-tuned on codebench 2's ``split`` (every family pooled, ``token``
-    loss, ``mix=size``): the calibration run of issue 39 (``scripts/l05_calibrate_shipped.py``)."""
+    loss, ``mix=size``): the calibration run (``scripts/l05_calibrate_shipped.py``)."""
     m = copy.deepcopy(model)
     ts = cb2.training_tasks(split, "all", examples=examples)
     cfg = FinetuneConfig(tasks=cb2.FAMILIES, balance="token", mix="size", steps=steps, batch_size=batch_size, lr=lr,

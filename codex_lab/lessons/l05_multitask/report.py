@@ -194,7 +194,7 @@ def reference_lines(mode: str) -> list[str]:
     return out
 
 
-# The shipped model fine-tuned on codebench 2 iid (issue 39, item 7): a recorded run (too slow
+# The shipped model fine-tuned on codebench 2 iid: a recorded run (too slow
 # for the report: ~1.9 CPU s per step), the configuration of scripts/l05_calibrate_shipped.py
 # (every family pooled, token loss, mix=size, max_len 320, greedy answers of <= 160 tokens,
 # 48 iid test problems per family drawn with seed 0); intervals: 95% bootstrap over problems.
@@ -229,7 +229,7 @@ def _shipped_lines(ctx: Any, ck: Any) -> list[str]:
                      f"recorded run, {t['when']}, `{t['command']}`, {t['n']} problems per family): "
                      + ", ".join(f"{f} {v['tuned']:.3f} [{v['lo']:.3f}, {v['hi']:.3f}]" for f, v in t["families"].items())
                      + f"; in the 20-80% band: {sum(0.2 <= v['tuned'] <= 0.8 for v in t['families'].values())} of "
-                     f"{len(t['families'])} families (issue 39 asks for >= 3). The run keeps no held-out curve, so its "
+                     f"{len(t['families'])} families (the course asks for >= 3). The run keeps no held-out curve, so its "
                      "training state is not known: this places the benchmark's range for the shipped model, it is not "
                      "a quality verdict (300 steps had given 0.04-0.21).")
     else:

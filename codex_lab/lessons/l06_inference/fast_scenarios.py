@@ -1,4 +1,4 @@
-"""The fast-decoding scenarios of ``codex-lab bench inference`` (issue 16's goals).
+"""The fast-decoding scenarios of ``codex-lab bench inference`` (the course's performance goals).
 
 - ``decode``: batch-1 greedy decode, same weights, same tokens: Hugging Face ``generate``
   (default settings), HF ``generate`` with a static cache and a ``torch.compile``'d forward,

@@ -105,7 +105,7 @@ def batching_claim(ctx: Any, rows: list[dict[str, Any]]) -> str:
 
 
 def performance_goals(ctx: Any) -> tuple[str, list[dict[str, Any]]]:
-    """Issue 16's goals 2, 3 and 5: batch-1 decode at least 2x HF generate and 1.5x HF generate
+    """The course's decoding goals: batch-1 decode at least 2x HF generate and 1.5x HF generate
     with a static cache + torch.compile (same tokens, compiled once), prompt lookup at least
     1.5x plain decoding on code edits, continuous batching at least 3x one request at a time."""
     from codex_lab.course.benches import run_bench
@@ -139,7 +139,7 @@ def performance_goals(ctx: Any) -> tuple[str, list[dict[str, Any]]]:
 
 
 def peer_lines(record: dict[str, Any] | None = None) -> str:
-    """llama.cpp against FastDecoder on the same GGUF (issue 41): the recorded run of
+    """llama.cpp against FastDecoder on the same GGUF: the recorded run of
     ``codex-lab bench inference --peer llama.cpp`` (bench_records.json, key ``llama_cpp``), labelled
     as recorded, with its date and conditions; how to measure it here when none is recorded."""
     from codex_lab.course.figures import bench_record
@@ -196,7 +196,7 @@ def peer_lines(record: dict[str, Any] | None = None) -> str:
 
 
 def single_stream_lines(record: dict[str, Any] | None = None) -> str:
-    """One stream through the serving engine against FastDecoder (issue 41): the recorded run of
+    """One stream through the serving engine against FastDecoder: the recorded run of
     ``codex-lab bench inference --scenarios single_stream --threads 1`` (bench_records.json, key ``single_stream``),
     labelled as recorded, with where the engine's time per token goes; how to measure it here
     when none is recorded."""
@@ -234,7 +234,7 @@ def single_stream_lines(record: dict[str, Any] | None = None) -> str:
 
 
 def token_profile_lines(record: dict[str, Any] | None = None) -> str:
-    """Where a lone stream's time per token goes (issue 41): the recorded run of ``codex-lab bench
+    """Where a lone stream's time per token goes: the recorded run of ``codex-lab bench
     inference --scenarios token_profile --threads 1`` (bench_records.json, key ``token_profile``),
     labelled as recorded; how to measure it here when none is recorded."""
     from codex_lab.course.figures import bench_record
