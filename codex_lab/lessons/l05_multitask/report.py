@@ -101,19 +101,22 @@ def plateau_lines(ctx: Any) -> list[str]:
                      f"relative {_pct(d['size']['gain'])} ({d['size']['position']}); live {ctx.mode} run {agree['size']}")
         small_text = (f"reference run: {d['small']['diff']:+.3f} [{d['small']['lo']:+.3f}, {d['small']['hi']:+.3f}]; "
                       f"live {ctx.mode} run {agree['small']}")
-        states = states_text(reference_results(d).states())
+        rres = reference_results(d)
+        states = states_text(rres.states())
+        primary, shown = d["primary_arm"], rres.setup  # the claims' verdicts are the reference's: name its arm and sizes
     else:
+        primary, shown = res.primary, setup
         claim = live
         size_text = (f"this run: {size.diff:+.3f} pass@1 [{size.lo:+.3f}, {size.hi:+.3f}], relative {_pct(gain)} "
                      f"({pt.size_position(gain)}); no reference run shipped")
         small_text = f"this run: {small.diff:+.3f} [{small.lo:+.3f}, {small.hi:+.3f}]"
         states = states_text(res.states())
     ctx.claim("Balanced multi-task models score ~8-15% higher than single-task models (HumanEval-style benchmark)",
-              f"one pretrained base fine-tuned per arm to its plateau, codebench 2 {setup.split}, {res.primary} vs "
+              f"one pretrained base fine-tuned per arm to its plateau, codebench 2 {shown.split}, {primary} vs "
               f"single-task, pass@1 over all families: {size_text}", claim["size"], lesson="05", states=states)
     ctx.claim("Equal-weight summed losses let the big task dominate; balancing rescues the small tasks",
-              f"the small families' pass@1 ({', '.join(setup.small)}; {setup.large} {setup.large_n} programs, the others "
-              f"{setup.small_n}), {res.primary} vs naive: {small_text}", claim["small"], lesson="05", states=states)
+              f"the small families' pass@1 ({', '.join(shown.small)}; {shown.large} {shown.large_n} programs, the others "
+              f"{shown.small_n}), {primary} vs naive: {small_text}", claim["small"], lesson="05", states=states)
     return out
 
 
