@@ -210,7 +210,11 @@ def isolate(run_dir: str | None = None) -> dict[str, str]:
     site.ENABLE_USER_SITE = False
     keep = []
     for p in sys.path:
-        if p in ("", ".") or (os.path.isabs(p) and _inside(os.path.realpath(p), run)):
+        # off the path: the working folder, the run's folders, and any folder this process can write
+        # (in user-namespace mode the folders the sandbox creates above a read-only bind, e.g. a
+        # checkout under /tmp, are writable: a module planted there would be found by name);
+        # packages already imported keep their own __path__
+        if p in ("", ".") or (os.path.isabs(p) and (_inside(os.path.realpath(p), run) or os.access(p, os.W_OK))):
             sys.path_importer_cache.pop(p, None)
             continue
         keep.append(p)
