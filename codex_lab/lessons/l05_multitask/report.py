@@ -9,6 +9,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from codex_lab.stats import FAILS, HOLDS
+
 TITLE = "05 Multi-task fine-tuning with balanced losses"
 ORDER = 5
 
@@ -260,4 +262,4 @@ def weighting_verdict(samples: dict[str, int], valid_tokens: dict[str, int]) -> 
     ns, nv = sum(samples.values()), sum(valid_tokens.values())
     # share gap = |samples_t / sum samples - valid_t / sum valid|
     gap = max(abs(samples[t] / ns - valid_tokens[t] / nv) for t in samples)
-    return "holds" if gap > 0.05 else "fails"
+    return HOLDS if gap > 0.05 else FAILS

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from codex_lab.stats import FAILS, FAILS_AS_STATED, HOLDS
+
 import torch
 
 TITLE = "Lesson 06: fast inference"
@@ -81,8 +83,8 @@ def batching_verdict(vs_one: float, vs_static: float, lower_ttft: bool) -> str:
     throughput (>= 1x) and on median TTFT; fails as stated in between (batching helps, but the
     "improved" scheduler is not ahead of plain static batching on both)."""
     if vs_one <= 1.2:
-        return "fails"
-    return "holds" if lower_ttft and vs_static >= 1 else "fails as stated"
+        return FAILS
+    return HOLDS if lower_ttft and vs_static >= 1 else FAILS_AS_STATED
 
 
 def batching_claim(ctx: Any, rows: list[dict[str, Any]]) -> str:

@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from codex_lab.stats import FAILS, FAILS_AS_STATED, HOLDS
+
 TITLE = "Lesson 07: monitored serving, release gates, canary and rollback"
 ORDER = 7
 
@@ -144,24 +146,24 @@ def run(ctx) -> str:  # noqa: ANN001
 def latency_verdict(p95_ms: float, limit_ms: float) -> str:
     """A latency target (TTFT < 100 ms, TBT < 20 ms) on the served system's p95: holds below the
     limit, fails at or above it."""
-    return "holds" if p95_ms < limit_ms else "fails"
+    return HOLDS if p95_ms < limit_ms else FAILS
 
 
 def deadline_verdict(reason: str, ended_after_s: float, deadline_s: float, slack_s: float = 1.0) -> str:
     """"One request finishes within its deadline (30 s)": holds when a request needing longer than
     its deadline was ended by the deadline (finish_detail "deadline") within ``slack_s`` of it (a
     step in progress finishes first); fails otherwise (it ran on, or ended for another reason)."""
-    return "holds" if reason == "deadline" and ended_after_s <= deadline_s + slack_s else "fails"
+    return HOLDS if reason == "deadline" and ended_after_s <= deadline_s + slack_s else FAILS
 
 
 def gate_verdict(passed: bool, damaged_functional: float, base_functional: float) -> str:
     """The gates on a deliberately damaged candidate: holds when they refuse it and the functional
     gate saw the damage; fails as stated when refused by other gates only; fails when it passed."""
     if passed:
-        return "fails"
-    return "holds" if damaged_functional < base_functional else "fails as stated"
+        return FAILS
+    return HOLDS if damaged_functional < base_functional else FAILS_AS_STATED
 
 
 def rollback_verdict(action: str | None, client_errors: int) -> str:
     """The canary on a slowed candidate: holds when it rolled back with no failed client request."""
-    return "holds" if action == "rollback" and client_errors == 0 else "fails"
+    return HOLDS if action == "rollback" and client_errors == 0 else FAILS
