@@ -392,9 +392,9 @@ assert runs["moe"][0].total_ffn_params == runs["dense_total"][0].total_ffn_param
 
 # %% [markdown]
 # **Is every arm trained?** The rule, on each arm's held-out curves (one per seed): fit a line
-# to the last quarter of the seed-mean curve, project it over another quarter of the run, and
-# compare that change with the standard error of the arm's mean, seed spread / sqrt(seeds) (at least 0.01 nats/token, the smallest change
-# the claims care about). Then the verdicts, written here with `cl.compare`,
+# to each seed's last evaluations (a quarter, at least 5), project it over another quarter of
+# the run, and call the arm trained when a one-sided 95% bound on the seeds' projected change,
+# and every seed's own, is at most 0.01 nats/token (the smallest change the claims care about). Then the verdicts, written here with `cl.compare`,
 # `cl.noninferiority`, `cl.holm` and `cl.judge_trained` (an arm that is not trained turns its
 # comparisons into "under-trained: no verdict"), and held equal to the package's `judge_quality`.
 
