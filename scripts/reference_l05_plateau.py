@@ -39,8 +39,10 @@ def summary(res: pt.PlateauResults) -> dict:
     return {"setup": res.setup.describe(), "split": res.setup.split, "primary_arm": res.primary,
             "states": {a: s.describe() for a, s in res.states().items()},
             "compute": res.compute_lines(),
-            "extension_confirmed": {a: (r["extension_steps"] > 0 and math.isfinite(r["extension_change"])
-                                        and abs(r["extension_change"]) < res.setup.min_change)
+            # None: no extension ran (an arm compared at its best checkpoint, or not trained)
+            "extension_confirmed": {a: (None if not r["extension_steps"] else
+                                        bool(math.isfinite(r["extension_change"])
+                                             and abs(r["extension_change"]) < res.setup.min_change))
                                     for a, r in res.arms.items()},
             "size": {"describe": size.describe(), "verdict": verdict, "gain": gain,
                      "position": pt.size_position(gain), "diff": size.diff, "lo": size.lo, "hi": size.hi},

@@ -20,7 +20,7 @@ from codex_lab.lessons.l08_capstone.results import StageLog
 from codex_lab.nn.accounting import measured_cache_bytes
 from codex_lab.nn.model import CodexModel
 from codex_lab.nn.patterns import parse_pattern
-from codex_lab.stats import FAILS, FAILS_AS_STATED, HOLDS, NOT_RESOLVED, VERDICTS, check_stated
+from codex_lab.stats import FAILS, FAILS_AS_STATED, HOLDS, VERDICTS, check_stated
 
 
 def capstone_claims(
