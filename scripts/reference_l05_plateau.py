@@ -55,11 +55,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", default="iid", choices=SPLITS, help="codebench 2 split (default: iid)")
     ap.add_argument("--state", default=None, help="state file (default: ~/.cache/codex_lab/runs/<name>.json)")
-    ap.add_argument("--mode", default="reference", help="sizes (setup_for): reference (default) or fast (a smoke run)")
+    ap.add_argument("--mode", default="reference", help="sizes (setup_for): reference (default; the shipped base), reference-corpus "
+                    "(the small corpus base) or fast (a smoke run)")
     args = ap.parse_args()
     name = f"l05_plateau_{args.split}" + ("" if args.mode == "reference" else f"_{args.mode}")
-    args.state = args.state or str(Path.home() / ".cache" / "codex_lab" / "runs" / f"{name}.json")
     setup = pt.setup_for(args.mode, args.split)
+    # the state file names the base: a run from another base never resumes this one
+    args.state = args.state or str(Path.home() / ".cache" / "codex_lab" / "runs" / f"{name}_{setup.base}.json")
     run = ResumableRun(args.state, {"setup": dataclasses.asdict(setup)})
     names = [f"single-task:{f}" for f in setup.families] + ["naive", *setup.balanced]
     print(f"smallest effect this design can detect: {pt.detectable_effect(setup)}", flush=True)
@@ -82,7 +84,8 @@ def main() -> int:
         # (a rerun of this script over a finished state file re-judges without retraining)
         prov = provenance(command, run.seconds(), "reference", commit=run.commit, verdicts_commit=_commit(),
                           state_file=str(args.state).replace(str(Path.home()), "~", 1), workers=jobs,
-                          duration_note="the base's pretraining (cached, 89 CPU s) is not counted")
+                          duration_note=("the shipped base is not counted" if setup.base == "shipped" else
+                                         "the base's pretraining (cached) is not counted"))
     res = pt.PlateauResults(setup, {a: run.done[a]["result"] for a in names})
     data = {**summary(res), "arms": res.arms}
     path = save_reference(name, data, prov)

@@ -39,6 +39,9 @@ class PlateauSetup:
 
     Args:
         split: codebench 2 split (train, validate and test on it).
+        base: ``"corpus"``: a small base of the sizes below, pretrained here on the standard
+            library with the split's BPE vocabulary; ``"shipped"``: the course's shipped
+            pretrained model and its tokenizer (the geometry and ``base_*`` fields are then unused).
         large: the large family; ``large_n`` its training programs, ``small_n`` each other family's.
         d_model, n_layer, n_head, vocab, max_len: the model and its BPE vocabulary; examples of
             <= ``max_len`` tokens.
@@ -55,6 +58,7 @@ class PlateauSetup:
     """
 
     split: str = "iid"
+    base: str = "corpus"
     large: str = "completion"
     large_n: int = 600
     small_n: int = 60
@@ -88,6 +92,8 @@ class PlateauSetup:
         both = sorted(set(self.seeds) & set(self.tuning_seeds))
         if both:
             raise ValueError(f"seeds {both} would tune and judge: choose verdict seeds outside {self.tuning_seeds}")
+        if self.base not in ("corpus", "shipped"):
+            raise ValueError(f"base={self.base!r}: choose 'corpus' (pretrained here) or 'shipped' (the shipped model)")
         if self.large not in cb2.FAMILIES:
             raise ValueError(f"large={self.large!r} is not a codebench 2 family {cb2.FAMILIES}")
 
@@ -112,8 +118,12 @@ class PlateauSetup:
 
     def describe(self) -> str:
         """The geometry in one sentence."""
-        return (f"one base ({self.n_layer} layers, width {self.d_model}, {self.vocab}-token BPE) pretrained "
-                f"{self.base_steps} steps on the standard library, then fine-tuned on codebench 2 {self.split}: "
+        if self.base == "shipped":
+            head = "one base, the course's shipped pretrained model (4 layers, width 256, its 4,096-token BPE)"
+        else:
+            head = (f"one base ({self.n_layer} layers, width {self.d_model}, {self.vocab}-token BPE) pretrained "
+                    f"{self.base_steps} steps on the standard library")
+        return (f"{head}, then fine-tuned on codebench 2 {self.split}: "
                 f"{self.large} {self.large_n} programs, the other four {self.small_n} each, no program shared between "
                 f"families; batches of {self.batch_size}, lr {self.lr:g}; each arm to its plateau (judged every "
                 f"{self.chunk} steps, cap {self.max_steps}); seeds {', '.join(map(str, self.seeds))} (sizes tuned on "
@@ -138,8 +148,15 @@ def setup_for(mode: str, split: str = "iid") -> PlateauSetup:
         return PlateauSetup(split=split, d_model=128, n_layer=4, vocab=2048, base_steps=6000, base_batch=32,
                             batch_size=16, max_steps=12000, seeds=(10, 11, 12, 13, 14), per_family=96)
     if mode == "reference":
+        # the shipped model as the base: the smaller corpus base of the first reference run left every
+        # arm at the benchmark's floor (pass@1 0.02-0.07), where no comparison can be read; the shipped
+        # model fine-tuned on the pooled iid split reaches 0.35-0.58 in four families (its calibration
+        # run, seed 0: a tuning seed), so the claim is testable from it. Same sizes, rate and rule.
+        # every test problem of the split (200 per family): the interval is as narrow as the split allows
+        return PlateauSetup(split=split, base="shipped", per_family=200)
+    if mode == "reference-corpus":
         return PlateauSetup(split=split)
-    raise ValueError(f"mode {mode!r}: choose fast, standard, reference or full")
+    raise ValueError(f"mode {mode!r}: choose fast, standard, reference, reference-corpus or full")
 
 
 # --- data ------------------------------------------------------------------------------------------
@@ -170,7 +187,12 @@ def sized_taskset(setup: PlateauSetup) -> Any:
 
 
 def tokenizer(setup: PlateauSetup) -> Any:
-    """The split's BPE vocabulary (trained on its training texts: lesson 05's equal-compute experiment's)."""
+    """The base's tokenizer: the shipped model's (``base="shipped"``), else the split's BPE
+    vocabulary (trained on its training texts: lesson 05's equal-compute experiment's)."""
+    if setup.base == "shipped":
+        from codex_lab.training.checkpoint import load_pretrained
+
+        return load_pretrained().tokenizer
     from codex_lab.lessons.l05_multitask.experiments import Setup, data
 
     return data(Setup(split=setup.split, vocab=setup.vocab))[0]
@@ -182,7 +204,7 @@ def _cache_dir() -> Path:
 
 def base_key(setup: PlateauSetup) -> str:
     """What the base depends on, hashed: its geometry, its pretraining and the vocabulary."""
-    keys = ("split", "d_model", "n_layer", "n_head", "vocab", "max_len", "base_steps", "base_batch", "base_seq",
+    keys = ("split", "base", "d_model", "n_layer", "n_head", "vocab", "max_len", "base_steps", "base_batch", "base_seq",
             "base_lr", "base_files", "max_new_tokens")
     blob = json.dumps({k: getattr(setup, k) for k in keys}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -191,7 +213,8 @@ def base_key(setup: PlateauSetup) -> str:
 def pretrain_base(setup: PlateauSetup, tok: Any, *, log: Callable[[str], None] | None = None) -> Any:
     """The base model: pretrained (seed 0) on windows of the corpus's training files, cached
     under ``~/.cache/codex_lab/l05_base/`` (``CODEX_LAB_CACHE``) by :func:`base_key`; a cached
-    base is loaded, not retrained. Returns the model (eval mode)."""
+    base is loaded, not retrained. ``base="shipped"``: the shipped pretrained model, as shipped.
+    Returns the model (eval mode)."""
     from safetensors.torch import load_model, save_model
 
     from codex_lab.data.corpus import load_corpus
@@ -199,6 +222,10 @@ def pretrain_base(setup: PlateauSetup, tok: Any, *, log: Callable[[str], None] |
     from codex_lab.nn.model import CodexModel
     from codex_lab.training.loop import LoopConfig, adamw, run_loop
 
+    if setup.base == "shipped":
+        from codex_lab.training.checkpoint import load_pretrained
+
+        return load_pretrained().model.eval()
     torch.manual_seed(0)
     model = CodexModel(ModelConfig(vocab_size=tok.vocab_size, d_model=setup.d_model, n_layer=setup.n_layer,
                                    n_head=setup.n_head, max_seq_len=setup.max_len + setup.max_new_tokens))
