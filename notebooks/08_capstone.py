@@ -52,9 +52,10 @@
 # 8. the scorecard of the lesson's project, applied to this candidate: in the project
 #    (`exercises/08_capstone.ipynb`, graded with `codex-lab grade exercises/08_capstone.py`)
 #    you design your own candidate and it is scored on that scorecard, criterion by criterion;
-# 9. the measured trade: each optimisation alone and all together, every design given the plain
-#    model's training budget until both plateau (at a smaller geometry), what each buys (speed,
-#    memory) and costs (quality, with an interval), and which design the gates promote.
+# 9. the measured trade: each optimisation alone (GQA at group sizes 4 and 8) and all together,
+#    every design trained to its own plateau after conversion (at a smaller geometry), and on
+#    those same trained models what each costs (quality, with an interval) and buys (prefill
+#    and decode speed at a long context, KV-cache memory), and which design the gates promote.
 #
 # Steps 3-6 run at a brief budget (a few steps in fast and standard mode): they show every
 # stage working, and the training-state rule says whether that budget reached a plateau.
@@ -386,35 +387,37 @@ unscored = [r.key for r in card if not r.scored]
 assert (unscored == list(sc.QUALITY_CRITERIA)) == (not all(st.trained for st in card_input["states"].values()))
 
 # %% [markdown]
-# ## 9. The measured trade: what each optimisation buys and what it costs
-# The runs above give the candidate a few steps: a converted model that has not won back what
-# conversion cost would be compared on its budget, not its design. Here every design gets the
-# plain model's budget until both plateau. On a CPU that fits only at a smaller geometry, so
-# the model, the sequence, the window and the stride shrink together (standard mode: 2
-# layers of width 64, 32-token sequences, an 8-token window plus every 4th 8-token block,
-# which attends to the same share of pairs at 32 tokens as the candidate's pattern at 256);
-# the steps are not cut. Per seed, a plain model is pre-trained, converted into each design
-# (sparse deep layers, GQA, upcycled MoE, all three), and every design *and the plain model*
-# train the same further steps on the same batches; the seed draws the initialisation, the
-# data order and the held-out windows.
+# ## 9. The measured trade: one set of designs, each trained to its plateau
+# The runs above give the candidate a brief budget: a converted model that has not won back
+# what conversion cost would be compared on its budget, not its design. Here each design
+# trains until the training-state rule says it has levelled off. On a CPU that fits only at
+# a smaller geometry (standard mode: 2 layers of width 64, 8 heads, 32-token training
+# windows, an 8-token window plus every 4th 8-token block in the deep layer); the rule
+# decides the steps. Per seed, a plain model is pre-trained to its plateau, converted into
+# each design (sparse deep layers, GQA at group sizes 4 and 8, upcycled MoE, all of them),
+# and every design *and the plain model* train on, each to its own plateau, then half as
+# long again to check that the plateau holds. The seed draws the initialisation, the data
+# order and the held-out windows.
 #
-# The quality cost of a design is its final held-out loss minus the plain model's, paired
-# by seed, judged for non-inferiority with a margin declared before the run
-# (`tr.MARGIN_NATS`). What a design buys does not depend on its trained values, so speed,
-# KV-cache bytes and parameters come from your ablation above, on the shipped model's size.
-# In fast mode the training is far too short: expect "under-trained: no verdict".
+# The quality cost of a design is its held-out loss minus the plain model's at their
+# stopping points, paired by seed, judged for non-inferiority with a margin declared before
+# the run (`tr.MARGIN_NATS`). What it buys is measured on *the same trained models* (the
+# first seed's) at a context where each design is meant to pay: a long prefill for sparse
+# attention, a batch decoding over a long cache for GQA. In fast mode the caps are far too
+# short: expect "under-trained: no verdict".
 
 # %%
 from codex_lab.lessons.l08_capstone import trade as tr
+from codex_lab.lessons.l08_capstone import trade_speed as tsp
+from codex_lab.lessons.l08_capstone import trade_table as tt
 
-tsizes = tr.trade_sizes()
+tsizes = tr.trade_sizes(cl.mode_info().mode)  # fast, standard or full: the mode this notebook runs in
 print(tsizes.describe())
-runs = tr.run_trade(corpus, tsizes)
-fig = tr.plot_trade(runs)
+trade = tr.run_trade(corpus, tsizes)
+fig = tt.plot_trade(trade)
 plt.show()
-tstates = tr.trade_states(runs)
-for st in tstates.values():
-    print(st.describe())
+tstates = tr.trade_states(trade)
+print("\n".join(tt.trade_lines(trade)))
 
 # %% [markdown]
 # ### Beside this run: the shipped reference at the article's sizes
@@ -440,15 +443,15 @@ plt.show()
 # %%
 from codex_lab.stats import t_quantile
 
-kind = "gqa"
-d = [r.final(kind) - r.final("plain") for r in runs]  # per seed, nats/token (> 0: the design is worse)
+kind = "gqa4"
+d = [x - p for x, p in zip(trade.arms[kind].final, trade.arms["plain"].final)]  # per seed, nats/token (> 0: worse)
 mean_d = sum(d) / len(d)
 # se = sample sd of the paired differences / sqrt(seeds)
 se = (sum((x - mean_d) ** 2 for x in d) / (len(d) - 1)) ** 0.5 / len(d) ** 0.5
 upper = mean_d + t_quantile(0.95, len(d) - 1) * se  # one-sided 95% upper bound of the cost
 lower = mean_d - t_quantile(0.95, len(d) - 1) * se
 mine = "holds" if upper < tr.MARGIN_NATS else ("fails" if lower > tr.MARGIN_NATS else "not resolved")
-theirs = tr.trade_costs(runs, tstates)[kind]
+theirs = tr.trade_costs(trade)[kind]
 print(f"{kind}: cost {mean_d:+.4f} nats/token, 90% interval [{lower:+.4f}, {upper:+.4f}], margin {tr.MARGIN_NATS}: {mine}")
 print("package:", theirs.describe())
 assert abs(theirs.diff - mean_d) < 1e-9 and abs(theirs.hi - upper) < 1e-6 and abs(theirs.lo - lower) < 1e-6
@@ -456,26 +459,31 @@ assert theirs.measured_verdict == mine  # the package then applies the training-
 assert theirs.verdict in (mine, "under-trained: no verdict")
 
 # %% [markdown]
-# The table: each design's buys beside its costs, its training state and the release gate.
-# The gate's quality criterion is the same non-inferiority margin; a design must also not be
-# slower than plain in every round, and must buy something (a smaller KV cache, or faster
-# decode in every round). The gates promote the fastest design that passes.
+# Now what each design buys, timed on the trained models themselves, every design in the
+# same interleaved rounds; then the table: costs and training state beside the buys, and the
+# release gate. The gate's quality criterion is the same non-inferiority margin; a design
+# must also not be slower than plain in every round of prefill or of decode, and must buy
+# something (a smaller KV cache, or prefill or decode faster in every round). The gates
+# promote the passing design that decodes fastest.
 
 # %%
-rows = tr.trade_rows(runs, abl, batch=8)
-print(tr.trade_table(rows))
+speed = tsp.speed_records({k: trade.model(k) for k in tr.KINDS}, context=tsizes.context,
+                          decode_batch=tsizes.decode_batch, new_tokens=tsizes.new_tokens, rounds=tsizes.rounds)
+rows = tt.trade_rows(trade, speed)
+print(tt.trade_table(rows, context=tsizes.context, decode_batch=tsizes.decode_batch))
 print()
 for r in rows[1:]:
     print(f"{r.label}: " + ("passes every gate" if r.passed else "; ".join(r.reasons)))
-decision = tr.trade_decision(rows)
+decision = tt.trade_decision(rows)
 print("DECISION:", decision["text"])
 for r in rows:
     if r.kind != "plain":
-        assert r.passed == (r.cost.verdict == "holds" and r.speed_hi >= 1.0 and (r.kv_ratio < 1.0 or r.speed_lo > 1.0))
+        buys = r.kv_ratio < 1.0 or r.prefill[1] > 1.0 or r.decode[1] > 1.0
+        assert r.passed == (r.cost.verdict == "holds" and r.prefill[2] >= 1.0 and r.decode[2] >= 1.0 and buys)
 assert decision["promoted"] in [r.kind for r in rows if r.passed] + [None]
 if not all(st.trained for st in tstates.values()):
-    # the rule fired (always in fast mode): no design is judged on quality, so none is promoted
-    assert decision["promoted"] is None
+    # the rule withheld a verdict (always in fast mode): that design is not promoted on quality
+    assert decision["promoted"] is None or tstates[decision["promoted"]].trained
 
 # %% [markdown]
 # ## What we measured
@@ -499,9 +507,10 @@ print(f"- Project scorecard for this candidate: {sum(r.points for r in card)}/{s
 print(f"- Brief budget: the candidate {'passed' if passed else 'did not pass'} the gates against the plain baseline "
       f"and the live canary {'promoted it' if rollout['action'] == 'promote' else 'rolled it back'}; the pre-training curves: "
       + "; ".join(f"{st.arm} {st.short()}" for st in card_input["states"].values()) + ".")
-print("- The trade (every design at the plain model's budget, " + ", ".join(f"{k} {v.short()}" for k, v in tstates.items())
-      + "): " + "; ".join(f"{r.label} {r.speed:.2f}x decode, KV {r.kv_ratio:.2f}x, cost "
-                          + (f"{r.cost.diff:+.3f} ({r.cost.verdict})" if r.cost else "-") for r in rows if r.kind != "plain") + ".")
+print("- The trade (each arm to its plateau: " + ", ".join(f"{k} {v.short()}" for k, v in tstates.items())
+      + f"; speed at {tsizes.context} tokens): " + "; ".join(
+          f"{r.label} prefill {r.prefill[0]:.2f}x, decode {r.decode[0]:.2f}x, KV {r.kv_ratio:.2f}x, cost "
+          + (f"{r.cost.diff:+.3f} ({r.cost.verdict})" if r.cost else "-") for r in rows if r.kind != "plain") + ".")
 print(f"DECISION: {decision['text']}.")
 
 # %% [markdown]

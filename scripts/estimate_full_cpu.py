@@ -71,9 +71,10 @@ def plans() -> dict[str, dict[str, Any]]:
     out["08"] = {"config": ModelConfig(vocab_size=s8.vocab_size, d_model=s8.d_model, n_layer=s8.n_layer,
                                        n_head=s8.n_head, max_seq_len=s8.seq_len),
                  "batch": (s8.batch_size, s8.seq_len),
-                 "steps": len(s8.seeds) * (s8.pretrain_steps + len(l08.KINDS) * s8.uptrain_steps),
-                 "plan": f"{len(s8.seeds)} seeds x (pre-training {s8.pretrain_steps} + {len(l08.KINDS)} designs x "
-                         f"{s8.uptrain_steps})"}
+                 # the caps: the training-state rule stops each arm at its plateau, at most here (extension not counted)
+                 "steps": len(s8.seeds) * (s8.pre_max_steps + len(l08.KINDS) * s8.max_steps),
+                 "plan": f"{len(s8.seeds)} seeds x (pre-training up to {s8.pre_max_steps} + {len(l08.KINDS)} designs x "
+                         f"up to {s8.max_steps}: the caps; the rule stops each arm at its plateau)"}
     return out
 
 

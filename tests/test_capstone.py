@@ -248,80 +248,118 @@ def test_training_state_helpers_behave_as_intended():
     assert training_state(_curves(3.0, flat=False), higher_is_better=False, min_change=0.01).state == "under-trained"
 
 
-def _run(seed: int, finals: dict, *, flat: dict | None = None):
-    from codex_lab.lessons.l08_capstone.trade import TradeRun
+def _trade(finals: list[dict], *, flat: dict | None = None):
+    """A TradeResult from per-seed final losses (``finals[i][kind]``); ``flat[arm]`` False: that arm still falls."""
+    from codex_lab.lessons.l08_capstone import trade as tr
+    from codex_lab.training_state import training_state
 
     flat = flat or {}
-    base = _curves(3.0, flat=flat.get("pre-training", True))[seed]
-    curves = {k: _curves(v, flat=flat.get(k, True))[seed] for k, v in finals.items()}
-    return TradeRun(seed, base, {k: v + 0.3 for k, v in finals.items()}, curves)
+
+    def arm(name: str, level: float | None = None, per_seed: list[float] | None = None):
+        curves = [c for c in _curves(level if level is not None else 3.0, flat=flat.get(name, True))]
+        st = training_state(curves, higher_is_better=False, min_change=tr.MIN_CHANGE_NATS, arm=name)
+        return tr.ArmRun(name, curves, st, 110, True, per_seed or [c[-1][1] for c in curves])
+
+    arms = {k: arm(k, per_seed=[f[k] for f in finals]) for k in tr.KINDS}
+    return tr.TradeResult(tr.trade_sizes("fast"), 384, arm("pre-training"), arms)
 
 
-def _ablation(speeds: dict | None = None) -> list[dict]:
-    speeds = speeds or {}
-    kv = {"plain": 1024, "sparse": 1024, "gqa": 512, "moe": 1024, "all": 512}
-    params = {"plain": (100, 100), "sparse": (100, 100), "gqa": (90, 90), "moe": (300, 150), "all": (290, 140)}
-    out = []
-    for kind in ("plain", "sparse", "gqa", "moe", "all"):
-        med, lo, hi = speeds.get(kind, (1.0, 1.0, 1.0) if kind == "plain" else (1.0, 0.95, 1.05))
-        out.append({"variant": kind, "kind": kind, "batch": 8, "vs_plain_median": med, "vs_plain_lo": lo,
-                    "vs_plain_hi": hi, "kv_bytes_per_token": kv[kind], "params": params[kind][0],
-                    "active_params": params[kind][1]})
-    return out
+def _speed(prefill: dict | None = None, decode: dict | None = None) -> dict:
+    kv = {"plain": 1024, "sparse": 1024, "gqa4": 256, "gqa8": 128, "moe": 1024, "all": 256}
+    params = {"plain": (100, 100), "sparse": (100, 100), "gqa4": (90, 90), "gqa8": (88, 88), "moe": (300, 150),
+              "all": (290, 140)}
+    same = (1.0, 0.95, 1.05)
+    return {k: {"kind": k, "prefill_vs_plain": (prefill or {}).get(k, (1.0, 1.0, 1.0) if k == "plain" else same),
+                "decode_vs_plain": (decode or {}).get(k, (1.0, 1.0, 1.0) if k == "plain" else same),
+                "kv_bytes_per_token": kv[k], "params": params[k][0], "active_params": params[k][1]} for k in kv}
 
 
 def test_trade_table_verdicts_gates_and_decision_follow_the_numbers():
     from codex_lab.lessons.l08_capstone import trade as tr
+    from codex_lab.lessons.l08_capstone import trade_table as tt
 
-    # per seed the designs' final losses: gqa costs ~0.002 (kept), sparse 0.3 (fails), moe 0.03 (the bounds straddle
-    # the 0.05 margin only with spread; here kept), all 0.2 (fails)
-    mean = {"plain": 3.0, "sparse": 3.3, "gqa": 3.002, "moe": 3.01, "all": 3.2}
-    jitter = {"plain": (0.0, 0.002, -0.001), "sparse": (0.003, -0.002, 0.0), "gqa": (-0.001, 0.003, 0.0),
-              "moe": (0.002, 0.0, -0.003), "all": (0.0, -0.002, 0.004)}  # per seed: the paired differences vary
+    # per seed the designs' final losses: gqa4 costs ~0.002 (kept), sparse 0.3 (fails), moe 0.01 (kept), all 0.2
+    # (fails), gqa8 0.03 with a spread that straddles the 0.05 margin (not resolved)
+    mean = {"plain": 3.0, "sparse": 3.3, "gqa4": 3.002, "gqa8": 3.03, "moe": 3.01, "all": 3.2}
+    jitter = {"plain": (0.0, 0.002, -0.001), "sparse": (0.003, -0.002, 0.0), "gqa4": (-0.001, 0.003, 0.0),
+              "gqa8": (0.0, 0.03, -0.02), "moe": (0.002, 0.0, -0.003), "all": (0.0, -0.002, 0.004)}
     finals = [{k: v + d + jitter[k][i] for k, v in mean.items()} for i, d in enumerate((0.0, 0.01, -0.01))]
-    runs = [_run(i, f) for i, f in enumerate(finals)]
-    rows = {r.kind: r for r in tr.trade_rows(runs, _ablation({"moe": (0.6, 0.5, 0.7), "gqa": (1.1, 1.05, 1.2)}))}
+    res = _trade(finals)
+    rows = {r.kind: r for r in tt.trade_rows(res, _speed(decode={"moe": (0.6, 0.5, 0.7), "gqa4": (1.1, 1.05, 1.2)}))}
     assert list(rows) == list(tr.KINDS)
     assert all(r.state.trained for r in rows.values())
-    assert rows["gqa"].cost.verdict == "holds" and rows["sparse"].cost.verdict == "fails"
+    assert rows["gqa4"].cost.verdict == "holds" and rows["sparse"].cost.verdict == "fails"
     assert rows["all"].cost.verdict == "fails" and rows["moe"].cost.verdict == "holds"
+    assert rows["gqa8"].cost.verdict == "not resolved"
     assert abs(rows["sparse"].cost.diff - 0.3) < 1e-9 and rows["sparse"].cost.lo < 0.3 < rows["sparse"].cost.hi
-    # gates: gqa passes (kept, not slower, smaller cache); moe kept but slower in every round; sparse fails quality
-    # and buys nothing (same cache, speed within the spread)
-    assert rows["gqa"].passed and rows["gqa"].kv_ratio == 0.5
-    assert not rows["moe"].passed and any(w.startswith("speed") for w in rows["moe"].reasons)
+    # gates: gqa4 passes (kept, not slower, smaller cache); moe kept but decode slower in every round; sparse fails
+    # quality and buys nothing (same cache, speed within the spread)
+    assert rows["gqa4"].passed and rows["gqa4"].kv_ratio == 0.25
+    assert not rows["moe"].passed and any(w.startswith("speed") and "decode" in w for w in rows["moe"].reasons)
     assert not rows["sparse"].passed and {w.split(":")[0] for w in rows["sparse"].reasons} == {"quality", "buys nothing"}
     assert not rows["plain"].passed
-    dec = tr.trade_decision(list(rows.values()))
-    assert dec["promoted"] == "gqa" and dec["passed"] == ["gqa"] and "GQA" in dec["text"]
-    table = tr.trade_table(list(rows.values()))
-    assert "1.10x (1.05-1.20x)" in table and "512 (0.50x)" in table and "300 / 150" in table and "-> fails" in table
-    assert "| GQA |" in tr.trade_table(list(rows.values()), markdown=True)
-    # two passing designs: the faster median is promoted
-    fast_all = [dict(r, vs_plain_median=1.3, vs_plain_lo=1.1, vs_plain_hi=1.4) if r["kind"] == "all" else r
-                for r in _ablation({"gqa": (1.1, 1.05, 1.2)})]
+    dec = tt.trade_decision(list(rows.values()))
+    assert dec["promoted"] == "gqa4" and dec["passed"] == ["gqa4"] and "GQA g=4" in dec["text"]
+    table = tt.trade_table(list(rows.values()), context=256, decode_batch=4)
+    assert "1.10x (1.05-1.20x)" in table and "256 (0.25x)" in table and "300 / 150" in table and "-> fails" in table
+    assert "| GQA g=4 |" in tt.trade_table(list(rows.values()), context=256, decode_batch=4, markdown=True)
+    # sparse made to pay: prefill faster in every round buys something, though quality still refuses it; a prefill
+    # slower in every round is a speed refusal even when decode is level
+    r_sp = {r.kind: r for r in tt.trade_rows(res, _speed(prefill={"sparse": (2.0, 1.8, 2.2), "gqa8": (0.8, 0.7, 0.9)}))}
+    assert {w.split(":")[0] for w in r_sp["sparse"].reasons} == {"quality"}
+    assert any(w.startswith("speed") and "prefill" in w for w in r_sp["gqa8"].reasons)
+    # two passing designs: the faster median decode is promoted
     cheap = [{**f, "all": f["plain"] + 0.001 + 0.002 * (i % 2)} for i, f in enumerate(finals)]
-    rows2 = tr.trade_rows([_run(i, f) for i, f in enumerate(cheap)], fast_all)
-    assert tr.trade_decision(rows2)["promoted"] == "all"
+    rows2 = tt.trade_rows(_trade(cheap), _speed(decode={"gqa4": (1.1, 1.05, 1.2), "all": (1.3, 1.1, 1.4)}))
+    assert tt.trade_decision(rows2)["promoted"] == "all"
     # an under-trained design (still falling) gets no verdict and is refused; so is every design when the
     # pre-training has not plateaued (conversion from an unfinished model says nothing about the design)
-    runs3 = [_run(i, f, flat={"gqa": False}) for i, f in enumerate(finals)]
-    r3 = {r.kind: r for r in tr.trade_rows(runs3, _ablation({"gqa": (1.1, 1.05, 1.2)}))}
-    assert r3["gqa"].state.state == "under-trained" and r3["gqa"].cost.verdict == "under-trained: no verdict"
-    assert not r3["gqa"].passed and tr.trade_decision(list(r3.values()))["promoted"] is None
-    runs4 = [_run(i, f, flat={"pre-training": False}) for i, f in enumerate(finals)]
-    r4 = tr.trade_rows(runs4, _ablation({"gqa": (1.1, 1.05, 1.2)}))
+    r3 = {r.kind: r for r in tt.trade_rows(_trade(finals, flat={"gqa4": False}), _speed(decode={"gqa4": (1.1, 1.05, 1.2)}))}
+    assert r3["gqa4"].state.state == "under-trained" and r3["gqa4"].cost.verdict == "under-trained: no verdict"
+    assert not r3["gqa4"].passed and tt.trade_decision(list(r3.values()))["promoted"] is None
+    r4 = tt.trade_rows(_trade(finals, flat={"pre-training": False}), _speed(decode={"gqa4": (1.1, 1.05, 1.2)}))
     assert all(r.cost.verdict == "under-trained: no verdict" for r in r4 if r.kind != "plain")
-    assert tr.trade_decision(r4) == {"promoted": None, "passed": [], "text": tr.trade_decision(r4)["text"]}
+    assert tt.trade_decision(r4)["promoted"] is None and tt.trade_decision(r4)["passed"] == []
     # the quality gate uses the table's margin: a gate with another margin is refused, and a tighter margin
-    # declared for the table turns gqa's "holds" into a refusal on quality
-    assert r3["gqa"].reasons[0].startswith("quality")
+    # declared for the table turns gqa4's "holds" into a refusal on quality
+    assert r3["gqa4"].reasons[0].startswith("quality")
     with pytest.raises(ValueError, match="one"):
-        tr.gate_row(rows["gqa"], margin=0.005)
-    tight = {r.kind: r for r in tr.trade_rows(runs, _ablation({"gqa": (1.1, 1.05, 1.2)}), margin=0.002)}
-    assert tight["gqa"].cost.verdict != "holds" and not tight["gqa"].passed and tight["gqa"].reasons[0].startswith("quality")
+        tt.gate_row(rows["gqa4"], margin=0.005)
+    tight = {r.kind: r for r in tt.trade_rows(res, _speed(decode={"gqa4": (1.1, 1.05, 1.2)}), margin=0.002)}
+    assert tight["gqa4"].cost.verdict != "holds" and not tight["gqa4"].passed
     with pytest.raises(ValueError, match="lacks"):
-        tr.trade_rows(runs, [r for r in _ablation() if r["kind"] != "moe"])
+        tt.trade_rows(res, {k: v for k, v in _speed().items() if k != "moe"})
+
+
+def test_trade_runs_every_design_and_times_the_trained_models(tmp_path):
+    """The fast-mode trade end to end: every design trained (the caps far too short: no verdict), the
+    speed records taken on the trained models (a model is the trained one: its weights differ from
+    the conversion's), and a group size that does not divide the heads refused."""
+    import dataclasses
+
+    from codex_lab.data.corpus import load_corpus
+    from codex_lab.lessons.l08_capstone import trade as tr
+    from codex_lab.lessons.l08_capstone import trade_speed as tsp
+    from codex_lab.lessons.l08_capstone import trade_table as tt
+
+    s = dataclasses.replace(tr.trade_sizes("fast"), context=64, rounds=2)
+    res = tr.run_trade(load_corpus(max_files=40), s)
+    assert set(res.arms) == set(tr.KINDS) and all(a.steps == s.max_steps for a in res.arms.values())
+    assert all(a.state.state == "under-trained" for a in res.arms.values())  # 8 steps: the rule withholds
+    gqa8 = res.model("gqa8")
+    assert gqa8.cfg.n_kv_head == s.n_head // 8 and res.model("gqa4").cfg.n_kv_head == s.n_head // 4
+    assert res.arms["plain"].converted != res.arms["plain"].final  # trained after conversion
+    speed = tsp.speed_records({k: res.model(k) for k in tr.KINDS}, context=s.context, decode_batch=2, new_tokens=2,
+                              rounds=2)
+    # KV bytes per token read from the filled cache: 2 (K, V) x layers x K/V heads x head dim x 4 bytes
+    hd = s.d_model // s.n_head
+    assert speed["plain"]["kv_bytes_per_token"] == 2 * s.n_layer * s.n_head * hd * 4
+    assert speed["gqa8"]["kv_bytes_per_token"] == 2 * s.n_layer * (s.n_head // 8) * hd * 4
+    assert speed["plain"]["prefill_vs_plain"] == (1.0, 1.0, 1.0) and len(speed["moe"]["decode_ms"]) == 2
+    rows = tt.trade_rows(res, speed)
+    assert tt.trade_decision(rows)["promoted"] is None
+    with pytest.raises(ValueError, match="divide"):
+        dataclasses.replace(s, groups=(3, 8))
 
 
 def test_scorecard_quality_needs_a_plateau():

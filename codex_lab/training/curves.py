@@ -80,3 +80,52 @@ def train_curve(model: CodexModel, train_tokens: Tensor, eval_batches: Sequence[
         run_loop(loss_fn, opt, tail, eval_fn=eval_fn, start_step=loop.steps)
     model.eval()
     return curve
+
+
+class LMSession:
+    """One model trained on random windows of a token stream in chunks, with its held-out curve:
+    the ``advance(n) -> curve`` a run to its plateau drives
+    (:func:`codex_lab.training.plateau.train_to_plateau`).
+
+    AdamW (no weight decay), a linear warm-up over ``warmup`` steps to ``lr``, then ``lr``
+    held constant: a run has no end built into its schedule, so it can be extended, and a flat
+    tail is the model's, not an annealed rate's. Gradient norm clipped at 1; the batches come
+    from a generator seeded by ``seed``; held-out loss (nats/token) on ``eval_batches`` at step
+    0 and every ``eval_every`` steps. ``advance(a); advance(b)`` trains exactly what
+    ``advance(a + b)`` does (one optimiser, one generator).
+    """
+
+    def __init__(self, model: CodexModel, train_tokens: Tensor, eval_batches: Sequence[tuple[Tensor, Tensor]], *,
+                 lr: float, warmup: int, batch_size: int, seq_len: int, seed: int, eval_every: int) -> None:
+        if eval_every < 1 or batch_size < 1 or seq_len < 2:
+            raise ValueError(f"eval_every ({eval_every}), batch_size ({batch_size}) must be >= 1 and seq_len ({seq_len}) >= 2")
+        self.model, self.tokens, self.evals = model, train_tokens, list(eval_batches)
+        self.lr, self.warmup, self.batch_size, self.seq_len, self.eval_every = lr, warmup, batch_size, seq_len, eval_every
+        self.device = next(model.parameters()).device
+        self.gen = torch.Generator().manual_seed(seed)
+        self.opt = adamw(model, LoopConfig(steps=1, lr=lr))
+        self.step = 0
+        self.curve: list[tuple[float, float]] = [(0.0, val_loss(model, self.evals))]
+
+    def advance(self, n: int) -> list[tuple[float, float]]:
+        """Train ``n`` more steps; returns the whole held-out curve so far."""
+        self.model.train()
+        for _ in range(n):
+            # lr(step) = lr x min(1, (step + 1) / warmup): linear warm-up, then constant
+            lr = self.lr * min(1.0, (self.step + 1) / max(1, self.warmup))
+            for g in self.opt.param_groups:
+                g["lr"] = lr
+            x, y = random_batch(self.tokens, self.batch_size, self.seq_len, self.gen)  # (B, T) each
+            out = self.model(x.to(self.device), y.to(self.device))
+            loss = out.loss + out.aux_loss
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"the training loss became {float(loss)} at step {self.step}: lower lr ({self.lr:g})")
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.opt.step()
+            self.step += 1
+            if self.step % self.eval_every == 0:
+                self.curve.append((float(self.step), val_loss(self.model, self.evals)))
+        self.model.eval()
+        return list(self.curve)

@@ -36,6 +36,8 @@ def run(ctx: Any) -> str:
 
     from codex_lab.lessons.l08_capstone import pipeline as cap
     from codex_lab.lessons.l08_capstone import trade as tr
+    from codex_lab.lessons.l08_capstone import trade_speed as tsp
+    from codex_lab.lessons.l08_capstone import trade_table as tt
 
     threads = torch.get_num_threads()
     # the math threads are the report's (course.report runs each section under
@@ -53,9 +55,11 @@ def run(ctx: Any) -> str:
             requests=40 if ctx.fast else 200, promote_after=10 if ctx.fast else 60, min_requests=5 if ctx.fast else 20,
             serve_refused=not res.passed)  # a refused candidate is served only to compare the live verdict
         tsizes = tr.trade_sizes(ctx.mode)
-        runs = tr.run_trade(ctx.corpus(), tsizes)
-        rows = tr.trade_rows(runs, abl, batch=8)
-        decision = tr.trade_decision(rows)
+        trade = tr.run_trade(ctx.corpus(), tsizes)
+        speed = tsp.speed_records({k: trade.model(k) for k in tr.KINDS}, context=tsizes.context,
+                                  decode_batch=tsizes.decode_batch, new_tokens=tsizes.new_tokens, rounds=tsizes.rounds)
+        rows = tt.trade_rows(trade, speed)
+        decision = tt.trade_decision(rows)
         claims = cap.capstone_claims(models={"baseline": res.baseline, "candidate": res.candidate}, log=res.log,
                                      reports=res.gates, passed=res.passed, reasons=res.reasons,
                                      ablation=abl, rollout=rollout)
@@ -64,7 +68,6 @@ def run(ctx: Any) -> str:
     for c in claims:
         ctx.claim(c["claim"], c["measured"], c["verdict"], lesson="08")
 
-    states = tr.trade_states(runs)
     parts = [
         "**The pipeline at the mode's brief budget.** The shipped model converted into one candidate with dense early / sparse deep attention, grouped-query "
         f"attention and upcycled MoE layers (`{res.candidate.cfg.attn_patterns}`, {res.candidate.cfg.n_kv_head} K/V heads, "
@@ -85,25 +88,26 @@ def run(ctx: Any) -> str:
         "Stage times: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.log.times.items()) + ".",
         f"Held-out curves of this brief pre-training (training-state rule, 1 seed): "
         + "; ".join(training_state(res.log.curves[n], n) for n in ("baseline", "candidate"))
-        + ". The gates above judge this budget; the trade below gives every design the budget to plateau.",
-        "### The measured trade: what each optimisation buys and costs\n\n"
-        f"Costs at a geometry shrunk to fit a CPU ({tsizes.describe()}; the model, sequence, window and stride are "
-        f"shrunk together, not the steps), mode `{ctx.mode}`"
-        + (" (fast mode: far too short to plateau; the states below say so)" if ctx.mode == "fast" else "")
-        + ": the held-out loss of each design after conversion and the "
-        "same further training as the plain model, minus the plain model's, paired by seed, with its 90% interval (the "
-        f"one-sided 95% bounds) and the non-inferiority verdict at the declared margin {tr.MARGIN_NATS:g} nats/token; "
-        "the state is the design's training state (a verdict also needs the plain arm and the pre-training at a "
-        "plateau). Buys on the shipped model converted into each design: decode speed at batch 8 over plain "
-        "(median and per-round range of the interleaved rounds above), KV-cache bytes per token (fp32), parameters "
-        "stored / active per token.",
-        tr.trade_table(rows, markdown=True),
-        "Training states: " + "; ".join(st.describe() for st in states.values()) + ".",
+        + ". The gates above judge this budget, not the designs; the trade below trains every design to its plateau.",
+        "### The measured trade: what each optimisation costs and buys, on one set of trained designs\n\n"
+        f"{tsizes.describe()}; mode `{ctx.mode}`"
+        + (" (fast mode: caps far too short to plateau; the states below say so)" if ctx.mode == "fast" else "")
+        + ". Per seed a plain model is pre-trained to its plateau and converted into each design; every design "
+        "and the plain model then train on, each to its own plateau (the steps are in the table). Cost: held-out "
+        "loss minus the plain model's at their stopping points, paired by seed, with its 90% interval (the one-sided "
+        f"95% bounds) and the non-inferiority verdict at the declared margin {tr.MARGIN_NATS:g} nats/token. Buys, on "
+        f"the first seed's trained models: prefill of {tsizes.context} tokens and decode of a batch of "
+        f"{tsizes.decode_batch} over a {tsizes.context}-token cache, each the median and range of the per-round "
+        f"speed-ups over plain ({tsizes.rounds} interleaved rounds), KV-cache bytes per token read from the filled "
+        "cache, parameters stored / active per token.",
+        tt.trade_table(rows, context=tsizes.context, decode_batch=tsizes.decode_batch, markdown=True),
+        "Each arm's run: " + "; ".join(tt.trade_lines(trade)) + ".",
         f"Release gate per design (quality: non-inferior at the same {tr.MARGIN_NATS:g} margin; speed: not slower "
-        "than plain in every round; worth shipping: a smaller KV cache or faster in every round):\n\n"
+        "than plain in every round of prefill or of decode; worth shipping: a smaller KV cache, or prefill or decode "
+        "faster in every round):\n\n"
         + "\n".join(f"- {r.label}: " + ("passes" if r.passed else "; ".join(r.reasons)) for r in rows if r.kind != "plain")
-        + f"\n\n**Decision:** {decision['text']}. Trade experiment: "
-        + f"{sum(r.seconds for r in runs):.0f} s for {len(runs)} seeds.",
+        + f"\n\n**Decision:** {decision['text']}. Trade experiment: {trade.seconds:.0f} s of training units "
+        f"({len(tsizes.seeds)} seeds).",
     ]
 
     # every claim recorded so far (earlier sections and this one), by the article's section
