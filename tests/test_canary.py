@@ -73,7 +73,8 @@ def test_healthy_canary_is_promoted_in_server_and_registry(tmp_path, small_token
 
 def test_decision_rule():
     def counts(n, fail, t_ok, t_n, i_ok, i_n):
-        return window_stats({"n": n, "failures": fail, "ttft_ok": t_ok, "ttft_n": t_n, "itl_ok": i_ok, "itl_n": i_n})
+        return window_stats({"n": n, "failures": fail, "ttft_ok": t_ok, "ttft_n": t_n, "itl_ok": i_ok, "itl_n": i_n,
+                             "quality_ok": n // 2, "quality_n": n})
 
     p = CanaryPolicy(min_requests=10, promote_after=20, max_attainment_drop=0.1, error_budget=0.05)
     primary = counts(100, 0, 95, 100, 900, 1000)
@@ -93,13 +94,14 @@ def test_no_latency_data_is_never_a_promotion():
     "within the SLOs"; it now waits, saying why. The counterfactual: the same canary with latency
     measured on both sides is promoted."""
     def counts(n, t_ok, t_n, i_ok, i_n):
-        return window_stats({"n": n, "failures": 0, "ttft_ok": t_ok, "ttft_n": t_n, "itl_ok": i_ok, "itl_n": i_n})
+        return window_stats({"n": n, "failures": 0, "ttft_ok": t_ok, "ttft_n": t_n, "itl_ok": i_ok, "itl_n": i_n,
+                             "quality_ok": n, "quality_n": n})
 
     p = CanaryPolicy(min_requests=10, promote_after=20, max_attainment_drop=0.1, error_budget=0.05)
     canary = counts(30, 29, 30, 290, 300)
     no_primary_latency = counts(100, 0, 0, 0, 0)
     action, why = decide(canary, no_primary_latency, p)
-    assert action == "wait" and "without latency data" in why[0]
+    assert action == "wait" and "without latency and quality data" in why[0]
     assert decide(canary, counts(100, 95, 100, 900, 1000), p)[0] == "promote"
     # a canary with no latency of its own while the primary has some is a breach: rolled back
     assert decide(counts(30, 0, 0, 0, 0), counts(100, 95, 100, 900, 1000), p)[0] == "rollback"
@@ -159,6 +161,26 @@ def test_client_window_counts_what_the_clients_saw():
     w = client_window(slow, pol)
     assert (w["n"], w["failures"], w["ttft_attainment"], w["tbt_attainment"]) == (10, 1, 0.5, 0.5)
     assert w["error_rate"] == 0.1
-    assert decide(client_window(fast, pol), client_window(fast, pol), pol)[0] == "promote"
-    action, reasons = decide(w, client_window(fast, pol), pol)
+    ok = [True] * 10
+    assert decide(client_window(fast, pol, parses=ok), client_window(fast, pol, parses=ok), pol)[0] == "promote"
+    # without the quality signal (the clients kept no answers) the same windows never promote
+    assert decide(client_window(fast, pol), client_window(fast, pol), pol)[0] == "wait"
+    action, reasons = decide(w, client_window(fast, pol, parses=ok), pol)
     assert action == "rollback" and len(reasons) == 3  # errors, TTFT and TBT attainment
+
+
+def test_the_live_quality_signal_rolls_back_a_canary_that_writes_worse_code():
+    """The canary's quality signal: the share of its answers whose prompt + answer parses. The same
+    latency and errors with 10 of 30 answers parsing against the primary's 27 of 30 is rolled back
+    (a drop of 57 points > 15); 25 of 30 (a drop of 7 points) is promoted; no judged answer waits."""
+    def counts(n, q_ok, q_n):
+        return window_stats({"n": n, "failures": 0, "ttft_ok": n, "ttft_n": n, "itl_ok": 9 * n, "itl_n": 9 * n,
+                             "quality_ok": q_ok, "quality_n": q_n})
+
+    p = CanaryPolicy(min_requests=10, promote_after=20)
+    primary = counts(100, 90, 100)
+    action, why = decide(counts(30, 10, 30), primary, p)
+    assert action == "rollback" and why[0].startswith("quality")
+    assert decide(counts(30, 25, 30), primary, p)[0] == "promote"
+    action, why = decide(counts(30, 0, 0), primary, p)
+    assert action == "wait" and "quality" in why[0]

@@ -121,8 +121,11 @@ def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer,
         assert {"ft_val_completion", "ft_val_bugfix"} <= set(log.rows[name])
     reports, passed, reasons = cap.gate_stage(models, small_tokenizer, sz, log)
     assert passed == (not reasons)
-    assert (passed, reasons) == gate_decision(reports["candidate"].scores(), reports["baseline"].scores())
-    # the rule itself: a candidate worse on one quality gate is refused, naming that gate
+    from codex_lab.serve.gates import release_decision
+
+    assert (passed, reasons) == release_decision(reports["candidate"], reports["baseline"])[:2]
+    assert set(log.gates) == {"syntax", "functional", "style"} and all(c.kind == "non-inferiority" for c in log.gates.values())
+    # the point rule lesson 07 builds: a candidate worse on one quality gate is refused, naming that gate
     worse = {**reports["baseline"].scores(), "style": reports["baseline"].style - 0.5}
     ok, why = gate_decision(worse, reports["baseline"].scores())
     assert not ok and why[0].startswith("style")

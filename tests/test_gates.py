@@ -170,3 +170,39 @@ def test_legacy_functional_gate_tells_a_tuned_model_from_a_damaged_copy() -> Non
     assert bad.functional < good.functional, (bad.functional, good.functional)
     ok, why = gate_decision(bad.scores(), good.scores())
     assert not ok and any(w.startswith("functional") for w in why), why
+
+
+def _report(syntax: list[bool], style: list[float], bench: list[bool], ttft: float = 1.0):
+    from codex_lab.serve.gates import GateReport
+
+    rows = [(f"p{i}", "body", ok, False, st) for i, (ok, st) in enumerate(zip(syntax, style))]
+    return GateReport(syntax=sum(syntax) / len(syntax), functional=sum(bench) / len(bench), style=sum(style) / len(style),
+                      ttft_attainment=ttft, tbt_attainment=1.0, ttft_p95_s=0.05, tbt_p95_s=0.01, samples=rows,
+                      bench_passed=list(bench))
+
+
+def test_release_gates_with_intervals_pass_shown_no_worse_and_refuse_worse_or_unshown():
+    from codex_lab.serve.gates import paired_noninferiority, release_decision
+
+    n = 60
+    base = _report([True] * n, [0.9] * n, [i % 2 == 0 for i in range(n)])
+    # the same answers on 60 problems: the loss's bound (~0.05) is inside the 0.10 margin -> passes
+    same = _report([True] * n, [0.9] * n, [i % 2 == 0 for i in range(n)])
+    ok, why, comps = release_decision(same, base)
+    assert ok and why == [] and all(c.verdict == "holds" for c in comps.values())
+    assert 0.0 < -comps["functional"].lo < 0.10  # the pseudo-problems give identical models a non-zero interval
+    # worse by 20 of 60 functional problems: shown worse than the margin -> fails, named
+    worse = _report([True] * n, [0.9] * n, [i % 2 == 0 and i >= 40 for i in range(n)])
+    ok, why, comps = release_decision(worse, base)
+    assert not ok and comps["functional"].verdict == "fails" and why[0].startswith("functional")
+    # the same answers on 8 problems cannot show "no worse" within 0.10: refused as not resolved, not passed
+    small = _report([True] * 8, [0.9] * 8, [True] * 8)
+    ok, why, comps = release_decision(small, small)
+    assert not ok and {c.verdict for c in comps.values()} == {"not resolved"}
+    # latency keeps the tolerance rule: attainment 0.7 against 1.0 refuses, 0.95 passes
+    assert not release_decision(_report([True] * n, [0.9] * n, [True] * n, ttft=0.7),
+                                _report([True] * n, [0.9] * n, [True] * n))[0]
+    assert release_decision(_report([True] * n, [0.9] * n, [True] * n, ttft=0.95),
+                            _report([True] * n, [0.9] * n, [True] * n))[0]
+    with pytest.raises(ValueError, match="same problems"):
+        paired_noninferiority([1.0, 0.0], [1.0], margin=0.1, metric="m")

@@ -40,6 +40,9 @@ class CanaryPolicy:
             the primary's. 0.15: on a shared 2-core machine an identical model's attainment
             moves by several points between windows of a few dozen requests.
         error_budget: share of canary requests allowed to fail (past deadline or internal).
+        max_quality_drop: how far (absolute share) the canary's live quality signal, the share of
+            its answers whose prompt + answer parses as Python, may fall below the primary's on
+            the same traffic. A canary is never promoted without that signal on both sides.
     """
 
     share: float = 0.25
@@ -49,6 +52,7 @@ class CanaryPolicy:
     tbt_slo_s: float = 0.02
     max_attainment_drop: float = 0.15
     error_budget: float = 0.02
+    max_quality_drop: float = 0.15
 
 
 @dataclass
@@ -68,21 +72,25 @@ def _share(ok: float, n: float) -> float:
 
 
 def window_stats(now: dict[str, float], start: dict[str, float] | None = None) -> dict[str, float]:
-    """Counts since ``start`` plus derived shares: error_rate, ttft_attainment, tbt_attainment."""
+    """Counts since ``start`` plus derived shares: error_rate, ttft_attainment, tbt_attainment,
+    quality_share (nan where no answer's quality was judged)."""
     d = {k: v - (start or {}).get(k, 0.0) for k, v in now.items()}
+    d["quality_share"] = _share(d.get("quality_ok", 0.0), d.get("quality_n", 0.0))
     d["error_rate"] = _share(d["failures"], d["n"])
     d["ttft_attainment"] = _share(d["ttft_ok"], d["ttft_n"])
     d["tbt_attainment"] = _share(d["itl_ok"], d["itl_n"])
     return d
 
 
-def client_window(rep: Any, policy: CanaryPolicy | None = None) -> dict[str, float]:
+def client_window(rep: Any, policy: CanaryPolicy | None = None, *, parses: Any = None) -> dict[str, float]:
     """:func:`window_stats` of a client-side load test (a ``LoadReport``: ttft, tbt in seconds, ok,
     errors), for a server whose metrics the controller cannot read (another engine, such as
-    llama.cpp's server): the same counts the Prometheus series give, seen by the clients."""
+    llama.cpp's server): the same counts the Prometheus series give, seen by the clients.
+    ``parses``: per answer, whether prompt + answer parses (the quality signal; None: none)."""
     policy = policy or CanaryPolicy()
     failures = float(sum(rep.errors.values()))
-    now = {"n": rep.ok + failures, "failures": failures,
+    judged = [bool(p) for p in parses] if parses is not None else []
+    now = {"n": rep.ok + failures, "failures": failures, "quality_ok": float(sum(judged)), "quality_n": float(len(judged)),
            "ttft_n": float(len(rep.ttft)), "ttft_ok": float(sum(x <= policy.ttft_slo_s for x in rep.ttft)),
            "itl_n": float(len(rep.tbt)), "itl_ok": float(sum(x <= policy.tbt_slo_s for x in rep.tbt))}
     return window_stats(now)
@@ -104,13 +112,20 @@ def decide(canary: dict[str, float], primary: dict[str, float], policy: CanaryPo
             continue
         if math.isnan(c) or c < p - policy.max_attainment_drop:
             reasons.append(f"{name} attainment {c:.1%} vs primary {p:.1%} (allowed drop {policy.max_attainment_drop:.0%})")
+    cq, pq = canary.get("quality_share", math.nan), primary.get("quality_share", math.nan)
+    if math.isnan(pq) or math.isnan(cq):
+        missing.append("quality: no answer of " + ("the primary" if math.isnan(pq) else "the canary")
+                       + " judged in this window")
+    elif cq < pq - policy.max_quality_drop:
+        reasons.append(f"quality: {cq:.1%} of the canary's answers parse vs primary {pq:.1%} (allowed drop "
+                       f"{policy.max_quality_drop:.0%})")
     if reasons:
         return "rollback", reasons
     if missing:
         # no comparison, no promotion: "within the SLOs" needs latency measured on both sides
-        return "wait", [f"cannot promote without latency data ({'; '.join(missing)})"]
+        return "wait", [f"cannot promote without latency and quality data ({'; '.join(missing)})"]
     if canary["n"] >= policy.promote_after:
-        return "promote", [f"{canary['n']:.0f} requests within the SLOs and the error budget"]
+        return "promote", [f"{canary['n']:.0f} requests within the SLOs, the error budget and the quality drop"]
     return "wait", [f"no breach after {canary['n']:.0f} of {policy.promote_after} requests"]
 
 

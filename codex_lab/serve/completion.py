@@ -241,9 +241,22 @@ class Run:
                 m.error("disconnected", v)
             else:
                 m.observe_request(v, arrival=self.live.arrival, token_times=self.live.token_times[: len(self.ids)],
-                                  prompt_tokens=len(self.req.prompt_ids), finish_reason=self.reason or "length")
+                                  prompt_tokens=len(self.req.prompt_ids), finish_reason=self.reason or "length",
+                                  parses=self._parses())
         finally:
             self.server.release()
+
+    def _parses(self) -> bool | None:
+        """The live quality signal: does prompt + answer, cut at the function's end, parse as Python
+        (:func:`~codex_lab.infer.syntax.parses`)? None when the answer is empty or cannot be decoded."""
+        from codex_lab.infer.syntax import cut_function, parses
+
+        try:
+            body = cut_function(self._decoded())
+            prompt = self.decode(list(self.req.prompt_ids))
+        except Exception:  # noqa: BLE001  (a signal, never a failure of the request)
+            return None
+        return bool(body.strip()) and parses(prompt + body)
 
     # ---- answers -----------------------------------------------------------------------
     def abandon(self) -> None:

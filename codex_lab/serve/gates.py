@@ -97,6 +97,17 @@ class GateReport:
     ttft_p95_s: float
     tbt_p95_s: float
     samples: list[tuple[str, str, bool, bool, float]] = field(default_factory=list)  # name, body, parses, passes, style
+    bench_passed: list[bool] = field(default_factory=list)  # per codebench problem, when the functional gate ran one
+
+    def per_item(self, gate: str) -> list[float]:
+        """One score per problem of ``gate`` ("syntax", "functional" or "style"), in problem order:
+        what a paired comparison of two models on the same problems needs."""
+        if gate == "functional":
+            return [float(x) for x in self.bench_passed] if self.bench_passed else [float(r[3]) for r in self.samples]
+        col = {"syntax": 2, "style": 4}.get(gate)
+        if col is None:
+            raise ValueError(f"gate {gate!r} has no per-problem scores; one of syntax, functional, style")
+        return [float(r[col]) for r in self.samples]
 
     def scores(self) -> dict[str, float]:
         """The gated numbers (higher is better for each)."""
@@ -233,14 +244,15 @@ def score(samples: Sequence[Sample], suite: Sequence[Problem] = SUITE, *,
             tbts += [b - a for a, b in zip(s.token_times, s.token_times[1:])]
     n = len(rows)
     share = lambda xs, t: sum(x <= t for x in xs) / len(xs) if xs else math.nan  # noqa: E731
-    functional = sum(r[3] for r in rows) / n
+    functional, bench_passed = sum(r[3] for r in rows) / n, []
     if bench is not None and bench_answers is not None:
-        functional, _ = bench_pass_rate(bench, bench_answers)
+        functional, bench_passed = bench_pass_rate(bench, bench_answers)
     return GateReport(
         syntax=sum(r[2] for r in rows) / n, functional=functional,
         style=statistics.fmean(r[4] for r in rows),
         ttft_attainment=share(ttfts, TTFT_SLO_S), tbt_attainment=share(tbts, TBT_SLO_S),
         ttft_p95_s=percentile(ttfts, 95), tbt_p95_s=percentile(tbts, 95), samples=rows,
+        bench_passed=list(bench_passed),
     )
 
 
@@ -268,6 +280,68 @@ def gate_decision(candidate: dict[str, float], baseline: dict[str, float], *,
         if cand is None or math.isnan(cand) or cand < base - t:
             reasons.append(f"{g}: candidate {cand:.3f} < baseline {base:.3f} - {t:.2f}")
     return not reasons, reasons
+
+
+# The release margins, declared before any candidate is gated: the largest loss on a quality gate (share of
+# problems, or mean style score, candidate minus baseline) that still counts as "no worse". 0.10 is one problem
+# in ten; a candidate passes a gate only when the one-sided 95% bound of its loss is below the margin.
+GATE_MARGINS = {"syntax": 0.10, "functional": 0.10, "style": 0.10}
+
+
+def paired_noninferiority(baseline: Sequence[float], candidate: Sequence[float], *, margin: float, metric: str,
+                          level: float = 0.95) -> Any:
+    """"The candidate is no worse than the baseline by more than ``margin``" on per-problem scores
+    in [0, 1] of the same problems (paired), as a :class:`~codex_lab.stats.Comparison`
+    (non-inferiority, the two-sided ``2 level - 1`` interval of candidate minus baseline).
+
+    The interval is a t interval of the per-problem differences with one pseudo-problem won by
+    each side added (differences +1 and -1: Agresti and Min's 2005 adjustment for paired
+    proportions, which adds half a count to each cell): two identical models on n problems
+    then have an interval of width ~ 1/sqrt(n), not zero, so a small suite cannot show that a
+    candidate is no worse, and the gate says so ("not resolved")."""
+    from codex_lab.stats import FAILS, HOLDS, NOT_RESOLVED, Comparison, t_quantile
+
+    if len(baseline) != len(candidate) or len(baseline) < 2:
+        raise ValueError(f"need the same problems (>= 2) for both models, got {len(baseline)} and {len(candidate)}")
+    if not margin > 0:
+        raise ValueError(f"margin must be a positive share (e.g. 0.10), got {margin}")
+    real = [c - b for b, c in zip(baseline, candidate)]
+    d = real + [1.0, -1.0]  # the pseudo-problems
+    n = len(d)
+    mean = sum(d) / n
+    # se = sample sd of the differences / sqrt(n)
+    se = (sum((x - mean) ** 2 for x in d) / (n - 1)) ** 0.5 / n ** 0.5
+    t = t_quantile(level, n - 1)
+    lo, hi = mean - t * se, mean + t * se
+    # cost = baseline - candidate: holds when its upper bound (-lo) is below the margin
+    v = HOLDS if -lo < margin else (FAILS if -hi > margin else NOT_RESOLVED)
+    note = (f"{len(real)} problems, paired; one-sided {level:.0%} bound of the loss {-lo:+.3f} against the margin "
+            f"{margin:g}")
+    return Comparison(metric, sum(real) / len(real), lo, hi, v, len(baseline), len(candidate), True,
+                      level=round(2 * level - 1, 12), kind="non-inferiority", margin=margin, note=note,
+                      measured_verdict=v, df=float(n - 1))
+
+
+def release_decision(candidate: GateReport, baseline: GateReport, *,
+                     margins: dict[str, float] | None = None) -> tuple[bool, list[str], dict[str, Any]]:
+    """The capstone's release gates with intervals: (passed, reasons, comparisons).
+
+    Each quality gate (syntax, functional, style) is a paired non-inferiority comparison on the
+    same problems at its declared margin (:data:`GATE_MARGINS`, :func:`paired_noninferiority`);
+    it passes only when it *holds* (a gate that cannot tell, "not resolved", refuses: the
+    candidate has to show it is no worse). Latency attainment keeps :func:`gate_decision`'s
+    rule (the tolerance :data:`LATENCY_TOLERANCE` is its margin): the gaps of one run are not
+    independent draws, so a per-gap interval would overstate what one run shows."""
+    m = {**GATE_MARGINS, **(margins or {})}
+    comps = {g: paired_noninferiority(baseline.per_item(g), candidate.per_item(g), margin=m[g],
+                                      metric=f"{g} gate, candidate minus baseline")
+             for g in ("syntax", "functional", "style")}
+    reasons = [f"{g}: {c.verdict} (loss bound {-c.lo:+.3f}, margin {c.margin:g}, {c.n_a} problems)"
+               for g, c in comps.items() if c.verdict != "holds"]
+    lat = {g: v for g, v in baseline.scores().items() if g.endswith("attainment")}
+    _, why = gate_decision({g: candidate.scores()[g] for g in lat}, lat)
+    reasons += why
+    return not reasons, reasons, comps
 
 
 Completer = Callable[[Sequence[str], int], list[Sample]]

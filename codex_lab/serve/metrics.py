@@ -65,6 +65,8 @@ class ServerMetrics:
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated.", lv, registry=r)
         self.success = Counter(PREFIX + "request_success", "Finished requests by finish reason.",
                                lv + ["finished_reason"], registry=r)
+        self.quality = Counter(PREFIX + "completion_parses", "Finished answers whose prompt + answer (cut at the "
+                               "function's end) parses as Python: a live quality signal.", lv + ["parses"], registry=r)
         self.errors = Counter(PREFIX + "request_errors", "Failed requests by kind (version '-' = refused before routing).",
                               ["model_name", "version", "kind"], registry=r)
         self.running = Gauge(PREFIX + "num_requests_running", "Requests in the running batch.", lv, registry=r)
@@ -86,9 +88,12 @@ class ServerMetrics:
             self.errors.labels(model_name, "-", kind)
 
     def observe_request(self, version: str, *, arrival: float, token_times: Sequence[float], prompt_tokens: int,
-                        finish_reason: str) -> None:
-        """Record one finished request. Times in seconds on one clock (``time.perf_counter``)."""
+                        finish_reason: str, parses: bool | None = None) -> None:
+        """Record one finished request. Times in seconds on one clock (``time.perf_counter``);
+        ``parses``: whether prompt + answer parses as Python (None: not judged)."""
         lab = (self.model_name, version)
+        if parses is not None:
+            self.quality.labels(*lab, "true" if parses else "false").inc()
         if token_times:
             # TTFT = first token time - arrival
             self.ttft.labels(*lab).observe(token_times[0] - arrival)
@@ -110,7 +115,7 @@ class ServerMetrics:
         """Cumulative numbers of one version, for comparing versions live (the canary).
 
         n: finished requests; failures: finished past the deadline or failed inside the
-        server; ttft_ok / ttft_n and itl_ok / itl_n: observations within the targets
+        server; quality_ok / quality_n: answers whose prompt + answer parses, and answers judged; ttft_ok / ttft_n and itl_ok / itl_n: observations within the targets
         (bucket edges; default the seed's 0.1 s and 0.02 s) and all observations.
         """
         if ttft_target_s not in TTFT_BUCKETS or tbt_target_s not in ITL_BUCKETS:
@@ -120,6 +125,8 @@ class ServerMetrics:
               for r in ("stop", "length", "deadline", "cancelled")}
         internal = self.sample(PREFIX + "request_errors_total", {**lab, "kind": "internal"})
         out = {"n": sum(ok.values()) + internal, "failures": ok["deadline"] + internal}
+        q = {p: self.sample(PREFIX + "completion_parses_total", {**lab, "parses": p}) for p in ("true", "false")}
+        out["quality_ok"], out["quality_n"] = q["true"], q["true"] + q["false"]
         for key, h, target in (("ttft", self.ttft, ttft_target_s), ("itl", self.itl, tbt_target_s)):
             out[f"{key}_n"] = self.sample(h._name + "_count", lab)  # noqa: SLF001
             out[f"{key}_ok"] = self.sample(h._name + "_bucket", {**lab, "le": _le(target)})  # noqa: SLF001

@@ -15,7 +15,8 @@ that plain model given the same training budget:
    the one training loop; the sparse layers train through the ``"blocks"`` kernel, which has a
    CPU backward);
 4. multi-task fine-tuning of both with the same balancer (:func:`codex_lab.training.finetune.finetune`);
-5. release gates (:mod:`codex_lab.serve.gates`): the candidate must be no worse than the baseline;
+5. release gates (:mod:`codex_lab.serve.gates`): the candidate must be shown no worse than the
+   baseline on every gate (paired intervals at declared margins);
 6. a temporary registry and a live canary (:mod:`~codex_lab.lessons.l08_capstone.release`).
 
 This module holds the stages (:func:`build_models`, :func:`pretrain_stage`,
@@ -195,9 +196,11 @@ def finetune_stage(models: dict[str, CodexModel], tokenizer: Any, corpus: Any, s
 
 
 def gate_stage(models: dict[str, CodexModel], tokenizer: Any, sz: CapstoneSizes, log: StageLog) -> tuple[dict[str, Any], bool, list[str]]:
-    """Stage 5: the lesson 07 gates for every model; the candidate against the baseline.
-    Returns ({name: GateReport}, passed, reasons)."""
-    from codex_lab.serve.gates import engine_completer, gate_decision, run_gates
+    """Stage 5: the lesson 07 gates for every model; the candidate against the baseline with
+    intervals at the declared margins (:func:`codex_lab.serve.gates.release_decision`: each
+    quality gate must be shown no worse, paired over the same problems). Returns
+    ({name: GateReport}, passed, reasons); the comparisons go to ``log.gates``."""
+    from codex_lab.serve.gates import engine_completer, release_decision, run_gates
 
     t0 = time.perf_counter()
     reports = {}
@@ -205,7 +208,8 @@ def gate_stage(models: dict[str, CodexModel], tokenizer: Any, sz: CapstoneSizes,
         m.eval()
         reports[name] = run_gates(engine_completer(m, tokenizer), max_tokens=sz.gate_tokens)
         log.put(name, **{f"gate_{k}": v for k, v in reports[name].scores().items()})
-    passed, reasons = gate_decision(reports["candidate"].scores(), reports["baseline"].scores())
+    passed, reasons, comps = release_decision(reports["candidate"], reports["baseline"])
+    log.gates = comps
     log.timed("gates", t0)
     return reports, passed, reasons
 

@@ -10,12 +10,14 @@ from typing import Any
 
 @dataclass
 class StageLog:
-    """Per-model numbers gathered stage by stage (a name -> value dict per model), and each
-    model's held-out curve of the pre-training stage (``(step, nats/token)`` pairs)."""
+    """Per-model numbers gathered stage by stage (a name -> value dict per model), each
+    model's held-out curve of the pre-training stage (``(step, nats/token)`` pairs), and the
+    release gates' comparisons (gate -> :class:`~codex_lab.stats.Comparison`)."""
 
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)
     times: dict[str, float] = field(default_factory=dict)
     curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    gates: dict[str, Any] = field(default_factory=dict)
 
     def put(self, model: str, **values: Any) -> None:
         """Record values for one model (``"baseline"`` or ``"candidate"``)."""
