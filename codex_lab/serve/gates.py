@@ -98,16 +98,19 @@ class GateReport:
     tbt_p95_s: float
     samples: list[tuple[str, str, bool, bool, float]] = field(default_factory=list)  # name, body, parses, passes, style
     bench_passed: list[bool] = field(default_factory=list)  # per codebench problem, when the functional gate ran one
+    bench_rows: list[tuple[bool, float]] = field(default_factory=list)  # (parses, style) per Python codebench 2 answer
 
     def per_item(self, gate: str) -> list[float]:
         """One score per problem of ``gate`` ("syntax", "functional" or "style"), in problem order:
-        what a paired comparison of two models on the same problems needs."""
+        what a paired comparison of two models on the same problems needs. Syntax and style: the
+        suite's problems, then the Python codebench 2 answers of the functional gate (each
+        assembled into the file that runs it, :meth:`~codex_lab.evals.codebench2.problems.Problem.program`)."""
         if gate == "functional":
             return [float(x) for x in self.bench_passed] if self.bench_passed else [float(r[3]) for r in self.samples]
         col = {"syntax": 2, "style": 4}.get(gate)
         if col is None:
             raise ValueError(f"gate {gate!r} has no per-problem scores; one of syntax, functional, style")
-        return [float(r[col]) for r in self.samples]
+        return [float(r[col]) for r in self.samples] + [float(r[col // 2 - 1]) for r in self.bench_rows]
 
     def scores(self) -> dict[str, float]:
         """The gated numbers (higher is better for each)."""
@@ -244,15 +247,18 @@ def score(samples: Sequence[Sample], suite: Sequence[Problem] = SUITE, *,
             tbts += [b - a for a, b in zip(s.token_times, s.token_times[1:])]
     n = len(rows)
     share = lambda xs, t: sum(x <= t for x in xs) / len(xs) if xs else math.nan  # noqa: E731
-    functional, bench_passed = sum(r[3] for r in rows) / n, []
+    functional, bench_passed, bench_rows = sum(r[3] for r in rows) / n, [], []
     if bench is not None and bench_answers is not None:
         functional, bench_passed = bench_pass_rate(bench, bench_answers)
+        for p, a in zip(bench, bench_answers):  # codebench 2's Python answers, in the file that runs them
+            if getattr(p, "language", None) == "python" and hasattr(p, "program"):
+                bench_rows.append((bool(a.strip()) and parses(p.program(a)), style_consistency(p.code, a)))
     return GateReport(
         syntax=sum(r[2] for r in rows) / n, functional=functional,
         style=statistics.fmean(r[4] for r in rows),
         ttft_attainment=share(ttfts, TTFT_SLO_S), tbt_attainment=share(tbts, TBT_SLO_S),
         ttft_p95_s=percentile(ttfts, 95), tbt_p95_s=percentile(tbts, 95), samples=rows,
-        bench_passed=list(bench_passed),
+        bench_passed=list(bench_passed), bench_rows=bench_rows,
     )
 
 
