@@ -348,8 +348,11 @@ print("offline gates and live canary agree:", passed == (rollout["action"] == "p
 # table from every lesson.
 
 # %%
+# the claims read decode speed per design kind: (median, lo, hi) of the per-round speed-ups, at batch 8
+speed8 = {r["kind"]: {"decode_vs_plain": (r["vs_plain_median"], r["vs_plain_lo"], r["vs_plain_hi"]), "decode_batch": 8}
+          for r in abl if r["batch"] == 8}
 claims = cap.capstone_claims(models=models, log=log, reports=reports, passed=passed, reasons=reasons,
-                             ablation=abl, rollout=rollout)
+                             speed=speed8, rollout=rollout)
 w = max(len(c["claim"]) for c in claims)
 for c in claims:
     print(f"{c['claim']:<{w}} | {c['verdict']:<28} | {c['measured']}")
@@ -370,12 +373,12 @@ assert len(claims) == 5 and all(c["verdict"] in cap.VERDICTS for c in claims)
 from codex_lab.lessons.l08_capstone import scorecard as sc
 
 MODE = "fast" if FAST else "full"
-speed8 = {r["variant"]: r["tokens_per_s"] for r in abl if r["batch"] == 8}
-card_input = {"mode": MODE, "speed_ratio": speed8["all"] / speed8["plain"]}
+tps8 = {r["variant"]: r["tokens_per_s"] for r in abl if r["batch"] == 8}
+card_input = {"mode": MODE, "speed_ratio": tps8["all"] / tps8["plain"]}
 for name, bench_name in (("baseline", "plain"), ("candidate", "all")):
     card_input[name] = {"kv_bytes_per_token": log.rows[name]["kv_bytes_per_token"],
                         "val_loss": log.rows[name]["val_loss_pretrained"],  # after the same brief pre-training
-                        "decode_tokens_per_s": speed8[bench_name], "gates": dict(reports[name].scores())}
+                        "decode_tokens_per_s": tps8[bench_name], "gates": dict(reports[name].scores())}
 # the training-state rule: quality is scored only once every arm's held-out curve of the pre-training has plateaued
 card_input["states"] = sc.quality_states({name: [log.curves[name]] for name in ("baseline", "candidate")})
 for st in card_input["states"].values():

@@ -182,7 +182,8 @@ def section_08(run: ResumableRun, corpus: Any) -> dict[str, Any]:
     from codex_lab.lessons.l08_capstone import trade_table as tt
 
     s = config_of("08")
-    train, val, vocab = t8.trade_data(corpus, s)
+    train, val, tok = t8.trade_data(corpus, s)
+    vocab = tok.vocab_size
     # resumable units: the pre-training (seeds in lockstep), then one unit per design
     pre = run_resumable(run, t8.pretrain_unit, [(s, train, val, vocab)], ["pre-training"], {})[0]
     arms = run_resumable(run, t8.design_unit, [(k,) for k in t8.KINDS], [f"design {k}" for k in t8.KINDS],

@@ -130,10 +130,10 @@ def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer,
     ok, why = gate_decision(worse, reports["baseline"].scores())
     assert not ok and why[0].startswith("style")
     # the seed claims of the run: verdicts follow the numbers
-    abl = [{"variant": v, "batch": 8, "tokens_per_s": t, "vs_plain_median": t / 100.0, "vs_plain_lo": t / 100.0 - 0.05,
-            "vs_plain_hi": t / 100.0 + 0.05} for v, t in (("plain", 100.0), ("MoE layers [2, 3]", 50.0), ("all", 80.0))]
+    abl = {k: {"decode_vs_plain": (t / 100.0, t / 100.0 - 0.05, t / 100.0 + 0.05), "decode_batch": 8}
+           for k, t in (("plain", 100.0), ("moe", 50.0), ("all", 80.0))}
     claims = {c["claim"].removeprefix("On the capstone candidate: ").split(",")[0].split(" cuts")[0]: c for c in cap.capstone_claims(
-        models=models, log=log, reports=reports, passed=passed, reasons=reasons, ablation=abl, kv_tokens=64)}
+        models=models, log=log, reports=reports, passed=passed, reasons=reasons, speed=abl, kv_tokens=64)}
     # five rows: the multi-task claim is lesson 05's (no capstone row); every row names the candidate
     assert len(claims) == 5 and all(c["verdict"] in cap.VERDICTS for c in claims.values())
     # 2 of 4 K/V heads: 50% = 1 - 1/g, outside the article's "about 40%" -> fails as stated
@@ -141,18 +141,18 @@ def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer,
     assert "what holds" in claims["GQA"]["measured"]
     # MoE slower than plain in every interleaved round -> fails as stated; within the spread or faster -> holds
     assert "MoE alone 0.50x" in claims["MoE"]["measured"] and claims["MoE"]["verdict"] == "fails as stated"
-    fast = [dict(r, vs_plain_median=1.3, vs_plain_lo=1.1, vs_plain_hi=1.5) if r["variant"].startswith("MoE") else r for r in abl]
-    mixed = [dict(r, vs_plain_median=1.0, vs_plain_lo=0.9, vs_plain_hi=1.1) if r["variant"].startswith("MoE") else r for r in abl]
+    fast = {**abl, "moe": {"decode_vs_plain": (1.3, 1.1, 1.5), "decode_batch": 8}}
+    mixed = {**abl, "moe": {"decode_vs_plain": (1.0, 0.9, 1.1), "decode_batch": 8}}
 
     def claims_of(**kw):
-        args = dict(models=models, log=log, reports=reports, passed=passed, reasons=reasons, ablation=abl,
+        args = dict(models=models, log=log, reports=reports, passed=passed, reasons=reasons, speed=abl,
                     kv_tokens=64)
         args.update(kw)
         return {c["claim"].removeprefix("On the capstone candidate: ").split(",")[0].split(" cuts")[0].split(" must")[0]: c
                 for c in cap.capstone_claims(**args)}
 
     for ab, want in ((fast, "holds"), (mixed, "holds")):
-        moe = claims_of(ablation=ab)["MoE"]
+        moe = claims_of(speed=ab)["MoE"]
         assert moe["verdict"] == want and "rounds" in moe["measured"], moe
     # every claim can fail: constructed inputs give each verdict
     from types import SimpleNamespace as NS
@@ -174,7 +174,9 @@ def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer,
     # sparse attention: the candidate's window+stride pattern grows faster than N^1.5 -> fails as stated
     assert claims_of()["sparse attention"]["verdict"] == "fails as stated"
     assert not any("multi-task" in c["claim"] for c in cap.capstone_claims(
-        models=models, log=log, reports=reports, passed=passed, reasons=reasons, ablation=abl, kv_tokens=64))
+        models=models, log=log, reports=reports, passed=passed, reasons=reasons, speed=abl, kv_tokens=64))
+    with pytest.raises(ValueError, match="lack"):
+        claims_of(speed={"all": abl["all"]})
     table = cap.summary_table(log)
     assert "baseline" in table and "candidate" in table and "gate_syntax" in table
     assert "| gate_style |" in cap.summary_table(log, markdown=True)

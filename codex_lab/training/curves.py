@@ -31,6 +31,13 @@ def small_vocab_streams(corpus: Any, vocab_size: int, max_files: int | None) -> 
     """(train ids, val ids, vocabulary size): a byte-level BPE of ``vocab_size`` tokens trained on
     the train split of the corpus's first ``max_files`` files (a small vocabulary keeps the
     output layer, most of a tiny model's step, small), then both splits as 1-D ids."""
+    train, val, tok = small_vocab_data(corpus, vocab_size, max_files)
+    return train, val, tok.vocab_size
+
+
+def small_vocab_data(corpus: Any, vocab_size: int, max_files: int | None) -> tuple[Tensor, Tensor, Any]:
+    """:func:`small_vocab_streams` with the tokenizer itself in place of its size (to serve the
+    models trained on the streams)."""
     from codex_lab.data.batches import tokenize_texts
     from codex_lab.data.tokenizer import train_tokenizer
 
@@ -41,7 +48,7 @@ def small_vocab_streams(corpus: Any, vocab_size: int, max_files: int | None) -> 
         raise ValueError(f"the first {max_files} corpus files give {len(train)} train and {len(val)} val files; "
                          "need both (use more files)")
     tok = train_tokenizer(train, vocab_size=vocab_size)
-    return tokenize_texts(tok, train), tokenize_texts(tok, val), tok.vocab_size
+    return tokenize_texts(tok, train), tokenize_texts(tok, val), tok
 
 
 def train_curve(model: CodexModel, train_tokens: Tensor, eval_batches: Sequence[tuple[Tensor, Tensor]], *,

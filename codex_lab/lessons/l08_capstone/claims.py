@@ -14,7 +14,7 @@ holds), not resolved, under-trained: no verdict. Every claim here can come out e
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from codex_lab.lessons.l08_capstone.results import StageLog
 from codex_lab.nn.accounting import measured_cache_bytes
@@ -30,15 +30,17 @@ def capstone_claims(
     reports: dict[str, Any],
     passed: bool,
     reasons: Sequence[str],
-    ablation: Sequence[dict[str, Any]],
+    speed: Mapping[str, Mapping[str, Any]],
     rollout: dict[str, Any] | None = None,
     kv_tokens: int = 512,
 ) -> list[dict[str, str]]:
     """The seed claims one capstone run measures: ``{"claim", "measured", "verdict"}`` each,
     the verdict computed from the numbers (one of :data:`VERDICTS`).
 
-    ``ablation`` comes from :func:`speed_ablation` (needs the "plain" and "all" variants at a
-    common batch size); ``rollout`` from :func:`canary_release` (optional).
+    ``speed``: per design kind ("moe" and "all" at least), ``decode_vs_plain`` (median, lo, hi)
+    of the per-round decode speed-ups over plain and ``decode_batch``
+    (:func:`~codex_lab.lessons.l08_capstone.trade_speed.speed_records` on the trade's trained
+    models); ``rollout`` from :func:`canary_release` (optional).
     """
     cand = models["candidate"]
     cfg = cand.cfg
@@ -64,22 +66,23 @@ def capstone_claims(
         + (", what holds" if abs(save - (1 - 1 / g)) < 1e-9 else ", and the bytes do not follow 1 - 1/g either") + ")",
         # "about 40%": 35-45%; the mechanism's own figure 1 - 1/g must hold exactly on the cache tensors
         check_stated(save, 0.35, 0.45) if abs(save - (1 - 1 / g)) < 1e-9 else FAILS)
-    recs = {(r["variant"], r["batch"]): r for r in ablation}
-    b = max(bb for (v, bb) in recs if v == "all")
-    moe_name = next((v for (v, _) in recs if v.startswith("MoE")), None)
+    missing = [k for k in ("moe", "all") if k not in speed]
+    if missing:
+        raise ValueError(f"the speed records lack {missing}: time the MoE design and the candidate against plain")
+    b = speed["all"].get("decode_batch", "?")
 
-    def rel(v: str) -> str:  # speed-up over plain, median and per-round range (interleaved rounds)
-        r = recs[(v, b)]
-        return f"{r['vs_plain_median']:.2f}x (rounds {r['vs_plain_lo']:.2f}-{r['vs_plain_hi']:.2f}x)"
+    def rel(kind: str) -> str:  # speed-up over plain, median and per-round range (interleaved rounds)
+        med, lo, hi = speed[kind]["decode_vs_plain"]
+        return f"{med:.2f}x (rounds {lo:.2f}-{hi:.2f}x)"
 
     total, active = log.rows["candidate"]["params"], log.rows["candidate"]["active_params"]
     # holds: more stored than used per token and MoE decode not slower than the plain model in every round;
     # fails as stated: the capacity is there but the compute is not a small model's here (slower in every round);
     # fails: no more parameters stored than used
-    moe_slower = moe_name is None or recs[(moe_name, b)]["vs_plain_hi"] < 1.0
+    moe_slower = speed["moe"]["decode_vs_plain"][2] < 1.0
     add("On the capstone candidate: MoE, the capacity of a big model at the compute of a small one",
         f"{total:,} params, {active:,} active per token ({total / active:.1f}x); decode speed at batch {b}: MoE alone "
-        f"{rel(moe_name) if moe_name else 'n/a'}, full candidate {rel('all')} the plain model on this machine",
+        f"{rel('moe')}, full candidate {rel('all')} the plain model on this machine",
         FAILS if total <= active else (FAILS_AS_STATED if moe_slower else HOLDS))
     # the multi-task claim is lesson 05's question, answered there (one pretrained model, each arm to its
     # plateau, seeds and intervals); a brief fine-tune of the capstone, one run per design, is not a second answer

@@ -19,19 +19,12 @@ SEED_SECTION = {
 }
 
 
-def training_state(curve: list[tuple[float, float]], arm: str) -> str:
-    """One arm's training state from one held-out curve (nats/token), in words."""
-    from codex_lab.lessons.l08_capstone.scorecard import MIN_CHANGE_NATS
-    from codex_lab.training_state import training_state as state
-
-    return state([curve], higher_is_better=False, min_change=MIN_CHANGE_NATS, arm=arm).describe()
-
-
 def run(ctx: Any) -> str:
-    """Run the capstone (convert, pre-train, fine-tune, gate, canary) on the shipped model at
-    the mode's brief budget, then the trade experiment (every design trained to a plateau at a
-    smaller geometry: what each optimisation buys and costs, and what the gates promote),
-    record its claims, and close with every claim recorded so far by any section."""
+    """The trade experiment (every design trained to its plateau after conversion; what each
+    costs and buys, measured on the same trained models, and what the gates promote), then the
+    release of its trained candidate ("all") against its trained plain model: the gates with
+    intervals and a live canary; record the capstone's claims on those models, and close with
+    every claim recorded so far by any section."""
     import torch
 
     from codex_lab.lessons.l08_capstone import pipeline as cap
@@ -43,52 +36,34 @@ def run(ctx: Any) -> str:
     # the math threads are the report's (course.report runs each section under
     # runtime.use_compute_threads: 1 on a 2-core machine), as in the lesson
     try:
-        ck = ctx.checkpoint()
-        base, tok = ck.model.eval(), ck.tokenizer
-        sizes = cap.default_sizes()
-        res = cap.run_capstone(base, tok, ctx.corpus(), sizes=sizes)
-        abl = cap.speed_ablation(base, res.candidate.cfg, batches=(8,), prompt_len=64,
-                                 new_tokens=8 if ctx.fast else 32, repeats=3 if ctx.fast else 5)
-        rollout = cap.canary_release(
-            res.baseline.cpu(), res.candidate.cpu(), tok, tempfile.mkdtemp(prefix="codex-lab-report-capstone-"),
-            gates={"passed": res.passed, "reasons": res.reasons, **res.gates["candidate"].scores()},
-            requests=40 if ctx.fast else 200, promote_after=10 if ctx.fast else 60, min_requests=5 if ctx.fast else 20,
-            serve_refused=not res.passed)  # a refused candidate is served only to compare the live verdict
         tsizes = tr.trade_sizes(ctx.mode)
         trade = tr.run_trade(ctx.corpus(), tsizes)
         speed = tsp.speed_records({k: trade.model(k) for k in tr.KINDS}, context=tsizes.context,
                                   decode_batch=tsizes.decode_batch, new_tokens=tsizes.new_tokens, rounds=tsizes.rounds)
         rows = tt.trade_rows(trade, speed)
         decision = tt.trade_decision(rows)
-        claims = cap.capstone_claims(models={"baseline": res.baseline, "candidate": res.candidate}, log=res.log,
-                                     reports=res.gates, passed=res.passed, reasons=res.reasons,
-                                     ablation=abl, rollout=rollout)
+        # the release: the trade's trained candidate (every optimisation) against its trained plain model, seed 0
+        models = {"baseline": trade.model("plain"), "candidate": trade.model("all")}
+        log, tok = cap.StageLog(), trade.tokenizer
+        for name, m in models.items():
+            log.put(name, **{k: v for k, v in cap.describe(m, seq_len=tsizes.context).items() if k != "layers"})
+        sizes = cap.CapstoneSizes(gate_tokens=24 if ctx.fast else 48)
+        reports, passed, reasons = cap.gate_stage(models, tok, sizes, log)
+        rollout = cap.canary_release(
+            models["baseline"], models["candidate"], tok, tempfile.mkdtemp(prefix="codex-lab-report-capstone-"),
+            gates={"passed": passed, "reasons": reasons, **reports["candidate"].scores()},
+            requests=40 if ctx.fast else 200, promote_after=10 if ctx.fast else 60, min_requests=5 if ctx.fast else 20,
+            serve_refused=not passed)  # a refused candidate is served only to compare the live verdict
+        claims = cap.capstone_claims(models=models, log=log, reports=reports, passed=passed, reasons=reasons,
+                                     speed=speed, rollout=rollout)
     finally:
         torch.set_num_threads(threads)
     for c in claims:
         ctx.claim(c["claim"], c["measured"], c["verdict"], lesson="08")
 
+    cand = models["candidate"].cfg
+    gates = "; ".join(f"{g}: {c.diff:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] {c.verdict}" for g, c in log.gates.items())
     parts = [
-        "**The pipeline at the mode's brief budget.** The shipped model converted into one candidate with dense early / sparse deep attention, grouped-query "
-        f"attention and upcycled MoE layers (`{res.candidate.cfg.attn_patterns}`, {res.candidate.cfg.n_kv_head} K/V heads, "
-        f"MoE layers {res.candidate.cfg.moe_layers}, {res.candidate.cfg.n_experts} experts top-{res.candidate.cfg.moe_top_k}), "
-        "and the plain model, given the same pre-training and multi-task fine-tuning budget "
-        f"({sizes.pretrain_steps} + {sizes.finetune.steps} steps, balancer `{res.finetune['candidate'].config.balance}`):",
-        cap.summary_table(res.log, markdown=True),
-        f"Gates: candidate {'passes' if res.passed else 'refused: ' + '; '.join(res.reasons)}. "
-        f"Live canary ({rollout['canary']['n']:.0f} canary requests of {rollout['load']['requests_ok']}): "
-        f"**{rollout['action']}** ({'; '.join(rollout['reasons'])}); {rollout['load']['errors']} client errors."
-        + ("" if res.passed else " The refused candidate was served on purpose, to compare the live verdict with the gates."),
-        "Decode speed (tokens/s, batch 8, cached greedy) with one optimisation at a time:\n\n"
-        "| variant | tokens/s | vs plain (median, per-round range; interleaved rounds) | KV bytes/token | active params |\n"
-        "|---|---|---|---|---|\n"
-        + "\n".join(f"| {r['variant']} | {r['tokens_per_s']:.0f} | {r['vs_plain_median']:.2f}x "
-                    f"({r['vs_plain_lo']:.2f}-{r['vs_plain_hi']:.2f}x) | "
-                    f"{r['kv_bytes_per_token']:,} | {r['active_params']:,} |" for r in abl),
-        "Stage times: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.log.times.items()) + ".",
-        f"Held-out curves of this brief pre-training (training-state rule, 1 seed): "
-        + "; ".join(training_state(res.log.curves[n], n) for n in ("baseline", "candidate"))
-        + ". The gates above judge this budget, not the designs; the trade below trains every design to its plateau.",
         "### The measured trade: what each optimisation costs and buys, on one set of trained designs\n\n"
         f"{tsizes.describe()}; mode `{ctx.mode}`"
         + (" (fast mode: caps far too short to plateau; the states below say so)" if ctx.mode == "fast" else "")
@@ -108,6 +83,17 @@ def run(ctx: Any) -> str:
         + "\n".join(f"- {r.label}: " + ("passes" if r.passed else "; ".join(r.reasons)) for r in rows if r.kind != "plain")
         + f"\n\n**Decision:** {decision['text']}. Trade experiment: {trade.seconds:.0f} s of training units "
         f"({len(tsizes.seeds)} seeds).",
+        "### The release: the trained candidate against the trained plain model\n\n"
+        f"The trade's first seed: the candidate with every optimisation (`{cand.attn_patterns}`, {cand.n_kv_head} "
+        f"K/V heads, MoE layers {cand.moe_layers}, {cand.n_experts} experts top-{cand.moe_top_k}) and the plain "
+        "model, each trained as far as its row above says. Release gates, each quality gate paired over the same problems at its "
+        f"declared margin (candidate minus baseline, 90% interval): {gates}. Candidate "
+        f"{'passes' if passed else 'refused: ' + '; '.join(reasons)}. Live canary "
+        f"({rollout['canary']['n']:.0f} canary requests of {rollout['load']['requests_ok']}, quality signal: the "
+        f"share of answers that parse): **{rollout['action']}** ({'; '.join(rollout['reasons'])}); "
+        f"{rollout['load']['errors']} client errors."
+        + ("" if passed else " The refused candidate was served on purpose, to compare the live verdict with the gates."),
+        cap.summary_table(log, markdown=True),
     ]
 
     # every claim recorded so far (earlier sections and this one), by the article's section

@@ -42,7 +42,7 @@ from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.parallel import run_units
 from codex_lab.stats import Comparison, judge_trained, noninferiority
-from codex_lab.training.curves import LMSession, heldout_windows, small_vocab_streams
+from codex_lab.training.curves import LMSession, heldout_windows, small_vocab_data
 from codex_lab.training.plateau import PlateauRun, train_to_plateau
 from codex_lab.training_state import TrainingState
 
@@ -174,17 +174,18 @@ def design_configs(base: ModelConfig, *, sparse: str, dense_layers: int, groups:
     }
 
 
-def trade_data(corpus: Any, sizes: TradeSizes) -> tuple[Tensor, Tensor, int]:
-    """(train ids, val ids, vocabulary size) of the trade's small vocabulary
-    (:func:`codex_lab.training.curves.small_vocab_streams`)."""
-    return small_vocab_streams(corpus, sizes.vocab_size, sizes.max_files)
+def trade_data(corpus: Any, sizes: TradeSizes) -> tuple[Tensor, Tensor, Any]:
+    """(train ids, val ids, tokenizer) of the trade's small vocabulary
+    (:func:`codex_lab.training.curves.small_vocab_data`)."""
+    return small_vocab_data(corpus, sizes.vocab_size, sizes.max_files)
 
 
 def base_config(sizes: TradeSizes, vocab_size: int) -> ModelConfig:
-    """The plain model's config: RoPE tables long enough for the speed context."""
+    """The plain model's config: RoPE tables long enough for the speed context, and for serving
+    (1,024 tokens at least: the release gates' prompts and answers)."""
     s = sizes
     return ModelConfig(vocab_size=vocab_size, d_model=s.d_model, n_layer=s.n_layer, n_head=s.n_head,
-                       max_seq_len=max(s.seq_len, s.context + s.new_tokens + 1))
+                       max_seq_len=max(1024, s.seq_len, s.context + s.new_tokens + 1))
 
 
 @dataclass
@@ -289,12 +290,14 @@ def design_unit(kind: str, pre: ArmRun, sizes: TradeSizes, train: Tensor, val: T
 
 @dataclass
 class TradeResult:
-    """The pre-training, every design at its plateau, and the configs of the trained models."""
+    """The pre-training, every design at its plateau, the configs of the trained models and the
+    tokenizer they read (to serve them)."""
 
     sizes: TradeSizes
     vocab_size: int
     pre: ArmRun
     arms: dict[str, ArmRun]
+    tokenizer: Any = None
 
     @property
     def seconds(self) -> float:
@@ -317,12 +320,13 @@ def run_trade(corpus: Any, sizes: TradeSizes) -> TradeResult:
     """Steps 1-3 at ``sizes``: the pre-training (one unit, seeds in lockstep), then one unit per
     design in worker processes where cores allow (:mod:`codex_lab.parallel`: the same numbers as
     a loop)."""
-    train, val, vocab = trade_data(corpus, sizes)
+    train, val, tok = trade_data(corpus, sizes)
+    vocab = tok.vocab_size
     pre = pretrain_unit(sizes, train, val, vocab)
     outs = run_units(design_unit, [(k,) for k in KINDS],
                      common=dict(pre=pre, sizes=sizes, train=train, val=val, vocab_size=vocab),
                      names=[f"design {k}" for k in KINDS])
-    return TradeResult(sizes, vocab, pre, dict(zip(KINDS, outs)))
+    return TradeResult(sizes, vocab, pre, dict(zip(KINDS, outs)), tok)
 
 
 def trade_states(res: TradeResult) -> dict[str, TrainingState]:
