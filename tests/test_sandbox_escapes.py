@@ -350,6 +350,8 @@ for d, dirs, names in os.walk('/etc'):
             files[p] = [st.st_dev, st.st_ino, 'locked']
         except BlockingIOError:
             files[p] = [st.st_dev, st.st_ino, 'BLOCKED']
+        except PermissionError:  # the seccomp filter refuses every lock
+            files[p] = [st.st_dev, st.st_ino, 'refused']
 t1 = time.monotonic()
 time.sleep({hold})
 print(json.dumps({{'files': files, 'asked': [t0, t1], 'held_until': time.monotonic()}}))
@@ -399,11 +401,51 @@ def test_concurrent_runs_share_no_lockable_file_under_etc():
         assert "/etc/hostname" not in r["files"], r  # nothing needs it: not there at all
         assert all(state != "BLOCKED" for *_, state in r["files"].values()), r
         if os.path.isfile("/etc/passwd"):
-            assert r["files"]["/etc/passwd"][2] == "locked", r
+            assert r["files"]["/etc/passwd"][2] == "refused", r  # no lock at all (next test)
     inodes_a = {(dev, ino) for dev, ino, _ in a["files"].values()}
     inodes_b = {(dev, ino) for dev, ino, _ in b["files"].values()}
     assert not inodes_a & inodes_b, "two concurrent runs share files under /etc"
     assert not (inodes_a | inodes_b) & _host_etc_inodes(), "a run's /etc holds the host's own files"
+
+
+LOCK_PROBE = """
+import fcntl, os
+out = {}
+for p in ('/dev/null', '/usr/bin/env', '/etc/passwd', os.path.realpath(os.__file__)):
+    fd = os.open(p, os.O_RDONLY)
+    for name, f in (('flock', lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)),
+                    ('lockf', lambda: fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)),
+                    ('getlk', lambda: fcntl.fcntl(fd, fcntl.F_GETLK, bytes(32))),
+                    ('ofd', lambda: fcntl.fcntl(fd, 37, bytes(32)))):  # F_OFD_SETLK
+        try:
+            f()
+            out[p + ' ' + name] = 'granted'
+        except OSError as e:
+            out[p + ' ' + name] = e.errno
+print(out, fcntl.fcntl(0, fcntl.F_GETFD))
+"""
+
+
+@needs_ns
+def test_no_file_lock_can_be_taken_or_read_in_a_run():
+    """The lock channel through any file two runs at once can open: the per-run /etc closed the
+    one on /etc/hostname, but /usr, /dev/null and the Python library are binds of the host's files,
+    and a lock on them crossed between concurrent runs. The seccomp filter now refuses flock and
+    fcntl's lock commands (EPERM) on every file, while fcntl's other commands still work. The
+    counterfactual: the same probe outside the sandbox takes every lock."""
+    import ast
+    import subprocess
+    import sys
+
+    r = run_python(LOCK_PROBE, guard=False, timeout_s=60)
+    assert r.ok, r
+    locks, getfd = r.stdout.strip().rsplit(" ", 1)
+    got = ast.literal_eval(locks)
+    assert len(got) == 16 and set(got.values()) == {1}, got  # EPERM, every file, every lock command
+    assert getfd == "0"  # F_GETFD (not a lock) is allowed
+    host = subprocess.run([sys.executable, "-c", LOCK_PROBE], capture_output=True, text=True, timeout=60)
+    host_got = ast.literal_eval(host.stdout.strip().rsplit(" ", 1)[0])
+    assert "granted" in host_got.values(), host_got
 
 
 @needs_ns

@@ -19,7 +19,10 @@ from ._launch_base import SetupError, _libc
 #   ``--ipc``), a new user namespace via unshare/clone (its own tmpfs mounts), setns, clone3 (its
 #   flags cannot be inspected: ENOSYS makes the C library fall back to clone), raising a socket's
 #   buffers (SO_SNDBUF, SO_RCVBUF and their FORCE forms: unread socket data is kernel memory);
-# - state that outlives the run or crosses it: the kernel keyrings (add_key, keyctl, request_key:
+# - state that outlives the run or crosses it: file locks (flock, and fcntl's record and
+#   open-file-description locks, F_GETLK/F_SETLK/F_SETLKW and their OFD forms): a lock on any
+#   file two runs at once can open (a read-only bind of /usr, /dev/null) is seen by the other, a
+#   channel between concurrent submissions; the kernel keyrings (add_key, keyctl, request_key:
 #   a key added to the per-uid keyring in root mode outlived the run), socket families other
 #   than AF_UNIX, AF_INET and AF_INET6 (AF_VSOCK is not network-namespaced: a VM-wide port space;
 #   AF_NETLINK, AF_PACKET, AF_ALG, AF_XDP, AF_BLUETOOTH, ... are kernel surface only);
@@ -40,7 +43,7 @@ _DENY = {  # name: (x86_64, aarch64); None where the architecture has no such ca
     "userfaultfd": (323, 282), "bpf": (321, 280), "perf_event_open": (298, 241), "ptrace": (101, 117),
     "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "kcmp": (312, 272),
     "pidfd_getfd": (438, 438), "name_to_handle_at": (303, 264), "open_by_handle_at": (304, 265),
-    "fanotify_init": (300, 262), "personality": (135, 92),
+    "fanotify_init": (300, 262), "personality": (135, 92), "flock": (73, 32),
     "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51),
     "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
     "move_mount": (429, 429), "open_tree": (428, 428), "mount_setattr": (442, 442),
@@ -54,7 +57,9 @@ _DENY = {  # name: (x86_64, aarch64); None where the architecture has no such ca
     "ioperm": (173, None),
 }
 _SPECIAL = {"clone": (56, 220), "clone3": (435, 435), "socket": (41, 198), "socketpair": (53, 199),
-            "setsockopt": (54, 208)}
+            "setsockopt": (54, 208), "fcntl": (72, 25)}
+# fcntl's lock commands: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW (the same on both)
+FCNTL_LOCKS = (5, 6, 7, 36, 37, 38)
 NR = {arch: {name: nrs[i] for name, nrs in {**_DENY, **_SPECIAL}.items() if nrs[i] is not None}
       for i, arch in enumerate(("x86_64", "aarch64"))}
 # every namespace flag of clone(2): CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
@@ -80,7 +85,8 @@ def seccomp_program(arch: str) -> list:
         prog.append((JGE, "eperm", 0, X32_SYSCALL_BIT))
     prog += [(JEQ, "eperm", 0, n) for n in deny]
     prog += [(JEQ, "enosys", 0, nr["clone3"]), (JEQ, "clone", 0, nr["clone"]), (JEQ, "socket", 0, nr["socket"]),
-             (JEQ, "socketpair", 0, nr["socketpair"]), (JEQ, "setsockopt", "allow", nr["setsockopt"])]
+             (JEQ, "socketpair", 0, nr["socketpair"]), (JEQ, "fcntl", 0, nr["fcntl"]),
+             (JEQ, "setsockopt", "allow", nr["setsockopt"])]
     labels: dict = {}
     labels["clone"] = len(prog)
     prog += [(LD, 0, 0, 16),                          # low word of args[0], the flags
@@ -90,6 +96,9 @@ def seccomp_program(arch: str) -> list:
              (JEQ, "allow", 0, AF_UNIX), (JEQ, "allow", 0, AF_INET), (JEQ, "allow", "eafnosupport", AF_INET6)]
     labels["socketpair"] = len(prog)
     prog += [(LD, 0, 0, 16), (JEQ, "allow", "eafnosupport", AF_UNIX)]
+    labels["fcntl"] = len(prog)
+    prog += [(LD, 0, 0, 24)]                          # args[1], the command
+    prog += [(JEQ, "eperm", 0, c) for c in FCNTL_LOCKS[:-1]] + [(JEQ, "eperm", "allow", FCNTL_LOCKS[-1])]
     labels["setsockopt"] = len(prog)
     prog += [(LD, 0, 0, 24),                          # args[1], the level
              (JEQ, 0, "allow", 1),                    # SOL_SOCKET
