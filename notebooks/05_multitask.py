@@ -451,6 +451,9 @@ print("small tasks:", plat.small_claim().describe())
 # %% [markdown]
 # The shipped reference run of this protocol (its verdicts are the claims' verdicts in the
 # report), when one is shipped: `python scripts/reference_l05_plateau.py` makes it (resumable).
+# It starts from a stronger base than this run's: the course's shipped pretrained model (4
+# layers, width 256), because a small base leaves every arm at the benchmark's floor, where no
+# comparison can be read. Its sizes are printed first.
 
 # %%
 from codex_lab.reference import describe_provenance, load_reference
@@ -460,6 +463,7 @@ if ref8 is None:
     print("no reference run of this protocol is shipped")
 else:
     print(describe_provenance(ref8))
+    print(ref8["data"]["setup"])
     print(*ref8["data"]["compute"], sep="\n")
     print("+8-15%:", ref8["data"]["size"]["verdict"], ref8["data"]["size"]["position"])
     print("small tasks:", ref8["data"]["small"]["verdict"])
