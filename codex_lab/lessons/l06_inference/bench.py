@@ -215,8 +215,8 @@ def bench_batching(model: CodexModel, tok: CodeTokenizer, n_requests: int, batch
     """Continuous vs static batching vs one at a time on ``n_requests`` mixed-length requests;
     ``compile`` adds continuous batching with the engine's compiled decode step (same tokens).
 
-    ``rounds``: each implementation runs once per round, the rounds interleaved, so a machine
-    whose speed drifts moves all alike; ``tokens_per_s`` is the median round's, with the
+    ``rounds``: each implementation runs once per round, the rounds interleaved and the order
+    rotated from round to round, so a machine whose speed drifts moves all alike; ``tokens_per_s`` is the median round's, with the
     slowest and fastest (``tokens_per_s_lo`` / ``_hi``) and, for batching, the per-round ratio
     over one at a time (``vs_one_median`` / ``_lo`` / ``_hi``). Latencies are the last round's."""
     reqs = mixed_requests(tok, n_requests)
@@ -228,8 +228,9 @@ def bench_batching(model: CodexModel, tok: CodeTokenizer, n_requests: int, batch
     speed: dict[str, list[float]] = {impl: [] for impl, _ in impls}
     rows_by: dict[str, dict[str, Any]] = {}
     runs: dict[str, list[Finished]] = {}
-    for _ in range(rounds):
-        for impl, kw in impls:
+    for r in range(rounds):
+        # the order rotates from round to round: no implementation always runs first (a cold cache) or last
+        for impl, kw in impls[r % len(impls):] + impls[: r % len(impls)]:
             done, wall, eng = run_engine(model, tok, reqs, **kw)
             n_tok = sum(len(f.output_ids) for f in done)
             speed[impl].append(n_tok / wall)
