@@ -75,3 +75,34 @@ def test_an_arm_that_overfits_is_compared_at_its_best_checkpoint():
     plain = train_to_plateau([seed_of(fn) for _ in range(3)], arm="small", chunk=100, max_steps=3000, min_steps=300,
                              higher_is_better=False, min_change=0.01)
     assert plain.state.state == "degrading" and plain.best_step is None
+
+
+def test_lm_session_in_chunks_trains_what_one_run_does():
+    """LMSession.advance(a); advance(b) == advance(a + b): the same weights and the same curve, so a run
+    driven chunk by chunk to its plateau is one run. Warm-up then a constant rate: the rate at step k is
+    lr x min(1, (k + 1) / warmup), never decayed (a run can be extended)."""
+    import torch
+
+    from codex_lab.nn.config import ModelConfig
+    from codex_lab.nn.model import CodexModel
+    from codex_lab.training.curves import LMSession, heldout_windows
+
+    tokens = torch.randint(0, 64, (4000,), generator=torch.Generator().manual_seed(1))
+    evals = heldout_windows(tokens, 8, 16, seed=0)
+
+    def session() -> LMSession:
+        torch.manual_seed(0)
+        m = CodexModel(ModelConfig(vocab_size=64, d_model=32, n_layer=1, n_head=2, max_seq_len=64))
+        return LMSession(m, tokens, evals, lr=3e-3, warmup=4, batch_size=4, seq_len=16, seed=3, eval_every=5)
+
+    a, b = session(), session()
+    curve_a = a.advance(20)
+    b.advance(7)
+    curve_b = b.advance(13)
+    assert [s for s, _ in curve_a] == [0, 5, 10, 15, 20] and curve_a == curve_b
+    for (n1, p1), (n2, p2) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
+        assert n1 == n2 and torch.equal(p1, p2), n1
+    assert a.opt.param_groups[0]["lr"] == 3e-3  # past the warm-up: the full rate, held
+    assert curve_a[-1][1] < curve_a[0][1]  # it learned something
+    with pytest.raises(ValueError, match="eval_every"):
+        LMSession(a.model, tokens, evals, lr=1e-3, warmup=1, batch_size=4, seq_len=16, seed=0, eval_every=0)
