@@ -396,10 +396,11 @@ assert (unscored == list(sc.QUALITY_CRITERIA)) == (not all(st.trained for st in 
 # trains until the training-state rule says it has levelled off. On a CPU that fits only at
 # a smaller geometry (standard mode: 2 layers of width 64, 8 heads, 32-token training
 # windows, an 8-token window plus every 4th 8-token block in the deep layer); the rule
-# decides the steps. Per seed, a plain model is pre-trained to its plateau, converted into
-# each design (sparse deep layers, GQA at group sizes 4 and 8, upcycled MoE, all of them),
-# and every design *and the plain model* train on, each to its own plateau, then half as
-# long again to check that the plateau holds. The seed draws the initialisation, the data
+# decides the steps. Per seed, a plain model is pre-trained for a fixed budget (the
+# checkpoint a team converts), converted into each design (sparse deep layers, GQA at group
+# sizes 4 and 8, upcycled MoE, all of them), and every design *and the plain model* (its
+# pre-training continued) train on, each to its own plateau, then half as long again to
+# check that the plateau holds. The seed draws the initialisation, the data
 # order and the held-out windows.
 #
 # The quality cost of a design is its held-out loss minus the plain model's at their

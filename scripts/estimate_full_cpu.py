@@ -72,9 +72,9 @@ def plans() -> dict[str, dict[str, Any]]:
                                        n_head=s8.n_head, max_seq_len=s8.seq_len),
                  "batch": (s8.batch_size, s8.seq_len),
                  # the caps: the training-state rule stops each arm at its plateau, at most here (extension not counted)
-                 "steps": len(s8.seeds) * (s8.pre_max_steps + len(l08.KINDS) * s8.max_steps),
-                 "plan": f"{len(s8.seeds)} seeds x (pre-training up to {s8.pre_max_steps} + {len(l08.KINDS)} designs x "
-                         f"up to {s8.max_steps}: the caps; the rule stops each arm at its plateau)"}
+                 "steps": len(s8.seeds) * (s8.pretrain_steps + len(l08.KINDS) * s8.max_steps),
+                 "plan": f"{len(s8.seeds)} seeds x (pre-training {s8.pretrain_steps} + {len(l08.KINDS)} designs x "
+                         f"up to {s8.max_steps}: the cap; the rule stops each arm at its plateau)"}
     return out
 
 

@@ -171,9 +171,9 @@ def sizes_08() -> Any:
     from codex_lab.lessons.l08_capstone.trade import TRADE_SIZES
 
     # the article's geometry on a CPU: 256-token windows, window-64 sparse deep layer, 8 experts top-2, GQA at
-    # g = 4 and 8; the training-state rule decides the steps (caps 6,000 and 3,000)
+    # g = 4 and 8; 2,000 pre-training steps, then the training-state rule decides each arm's steps (cap 4,000)
     return dataclasses.replace(TRADE_SIZES["standard"], seq_len=256, sparse="window:64+blockstride:64:4", n_experts=8,
-                               top_k=2, pre_max_steps=6000, max_steps=3000, pre_min_steps=1000)
+                               top_k=2, pretrain_steps=2000, max_steps=4000)
 
 
 def section_08(run: ResumableRun, corpus: Any) -> dict[str, Any]:
@@ -269,7 +269,7 @@ def _smoke(cfg: Any, section: str) -> Any:
                                    uptrain_eval_every=1, eval_windows=16, seeds=(0, 1, 2))
     if section == "04":
         return dataclasses.replace(cfg, steps=40, warmup=4, eval_every=10, seeds=(0, 1, 2), files=50)
-    return dataclasses.replace(cfg, pre_min_steps=8, pre_max_steps=16, min_steps=8, max_steps=8, chunk=8, warmup=4,
+    return dataclasses.replace(cfg, pretrain_steps=16, min_steps=8, max_steps=8, chunk=8, warmup=4,
                                eval_every=4, eval_windows=16, seeds=(0, 1, 2), context=256, rounds=2, extend=0.0)
 
 

@@ -317,14 +317,17 @@ def test_trade_table_verdicts_gates_and_decision_follow_the_numbers():
     cheap = [{**f, "all": f["plain"] + 0.001 + 0.002 * (i % 2)} for i, f in enumerate(finals)]
     rows2 = tt.trade_rows(_trade(cheap), _speed(decode={"gqa4": (1.1, 1.05, 1.2), "all": (1.3, 1.1, 1.4)}))
     assert tt.trade_decision(rows2)["promoted"] == "all"
-    # an under-trained design (still falling) gets no verdict and is refused; so is every design when the
-    # pre-training has not plateaued (conversion from an unfinished model says nothing about the design)
+    # an under-trained design (still falling) gets no verdict and is refused; so is every design when the plain
+    # arm has not plateaued; the pre-training's own state does not gate (the plain arm continues it to its plateau)
     r3 = {r.kind: r for r in tt.trade_rows(_trade(finals, flat={"gqa4": False}), _speed(decode={"gqa4": (1.1, 1.05, 1.2)}))}
     assert r3["gqa4"].state.state == "under-trained" and r3["gqa4"].cost.verdict == "under-trained: no verdict"
     assert not r3["gqa4"].passed and tt.trade_decision(list(r3.values()))["promoted"] is None
-    r4 = tt.trade_rows(_trade(finals, flat={"pre-training": False}), _speed(decode={"gqa4": (1.1, 1.05, 1.2)}))
+    r4 = tt.trade_rows(_trade(finals, flat={"plain": False}), _speed(decode={"gqa4": (1.1, 1.05, 1.2)}))
     assert all(r.cost.verdict == "under-trained: no verdict" for r in r4 if r.kind != "plain")
     assert tt.trade_decision(r4)["promoted"] is None and tt.trade_decision(r4)["passed"] == []
+    r5 = {r.kind: r for r in tt.trade_rows(_trade(finals, flat={"pre-training": False}),
+                                           _speed(decode={"gqa4": (1.1, 1.05, 1.2)}))}
+    assert r5["gqa4"].cost.verdict == "holds" and r5["gqa4"].passed
     # the quality gate uses the table's margin: a gate with another margin is refused, and a tighter margin
     # declared for the table turns gqa4's "holds" into a refusal on quality
     assert r3["gqa4"].reasons[0].startswith("quality")
@@ -350,6 +353,7 @@ def test_trade_runs_every_design_and_times_the_trained_models(tmp_path):
     s = dataclasses.replace(tr.trade_sizes("fast"), context=64, rounds=2)
     res = tr.run_trade(load_corpus(max_files=40), s)
     assert set(res.arms) == set(tr.KINDS) and all(a.steps == s.max_steps for a in res.arms.values())
+    assert res.pre.fixed and res.pre.steps == s.pretrain_steps and "fixed budget" in res.pre.describe()
     assert all(a.state.state == "under-trained" for a in res.arms.values())  # 8 steps: the rule withholds
     gqa8 = res.model("gqa8")
     assert gqa8.cfg.n_kv_head == s.n_head // 8 and res.model("gqa4").cfg.n_kv_head == s.n_head // 4

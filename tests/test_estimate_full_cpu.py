@@ -30,7 +30,7 @@ def test_the_plans_are_the_full_modes_of_the_lessons(est):
     assert plans["02"]["steps"] == len(l02.arms_for("full")) * len(c2.seeds) * c2.steps
     assert plans["02"]["batch"] == (c2.batch, 1024) and plans["02"]["config"].n_layer == c2.n_layer == 4
     s8 = l08.trade_sizes("full")
-    assert plans["08"]["steps"] == len(s8.seeds) * (s8.pre_max_steps + len(l08.KINDS) * s8.max_steps)
+    assert plans["08"]["steps"] == len(s8.seeds) * (s8.pretrain_steps + len(l08.KINDS) * s8.max_steps)
     assert all(p["steps"] > 0 and p["plan"] for p in plans.values())
     # the 04 plan times the MoE arm: its config has experts
     assert plans["04"]["config"].n_experts > 1 and plans["04"]["config"].moe_layers

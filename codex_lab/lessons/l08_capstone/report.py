@@ -67,8 +67,9 @@ def run(ctx: Any) -> str:
         "### The measured trade: what each optimisation costs and buys, on one set of trained designs\n\n"
         f"{tsizes.describe()}; mode `{ctx.mode}`"
         + (" (fast mode: caps far too short to plateau; the states below say so)" if ctx.mode == "fast" else "")
-        + ". Per seed a plain model is pre-trained to its plateau and converted into each design; every design "
-        "and the plain model then train on, each to its own plateau (the steps are in the table). Cost: held-out "
+        + ". Per seed a plain model is pre-trained for a fixed budget and converted into each design; every design "
+        "and the plain model (its pre-training continued) then train on, each to its own plateau (the steps are in "
+        "the table). Cost: held-out "
         "loss minus the plain model's at their stopping points, paired by seed, with its 90% interval (the one-sided "
         f"95% bounds) and the non-inferiority verdict at the declared margin {tr.MARGIN_NATS:g} nats/token. Buys, on "
         f"the first seed's trained models: prefill of {tsizes.context} tokens and decode of a batch of "

@@ -4,19 +4,21 @@ conversion, and on *those same trained models* what each optimisation costs and 
 A converted model that has trained a few steps has not won back what conversion cost:
 comparing it with the baseline measures the step budget, not the design. So:
 
-1. per seed, a plain model is pre-trained from scratch to its plateau (the seeds in lockstep,
-   :func:`codex_lab.training.plateau.train_to_plateau`; the seed draws the initialisation,
-   the data order and the held-out windows it is scored on);
+1. per seed, a plain model is pre-trained from scratch for a fixed budget (the seed draws the
+   initialisation, the data order and the held-out windows it is scored on): the checkpoint a
+   team converts. It need not be at its plateau: the plain arm of step 3 *is* its pre-training
+   continued, to its own plateau, so every comparison is between arms that each levelled off;
 2. it is converted (:func:`codex_lab.nn.surgery.convert`, the capstone's recipe: K/V heads
    mean-pooled, experts upcycled from the dense FFN) into each design of :data:`KINDS`:
    sparse deep layers, GQA at group sizes 4 and 8, upcycled MoE, and all of them together;
 3. every design *and the plain model itself* train on from there, each to its own plateau
-   (constant rate after a warm-up, so the rule sees the model level off, not an annealed
-   rate), then half as long again (the budget-extension check); each arm's steps are printed;
+   (the seeds in lockstep, :func:`codex_lab.training.plateau.train_to_plateau`; a constant
+   rate after a warm-up, so the rule sees the model level off, not an annealed rate), then
+   half as long again (the budget-extension check); each arm's steps are printed;
 4. the quality cost of a design is its held-out loss at its stopping point minus the plain
    model's, paired by seed, judged for non-inferiority with the margin :data:`MARGIN_NATS`
    declared here (:func:`codex_lab.stats.noninferiority`), and "under-trained: no verdict"
-   unless the pre-training and both arms plateaued (:func:`codex_lab.stats.judge_trained`);
+   unless both arms plateaued (:func:`codex_lab.stats.judge_trained`);
 5. on the first seed's trained models, what each design buys at a context where it is meant
    to pay (:mod:`~codex_lab.lessons.l08_capstone.trade_speed`): prefill of ``context`` tokens
    (sparse attention), decode of a batch over a cache of ``context`` tokens (GQA), KV-cache
@@ -71,10 +73,9 @@ class TradeSizes:
     corpus files); ``seq_len``-token training windows, ``batch_size`` per step. The designs:
     the last ``n_layer - dense_layers`` layers use the pattern ``sparse`` and (MoE)
     ``n_experts`` experts top-``top_k``; GQA at each group size of ``groups`` (query heads
-    per K/V head; "all" uses the first). Pre-training: warm-up ``warmup`` to ``lr``, then
-    constant, to its plateau (judged every ``chunk`` steps from ``pre_min_steps``, cap
-    ``pre_max_steps``); after conversion each arm likewise at ``uptrain_lr`` (cap
-    ``max_steps``, from ``min_steps``). Held-out loss (nats/token) on ``eval_windows`` windows
+    per K/V head; "all" uses the first). Pre-training: ``pretrain_steps`` steps, warm-up
+    ``warmup`` to ``lr``, then constant; after conversion each arm at ``uptrain_lr`` to its
+    plateau (judged every ``chunk`` steps from ``min_steps``, cap ``max_steps``). Held-out loss (nats/token) on ``eval_windows`` windows
     per seed, every ``eval_every`` steps. Speed: prefill ``context`` tokens (batch 1) and
     decode ``new_tokens`` steps of a ``decode_batch`` batch over a ``context``-token cache,
     ``rounds`` interleaved rounds. ``extend``: the budget-extension share (0: none).
@@ -90,8 +91,7 @@ class TradeSizes:
     warmup: int
     eval_every: int
     chunk: int
-    pre_min_steps: int
-    pre_max_steps: int
+    pretrain_steps: int
     min_steps: int
     max_steps: int
     eval_windows: int
@@ -121,26 +121,26 @@ class TradeSizes:
                 f"{self.batch_size}, vocabulary {self.vocab_size} (BPE on {files} corpus files); designs: layers "
                 f"{self.dense_layers}..{self.n_layer - 1} sparse `{self.sparse}`, GQA g={self.groups[0]} and "
                 f"g={self.groups[1]} ({self.n_head // self.groups[0]} and {self.n_head // self.groups[1]} K/V heads), "
-                f"MoE {self.n_experts} experts top-{self.top_k}; pre-training and then every arm to its plateau "
-                f"(judged every {self.chunk} steps, caps {self.pre_max_steps} and {self.max_steps}); {len(self.seeds)} "
+                f"MoE {self.n_experts} experts top-{self.top_k}; pre-training {self.pretrain_steps} steps, then every "
+                f"arm to its plateau (judged every {self.chunk} steps, cap {self.max_steps}); {len(self.seeds)} "
                 f"seeds; speed at {self.context} tokens of context")
 
 
 TRADE_SIZES: dict[str, TradeSizes] = {
     # CI: seconds; caps far too short to plateau: the rule says "under-trained" and nothing is promoted on quality
     "fast": TradeSizes(d_model=32, n_layer=2, n_head=8, seq_len=32, batch_size=8, lr=3e-3, uptrain_lr=1e-3, warmup=3,
-                       eval_every=4, chunk=8, pre_min_steps=8, pre_max_steps=16, min_steps=8, max_steps=8,
+                       eval_every=4, chunk=8, pretrain_steps=16, min_steps=8, max_steps=8,
                        eval_windows=16, seeds=(0, 1, 2), vocab_size=384, max_files=40,
                        sparse="window:8+blockstride:8:4", dense_layers=1, n_experts=4, top_k=2, context=256,
                        decode_batch=4, new_tokens=4, rounds=3, extend=0.0),
     # one CPU core per arm; the rule decides the steps (the geometry is shrunk, not the steps; see the module)
     "standard": TradeSizes(d_model=64, n_layer=2, n_head=8, seq_len=32, batch_size=16, lr=3e-3, uptrain_lr=1e-3,
-                           warmup=25, eval_every=25, chunk=100, pre_min_steps=600, pre_max_steps=3000, min_steps=200,
+                           warmup=25, eval_every=25, chunk=100, pretrain_steps=1500, min_steps=200,
                            max_steps=1500, eval_windows=64, seeds=(0, 1, 2), vocab_size=512, max_files=300,
                            sparse="window:8+blockstride:8:4", dense_layers=1, n_experts=4, top_k=2),
     # the shipped model's geometry with the capstone's pattern, for a GPU (not run on a CPU)
     "full": TradeSizes(d_model=256, n_layer=4, n_head=8, seq_len=256, batch_size=16, lr=1e-3, uptrain_lr=3e-4,
-                       warmup=200, eval_every=100, chunk=400, pre_min_steps=4000, pre_max_steps=20000, min_steps=800,
+                       warmup=200, eval_every=100, chunk=400, pretrain_steps=8000, min_steps=800,
                        max_steps=8000, eval_windows=64, seeds=(0, 1, 2, 3, 4), vocab_size=4096, max_files=None,
                        sparse="window:64+blockstride:64:4", dense_layers=2, n_experts=8, top_k=2, context=4096),
 }
@@ -209,10 +209,12 @@ class ArmRun:
     extension_change: float = float("nan")
     weights: dict[str, Tensor] = field(default_factory=dict)
     seconds: float = 0.0
+    fixed: bool = False  # a fixed budget (the pre-training), not a run to a plateau
 
     def describe(self) -> str:
         """The arm's state, its steps and the extension check, one line."""
-        s = f"{self.arm}: {self.state.short()} at {self.steps} steps per seed" + ("" if self.reached else " (the cap)")
+        how = " (a fixed budget: the plain arm continues it)" if self.fixed else ("" if self.reached else " (the cap)")
+        s = f"{self.arm}: {self.state.short()} at {self.steps} steps per seed{how}"
         if self.extension_steps:
             ok = abs(self.extension_change) < MIN_CHANGE_NATS
             s += (f"; {self.extension_steps} more steps moved it {self.extension_change:+.3g} nats/token "
@@ -246,19 +248,22 @@ def _to_plateau(arm: str, sessions: Sequence[LMSession], sizes: TradeSizes, *, m
 
 
 def pretrain_unit(sizes: TradeSizes, train: Tensor, val: Tensor, vocab_size: int) -> ArmRun:
-    """Step 1: the plain model of every seed pre-trained to its plateau. ``weights`` holds every
+    """Step 1: the plain model of every seed pre-trained ``pretrain_steps`` steps; its state is
+    reported, not required (the plain arm continues it to a plateau). ``weights`` holds every
     seed's state dict here (each design is converted from them)."""
+    from codex_lab.training_state import training_state
+
     t0 = time.perf_counter()
     models = []
     for seed in sizes.seeds:
         torch.manual_seed(seed)  # the seed draws the initialisation
         models.append(CodexModel(base_config(sizes, vocab_size)))
-    run, final, weights = _to_plateau("pre-training", _sessions(models, sizes, train, val, lr=sizes.lr, salt=0), sizes,
-                                      min_steps=sizes.pre_min_steps, max_steps=sizes.pre_max_steps)
-    return ArmRun("pre-training", run.curves, run.state, run.steps, run.reached, final,
-                  extension_steps=run.extension_steps, extension_change=run.extension_change,
-                  weights={f"{i}.{k}": v for i, w in enumerate(weights) for k, v in w.items()},
-                  seconds=time.perf_counter() - t0)
+    sessions = _sessions(models, sizes, train, val, lr=sizes.lr, salt=0)
+    curves = [s.advance(sizes.pretrain_steps) for s in sessions]
+    state = training_state(curves, higher_is_better=False, min_change=MIN_CHANGE_NATS, arm="pre-training")
+    return ArmRun("pre-training", curves, state, sizes.pretrain_steps, state.trained, [c[-1][1] for c in curves],
+                  weights={f"{i}.{k}": v for i, s in enumerate(sessions) for k, v in s.model.state_dict().items()},
+                  seconds=time.perf_counter() - t0, fixed=True)
 
 
 def _seed_weights(flat: Mapping[str, Tensor], i: int) -> dict[str, Tensor]:
@@ -337,7 +342,8 @@ def trade_states(res: TradeResult) -> dict[str, TrainingState]:
 def trade_costs(res: TradeResult, *, margin: float = MARGIN_NATS) -> dict[str, Comparison]:
     """Per design (not "plain"): the quality cost, held-out loss of the design minus the plain
     model's, each at its stopping point, paired by seed, as a non-inferiority comparison with
-    ``margin``, judged with the pre-training's and both arms' training states."""
+    ``margin``, judged with both arms' training states (the pre-training's is reported, not
+    required: the plain arm is the pre-training continued to its plateau)."""
     states = trade_states(res)
     plain = res.arms["plain"].final
     out = {}
@@ -346,8 +352,8 @@ def trade_costs(res: TradeResult, *, margin: float = MARGIN_NATS) -> dict[str, C
             continue
         c = noninferiority(plain, arm.final, margin=margin, paired=True, higher_is_better=False,
                            metric=f"held-out loss, {kind} minus plain (nats/token)")
-        # conversion starts from a plateaued plain model or the comparison says nothing about the design
-        out[kind] = judge_trained(c, [states["pre-training"], states["plain"], states[kind]])
+        # both arms at their plateau, or the interval measures the budget, not the design
+        out[kind] = judge_trained(c, [states["plain"], states[kind]])
     return out
 
 
