@@ -411,3 +411,4 @@ def test_pretrain_stage_records_the_curve_uptrain_would_train(small_tokenizer):
     from codex_lab.training.evaluate import val_loss
 
     assert curve[-1][1] == pytest.approx(val_loss(a, val), abs=1e-6) and curve[0][1] == pytest.approx(val_loss(base, val), abs=1e-6)
+

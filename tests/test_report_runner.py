@@ -174,3 +174,20 @@ def test_performance_goals_table_says_met_or_missed(laptop, tmp_path):
     table = text.split("## Performance goals")[1]
     assert "| 06 | decode vs HF | 2.40x | 2.00x | yes | batch 1 |" in table
     assert "| 04 | MoE vs HF | 0.80x | 1.00x | no | worst size |" in table
+
+
+def test_the_claims_table_keeps_each_row_short_and_every_detail_below():
+    """A verdict row says the verdict and the head of the figure in one short line (the whole
+    measured text and the states follow in a collapsible block); a short text is kept whole."""
+    from codex_lab.course.report import SHORT, claims_table, short_measured
+
+    long = "; ".join(f"arm {i}: difference +0.0{i} [+0.01, +0.05] holds" for i in range(20))
+    claims = [{"lesson": "02", "claim": "Strided links keep the far dependencies", "measured": long,
+               "verdict": "holds", "states": "dense: trained; window: trained"},
+              {"lesson": "06", "claim": "KV cache is fast", "measured": "3.1x", "verdict": "fails"}]
+    out = claims_table(claims)
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ")]
+    assert len(rows) == 3 and all(len(r) <= 300 for r in rows), [len(r) for r in rows]
+    assert long in out and "dense: trained; window: trained" in out  # nothing lost: the details carry it
+    assert short_measured("3.1x") == "3.1x" and short_measured(long).endswith(" ...")
+    assert len(short_measured(long)) <= SHORT + 4 and short_measured(long).startswith("arm 0: difference")

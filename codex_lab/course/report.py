@@ -344,6 +344,40 @@ def _bar_left(bar: Any, keys: list[str], plan: dict[str, str], info: ModeInfo) -
     bar.set_postfix_str(f"expected left: {format_seconds(secs) if secs is not None else 'unknown'}" if keys else "done")
 
 
+# Where each lesson's claims sit in the article (SEED.md sections).
+SEED_SECTION = {
+    "00": "set-up", "01": "1. sparse attention", "02": "1. sparse attention", "03": "3. inference acceleration",
+    "04": "3. inference acceleration", "05": "2. multi-task fine-tuning", "06": "3. inference acceleration",
+    "07": "4. monitoring and rollback", "08": "all (capstone)",
+}
+
+
+SHORT = 160  # characters of the measured figure a table row shows; the whole text follows in its details
+
+
+def short_measured(text: str, limit: int = SHORT) -> str:
+    """The head of a claim's measured text for one table row: cut at the last clause boundary
+    ("; ", ". ", ", ") before ``limit`` characters, marked with an ellipsis when cut."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    cut = max(head.rfind(sep) for sep in ("; ", ". ", ", "))
+    return (head[:cut] if cut > limit // 3 else head.rstrip()) + " ..."
+
+
+def claims_table(claims: Sequence[dict[str, str]]) -> str:
+    """Every recorded claim, one short row each (article section, lesson, claim, verdict, the
+    head of the measured figure), ordered by the article's section; then, per claim, the whole
+    measured text and the arms' training states in a collapsible block."""
+    rows = sorted(claims, key=lambda c: (SEED_SECTION.get(c["lesson"], "~"), c["lesson"]))
+    table = ["| article section | lesson | seed claim | verdict | measured (head; details below) |", "|---|---|---|---|---|"]
+    table += [f"| {SEED_SECTION.get(c['lesson'], '?')} | {c['lesson']} | {c['claim']} | {c['verdict']} | "
+              f"{short_measured(c['measured'])} |" for c in rows]
+    details = [f"<details><summary>{c['lesson']}: {c['claim']}</summary>\n\n{c['measured']}\n\nTraining states: "
+               f"{c.get('states', 'n/a')}\n\n</details>" for c in rows]
+    return "\n".join(table) + "\n\n" + "\n".join(details)
+
+
 def _assemble(stamp: str, head: list[str], bodies: list[str], ctx: ReportContext, done: list[tuple[str, str, float, str]],
               mods: Sequence[Any], keys: list[str], interrupted: str | None, total: float, info: ModeInfo) -> str:
     """The whole Markdown text from what has run so far."""
@@ -357,10 +391,7 @@ def _assemble(stamp: str, head: list[str], bodies: list[str], ctx: ReportContext
                      + ", ".join(f"{k} ({t})" for k, t in pending) + ".\n")
     parts += bodies
     if ctx.claims:
-        rows = ["| lesson | seed claim | measured here | arms' training state | verdict |", "|---|---|---|---|---|"]
-        rows += [f"| {c['lesson']} | {c['claim']} | {c['measured']} | {c.get('states', '')} | {c['verdict']} |"
-                 for c in ctx.claims]
-        parts.append("## Seed claims and verdicts\n\n" + "\n".join(rows) + "\n")
+        parts.append("## Seed claims and verdicts\n\n" + claims_table(ctx.claims) + "\n")
     if ctx.measured:
         parts.append("## Measured (definitions the course checks, not verdicts)\n\n"
                      + "\n".join(f"- lesson {m['lesson']}: {m['what']}: {m['figure']}" for m in ctx.measured) + "\n")

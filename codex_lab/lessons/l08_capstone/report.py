@@ -11,14 +11,6 @@ from codex_lab.reference import article_reference_block
 TITLE = "Lesson 08: capstone (every optimisation in one model) and the seed claims"
 ORDER = 8
 
-# Where each lesson's claims sit in the article (SEED.md sections).
-SEED_SECTION = {
-    "00": "set-up", "01": "1. sparse attention", "02": "1. sparse attention", "03": "3. inference acceleration",
-    "04": "3. inference acceleration", "05": "2. multi-task fine-tuning", "06": "3. inference acceleration",
-    "07": "4. monitoring and rollback", "08": "all (capstone)",
-}
-
-
 def run(ctx: Any) -> str:
     """The trade experiment (every design trained to its plateau after conversion; what each
     costs and buys, measured on the same trained models, and what the gates promote), then the
@@ -98,13 +90,10 @@ def run(ctx: Any) -> str:
     ]
 
     # every claim recorded so far (earlier sections and this one), by the article's section
-    rows = sorted(ctx.claims, key=lambda c: (SEED_SECTION.get(c["lesson"], "~"), c["lesson"]))
-    table = ["| article section | lesson | seed claim | measured by the course | verdict |", "|---|---|---|---|---|"]
-    table += [f"| {SEED_SECTION.get(c['lesson'], '?')} | {c['lesson']} | {c['claim']} | {c['measured']} | {c['verdict']} |"
-              for c in rows]
     counts = Counter(c["verdict"] for c in ctx.claims)
     lessons = sorted({c["lesson"] for c in ctx.claims})
-    parts.append(f"### Every seed claim beside what the course measured\n\n{len(ctx.claims)} claims from lessons "
-                 f"{', '.join(lessons)}: " + ", ".join(f"{v} {n}" for v, n in counts.most_common()) + ".\n\n" + "\n".join(table))
+    parts.append(f"### Every seed claim so far\n\n{len(ctx.claims)} claims from lessons {', '.join(lessons)}: "
+                 + ", ".join(f"{v} {n}" for v, n in counts.most_common()) + ". The report closes with all of them, "
+                 "one short row each by the article's section, each row's whole figure and states below it.")
     parts.append("\n".join(article_reference_block(ctx, "08")))
     return "\n\n".join(parts)
