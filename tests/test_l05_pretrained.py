@@ -58,7 +58,12 @@ def test_the_size_verdict_flips_with_the_gain():
 def test_the_smallest_detectable_effect_shrinks_with_problems_and_seeds():
     small = pt.detectable_effect(pt.setup_for("fast"))
     big = pt.detectable_effect(pt.setup_for("reference"))
-    assert big["absolute"] < small["absolute"] and big["problems"] == 48 * 5 and math.isclose(big["p"], 0.3)
+    # the reference scores every test problem of the split: 200 per family, 5 families, 3 seeds
+    assert big["absolute"] < small["absolute"] and big["problems"] == 200 * 5 and math.isclose(big["p"], 0.3)
+    # two-sided 5%, 80% power, paired over 3 seeds: (t_.975,2 + t_.80,2) x sqrt(2 x 0.3 x 0.7 / 1000) / sqrt(3)
+    assert math.isclose(big["absolute"], (4.3027 + 1.0607) * math.sqrt(2 * 0.21 / 1000) / math.sqrt(3), rel_tol=1e-3)
+    # the corpus base's first reference scored 48 problems per family: a wider detectable effect
+    assert pt.detectable_effect(pt.setup_for("reference-corpus"))["absolute"] > big["absolute"]
 
 
 def test_a_tiny_protocol_runs_every_arm_and_withholds_the_verdicts(tmp_path, monkeypatch):
