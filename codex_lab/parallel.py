@@ -20,7 +20,7 @@ progress bars); a unit's exception reaches the caller with the unit named.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
@@ -68,7 +68,7 @@ def _call(fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]) -
 
 def run_units(fn: Callable[..., R], units: Sequence[tuple[Any, ...] | Mapping[str, Any]], *,
               common: Mapping[str, Any] | None = None, jobs: int | None = None,
-              names: Sequence[str] | None = None) -> list[R]:
+              names: Sequence[str] | None = None, on_done: Callable[[int, R], None] | None = None) -> list[R]:
     """``[fn(*unit, **common) for unit in units]`` (a unit that is a mapping is passed as keywords),
     run in :func:`unit_workers` processes; results in the order of ``units``.
 
@@ -84,7 +84,12 @@ def run_units(fn: Callable[..., R], units: Sequence[tuple[Any, ...] | Mapping[st
         raise ValueError(f"names: {len(labels)} labels for {len(calls)} units; give one per unit")
     workers = unit_workers(len(calls)) if jobs is None else max(1, min(jobs, len(calls)))
     if workers == 1:  # the plain path: a loop in this process
-        return [fn(*a, **kw) for a, kw in calls]
+        out1: list[R] = []
+        for i, (a, kw) in enumerate(calls):
+            out1.append(fn(*a, **kw))
+            if on_done is not None:
+                on_done(i, out1[-1])
+        return out1
     if getattr(fn, "__qualname__", "").count("<"):
         raise ValueError(f"{fn!r} is not importable by name (a lambda or a nested function); workers are spawned "
                          f"and need a module-level function, or set {JOBS_ENV}=1 to run the units here")
@@ -94,20 +99,24 @@ def run_units(fn: Callable[..., R], units: Sequence[tuple[Any, ...] | Mapping[st
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_start_worker, initargs=(env, compute_threads()))
     futures = [pool.submit(_call, fn, a, kw) for a, kw in calls]
-    out: list[R] = []
+    index = {f: i for i, f in enumerate(futures)}
+    got: dict[int, R] = {}
     try:
-        for label, f in zip(labels, futures):
+        for f in as_completed(futures):
+            i = index[f]
             try:
-                out.append(f.result())
+                got[i] = f.result()
             except Exception as exc:
-                raise RuntimeError(f"{label} of {getattr(fn, '__name__', fn)} failed in a worker process: "
+                raise RuntimeError(f"{labels[i]} of {getattr(fn, '__name__', fn)} failed in a worker process: "
                                    f"{type(exc).__name__}: {exc} (rerun with {JOBS_ENV}=1 to see it in this "
                                    f"process)") from exc
+            if on_done is not None:
+                on_done(i, got[i])
     except BaseException:  # an error or Ctrl-C: drop what has not started, do not wait for the rest
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
-    return out
+    return [got[i] for i in range(len(calls))]
 
 
 __all__ = ["JOBS_ENV", "cpu_seconds", "run_units", "unit_workers"]

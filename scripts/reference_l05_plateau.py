@@ -7,8 +7,8 @@ on one codebench 2 split; shipped as ``codex_lab/assets/reference/l05_plateau_<s
     python scripts/reference_l05_plateau.py --split length
     python scripts/reference_l05_plateau.py --state F  # another state file
 
-One arm (all its seeds, in lockstep) is one resumable unit (``codex_lab.reference.ResumableRun``);
-two arms run at a time in worker processes. The base is pretrained once and cached.
+One arm (all its seeds, in lockstep) is one resumable unit (``codex_lab.reference.ResumableRun``),
+stored as it finishes; two arms run at a time in worker processes, a freed worker taking the next. The base is pretrained once and cached.
 """
 
 from __future__ import annotations
@@ -69,14 +69,17 @@ def main() -> int:
         tok, ts = pt.tokenizer(setup), pt.sized_taskset(setup)
         pt.pretrain_base(setup, tok, log=lambda s: print(s, flush=True))
         jobs = unit_workers(2)
-        while pending := [a for a in names if a not in run.done]:
-            batch = pending[:jobs]
-            t0 = time.perf_counter()
-            outs = run_units(pt.run_arm, [(setup, a) for a in batch], common=dict(tok=tok, ts=ts), names=batch)
-            wall = time.perf_counter() - t0
-            for a, o in zip(batch, outs):
-                run.store(a, o, wall / len(batch))  # the batch's wall time, shared by its units
-                print(f"{a}: {o['state']}; {o['steps']} steps, {o['cpu_s']:.0f} CPU s", flush=True)
+        pending = [a for a in names if a not in run.done]
+        t0 = time.perf_counter()
+
+        def store(i: int, o: dict) -> None:  # as each arm finishes: a worker that frees up takes the next arm
+            run.store(pending[i], o, o["cpu_s"])
+            print(f"{pending[i]}: {o['state']}; {o['steps']} steps, {o['cpu_s']:.0f} CPU s "
+                  f"({time.perf_counter() - t0:.0f} s into this session)", flush=True)
+
+        if pending:
+            run_units(pt.run_arm, [(setup, a) for a in pending], common=dict(tok=tok, ts=ts), names=pending, jobs=jobs,
+                      on_done=store)
         command = "python scripts/reference_l05_plateau.py" + ("" if args.split == "iid" else f" --split {args.split}")
         from codex_lab.reference import _commit
 

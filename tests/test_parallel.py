@@ -36,6 +36,20 @@ def test_results_come_back_in_the_order_given_with_keywords_and_common_arguments
     assert both == [1, 9]
 
 
+def test_each_result_is_handed_over_as_its_unit_finishes():
+    """on_done(i, result) runs in this process as each unit ends, in the order they end: a long
+    unit given first does not hold back the short ones after it (a reference run stores each at
+    once), and the returned list keeps the order given. The plain path calls it too."""
+    seen: list[tuple[int, str]] = []
+    out = run_units(_spin, [dict(tag="long", seconds=1.5), dict(tag="short1", seconds=0.01),
+                            dict(tag="short2", seconds=0.01)], jobs=2,
+                    on_done=lambda i, r: seen.append((i, r[0])))
+    assert [t for t, _ in out] == ["long", "short1", "short2"]
+    assert sorted(seen) == [(0, "long"), (1, "short1"), (2, "short2")] and seen[-1] == (0, "long")
+    plain: list[int] = []
+    assert run_units(_fail_on, [(1,), (3,)], jobs=1, on_done=lambda i, r: plain.append(r)) == [1, 9] == plain
+
+
 def test_a_failing_unit_is_named_and_its_error_kept():
     with pytest.raises(RuntimeError, match=r"seed 2 of _fail_on failed in a worker process: ValueError: unit two is broken"):
         run_units(_fail_on, [(1,), (2,), (3,)], jobs=2, names=["seed 1", "seed 2", "seed 3"])
