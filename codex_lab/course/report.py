@@ -352,7 +352,7 @@ SEED_SECTION = {
 }
 
 
-SHORT = 160  # characters of the measured figure a table row shows; the whole text follows in its details
+SHORT = 120  # characters of the measured figure a table row shows; the whole text follows in its details
 
 
 def short_measured(text: str, limit: int = SHORT) -> str:
