@@ -55,6 +55,11 @@ def run(ctx: Any) -> str:
 
     cand = models["candidate"].cfg
     gates = "; ".join(f"{g}: {c.diff:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] {c.verdict}" for g, c in log.gates.items())
+    # a gate both models score 0 on cannot tell them apart: "no worse" there says nothing about damage
+    floor = [g for g in log.gates if all(v == 0.0 for rep in reports.values() for v in rep.per_item(g))]
+    if floor:
+        gates += (f" (both models score 0 on {', '.join(floor)}: at this size those gates cannot tell a damaged "
+                  "model from a sound one)")
     parts = [
         "### The measured trade: what each optimisation costs and buys, on one set of trained designs\n\n"
         f"{tsizes.describe()}; mode `{ctx.mode}`"
