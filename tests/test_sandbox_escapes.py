@@ -422,6 +422,17 @@ for p in ('/dev/null', '/usr/bin/env', '/etc/passwd', os.path.realpath(os.__file
             out[p + ' ' + name] = 'granted'
         except OSError as e:
             out[p + ' ' + name] = e.errno
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open('/usr', os.O_RDONLY)
+for name, f in (('inotify', lambda: libc.inotify_init1(0)),  # a watch on a shared folder sees the other run's reads
+                ('notify', lambda: fcntl.fcntl(fd, 1026, 0x1)),  # F_NOTIFY, DN_ACCESS: the same, by signal
+                ('lease', lambda: fcntl.fcntl(os.open('/dev/null', os.O_RDONLY), 1024, fcntl.F_RDLCK))):  # F_SETLEASE
+    try:
+        r = f()
+        out['/ ' + name] = 'granted' if r is None or r >= 0 else ctypes.get_errno()
+    except OSError as e:
+        out['/ ' + name] = e.errno
 print(out, fcntl.fcntl(0, fcntl.F_GETFD))
 """
 
@@ -431,7 +442,8 @@ def test_no_file_lock_can_be_taken_or_read_in_a_run():
     """The lock channel through any file two runs at once can open: the per-run /etc closed the
     one on /etc/hostname, but /usr, /dev/null and the Python library are binds of the host's files,
     and a lock on them crossed between concurrent runs. The seccomp filter now refuses flock and
-    fcntl's lock commands (EPERM) on every file, while fcntl's other commands still work. The
+    fcntl's lock commands (EPERM) on every file, and the other ways one run observes another
+    through a shared file (inotify, F_NOTIFY, leases), while fcntl's other commands still work. The
     counterfactual: the same probe outside the sandbox takes every lock."""
     import ast
     import subprocess
@@ -441,7 +453,8 @@ def test_no_file_lock_can_be_taken_or_read_in_a_run():
     assert r.ok, r
     locks, getfd = r.stdout.strip().rsplit(" ", 1)
     got = ast.literal_eval(locks)
-    assert len(got) == 16 and set(got.values()) == {1}, got  # EPERM, every file, every lock command
+    # EPERM: every file and lock command, and the inotify, F_NOTIFY and lease routes to the same observation
+    assert len(got) == 19 and set(got.values()) == {1}, got
     assert getfd == "0"  # F_GETFD (not a lock) is allowed
     host = subprocess.run([sys.executable, "-c", LOCK_PROBE], capture_output=True, text=True, timeout=60)
     host_got = ast.literal_eval(host.stdout.strip().rsplit(" ", 1)[0])

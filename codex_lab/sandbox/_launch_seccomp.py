@@ -19,10 +19,11 @@ from ._launch_base import SetupError, _libc
 #   ``--ipc``), a new user namespace via unshare/clone (its own tmpfs mounts), setns, clone3 (its
 #   flags cannot be inspected: ENOSYS makes the C library fall back to clone), raising a socket's
 #   buffers (SO_SNDBUF, SO_RCVBUF and their FORCE forms: unread socket data is kernel memory);
-# - state that outlives the run or crosses it: file locks (flock, and fcntl's record and
-#   open-file-description locks, F_GETLK/F_SETLK/F_SETLKW and their OFD forms): a lock on any
-#   file two runs at once can open (a read-only bind of /usr, /dev/null) is seen by the other, a
-#   channel between concurrent submissions; the kernel keyrings (add_key, keyctl, request_key:
+# - state that outlives the run or crosses it: whatever lets one run observe another through a file
+#   both can open (a read-only bind of /usr, /dev/null): file locks (flock, and fcntl's record and
+#   open-file-description locks, F_GETLK/F_SETLK/F_SETLKW and their OFD forms), leases and directory
+#   notifications (fcntl F_SETLEASE/F_GETLEASE/F_NOTIFY) and inotify watches (an IN_OPEN or
+#   IN_ACCESS event on a shared file fires for the other run's reads); the kernel keyrings (add_key, keyctl, request_key:
 #   a key added to the per-uid keyring in root mode outlived the run), socket families other
 #   than AF_UNIX, AF_INET and AF_INET6 (AF_VSOCK is not network-namespaced: a VM-wide port space;
 #   AF_NETLINK, AF_PACKET, AF_ALG, AF_XDP, AF_BLUETOOTH, ... are kernel surface only);
@@ -44,6 +45,7 @@ _DENY = {  # name: (x86_64, aarch64); None where the architecture has no such ca
     "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "kcmp": (312, 272),
     "pidfd_getfd": (438, 438), "name_to_handle_at": (303, 264), "open_by_handle_at": (304, 265),
     "fanotify_init": (300, 262), "personality": (135, 92), "flock": (73, 32),
+    "inotify_init": (253, None), "inotify_init1": (294, 26), "inotify_add_watch": (254, 27),
     "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51),
     "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
     "move_mount": (429, 429), "open_tree": (428, 428), "mount_setattr": (442, 442),
@@ -58,8 +60,9 @@ _DENY = {  # name: (x86_64, aarch64); None where the architecture has no such ca
 }
 _SPECIAL = {"clone": (56, 220), "clone3": (435, 435), "socket": (41, 198), "socketpair": (53, 199),
             "setsockopt": (54, 208), "fcntl": (72, 25)}
-# fcntl's lock commands: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW (the same on both)
-FCNTL_LOCKS = (5, 6, 7, 36, 37, 38)
+# fcntl's lock commands, F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, then the
+# lease and notification ones, F_SETLEASE, F_GETLEASE, F_NOTIFY (the same numbers on both architectures)
+FCNTL_LOCKS = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
 NR = {arch: {name: nrs[i] for name, nrs in {**_DENY, **_SPECIAL}.items() if nrs[i] is not None}
       for i, arch in enumerate(("x86_64", "aarch64"))}
 # every namespace flag of clone(2): CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET

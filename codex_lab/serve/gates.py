@@ -338,12 +338,14 @@ def release_decision(candidate: GateReport, baseline: GateReport, *,
     candidate has to show it is no worse). Latency attainment keeps :func:`gate_decision`'s
     rule (the tolerance :data:`LATENCY_TOLERANCE` is its margin): the gaps of one run are not
     independent draws, so a per-gap interval would overstate what one run shows."""
+    from codex_lab.stats import HOLDS
+
     m = {**GATE_MARGINS, **(margins or {})}
     comps = {g: paired_noninferiority(baseline.per_item(g), candidate.per_item(g), margin=m[g],
                                       metric=f"{g} gate, candidate minus baseline")
              for g in ("syntax", "functional", "style")}
     reasons = [f"{g}: {c.verdict} (loss bound {-c.lo:+.3f}, margin {c.margin:g}, {c.n_a} problems)"
-               for g, c in comps.items() if c.verdict != "holds"]
+               for g, c in comps.items() if c.verdict != HOLDS]
     lat = {g: v for g, v in baseline.scores().items() if g.endswith("attainment")}
     _, why = gate_decision({g: candidate.scores()[g] for g in lat}, lat)
     reasons += why

@@ -69,7 +69,7 @@ def capstone_claims(
     missing = [k for k in ("moe", "all") if k not in speed]
     if missing:
         raise ValueError(f"the speed records lack {missing}: time the MoE design and the candidate against plain")
-    b = speed["all"].get("decode_batch", "?")
+    b = speed["all"]["decode_batch"]
 
     def rel(kind: str) -> str:  # speed-up over plain, median and per-round range (interleaved rounds)
         med, lo, hi = speed[kind]["decode_vs_plain"]

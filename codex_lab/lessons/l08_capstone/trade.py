@@ -220,7 +220,8 @@ class ArmRun:
         s = f"{self.arm}: {self.state.short()} at {self.steps} steps per seed{how}"
         if self.extension_steps:
             ok = abs(self.extension_change) < MIN_CHANGE_NATS
-            s += (f"; {self.extension_steps} more steps moved it {self.extension_change:+.3g} nats/token "
+            # extension_change > 0 is better (train_to_plateau's sign): the loss itself moved by -change
+            s += (f"; {self.extension_steps} more steps changed its held-out loss by {-self.extension_change:+.3g} nats/token "
                   f"({'within' if ok else 'beyond'} {MIN_CHANGE_NATS:g})")
         return s
 
