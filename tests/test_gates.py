@@ -191,6 +191,7 @@ def test_release_gates_with_intervals_pass_shown_no_worse_and_refuse_worse_or_un
     ok, why, comps = release_decision(same, base)
     assert ok and why == [] and all(c.verdict == "holds" for c in comps.values())
     assert 0.0 < -comps["functional"].lo < 0.10  # the pseudo-problems give identical models a non-zero interval
+    assert "problems 60 vs 60" in comps["functional"].describe()  # counts problems, not seeds
     # worse by 20 of 60 functional problems: shown worse than the margin -> fails, named
     worse = _report([True] * n, [0.9] * n, [i % 2 == 0 and i >= 40 for i in range(n)])
     ok, why, comps = release_decision(worse, base)

@@ -325,7 +325,7 @@ def paired_noninferiority(baseline: Sequence[float], candidate: Sequence[float],
             f"{margin:g}")
     return Comparison(metric, sum(real) / len(real), lo, hi, v, len(baseline), len(candidate), True,
                       level=round(2 * level - 1, 12), kind="non-inferiority", margin=margin, note=note,
-                      measured_verdict=v, df=float(n - 1))
+                      measured_verdict=v, df=float(n - 1), unit="problems")
 
 
 def release_decision(candidate: GateReport, baseline: GateReport, *,

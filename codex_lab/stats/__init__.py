@@ -86,6 +86,7 @@ class Comparison:
     states: tuple[Any, ...] = ()  # the arms' TrainingState, when judged with judge_trained
     role: str = "primary"  # "primary", "secondary (Holm over m)" or "exploratory"
     df: float = math.nan  # degrees of freedom of the t behind the interval (inf: normal)
+    unit: str = "seeds"  # what n_a and n_b count ("problems" for a paired gate over one problem set)
 
     @property
     def half_width(self) -> float:
@@ -95,7 +96,7 @@ class Comparison:
     def describe(self, fmt: str = "+.3f") -> str:
         """One line: the difference, its interval, the seeds and the verdict, in words."""
         pct = f"{self.level:.0%}"
-        s = f"{self.metric}: difference {self.diff:{fmt}} ({pct} CI [{self.lo:{fmt}}, {self.hi:{fmt}}], seeds {self.n_a} vs {self.n_b}"
+        s = f"{self.metric}: difference {self.diff:{fmt}} ({pct} CI [{self.lo:{fmt}}, {self.hi:{fmt}}], {self.unit} {self.n_a} vs {self.n_b}"
         if self.kind == "non-inferiority":
             s += f", non-inferiority margin {self.margin:.3g}"
         if self.role != "primary":
