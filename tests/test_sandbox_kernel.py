@@ -297,15 +297,22 @@ def test_socket_buffer_bomb_is_stopped_within_the_budget(who, monkeypatch):
     # each process reports what it queued (DONE when all its 120 pairs filled, ~53 MiB; REFUSED when
     # the kernel said no first). One process may finish before a poll strikes (CI saw "DONE 53"
     # under the polled bound); what must hold is the whole: all 18 together (~0.9 GiB attempted)
-    # never got past the budget plus one poll's worth (64 MiB, the overshoot allowed below).
+    # stopped near the budget. Where a cgroup holds it (root, user_cgroup) the kernel refuses at the
+    # budget itself; the 64 MiB allowed there is its charge batching and the processes' own pages.
+    # Where only the poll holds it, the allowance is half a budget (112 MiB): the bomb fills buffers
+    # at ~3.4 GB/s here (measured: 169 MiB between two looks 50 ms apart), and on a busy machine the
+    # poll's next look comes late by scheduling, not by its own pause (CI under load saw 292 MiB;
+    # 4 busy loops beside it gave up to 290 MiB over 10 runs). A poll that did not count socket
+    # buffers would let all 18 finish (~950 MiB): this still tells the two apart, with room.
+    over = 64 if who in ("root", "user_cgroup") else 112
     queued = sum(int(m) for m in re.findall(r"(?:DONE|REFUSED \w+) (\d+)", r["stdout"]))
-    assert queued <= 224 + 64, f"{who}: the processes queued {queued} MiB of socket buffers: {r}"
+    assert queued <= 224 + over, f"{who}: the processes queued {queued} MiB of socket buffers: {r}"
     assert r["stdout"].count("DONE") < 18, f"{who}: all 18 processes queued their ~53 MiB: {r}"
     assert not r["ok"] and not r["timed_out"] and r["secs"] < 15, r  # stopped, in seconds, not at the timeout
     assert "memory budget of 224 MiB" in r["stderr"], r
     used = re.search(r"used (\d+) MiB", r["stderr"])
-    if used:  # the poll's reading when it struck: over the budget by one poll's worth at most
-        assert int(used.group(1)) <= 224 + 64, r
+    if used:  # the poll's reading when it struck: over the budget by at most the allowance above
+        assert int(used.group(1)) <= 224 + over, r
 
 
 @needs_ns

@@ -66,7 +66,7 @@ from ._launch_root import (AT_RECURSIVE, DEVICES, MNT_DETACH, MOUNT_ATTR_RDONLY,
 from ._launch_seccomp import (_DENY, _SPECIAL, AF_INET, AF_INET6, AF_UNIX, AUDIT_ARCH, CLONE_NEW_ANY,  # noqa: E402
                               CLONE_NEWUSER, EAFNOSUPPORT, ENOSYS, EPERM, NR, X32_SYSCALL_BIT, seccomp_filter,
                               seccomp_program)
-from ._launch_supervise import (INODE_BYTES, UnixSocketMemory, _oom_count, _process_bytes,  # noqa: E402
+from ._launch_supervise import (INODE_BYTES, ProcessMemory, UnixSocketMemory, _oom_count,  # noqa: E402
                                 _stop_all, supervise)
 
 # every name this module held before its steps moved out (the step modules above define most)
@@ -78,7 +78,7 @@ __all__ = [
     "PR_SET_NO_NEW_PRIVS", "PR_SET_PDEATHSIG", "seccomp_filter", "seccomp_program", "SetupError", "ST_FLAGS",
     "supervise", "SYS_MOUNT_SETATTR", "SYS_PIVOT_ROOT", "SYSTEM", "UnixSocketMemory", "X32_SYSCALL_BIT", "_bind_ro",
     "_child", "_DENY", "_inside", "_libc", "_lock_flags", "_make_parents", "_mount", "_mount_sys", "_oom_count",
-    "_outermost", "_own_cgroup2", "_process_bytes", "_recreate_links", "_report", "_REPORT_FD", "_SPECIAL",
+    "_outermost", "_own_cgroup2", "_recreate_links", "_report", "_REPORT_FD", "_SPECIAL",
     "_stop_all", "_submounts_ro",
 ]
 

@@ -14,28 +14,75 @@ import time
 INODE_BYTES = 1024  # kernel memory of one tmpfs inode with its dentry (~0.9 KiB measured on 6.x), rounded up
 
 
-def _process_bytes(page: int, precise: bool) -> int:
-    """Memory of every process this pid namespace's /proc shows, in bytes: resident pages
-    (``statm``, cheap, counts a page shared by N processes N times) or, ``precise``, the
-    proportional set size (``smaps_rollup``'s Pss: a page shared by N processes counts 1/N in
-    each, so forks that share their parent's copy-on-write pages count once in all)."""
-    total = 0
+def _resident(page: int, only: frozenset | None = None) -> dict:
+    """Resident bytes of every process this pid namespace's /proc shows, or of the pids in
+    ``only`` (``statm``: cheap, but a page shared by N processes counts N times), keyed by pid."""
+    out = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            if precise:
-                try:
-                    with open(f"/proc/{name}/smaps_rollup", "rb") as f:
-                        total += next(int(ln.split()[1]) for ln in f if ln.startswith(b"Pss:")) * 1024
-                    continue
-                except (FileNotFoundError, StopIteration):  # kernel threads, or a kernel before 4.14
-                    pass
-            with open(f"/proc/{name}/statm", "rb") as f:
-                total += int(f.read().split()[1]) * page
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+        if name.isdigit() and (only is None or int(name) in only):
+            try:
+                with open(f"/proc/{name}/statm", "rb") as f:
+                    out[int(name)] = int(f.read().split()[1]) * page
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _proportional(pid: int) -> int | None:
+    """One process's proportional set size in bytes (``smaps_rollup``'s Pss: a page shared by N
+    processes counts 1/N in each); None for kernel threads, a kernel before 4.14 or a process gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith(b"Pss:")) * 1024
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+
+
+class ProcessMemory:
+    """Memory of the sandbox's processes, in bytes, counted so that forks sharing their parent's
+    copy-on-write pages count them once (62 idle forks of a 10 MiB process are ~10 MiB, not 630).
+
+    The proportional figure (Pss) is exact but slow: ~1 ms a process, ~20 ms for 18 of them on a
+    busy machine, time in which a socket buffer bomb queues ~80 MiB unseen. So each reading takes
+    every process's resident size (cheap) and refreshes the Pss of one process, in turn; a
+    process counts as its last Pss plus whatever resident memory it gained since, never more than
+    its resident size. A page a process unshares without growing (a copy-on-write write) shows at
+    its next turn; :meth:`exact` refreshes them all, which the poll does before it ever stops a
+    sandbox, so a stop never rests on an estimate."""
+
+    def __init__(self, page: int, only: frozenset | None = None) -> None:
+        """``page``: the page size in bytes; ``only``: the pids to count (None: every process
+        /proc shows, which in the sandbox's pid namespace is the sandbox)."""
+        self.page, self.turn, self.only = page, 0, only
+        self.known: dict = {}  # pid -> (resident bytes when its Pss was read, that Pss)
+
+    def _sum(self, rss: dict) -> int:
+        total = 0
+        for pid, r in rss.items():
+            got = self.known.get(pid)
+            # estimate = min(resident, Pss then + resident gained since)
+            total += r if got is None else min(r, got[1] + max(0, r - got[0]))
+        return total
+
+    def reading(self) -> int:
+        rss = _resident(self.page, self.only)
+        self.known = {pid: v for pid, v in self.known.items() if pid in rss}
+        if rss:
+            pid = sorted(rss)[self.turn % len(rss)]
+            self.turn += 1
+            pss = _proportional(pid)
+            if pss is not None:
+                self.known[pid] = (rss[pid], pss)
+        return self._sum(rss)
+
+    def exact(self) -> int:
+        rss = _resident(self.page, self.only)
+        self.known = {}
+        for pid, r in rss.items():
+            pss = _proportional(pid)
+            if pss is not None:
+                self.known[pid] = (r, pss)
+        return self._sum(rss)
 
 
 class UnixSocketMemory:
@@ -64,6 +111,10 @@ class UnixSocketMemory:
             self.sock.send(req)
             while True:
                 data = self.sock.recv(1 << 16)
+                fast = _uniform_meminfo(data)
+                if fast is not None:  # the common case, summed in C: the poll stays a few ms at thousands of sockets
+                    total += fast
+                    continue
                 off = 0
                 while off + 16 <= len(data):
                     ln, typ = struct.unpack_from("=IH", data, off)
@@ -85,6 +136,48 @@ class UnixSocketMemory:
                     off += (ln + 3) & ~3
         except OSError:
             return None
+
+
+def _uniform_meminfo(data: bytes) -> int | None:
+    """rmem_alloc + wmem_alloc summed over one ``sock_diag`` reply buffer, in bytes, where every
+    message in it has the same length and carries UNIX_DIAG_MEMINFO at the same offset (what
+    the kernel sends for a dump asking only for meminfo); None otherwise (the caller parses the
+    buffer message by message). Strided slices of the buffer as 32-bit words do the sum in C:
+    parsing thousands of messages in Python took the poll ~20 ms, time in which a socket
+    buffer bomb queues tens of MiB past the budget."""
+    if len(data) < 16 or len(data) % 4:
+        return None
+    words = memoryview(data).cast("I")
+    ln, typ = words[0], struct.unpack_from("=H", data, 4)[0]
+    if typ != 20 or ln < 40 or ln % 4 or len(data) % ln:  # SOCK_DIAG_BY_FAMILY messages of one length
+        return None
+    step, a = ln // 4, 32  # the attributes start after nlmsghdr (16 bytes) + unix_diag_msg (16 bytes)
+    while a + 4 <= ln:  # find UNIX_DIAG_MEMINFO (type 5) in the first message
+        alen, atyp = struct.unpack_from("=HH", data, a)
+        if alen < 4:
+            return None
+        if atyp == 5 and alen >= 16:
+            break
+        a += (alen + 3) & ~3
+    else:
+        return None
+    n = len(data) // ln
+    head, attr = words[0::step], words[a // 4::step]
+    if head.tolist().count(ln) != n or attr.tolist().count(words[a // 4]) != n:
+        return None
+    types = memoryview(data).cast("H")[2::ln // 2]  # nlmsg_type of every message
+    if types.tolist().count(20) != n:
+        return None
+    # sk_meminfo: rmem_alloc, rcvbuf, wmem_alloc, ... (the words after the attribute's header)
+    return sum(words[a // 4 + 1::step]) + sum(words[a // 4 + 3::step])
+
+
+def _files(scratch_fd: int | None) -> int:
+    """Bytes the scratch tmpfs holds: its blocks plus its inodes at :data:`INODE_BYTES` each."""
+    if scratch_fd is None:
+        return 0
+    st = os.fstatvfs(scratch_fd)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize + (st.f_files - st.f_ffree) * INODE_BYTES
 
 
 def _oom_count(fds: list) -> int:
@@ -119,21 +212,25 @@ def supervise(pid: int, cfg: dict) -> int:
     kernel object the sandbox allocates (anonymous and file memory, tmpfs, socket buffers,
     inodes and dentries, pipes, page tables) and stops a process at the limit; pid 1 then stops
     all the others too (what ``memory.oom.group`` asks of a v2 kernel, done here for v1).
-    Without one, pid 1 polls every 50 ms what it can see the kernel hold for the sandbox:
-    resident memory of every process (its proportional share, PSS, when the cheap resident sum
-    passes the budget), the scratch tmpfs's blocks and inodes, and the unix socket buffers of
-    the sandbox's network namespace, and stops the whole sandbox past the budget. That poll is
+    Without one, pid 1 polls what it can see the kernel hold for the sandbox: the memory of
+    every process (:class:`ProcessMemory`: proportional, read exactly before any stop), the
+    scratch tmpfs's blocks and inodes, and the unix socket buffers of the sandbox's network
+    namespace (:class:`UnixSocketMemory`), and stops the whole sandbox past the budget. It polls
+    every 20 ms below half the budget, every 10 ms above, and without a pause while the use
+    grows fast enough to pass the budget before the next look. Each look costs ~1 ms however
+    many processes and sockets there are, so a burst gets little time unseen. That poll is
     not a kernel bound (a burst between two polls, pipe buffers and other kernel objects are
     not seen): :func:`codex_lab.sandbox.run_python` says so and runs only where accepted."""
     budget = int(cfg["memory_budget_mb"]) * 1024 * 1024
-    page = os.sysconf("SC_PAGE_SIZE")
     scratch_fd = cfg.get("scratch_fd")
     oom_fds = cfg.get("oom_fds") or []
     oom0 = _oom_count(oom_fds)
     sockets = None if oom_fds else UnixSocketMemory()
+    memory = ProcessMemory(os.sysconf("SC_PAGE_SIZE"))
     kernel_msg = (f"\n[codex-lab sandbox: the kernel stopped a process at the sandbox's memory budget of "
                   f"{budget >> 20} MiB (all processes plus its files and kernel memory; the run's cgroup limit); "
                   "every process was stopped]\n")
+    last = (0, time.monotonic())  # the previous reading (bytes) and when it was taken
     while True:
         try:
             got, status = os.waitpid(-1, os.WNOHANG)
@@ -150,18 +247,21 @@ def supervise(pid: int, cfg: dict) -> int:
                 return _stop_all(pid, kernel_msg)
             time.sleep(0.05)
             continue
-        files = 0
-        if scratch_fd is not None:
-            st = os.fstatvfs(scratch_fd)
-            files = (st.f_blocks - st.f_bfree) * st.f_frsize + (st.f_files - st.f_ffree) * INODE_BYTES
-        queued = sockets.total() or 0
-        procs = _process_bytes(page, precise=False)
-        if procs + files + queued > budget:  # resident pages over-count shared ones: look closer
-            procs = _process_bytes(page, precise=True)
+        files, queued, procs = _files(scratch_fd), sockets.total() or 0, memory.reading()
+        if procs + files + queued > budget:  # an estimate passed the budget: read every process exactly, then
+            procs = memory.exact()  # the files and sockets again (they kept growing while it read)
+            files, queued = _files(scratch_fd), sockets.total() or 0
             if procs + files + queued > budget:
                 used = procs + files + queued
                 return _stop_all(pid, (
                     f"\n[codex-lab sandbox: the sandbox as a whole used {used >> 20} MiB, over its memory budget of "
                     f"{budget >> 20} MiB (processes {procs >> 20} MiB proportional, files {files >> 20} MiB, "
                     f"unix socket buffers {queued >> 20} MiB); every process was stopped]\n"))
-        time.sleep(0.05 if procs + files + queued < budget // 2 else 0.01)  # closer looks near the budget
+        # closer looks near the budget, and none skipped while it grows fast enough to pass it before the next one
+        used, now = procs + files + queued, time.monotonic()
+        pause = 0.02 if used < budget // 2 else 0.01
+        rate = max(0.0, (used - last[0]) / max(now - last[1], 1e-6))  # bytes/s since the previous reading
+        last = (used, now)
+        if used + rate * (pause + 0.01) > budget:
+            continue
+        time.sleep(pause)
