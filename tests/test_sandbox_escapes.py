@@ -206,13 +206,20 @@ print('UMOUNT', libc.umount2({hidden!r}.encode(), 2))
 print('MOUNT', libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 0, None))
 for p in ({secret!r}, {cache_so!r}):
     print('EXISTS' if os.path.exists(p) else 'ABSENT', p)
-for target in ({cache_so!r}, {course!r} + '/codex_lab/planted.py'):
+for target in ({cache_so!r}, {course!r} + '/codex_lab/planted.py', {course!r} + '/planted_above.py',
+               {course!r} + '/triton/__init__.py', {home!r} + '/planted'):
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         open(target, 'w').write('x')
         print('WROTE', target)
     except OSError as e:
         print('DENIED', target)
+for folder in ({course!r}, {home!r}):  # the folders above the binds: no chmod back to writable
+    try:
+        os.chmod(folder, 0o777)
+        print('CHMODDED', folder)
+    except OSError as e:
+        print('NOCHMOD', folder)
 s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
 try:
     s.connect({sock!r})
@@ -247,7 +254,7 @@ def test_as_a_normal_user_the_callers_home_cache_and_sockets_are_out_of_reach():
         sock = home / "agent.sock"
         probe = USER_PROBE.format(env_site=next(p for p in sys.path if p.endswith("site-packages")),
                                   course=str(course), hidden=str(hidden), secret=str(secret),
-                                  cache_so=str(cache_so), sock=str(sock))
+                                  cache_so=str(cache_so), sock=str(sock), home=str(home))
         # the user's socket: a listener the normal user owns, in its home
         script = "\n".join([
             "set -e", f"mkdir -p {py_home} {course}/codex_lab", f"chmod 0700 {home}",
@@ -277,6 +284,11 @@ def test_as_a_normal_user_the_callers_home_cache_and_sockets_are_out_of_reach():
     assert "EXISTS" not in r.stdout, out  # the caller's home files and kernel cache are not there
     # the cache path may be created inside the sandbox's own /tmp (the home sat under /tmp), never on the host
     assert not planted_on_host and f"DENIED {course}/codex_lab/planted.py" in r.stdout, out
+    # the folders the sandbox made above its binds (in its own /tmp, which the child owns in this mode) take
+    # no module beside the package (on the checker's import path) and cannot be chmod-ed back to writable
+    for target in (f"{course}/planted_above.py", f"{course}/triton/__init__.py", f"{home}/planted"):
+        assert f"DENIED {target}" in r.stdout, out
+    assert "CHMODDED" not in r.stdout and r.stdout.count("NOCHMOD") == 2, out
     assert "REFUSED" in r.stdout and "CONNECTED" not in r.stdout, out
 
 

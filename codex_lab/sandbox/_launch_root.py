@@ -106,6 +106,32 @@ def _bind_ro(root: str, src: str, recursive: bool = True) -> None:
         _submounts_ro(dst)
 
 
+def _seal_parents(root: str, exposed, scratch_points, work: str) -> None:
+    """Make the folders created above exposed paths that sit in a scratch folder read-only.
+
+    An environment or clone under /tmp (as CI makes) is bound at its own path, so the folders
+    above it (``/tmp/clone`` for ``/tmp/clone/.venv``) are created in the sandbox's writable
+    /tmp. In ``userns`` mode the child owns them: it could write a module beside the bound
+    package, on a path the checker imports from, or chmod them. Each topmost such folder is
+    bound onto itself read-only (its binds below stay read-only): nothing can be created,
+    renamed or chmod-ed there (EROFS), and a mount point cannot be removed (EBUSY)."""
+    tops = set()
+    for p in exposed:
+        for at in scratch_points:
+            rel = os.path.relpath(p, at)
+            if rel.startswith("..") or rel == ".":
+                continue
+            first = rel.split("/")[0]
+            top = os.path.join(at, first)
+            if top != p and not (work + "/").startswith(top + "/"):  # a created folder, never the child's own
+                tops.add(top)
+    for top in sorted(tops):
+        dst = _inside(root, top)
+        _mount(dst, dst, None, MS_BIND | MS_REC, None)
+        _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _lock_flags(dst), None)
+        _submounts_ro(dst)
+
+
 def _submounts_ro(dst: str) -> None:
     """Make every mount below ``dst`` read-only too (a read-only remount of a recursive bind
     covers only its top mount: a file bound by a container runtime, or anything mounted
@@ -274,6 +300,7 @@ def build_root(cfg: dict) -> None:
         _recreate_links(root, p, seen)
     for p in _outermost(system + list(cfg.get("expose", []))):
         _bind_ro(root, p)
+    _seal_parents(root, _outermost(system + list(cfg.get("expose", []))), ("/tmp", "/var/tmp", "/dev/shm"), work)
     _mount_sys(root)
     shutil.copytree(cfg["host_workdir"], _inside(root, work), dirs_exist_ok=True, symlinks=True)
     if uid is not None:
