@@ -187,6 +187,58 @@ def rejudge(data: Mapping[str, Any]) -> list[Any] | None:
                            chance=m.get("chance"), arm=arm) for arm, c in data["curves"].items()]
 
 
+# the budget-extension check of a fixed-budget run: every arm again on one and a half times its steps (the
+# runs to a plateau continue half as long again instead: codex_lab.training.plateau.EXTEND)
+EXTEND_FACTOR = 1.5
+
+
+def budget_extension(data: Mapping[str, Any], extended: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The budget-extension check of a fixed-budget reference run: every arm trained again, from
+    the start, on :data:`EXTEND_FACTOR` times the steps (``extended``: the same section run at that
+    budget), compared at the end of each run.
+
+    Per arm (keys of ``data["curves"]``; each a list of per-seed ``[[step, value], ...]``):
+    ``steps`` and ``extended_steps`` (the last evaluated step), ``final`` and ``extended_final``
+    (mean over seeds of the last held-out value), ``gain`` = change in the better direction
+    (``higher_is_better`` from ``data["metric"]``), ``trained`` (today's rule on the shipped
+    curves) and ``confirmed``: for an arm called trained, True when the larger budget moves it
+    by less than ``min_change`` either way (the rule of :class:`codex_lab.training.plateau.PlateauRun`:
+    the arm had learned what it could at its budget), False when it moves ``min_change`` or
+    more (a gain: it was still learning; a loss: the budget decides the result; either way its
+    verdicts do not stand); None for an arm not called trained (reported, not judged)."""
+    m = data["metric"]
+    sign = 1.0 if m["higher_is_better"] else -1.0
+    states = {s.arm: s for s in (rejudge(data) or [])}
+    out: dict[str, dict[str, Any]] = {}
+    for arm, seeds in data["curves"].items():
+        more = extended["curves"].get(arm)
+        if not more:
+            raise InputError(f"the extended run has no arm {arm!r}; it must train the same arms as the run it checks")
+        final = sum(c[-1][1] for c in seeds) / len(seeds)
+        ext = sum(c[-1][1] for c in more) / len(more)
+        # gain = (extended - final) x direction: positive when the larger budget did better
+        gain = sign * (ext - final)
+        trained = bool(states[arm].trained) if arm in states else False
+        out[arm] = {"steps": seeds[0][-1][0], "extended_steps": more[0][-1][0], "final": final, "extended_final": ext,
+                    "gain": gain, "trained": trained,
+                    "confirmed": (abs(gain) < float(m["min_change"])) if trained else None}
+    return out
+
+
+def extension_lines(ext: Mapping[str, Mapping[str, Any]], min_change: float) -> list[str]:
+    """One line per arm of :func:`budget_extension`'s result."""
+    lines = []
+    for arm, e in ext.items():
+        what = ("confirmed: it had levelled off" if e["confirmed"] else
+                f"**not confirmed**: it moved {abs(e['gain']):.4f} (>= {min_change:g})"
+                ) if e["confirmed"] is not None else (
+            "trained, no extension run (the arm stopped at its best checkpoint)" if e["trained"]
+            else "not called trained: reported only")
+        lines.append(f"- {arm}: {e['final']:.4f} at {e['steps']:g} steps, {e['extended_final']:.4f} at "
+                     f"{e['extended_steps']:g} (gain {e['gain']:+.4f}); {what}")
+    return lines
+
+
 def article_reference_lines(section: str, *, directory: str | Path = REFERENCE_DIR) -> list[str]:
     """The shipped reference run of lesson ``section`` at the article's sizes
     (``scripts/reference_article.py``) as a Markdown block for the report, labelled as shipped:
@@ -208,15 +260,28 @@ def article_reference_lines(section: str, *, directory: str | Path = REFERENCE_D
         return head + ["Training state of every arm, as the run judged it:", "", *[f"- {s}" for s in d["states"]], "",
                        *d["table"], "", *[f"- {k}: {v}" for k, v in d["verdicts"].items()], ""]
     moving = [s for s in states if not s.trained]
-    verdict_head = ("Verdicts as the run printed them (they stand: every arm is at a plateau by today's rule):"
-                    if not moving else
-                    f"Verdicts as the run printed them, under the earlier training-state rule. By today's rule "
-                    f"{len(moving)} of {len(states)} arms ({', '.join(s.arm for s in moving)}) have not reached a "
-                    f"plateau, so these are measurements of the run's budget, **not verdicts**; a longer run "
-                    f"(`{command}` with more steps) settles them:")
+    ext = d.get("extension")
+    unconfirmed = [a for a, e in (ext or {}).items() if e["confirmed"] is False]
+    if moving:
+        verdict_head = (f"Verdicts as the run printed them. By today's rule {len(moving)} of {len(states)} arms "
+                        f"({', '.join(s.arm for s in moving)}) have not reached a plateau, so these are measurements "
+                        f"of the run's budget, **not verdicts**; a longer run (`{command}` with more steps) settles them:")
+    elif unconfirmed:
+        verdict_head = (f"Verdicts as the run printed them, **not verdicts**: the budget-extension check found "
+                        f"{', '.join(unconfirmed)} still learning, though the rule called every arm trained:")
+    elif ext is None:
+        verdict_head = ("Verdicts as the run printed them (every arm is at a plateau by today's rule; this run ships "
+                        "no budget-extension check, so the plateaus are the rule's call alone):")
+    else:
+        verdict_head = ("Verdicts as the run printed them (they stand: every arm is at a plateau by today's rule, and "
+                        "the budget-extension check confirmed each):")
+    ext_lines = [] if ext is None else [
+        "Budget-extension check (each arm's steps at the stopping point, then with the larger budget; gain in the "
+        "better direction):", "",
+        *extension_lines(ext, float(d["metric"]["min_change"])), ""]
     return head + ["Training state of every arm, judged from the shipped curves by today's rule "
-                   "(`codex_lab.training_state`):", "", *[f"- {s.describe()}" for s in states], "", *d["table"], "",
-                   verdict_head, "", *[f"- {k}: {v}" for k, v in d["verdicts"].items()], ""]
+                   "(`codex_lab.training_state`):", "", *[f"- {s.describe()}" for s in states], "", *ext_lines,
+                   *d["table"], "", verdict_head, "", *[f"- {k}: {v}" for k, v in d["verdicts"].items()], ""]
 
 
 def plot_reference(name: str, *, ylabel: str | None = None, directory: str | Path = REFERENCE_DIR) -> Any:

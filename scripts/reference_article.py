@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
+import math
 import pickle
 import statistics
 import sys
@@ -44,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from codex_lab.parallel import run_units, unit_workers  # noqa: E402
-from codex_lab.reference import ResumableRun, provenance, save_reference  # noqa: E402
+from codex_lab.reference import (EXTEND_FACTOR, ResumableRun, budget_extension, extension_lines,  # noqa: E402
+                                provenance, save_reference)
 from codex_lab.runtime import use_compute_threads  # noqa: E402
 
 SECTIONS = ("02", "03", "04", "08")
@@ -99,10 +101,9 @@ def sizes_03() -> Any:
     return dataclasses.replace(PROTOCOL_SIZES["standard"], d_model=64, seq_len=64)
 
 
-def section_03(run: ResumableRun, corpus: Any) -> dict[str, Any]:
+def section_03(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
     from codex_lab.lessons.l03_gqa import experiments as gqa
 
-    s = config_of("03")
     runs = seed_runs(run, gqa.run_protocol_seed, s, *gqa.protocol_data(corpus, s))
     v = gqa.protocol_verdicts(runs)
     table = gqa.protocol_table(runs)
@@ -126,10 +127,9 @@ def plan_04() -> Any:
     return dataclasses.replace(protocol_plan("standard"), n_experts=16, top_k=4, seq_len=64)
 
 
-def section_04(run: ResumableRun, corpus: Any) -> dict[str, Any]:
+def section_04(run: ResumableRun, corpus: Any, plan: Any) -> dict[str, Any]:
     from codex_lab.lessons.l04_moe import protocol as p4
 
-    plan = config_of("04")
     tok, train, val = p4.protocol_data(corpus.files, plan)
     configs = p4.arm_configs(tok.vocab_size, d_model=plan.d_model, n_layer=plan.n_layer, n_head=plan.n_head,
                              n_experts=plan.n_experts, top_k=plan.top_k, expert_hidden=plan.expert_hidden,
@@ -177,12 +177,11 @@ def sizes_08() -> Any:
                                top_k=2, pretrain_steps=6000, max_steps=8000)
 
 
-def section_08(run: ResumableRun, corpus: Any) -> dict[str, Any]:
+def section_08(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
     from codex_lab.lessons.l08_capstone import trade as t8
     from codex_lab.lessons.l08_capstone import trade_speed as tsp
     from codex_lab.lessons.l08_capstone import trade_table as tt
 
-    s = config_of("08")
     train, val, tok = t8.trade_data(corpus, s)
     vocab = tok.vocab_size
     # resumable units: the pre-training (seeds in lockstep), then one unit per design
@@ -204,8 +203,23 @@ def section_08(run: ResumableRun, corpus: Any) -> dict[str, Any]:
             "verdicts": {f"{t8.LABELS.get(k, k)} keeps the plain model's quality": c.describe() for k, c in costs.items()},
             "primary": {k: {"verdict": c.verdict, "diff": c.diff, "lo": c.lo, "hi": c.hi} for k, c in costs.items()},
             "decision": tt.trade_decision(rows)["text"],
+            "extension": {t8.LABELS.get(k, k): _arm_extension(a) for k, a in res.arms.items()},
             "curves": curves, "ylabel": "held-out loss (nats/token)", "xlabel": "step",
             "metric": {"higher_is_better": False, "min_change": t8.MIN_CHANGE_NATS}}
+
+
+def _arm_extension(a: Any) -> dict[str, Any]:
+    """An arm trained to its plateau, in :func:`codex_lab.reference.budget_extension`'s terms: its
+    own extension check (half as long again, continued), ``gain`` in the better direction."""
+    from codex_lab.lessons.l08_capstone.trade import MIN_CHANGE_NATS
+
+    final = statistics.fmean(a.final)
+    ran = bool(a.extension_steps)
+    # the loss is lower-is-better: the extended loss is the final loss minus the gain
+    return {"steps": a.steps, "extended_steps": a.steps + a.extension_steps,
+            "final": final, "extended_final": final - a.extension_change if ran else final,
+            "gain": a.extension_change if ran else 0.0, "trained": bool(a.state.trained),
+            "confirmed": (abs(a.extension_change) < MIN_CHANGE_NATS) if ran and a.state.trained else None}
 
 
 # --- lesson 02 -------------------------------------------------------------------------------
@@ -223,10 +237,9 @@ def config_02() -> Any:
                                steps=1500, eval_every=75)
 
 
-def section_02(run: ResumableRun, corpus: Any) -> dict[str, Any]:
+def section_02(run: ResumableRun, corpus: Any, cfg: Any) -> dict[str, Any]:
     from codex_lab.lessons.l02_sparse_attention import experiments as lr
 
-    cfg = config_of("02")
     arms = lr.arms_for("standard", cfg.n_layer, cfg)
     units = [(list(p), cfg, seed) for seed in cfg.seeds for p in arms.values()]
     labels = [(name, seed) for seed in cfg.seeds for name in arms]
@@ -280,6 +293,32 @@ def config_of(section: str) -> Any:
     return _smoke(cfg, section) if SMOKE else cfg
 
 
+def extended_config(cfg: Any, section: str) -> Any:
+    """``cfg`` with :data:`EXTEND_FACTOR` times the training steps (warm-up, evaluation and
+    everything else unchanged): the budget-extension check of a fixed-budget section."""
+    if section == "03":  # the pre-training and the uptraining both
+        return dataclasses.replace(cfg, pretrain_steps=math.ceil(EXTEND_FACTOR * cfg.pretrain_steps),
+                                   uptrain_steps=math.ceil(EXTEND_FACTOR * cfg.uptrain_steps))
+    if section in ("02", "04"):
+        return dataclasses.replace(cfg, steps=math.ceil(EXTEND_FACTOR * cfg.steps))
+    raise ValueError(f"section {section} trains each arm to its plateau and checks its extension itself")
+
+
+class PrefixedRun:
+    """A view of a :class:`ResumableRun` whose unit keys carry ``prefix`` (the extended run's
+    units live in the same state file as the run they check, apart from its own)."""
+
+    def __init__(self, run: ResumableRun, prefix: str) -> None:
+        self.run, self.prefix = run, prefix
+
+    @property
+    def done(self) -> dict[str, Any]:
+        return {k[len(self.prefix):]: v for k, v in self.run.done.items() if k.startswith(self.prefix)}
+
+    def store(self, key: str, result: Any, seconds: float) -> None:
+        self.run.store(self.prefix + key, result, seconds)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--section", required=True, choices=SECTIONS)
@@ -298,7 +337,12 @@ def main() -> int:
     corpus = load_corpus(None)
     fn = {"02": section_02, "03": section_03, "04": section_04, "08": section_08}[args.section]
     with use_compute_threads():
-        data = fn(run, corpus)
+        data = fn(run, corpus, cfg)
+        if args.section != "08":  # the budget-extension check: every arm again on 1.5 x its steps
+            more = fn(PrefixedRun(run, "extended: "), corpus, extended_config(cfg, args.section))
+            data["extension"] = budget_extension(data, more)
+            data["extended_curves"] = more["curves"]
+            print(*extension_lines(data["extension"], float(data["metric"]["min_change"])), sep="\n")
         # the machine line names the math threads of each worker process (read inside this block)
         prov = provenance(f"python scripts/reference_article.py --section {args.section}", run.seconds(), "article",
                           commit=run.commit, state_file=state.replace(str(Path.home()), "~", 1), workers=unit_workers(2))

@@ -109,3 +109,37 @@ def test_article_reference_block_renders_a_shipped_run_or_says_how_to_make_one(t
     (line,) = fig.axes[0].get_lines()
     assert line.get_label() == "MHA (reference)" and list(line.get_ydata()) == [3.1, 2.1]
     assert "mean of 2 seeds" in fig.axes[0].get_title()
+
+
+def _flat_run(level: float, steps: int, *, seeds: int = 3, noise: float = 0.002) -> list[list[list[float]]]:
+    """Per-seed held-out curves: a fall to ``level`` by the first third, then flat (tiny seed noise)."""
+    every = steps // 12
+    return [[[float(i * every), level + 1.0 / (1 + i) ** 3 + noise * ((s + i) % 3 - 1)] for i in range(13)]
+            for s in range(seeds)]
+
+
+def test_budget_extension_confirms_a_levelled_arm_and_flips_when_the_larger_budget_gains(tmp_path):
+    """The check of a fixed-budget reference run: an arm the rule calls trained is confirmed when
+    1.5 x the steps moves it by less than min_change, and not confirmed (its verdicts then do not
+    stand in the report) when the larger budget gains min_change or more: the input that flips it."""
+    from codex_lab.reference import article_reference_lines, budget_extension, save_reference
+
+    metric = {"higher_is_better": False, "min_change": 0.02}
+    data = {"geometry": "G", "states": [], "table": [], "verdicts": {"primary": "x -> holds"}, "primary": {},
+            "curves": {"arm": _flat_run(2.0, 1200)}, "metric": metric}
+    same = {"curves": {"arm": _flat_run(2.005, 1800)}}
+    better = {"curves": {"arm": _flat_run(1.95, 1800)}}  # the larger budget gains 0.05 nats: still learning
+    ok, gained = budget_extension(data, same)["arm"], budget_extension(data, better)["arm"]
+    assert ok["trained"] and ok["confirmed"] is True and ok["steps"] == 1200 and ok["extended_steps"] == 1800
+    assert gained["confirmed"] is False and gained["gain"] == pytest.approx(0.05, abs=1e-9)
+    for ext, says in ((same, "they stand"), (better, "still learning")):
+        save_reference("l04_article", {**data, "extension": budget_extension(data, ext)},
+                       provenance("python scripts/reference_article.py --section 04", 60.0, "article"), directory=tmp_path)
+        text = "\n".join(article_reference_lines("04", directory=tmp_path))
+        assert says in text, text
+    assert "**not verdicts**" in text and "**not confirmed**" in text
+    # an arm the rule does not call trained is reported, never confirmed
+    rising = {**data, "curves": {"arm": [[[float(i * 100), 3.0 - 0.1 * i] for i in range(13)] for _ in range(3)]}}
+    assert budget_extension(rising, better)["arm"]["confirmed"] is None
+    with pytest.raises(Exception, match="no arm 'arm'"):
+        budget_extension(data, {"curves": {"other": _flat_run(2.0, 1800)}})
