@@ -184,10 +184,14 @@ def section_08(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
 
     train, val, tok = t8.trade_data(corpus, s)
     vocab = tok.vocab_size
-    # resumable units: the pre-training (seeds in lockstep), then one unit per design
-    pre = run_resumable(run, t8.pretrain_unit, [(s, train, val, vocab)], ["pre-training"], {})[0]
+    # resumable units: the pre-training (one unit per seed), then one unit per design; inside a unit every
+    # session keeps a checkpoint after each chunk, so a unit stopped by a session's end resumes mid-way
+    ckpt = str(run.path.parent / "checkpoints" / run.path.stem)  # beside the state file: <unit>-seed<s>.pt
+    parts = run_resumable(run, _pretrain_seed, [(x,) for x in s.seeds], [f"pre-training, seed {x}" for x in s.seeds],
+                          dict(sizes=s, train=train, val=val, vocab_size=vocab, checkpoints=ckpt))
+    pre = t8.merge_pretraining(parts)
     arms = run_resumable(run, t8.design_unit, [(k,) for k in t8.KINDS], [f"design {k}" for k in t8.KINDS],
-                         dict(pre=pre, sizes=s, train=train, val=val, vocab_size=vocab))
+                         dict(pre=pre, sizes=s, train=train, val=val, vocab_size=vocab, checkpoints=ckpt))
     res = t8.TradeResult(s, vocab, pre, dict(zip(t8.KINDS, arms)))
     costs = t8.trade_costs(res)
     speed = tsp.speed_records({k: res.model(k) for k in t8.KINDS}, context=s.context, decode_batch=s.decode_batch,
@@ -206,6 +210,13 @@ def section_08(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
             "extension": {t8.LABELS.get(k, k): _arm_extension(a) for k, a in res.arms.items()},
             "curves": curves, "ylabel": "held-out loss (nats/token)", "xlabel": "step",
             "metric": {"higher_is_better": False, "min_change": t8.MIN_CHANGE_NATS}}
+
+
+def _pretrain_seed(seed: int, *, sizes: Any, train: Any, val: Any, vocab_size: int, checkpoints: str) -> Any:
+    """The pre-training of one seed (a unit of its own: the seeds train side by side)."""
+    from codex_lab.lessons.l08_capstone import trade as t8
+
+    return t8.pretrain_unit(sizes, train, val, vocab_size, seeds=(seed,), checkpoints=checkpoints)
 
 
 def _arm_extension(a: Any) -> dict[str, Any]:

@@ -106,3 +106,79 @@ def test_lm_session_in_chunks_trains_what_one_run_does():
     assert curve_a[-1][1] < curve_a[0][1]  # it learned something
     with pytest.raises(ValueError, match="eval_every"):
         LMSession(a.model, tokens, evals, lr=1e-3, warmup=1, batch_size=4, seq_len=16, seed=0, eval_every=0)
+
+
+def test_a_checkpointed_session_killed_between_chunks_resumes_to_the_unbroken_run(tmp_path):
+    """LMSession(checkpoint=...): a run to a plateau stopped mid-way (here: its third chunk raises, as a
+    session's end would kill it) and started again on the same file replays the finished chunks without
+    training and trains on from the checkpoint: the same steps, curves, decisions, frozen weights and
+    extension as one unbroken run. A checkpoint the driver's chunks do not land on is refused by name."""
+    import torch
+
+    import codex_lab.training.curves as cv
+    from codex_lab.nn.config import ModelConfig
+    from codex_lab.nn.model import CodexModel
+    from codex_lab.training.curves import LMSession, heldout_windows
+
+    tokens = torch.randint(0, 64, (4000,), generator=torch.Generator().manual_seed(1))
+    evals = heldout_windows(tokens, 8, 16, seed=0)
+
+    def sessions(ckpt):
+        out = []
+        for seed in (0, 1, 2):
+            torch.manual_seed(seed)
+            m = CodexModel(ModelConfig(vocab_size=64, d_model=16, n_layer=1, n_head=2, max_seq_len=64))
+            out.append(LMSession(m, tokens, evals, lr=3e-3, warmup=4, batch_size=4, seq_len=16, seed=seed,
+                                 eval_every=5, checkpoint=None if ckpt is None else tmp_path / f"s{seed}.pt"))
+        return out
+
+    def drive(ss):
+        frozen = {}
+
+        def freeze():
+            frozen["at"] = [s.freeze() for s in ss]
+
+        run = train_to_plateau([s.advance for s in ss], arm="a", chunk=10, max_steps=60, higher_is_better=False,
+                               min_change=10.0, extend=0.5, before_extension=freeze)
+        return run, frozen["at"]
+
+    whole, whole_frozen = drive(sessions(None))
+    assert whole.state.state == "trained" and whole.extension_steps > 0  # the path with a freeze and an extension
+    real, calls = cv.random_batch, {"n": 0}
+
+    def dying(*a, **k):  # the 65th batch of the checkpointed run kills it (mid-chunk 3 of seed 0)
+        calls["n"] += 1
+        if calls["n"] == 65:
+            raise KeyboardInterrupt("the session ended")
+        return real(*a, **k)
+
+    cv.random_batch = dying
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            drive(sessions("ckpt"))
+    finally:
+        cv.random_batch = real
+    assert torch.load(tmp_path / "s0.pt", weights_only=False)["step"] == 20  # two whole chunks kept
+    trained = {"n": 0}
+
+    def counting(*a, **k):
+        trained["n"] += 1
+        return real(*a, **k)
+
+    cv.random_batch = counting
+    try:
+        resumed, resumed_frozen = drive(sessions("ckpt"))
+    finally:
+        cv.random_batch = real
+    assert trained["n"] < 3 * (whole.steps + whole.extension_steps)  # the kept chunks were replayed, not retrained
+    assert (resumed.steps, resumed.state.state, resumed.curves) == (whole.steps, whole.state.state, whole.curves)
+    assert resumed.extension_steps == whole.extension_steps and resumed.extended_curves == whole.extended_curves
+    for (f1, w1), (f2, w2) in zip(whole_frozen, resumed_frozen):
+        assert f1 == f2 and all(torch.equal(w1[k], w2[k]) for k in w1)
+    again, again_frozen = drive(sessions("ckpt"))  # everything replayed, the frozen weights from the checkpoint
+    assert again.curves == whole.curves and all(torch.equal(a[1][k], b[1][k]) for a, b in zip(again_frozen, whole_frozen)
+                                                for k in a[1])
+    with pytest.raises(ValueError, match="do not land on"):
+        s = sessions("ckpt")[0]
+        s.advance(7)
+        s.advance(1000)

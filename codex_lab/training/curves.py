@@ -5,6 +5,9 @@ training-state rule, :mod:`codex_lab.training_state`)."""
 
 from __future__ import annotations
 
+import copy
+import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -100,10 +103,19 @@ class LMSession:
     from a generator seeded by ``seed``; held-out loss (nats/token) on ``eval_batches`` at step
     0 and every ``eval_every`` steps. ``advance(a); advance(b)`` trains exactly what
     ``advance(a + b)`` does (one optimiser, one generator).
+
+    ``checkpoint`` (a file path): after every ``advance`` the whole session (weights, optimiser
+    moments, the batch generator, the step and the curve, and a :meth:`freeze` record) is
+    written there, atomically. A session built on an existing checkpoint *replays*: its
+    ``advance`` calls return the recorded curve, without training, until they reach the step
+    the checkpoint holds, then train on from there. A deterministic driver (a run to a plateau)
+    making the same calls again thus reaches the same decisions, and a run killed between two
+    chunks (a session's end) resumes where it stopped with the numbers an unbroken run gives.
     """
 
     def __init__(self, model: CodexModel, train_tokens: Tensor, eval_batches: Sequence[tuple[Tensor, Tensor]], *,
-                 lr: float, warmup: int, batch_size: int, seq_len: int, seed: int, eval_every: int) -> None:
+                 lr: float, warmup: int, batch_size: int, seq_len: int, seed: int, eval_every: int,
+                 checkpoint: str | Path | None = None) -> None:
         if eval_every < 1 or batch_size < 1 or seq_len < 2:
             raise ValueError(f"eval_every ({eval_every}), batch_size ({batch_size}) must be >= 1 and seq_len ({seq_len}) >= 2")
         self.model, self.tokens, self.evals = model, train_tokens, list(eval_batches)
@@ -112,10 +124,40 @@ class LMSession:
         self.gen = torch.Generator().manual_seed(seed)
         self.opt = adamw(model, LoopConfig(steps=1, lr=lr))
         self.step = 0
-        self.curve: list[tuple[float, float]] = [(0.0, val_loss(model, self.evals))]
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self.frozen: dict[str, Any] | None = None  # {"step", "final", "weights"}: what freeze() recorded
+        if self.checkpoint is not None and self.checkpoint.exists():
+            self._load(torch.load(self.checkpoint, map_location="cpu", weights_only=False))
+        else:
+            self.curve: list[tuple[float, float]] = [(0.0, val_loss(model, self.evals))]
+        self.at = 0  # the step the driver has reached (< self.step only while replaying a checkpoint)
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+        self.gen.set_state(state["gen"])
+        self.step, self.curve, self.frozen = int(state["step"]), [tuple(p) for p in state["curve"]], state["frozen"]
+
+    def _save(self) -> None:
+        assert self.checkpoint is not None
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.checkpoint.with_name(self.checkpoint.name + ".tmp")
+        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(),
+                    "step": self.step, "curve": self.curve, "frozen": self.frozen}, tmp)
+        os.replace(tmp, self.checkpoint)  # a kill mid-write leaves the previous checkpoint whole
+
+    def held_out(self) -> list[tuple[float, float]]:
+        """The held-out curve up to the step the driver has reached."""
+        return [p for p in self.curve if p[0] <= self.at]
 
     def advance(self, n: int) -> list[tuple[float, float]]:
-        """Train ``n`` more steps; returns the whole held-out curve so far."""
+        """Train ``n`` more steps (or replay them from the checkpoint); returns the held-out curve so far."""
+        if self.at + n <= self.step:  # replaying a checkpoint: these steps were trained before
+            self.at += n
+            return self.held_out()
+        if self.at < self.step:
+            raise ValueError(f"the checkpoint {self.checkpoint} holds step {self.step}, which the driver's steps "
+                             f"({self.at} then +{n}) do not land on: resume with the same chunks, or delete it")
         self.model.train()
         for _ in range(n):
             # lr(step) = lr x min(1, (step + 1) / warmup): linear warm-up, then constant
@@ -134,5 +176,21 @@ class LMSession:
             self.step += 1
             if self.step % self.eval_every == 0:
                 self.curve.append((float(self.step), val_loss(self.model, self.evals)))
+        self.at = self.step
         self.model.eval()
+        if self.checkpoint is not None:
+            self._save()
         return list(self.curve)
+
+    def freeze(self) -> tuple[float, dict[str, Tensor]]:
+        """(held-out loss, a copy of the weights) at the step the driver has reached: read from the
+        model, and kept in the checkpoint, when live; from that record when replaying past it."""
+        if self.at < self.step:
+            if self.frozen is None or self.frozen["step"] != self.at:
+                raise ValueError(f"the checkpoint {self.checkpoint} has no frozen state at step {self.at}: delete it")
+            return float(self.frozen["final"]), self.frozen["weights"]
+        final, weights = self.held_out()[-1][1], copy.deepcopy(self.model.state_dict())
+        self.frozen = {"step": self.at, "final": final, "weights": weights}
+        if self.checkpoint is not None:
+            self._save()
+        return final, weights

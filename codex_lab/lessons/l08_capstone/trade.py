@@ -32,9 +32,9 @@ gates and decision are :mod:`~codex_lab.lessons.l08_capstone.trade_table`.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -227,12 +227,16 @@ class ArmRun:
 
 
 def _sessions(models: Sequence[CodexModel], sizes: TradeSizes, train: Tensor, val: Tensor, *, lr: float,
-              salt: int) -> list[LMSession]:
-    # one session per seed: the seed draws the data order; every arm of a seed is scored on the same windows
+              salt: int, seeds: Sequence[int] | None = None, checkpoints: str | Path | None = None,
+              unit: str = "") -> list[LMSession]:
+    # one session per seed: the seed draws the data order; every arm of a seed is scored on the same windows;
+    # with ``checkpoints`` (a folder) each session resumes from, and keeps, <unit>-seed<seed>.pt there
+    seeds = list(sizes.seeds if seeds is None else seeds)
     return [LMSession(m, train, heldout_windows(val, sizes.eval_windows, sizes.seq_len, seed, salt=29), lr=lr,
                       warmup=sizes.warmup, batch_size=sizes.batch_size, seq_len=sizes.seq_len, seed=seed + salt,
-                      eval_every=sizes.eval_every)
-            for m, seed in zip(models, sizes.seeds)]
+                      eval_every=sizes.eval_every,
+                      checkpoint=None if checkpoints is None else Path(checkpoints) / f"{unit}-seed{seed}.pt")
+            for m, seed in zip(models, seeds)]
 
 
 def _to_plateau(arm: str, sessions: Sequence[LMSession], sizes: TradeSizes, *, min_steps: int,
@@ -242,8 +246,8 @@ def _to_plateau(arm: str, sessions: Sequence[LMSession], sizes: TradeSizes, *, m
     at_stop: dict[str, Any] = {}
 
     def freeze() -> None:  # the verdict is read at the stopping point, before the extension trains on
-        at_stop["final"] = [s.curve[-1][1] for s in sessions]
-        at_stop["weights"] = [copy.deepcopy(s.model.state_dict()) for s in sessions]
+        got = [s.freeze() for s in sessions]
+        at_stop["final"], at_stop["weights"] = [f for f, _ in got], [w for _, w in got]
 
     run = train_to_plateau([s.advance for s in sessions], arm=arm, chunk=sizes.chunk, max_steps=max_steps,
                            min_steps=min_steps, higher_is_better=False, min_change=MIN_CHANGE_NATS,
@@ -251,31 +255,53 @@ def _to_plateau(arm: str, sessions: Sequence[LMSession], sizes: TradeSizes, *, m
     return run, at_stop["final"], at_stop["weights"]
 
 
-def pretrain_unit(sizes: TradeSizes, train: Tensor, val: Tensor, vocab_size: int) -> ArmRun:
-    """Step 1: the plain model of every seed pre-trained ``pretrain_steps`` steps; its state is
-    reported, not required (the plain arm continues it to a plateau). ``weights`` holds every
-    seed's state dict here (each design is converted from them)."""
+def pretrain_unit(sizes: TradeSizes, train: Tensor, val: Tensor, vocab_size: int, *,
+                  seeds: Sequence[int] | None = None, checkpoints: str | Path | None = None) -> ArmRun:
+    """Step 1: the plain model of every seed (or of ``seeds``: a share of the seeds, one unit
+    each, put together by :func:`merge_pretraining`) pre-trained ``pretrain_steps`` steps, in
+    chunks of ``chunk`` (resumable from ``checkpoints``); its state is reported, not required
+    (the plain arm continues it to a plateau). ``weights`` holds every seed's state dict here,
+    keyed ``"<seed>.<name>"`` (each design is converted from them)."""
     from codex_lab.training_state import training_state
 
     t0 = time.perf_counter()
+    seeds = list(sizes.seeds if seeds is None else seeds)
     models = []
-    for seed in sizes.seeds:
+    for seed in seeds:
         torch.manual_seed(seed)  # the seed draws the initialisation
         models.append(CodexModel(base_config(sizes, vocab_size)))
-    sessions = _sessions(models, sizes, train, val, lr=sizes.lr, salt=0)
-    curves = [s.advance(sizes.pretrain_steps) for s in sessions]
+    sessions = _sessions(models, sizes, train, val, lr=sizes.lr, salt=0, seeds=seeds, checkpoints=checkpoints,
+                         unit="pretrain")
+    done = 0
+    while done < sizes.pretrain_steps:  # in chunks: each one checkpointed (advance(a); advance(b) = advance(a + b))
+        n = min(sizes.chunk, sizes.pretrain_steps - done)
+        curves = [s.advance(n) for s in sessions]
+        done += n
     state = training_state(curves, higher_is_better=False, min_change=MIN_CHANGE_NATS, arm="pre-training")
     return ArmRun("pre-training", curves, state, sizes.pretrain_steps, state.trained, [c[-1][1] for c in curves],
-                  weights={f"{i}.{k}": v for i, s in enumerate(sessions) for k, v in s.model.state_dict().items()},
+                  weights={f"{seed}.{k}": v for seed, s in zip(seeds, sessions) for k, v in s.model.state_dict().items()},
                   seconds=time.perf_counter() - t0, fixed=True)
 
 
-def _seed_weights(flat: Mapping[str, Tensor], i: int) -> dict[str, Tensor]:
-    pre = f"{i}."
+def merge_pretraining(parts: Sequence[ArmRun]) -> ArmRun:
+    """The pre-training of all seeds from units that each trained a share of them (in the seeds'
+    order), its state judged again over every seed."""
+    from codex_lab.training_state import training_state
+
+    curves = [c for p in parts for c in p.curves]
+    state = training_state(curves, higher_is_better=False, min_change=MIN_CHANGE_NATS, arm="pre-training")
+    return ArmRun("pre-training", curves, state, parts[0].steps, state.trained, [f for p in parts for f in p.final],
+                  weights={k: v for p in parts for k, v in p.weights.items()},
+                  seconds=sum(p.seconds for p in parts), fixed=True)
+
+
+def _seed_weights(flat: Mapping[str, Tensor], seed: int) -> dict[str, Tensor]:
+    pre = f"{seed}."
     return {k[len(pre):]: v for k, v in flat.items() if k.startswith(pre)}
 
 
-def design_unit(kind: str, pre: ArmRun, sizes: TradeSizes, train: Tensor, val: Tensor, vocab_size: int) -> ArmRun:
+def design_unit(kind: str, pre: ArmRun, sizes: TradeSizes, train: Tensor, val: Tensor, vocab_size: int, *,
+                checkpoints: str | Path | None = None) -> ArmRun:
     """Steps 2-3 for one design: every seed's pre-trained model converted into ``kind`` and
     trained to its plateau (``"plain"``: trained on, unconverted). Every arm of a seed trains
     on the same batches (the arms are paired). ``weights``: the first seed's model."""
@@ -286,11 +312,12 @@ def design_unit(kind: str, pre: ArmRun, sizes: TradeSizes, train: Tensor, val: T
     cfg = design_configs(cfg_base, sparse=sizes.sparse, dense_layers=sizes.dense_layers, groups=sizes.groups,
                          n_experts=sizes.n_experts, top_k=sizes.top_k)[kind]
     models = []
-    for i, seed in enumerate(sizes.seeds):
+    for seed in sizes.seeds:
         base = CodexModel(cfg_base)
-        base.load_state_dict(_seed_weights(pre.weights, i))
+        base.load_state_dict(_seed_weights(pre.weights, seed))
         models.append(convert(base, cfg, seed=seed))  # a copy; "plain" converts to itself
-    sessions = _sessions(models, sizes, train, val, lr=sizes.uptrain_lr, salt=1_000_003)
+    sessions = _sessions(models, sizes, train, val, lr=sizes.uptrain_lr, salt=1_000_003, checkpoints=checkpoints,
+                         unit=f"design-{kind}")
     converted = [s.curve[0][1] for s in sessions]
     run, final, weights = _to_plateau(kind, sessions, sizes, min_steps=sizes.min_steps, max_steps=sizes.max_steps)
     return ArmRun(kind, run.curves, run.state, run.steps, run.reached, final, converted, run.extension_steps,
@@ -362,5 +389,6 @@ def trade_costs(res: TradeResult, *, margin: float = MARGIN_NATS) -> dict[str, C
 
 
 __all__ = ["ArmRun", "KINDS", "LABELS", "MARGIN_NATS", "MIN_CHANGE_NATS", "TRADE_SIZES", "TradeResult", "TradeSizes",
-           "base_config", "design_configs", "design_unit", "pretrain_unit", "run_trade", "trade_costs", "trade_data",
+           "base_config", "design_configs", "design_unit", "merge_pretraining", "pretrain_unit", "run_trade",
+           "trade_costs", "trade_data",
            "trade_sizes", "trade_states"]
