@@ -1,4 +1,4 @@
-"""Issue 39, item 7: the shipped model fine-tuned on codebench 2 and scored by execution.
+"""The shipped model fine-tuned on codebench 2 and scored by execution (lesson 05's calibration).
 
 The shipped model (4.2M parameters) fine-tuned on every family of ``--split``'s training
 part pooled (valid-token loss, ``mix=size``; lesson 05's naive arm), then greedy pass@1 on

@@ -26,8 +26,8 @@ def main() -> None:
     import torch
 
     from codex_lab.infer.fast_decode import FastDecoder, graphs_compiled
-    from codex_lab.lessons.l06_inference.bench import load_model_and_tokenizer
-    from codex_lab.lessons.l06_inference.peer_llamacpp import corpus_prompts
+    from codex_lab.measure.models import load_model_and_tokenizer
+    from codex_lab.measure.peer_llamacpp import corpus_prompts
 
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)

@@ -1,7 +1,8 @@
 """The package's layers import only downward, with no cycles (deferred imports included).
 
 nn <- data <- training / infer <- serve; hf converts checkpoints; lessons/ holds what one
-lesson owns; course/ runs grading, exercises and the report. The graph is read from the
+lesson owns; measure/ holds peers and profilers (below the lessons that read them); course/ runs
+grading, exercises and the report. The graph is read from the
 code's own import statements (every ``import`` / ``from`` anywhere in a module, including
 those inside functions), so a lazy import cannot hide an upward edge.
 """
@@ -21,6 +22,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "infer": {"training", "serve", "hf", "lessons", "course", "commands", "cli"},
     "serve": {"hf", "lessons", "course", "commands", "cli"},
     "hf": {"training", "infer", "serve", "lessons", "course", "commands", "cli"},
+    "measure": {"lessons", "course", "commands", "cli"},  # peers and profilers: below the lessons that read them
     "lessons": {"commands", "cli"},
     "course": {"commands", "cli"},
     # base utilities every layer may use

@@ -99,7 +99,7 @@ def test_bench_serving_peer_without_llama_server_says_how_to_build_it(tmp_path, 
     import argparse
 
     from codex_lab.course.benches import discover
-    from codex_lab.lessons.l06_inference.llama_native import SERVER_HINT, find_llama_server
+    from codex_lab.measure.llama_native import SERVER_HINT, find_llama_server
     from codex_lab.training.checkpoint import save_checkpoint
 
     monkeypatch.setenv("CODEX_LAB_LLAMA_CPP", str(tmp_path / "nothing-here"))
@@ -119,7 +119,7 @@ def test_bench_serving_against_a_real_llama_server(tmp_path, small_tokenizer):
     import argparse
 
     from codex_lab.course.benches import discover
-    from codex_lab.lessons.l06_inference.llama_native import find_llama_server
+    from codex_lab.measure.llama_native import find_llama_server
     from codex_lab.training.checkpoint import save_checkpoint
 
     if find_llama_server() is None:

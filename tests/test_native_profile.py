@@ -1,4 +1,4 @@
-"""Both engines under Linux perf (codex_lab.lessons.l06_inference.native_profile)."""
+"""Both engines under Linux perf (codex_lab.measure.native_profile)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from codex_lab.lessons.l06_inference import native_profile as npf
+from codex_lab.measure import native_profile as npf
 
 
 # (binary, function) pairs as perf named them in a run of each engine (llama-bench built by

@@ -1,4 +1,4 @@
-"""The llama.cpp peer (codex_lab.lessons.l06_inference.peer_llamacpp).
+"""The llama.cpp peer (codex_lab.measure.peer_llamacpp).
 
 Without llama.cpp: the scenario says how to install it and skips. The plumbing (the Node.js
 program's line protocol, timing, token comparison, ratios) is held against a stand-in
@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 
-from codex_lab.lessons.l06_inference import peer_llamacpp as peer
+from codex_lab.measure import peer_llamacpp as peer
 from conftest import seeded_model
 
 needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed (apt-get install nodejs)")
@@ -226,7 +226,7 @@ def test_the_single_stream_record_prints_each_engine_and_its_split_or_says_how_t
 
 
 def test_the_single_stream_scenario_times_each_engine_with_the_same_tokens(small_tokenizer):
-    from codex_lab.lessons.l06_inference.single_stream import bench_single_stream
+    from codex_lab.measure.single_stream import bench_single_stream
 
     rows = bench_single_stream(seeded_model(small_tokenizer), small_tokenizer, slots=3, new_tokens=6, prompt_len=16,
                                rounds=2, compile=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codex_lab.lessons.l06_inference.token_profile import CATEGORIES, bench_token_profile, category, op_split
+from codex_lab.measure.token_profile import CATEGORIES, bench_token_profile, category, op_split
 from conftest import seeded_model
 
 

@@ -21,6 +21,7 @@ from codex_lab.infer.step_plan import freeze_long_lived, served_step_options
 from codex_lab.nn.model import CodexModel
 from codex_lab.runtime import pick, progress, seed_everything
 from codex_lab.data.tokenizer import CodeTokenizer
+from codex_lab.measure.models import load_model_and_tokenizer  # the bench's one loader (--hf replaces it)
 
 NAME = "inference"
 HELP = "KV cache vs none, codex_lab vs HF generate, continuous vs static batching, speculative decoding"
@@ -54,22 +55,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads (default: torch's choice); 1 avoids thread-sync stalls on a busy machine")
     p.add_argument("--device", default="cpu",
                    help="where the model runs (default cpu; cuda for the GPU table: decode and code_edit scenarios)")
-
-
-def load_model_and_tokenizer(random: bool = False) -> tuple[CodexModel, CodeTokenizer]:
-    """The shipped checkpoint on CPU, or (``random``) a random model of its shape."""
-    if not random:
-        from codex_lab.training.checkpoint import load_pretrained
-
-        ck = load_pretrained("cpu")
-        return ck.model.eval(), ck.tokenizer
-    from codex_lab.nn.config import ModelConfig
-    from codex_lab.data.corpus import load_corpus
-    from codex_lab.data.tokenizer import train_tokenizer
-
-    tok = train_tokenizer(load_corpus(max_files=30).texts("train"), vocab_size=1024)
-    torch.manual_seed(0)
-    return CodexModel(ModelConfig(vocab_size=tok.vocab_size)).eval(), tok
 
 
 def code_prompts(tok: CodeTokenizer, lengths: list[int], seed: int = 0) -> list[list[int]]:
@@ -321,7 +306,7 @@ def bench_compile(model: CodexModel, batch: int = 4, prompt_len: int = 64, new_t
 
 
 def _peer(model: CodexModel, tok: CodeTokenizer, threads: int | None) -> list[dict[str, Any]]:
-    from codex_lab.lessons.l06_inference.peer_llamacpp import bench_llama_cpp
+    from codex_lab.measure.peer_llamacpp import bench_llama_cpp
 
     # 128- and 512-token prompts, 128 new tokens; rounds interleaved (5 fast, 11 full)
     return bench_llama_cpp(model, tok, prompt_lens=(128, 512), new_tokens=128, rounds=pick(fast=5, full=11),
@@ -329,13 +314,13 @@ def _peer(model: CodexModel, tok: CodeTokenizer, threads: int | None) -> list[di
 
 
 def _single_stream(model: CodexModel, tok: CodeTokenizer, compile: bool) -> list[dict[str, Any]]:
-    from codex_lab.lessons.l06_inference.single_stream import bench_single_stream
+    from codex_lab.measure.single_stream import bench_single_stream
 
     return bench_single_stream(model, tok, slots=8, new_tokens=128, rounds=pick(fast=5, full=11), compile=compile)
 
 
 def _peer_streams(model: CodexModel, tok: CodeTokenizer, threads: int | None) -> list[dict[str, Any]]:
-    from codex_lab.lessons.l06_inference.peer_llamacpp import bench_llama_cpp_streams
+    from codex_lab.measure.peer_llamacpp import bench_llama_cpp_streams
 
     # 8 streams of 128-token prompts, 128 new tokens each; rounds interleaved (5 fast, 11 full)
     return bench_llama_cpp_streams(model, tok, streams=8, prompt_len=128, new_tokens=128,
@@ -343,14 +328,14 @@ def _peer_streams(model: CodexModel, tok: CodeTokenizer, threads: int | None) ->
 
 
 def _token_profile(model: CodexModel, tok: CodeTokenizer, compile: bool) -> list[dict[str, Any]]:
-    from codex_lab.lessons.l06_inference.token_profile import bench_token_profile
+    from codex_lab.measure.token_profile import bench_token_profile
 
     return bench_token_profile(model, tok, new_tokens=pick(fast=64, full=128), slots=8, compile=compile,
                                rounds=pick(fast=3, full=5))
 
 
 def _native_profile(model: CodexModel, tok: CodeTokenizer, random: bool) -> list[dict[str, Any]]:
-    from codex_lab.lessons.l06_inference.native_profile import bench_native_profile
+    from codex_lab.measure.native_profile import bench_native_profile
 
     # 40 x 128 tokens after a 128-token prompt per run, 2 interleaved runs of each engine (3 full)
     return bench_native_profile(model, tok, prompt_len=128, new_tokens=128, reps=40, rounds=pick(fast=2, full=3),

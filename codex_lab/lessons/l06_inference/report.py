@@ -240,7 +240,7 @@ def token_profile_lines(record: dict[str, Any] | None = None) -> str:
     inference --scenarios token_profile --threads 1`` (bench_records.json, key ``token_profile``),
     labelled as recorded; how to measure it here when none is recorded."""
     from codex_lab.course.figures import bench_record
-    from codex_lab.lessons.l06_inference.token_profile import profile_lines
+    from codex_lab.measure.token_profile import profile_lines
 
     rec = (record if record is not None else bench_record()).get("token_profile")
     if not rec:
@@ -261,7 +261,7 @@ def native_profile_lines(record: dict[str, Any] | None = None) -> str:
     41): the recorded run of ``codex-lab bench inference --scenarios native_profile`` (bench_records.json,
     key ``native_profile``), labelled as recorded; how to measure it here when none is recorded."""
     from codex_lab.course.figures import bench_record
-    from codex_lab.lessons.l06_inference.native_profile import native_lines
+    from codex_lab.measure.native_profile import native_lines
 
     rec = (record if record is not None else bench_record()).get("native_profile")
     if not rec:

@@ -151,7 +151,7 @@ def _start_llama_server(stack: contextlib.ExitStack, ck: Any, slots: int, thread
     from pathlib import Path
 
     from codex_lab.hf.gguf_export import export_gguf
-    from codex_lab.lessons.l06_inference.llama_native import SERVER_HINT, LlamaServer, find_llama_server
+    from codex_lab.measure.llama_native import SERVER_HINT, LlamaServer, find_llama_server
     from codex_lab.serve.loadtest import run_load
 
     if find_llama_server() is None:

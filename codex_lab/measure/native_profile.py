@@ -1,7 +1,7 @@
 """Both engines under one sampling profiler: where a decoded token's time goes in llama.cpp and
 in codex-lab (``codex-lab bench inference --scenarios native_profile``).
 
-``torch.profiler`` (:mod:`~codex_lab.lessons.l06_inference.token_profile`) sees only torch's
+``torch.profiler`` (:mod:`~codex_lab.measure.token_profile`) sees only torch's
 operators, so it cannot say what llama.cpp does in the same time. Linux ``perf`` samples any
 process alike: every ``1/freq`` s of CPU time it records the call chain running (unwound from
 a copy of the stack: neither MKL nor llama.cpp's release build keeps frame pointers). Each side
@@ -204,8 +204,8 @@ import json, os, sys, time, torch
 ctl, ack, L, N, R, random = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1"
 torch.set_num_threads(1)
 torch.set_grad_enabled(False)
-from codex_lab.lessons.l06_inference.bench import load_model_and_tokenizer
-from codex_lab.lessons.l06_inference.peer_llamacpp import corpus_prompts
+from codex_lab.measure.models import load_model_and_tokenizer
+from codex_lab.measure.peer_llamacpp import corpus_prompts
 from codex_lab.infer.fast_decode import FastDecoder
 model, tok = load_model_and_tokenizer(random)
 prompt = corpus_prompts(tok, [L])[L]
@@ -266,7 +266,7 @@ def bench_native_profile(model: Any, tok: Any, *, prompt_len: int = 128, new_tok
     category (the mean of ``rounds`` interleaved runs of each), the top functions, and each
     side's own tokens/s under the profiler. Without perf or llama-bench: one row saying how to get them."""
     from codex_lab.hf.gguf_export import export_gguf
-    from codex_lab.lessons.l06_inference.llama_native import find_llama_bench, home_relative
+    from codex_lab.measure.llama_native import find_llama_bench, home_relative
 
     perf, bench = find_perf(), find_llama_bench()
     if perf is None or bench is None:

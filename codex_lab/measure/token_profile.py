@@ -116,7 +116,7 @@ def bench_token_profile(model: CodexModel, tok: CodeTokenizer, *, new_tokens: in
     from codex_lab.infer.fast_decode import FastDecoder, decode_compile_options
     from codex_lab.infer.step_plan import served_step_options
     from codex_lab.infer.sampling import SamplingParams
-    from codex_lab.lessons.l06_inference.peer_llamacpp import corpus_prompts
+    from codex_lab.measure.peer_llamacpp import corpus_prompts
     from codex_lab.serve.compiled import compiled_engine
 
     model = model.eval()

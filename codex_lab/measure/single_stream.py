@@ -39,7 +39,7 @@ def bench_single_stream(model: CodexModel, tok: CodeTokenizer, *, slots: int = 8
     from codex_lab.infer.fast_decode import FastDecoder
     from codex_lab.infer.step_plan import served_step_options
     from codex_lab.infer.sampling import SamplingParams
-    from codex_lab.lessons.l06_inference.peer_llamacpp import corpus_prompts
+    from codex_lab.measure.peer_llamacpp import corpus_prompts
     from codex_lab.serve.compiled import compiled_engine
 
     model = model.eval()

@@ -21,7 +21,7 @@ llama.cpp from source for this CPU, its ``llama-bench`` runs in the same rounds 
 ``llama_cpp_native``): prefill of the prompt from an empty cache (``-p L -n 0``), and ``n``
 greedy tokens after the prompt's ``L`` tokens in the cache (``-p 0 -n n -d L``), each once per
 round after its own warm-up (finding and running the native binaries:
-:mod:`~codex_lab.lessons.l06_inference.llama_native`). It prints speeds, not tokens (``same_tokens`` None); on
+:mod:`~codex_lab.measure.llama_native`). It prints speeds, not tokens (``same_tokens`` None); on
 2026-12-03 it decoded 2-3x faster than the prebuilt build on this machine.
 """
 
@@ -43,7 +43,7 @@ import torch
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.nn.model import CodexModel
-from codex_lab.lessons.l06_inference.llama_native import (SERVER_HINT, LlamaServer, find_llama_bench, find_llama_server,
+from codex_lab.measure.llama_native import (SERVER_HINT, LlamaServer, find_llama_bench, find_llama_server,
                                                           home_relative, install_dir, llama_bench)
 
 INSTALL_HINT = ("llama.cpp is not installed: run `bash scripts/get_llama_cpp.sh` (npm's node-llama-cpp prebuilt "
