@@ -133,7 +133,7 @@ def test_judge_gives_verdicts_only_on_trained_arms():
     res["window+stride"] = [_fake(0.97, 0.9, True, s, 1) for s in range(5)]  # still climbing
     v = lr.judge(res, cfg)
     assert v.states["window+stride"].state == "under-trained"
-    assert v.stride.verdict == UNDER_TRAINED and "window+stride" in v.stride.note
+    assert v.stride.verdict == UNDER_TRAINED and "window+stride under-trained" in v.stride.describe()
     assert v.schedule.verdict == "fails"  # the schedule arms are trained: that claim keeps its verdict
 
 

@@ -51,7 +51,7 @@ def test_the_old_8_step_uptraining_run_is_under_trained() -> None:
     assert states[0].state == UNDER_TRAINED_STATE, states[0].describe()
     assert states[0].change > states[0].tolerance  # another 15 steps would still lower it by more than the seeds differ
     c = judge_trained(noninferiority(final[1], final[4], margin=MARGIN_NATS, paired=True, higher_is_better=False), states)
-    assert c.verdict == UNDER_TRAINED and "MHA base (60 steps): under-trained" in c.note
+    assert c.verdict == UNDER_TRAINED and "MHA base (60 steps) under-trained" in c.describe()
 
 
 def _curve(final: float, *, steps: int, slope_end: float = 0.0, n: int = 12) -> list[tuple[float, float]]:

@@ -307,7 +307,8 @@ def test_judge_trained_withholds_the_verdict():
                             higher_is_better=False, min_change=0.01, arm="gqa")
     assert judge_trained(c, [flat, flat]).verdict == HOLDS
     j = judge_trained(c, [flat, rising])
-    assert j.verdict == UNDER_TRAINED and j.measured_verdict == HOLDS and "gqa: under-trained" in j.describe()
+    assert j.verdict == UNDER_TRAINED and j.measured_verdict == HOLDS and "gqa under-trained" in j.describe()
+    assert len(j.describe()) <= 300  # one short line: the reasons in full live on the states
 
 
 def test_check_stated():

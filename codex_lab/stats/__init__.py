@@ -255,10 +255,10 @@ def judge_trained(c: Comparison, states: Sequence[Any], *, same_metric: bool = T
     bad = [s for s in states if not s.trained]
     if not bad:
         return replace(c, states=states)
-    why = "; ".join(s.describe() for s in bad)
     verdict = DID_NOT_LEARN if any(s.state == NOT_LEARNED for s in bad) else UNDER_TRAINED
-    return replace(c, verdict=verdict, states=states,
-                   note=f"the interval measures the budget, not the mechanism: {why}")
+    # one short line: each arm's state (and its projected change) follows in describe()'s "arms:"; the
+    # reasons in full stay on the states (``c.states[i].describe()``), which reports list once, not per verdict
+    return replace(c, verdict=verdict, states=states, note="the interval measures the budget, not the mechanism")
 
 
 def holm(comparisons: Sequence[Comparison], *, alpha: float = 0.05) -> list[Comparison]:
