@@ -8,7 +8,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -25,8 +25,8 @@
 # (naming the mistake it recognises). Cells that use your function run only once its check
 # passes; until then they say so. Grade the whole file from a terminal with
 # `codex-lab grade exercises/06_fast_inference.py`. While a check runs, the package's own
-# versions (the KV caches and attention kernels, `top_p_filter`, the engine's scheduler)
-# are blocked: write these yourself; plain PyTorch is fine.
+# versions (the KV caches and attention kernels, `top_p_filter`, the engine's scheduler, the
+# speculative formulas) are blocked: write these yourself; plain PyTorch is fine.
 #
 # **Run time:** fast mode on CPU: ~6 s (estimate, loaded shared machine); on one GPU: not yet measured.
 
@@ -120,3 +120,46 @@ if check(schedule_step).status == "passed":
     print(schedule_step([(0, 100), (1, 20), (2, 300)], n_running=2, free_blocks=12, max_batch=4, block_size=16))
 else:
     print("exercise 3 not yet done: the example runs once check(schedule_step) passes")
+
+# %% [markdown]
+# ## Exercise 4 (derive it): tokens per round when acceptance changes along the draft
+# The lesson's formula $(1 - a^{\gamma+1}) / (1 - a)$ assumes every guess is accepted with the
+# same probability $a$. A real draft is surer of its first guess than of its fifth. Derive, from
+# the accept/reject rule of section 5, the expected number of tokens one verification round
+# emits when guess $i$ faces the target's distribution `p[i]` and the draft's `q[i]`:
+# `p` is (gamma + 1, V) (its last row is where the bonus token would be drawn), `q` is
+# (gamma, V). Treat the rows as given (the context each guess sees is fixed). Return a float.
+#
+# Hints, to work out on paper first: with what probability is guess $i$ accepted, given that
+# the ones before it were? What does a round emit when it stops at guess $j$, and when it
+# accepts all $\gamma$? The cell under the check compares your formula with a simulation
+# of the rule itself.
+# Off limits (absent while your file is graded): the package's `expected_tokens_per_round`.
+
+# %%
+def expected_tokens(p, q):
+    """p (gamma + 1, V), q (gamma, V) probabilities -> expected tokens one round emits (float)."""
+    raise NotImplementedError("exercise expected_tokens: not yet done")
+
+
+# %%
+if check(expected_tokens).status == "passed":
+    g = torch.Generator().manual_seed(0)
+    gamma, V = 4, 12
+    p = torch.softmax(torch.randn(gamma + 1, V, generator=g) * 2, -1)
+    # the draft drifts from the target along the draft: surer early than late
+    q = torch.stack([torch.softmax(torch.log(p[i]) + 0.6 * i * torch.randn(V, generator=g), -1) for i in range(gamma)])
+    emitted = []
+    for _ in range(20000):  # simulate the rule: accept x ~ q_i with probability min(1, p_i(x) / q_i(x))
+        n = 0
+        while n < gamma:
+            x = int(torch.multinomial(q[n], 1, generator=g))
+            if float(torch.rand((), generator=g)) >= min(1.0, float(p[n, x] / q[n, x])):
+                break
+            n += 1
+        emitted.append(n + 1)  # the accepted prefix, then the correction (or the bonus)
+    sim = sum(emitted) / len(emitted)
+    se = (sum((e - sim) ** 2 for e in emitted) / (len(emitted) - 1) / len(emitted)) ** 0.5
+    print(f"your formula {expected_tokens(p, q):.3f}; a simulation of the rule {sim:.3f} (+- {1.96 * se:.3f}, 95%)")
+else:
+    print("exercise 4 not yet done: the simulation runs once check(expected_tokens) passes")

@@ -282,3 +282,40 @@ def test_schedule_step_wrong_answers():
         "exact fit refused": (variant(strict=True), "exactly the free blocks"),
         "package admit": (package_admit, SHORTCUT),
     })
+
+
+def test_expected_tokens_wrong_answers():
+    """Lesson 06's derivation: the expected tokens of one speculative round when each guess has
+    its own acceptance rate. Each plausible wrong derivation fails, named."""
+    def rates(p, q):
+        return torch.minimum(p[:-1], q).sum(-1)
+
+    def no_bonus(p, q):
+        alive, total = 1.0, 0.0
+        for b in rates(p, q).tolist():
+            alive *= b
+            total += alive
+        return total
+
+    def mean_rate(p, q):
+        a, gamma = float(rates(p, q).mean()), q.shape[0]
+        return gamma + 1.0 if a == 1.0 else (1 - a ** (gamma + 1)) / (1 - a)
+
+    def added(p, q):
+        return 1.0 + float(rates(p, q).sum())
+
+    def product_rate(p, q):
+        alive, total = 1.0, 1.0
+        for b in (p[:-1] * q).sum(-1).tolist():
+            alive *= b
+            total += alive
+        return total
+
+    _assert_wrong("06", "expected_tokens", {
+        "no correction or bonus token": (no_bonus, "bonus token"),
+        "the constant-rate formula at the mean rate": (mean_rate, "mean rate"),
+        "rates added, not multiplied": (added, "multiply the rates"),
+        "p q in place of min(p, q)": (product_rate, "sum_x min(p, q)"),
+        "a constant": (lambda p, q: 2.0, "expected_tokens"),
+        "the package's constant-rate helper": (lambda p, q: cl.expected_tokens_per_round(0.5, q.shape[0]), SHORTCUT),
+    })

@@ -300,7 +300,6 @@ def build_root(cfg: dict) -> None:
         _recreate_links(root, p, seen)
     for p in _outermost(system + list(cfg.get("expose", []))):
         _bind_ro(root, p)
-    _seal_parents(root, _outermost(system + list(cfg.get("expose", []))), ("/tmp", "/var/tmp", "/dev/shm"), work)
     _mount_sys(root)
     shutil.copytree(cfg["host_workdir"], _inside(root, work), dirs_exist_ok=True, symlinks=True)
     if uid is not None:
@@ -320,6 +319,8 @@ def build_root(cfg: dict) -> None:
             _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
         elif not os.path.lexists(dst) and os.path.isdir(h):  # an empty read-only folder at its path
             os.makedirs(dst, mode=0o555)
+    # last (the hidden paths above may need folders made there first): the folders above exposed paths in /tmp
+    _seal_parents(root, _outermost(system + list(cfg.get("expose", []))), ("/tmp", "/var/tmp", "/dev/shm"), work)
     # /etc holds only the copies: read-only like the host's (in userns mode the child is its owner)
     _mount(None, etc, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     # /dev holds only the device binds and the links: read-only (in userns mode the child is its owner)

@@ -1,5 +1,6 @@
 """Lesson 06 exercises: attention over a preallocated KV cache, top-p (nucleus) filtering,
-one admission step of a continuous-batching scheduler with a KV-block budget.
+one admission step of a continuous-batching scheduler with a KV-block budget, and (derived,
+not shown) the expected tokens of a speculative round when acceptance changes along the draft.
 
 Each check computes its own reference here (never the package's answer) and, when an answer
 is wrong, runs the plausible mistakes on the same inputs so the feedback names the bug.
@@ -242,3 +243,73 @@ def check_schedule_step(fn: Callable[..., Any]) -> None:
     (c, g), = wrong[:1]
     raise AssertionError(f"schedule_step{c} returned {g}, expected {_admit(*c)} "
                          "(first come, first served; ceil(tokens / block_size) blocks each; stop at the first that does not fit)")
+
+
+# ------------------------------------------------------------------ exercise 4
+def _expected_tokens(p: Tensor, q: Tensor, *, bonus: bool = True, same_rate: bool = False, own: bool = False,
+                     product: bool = False) -> float:
+    """The reference: E = sum_{j=0..gamma} prod_{i<j} beta_i, beta_i = sum_x min(p_i, q_i); each
+    keyword switches on one plausible mistake."""
+    p64, q64 = p.double(), q.double()
+    # beta_i = sum_x min(p_i(x), q_i(x)): the chance guess i is accepted
+    beta = (p64[:-1] * q64).sum(-1) if product else torch.minimum(p64[:-1], q64).sum(-1)
+    if same_rate:  # the lesson's constant-rate formula at the mean rate
+        a, gamma = float(beta.mean()), beta.numel()
+        return float(gamma + 1) if a == 1.0 else (1 - a ** (gamma + 1)) / (1 - a)
+    if own:  # each guess's own rate, added: as if a rejection did not end the round
+        return 1.0 + float(beta.sum()) - (0.0 if bonus else 1.0)
+    # E = sum_{j=0..gamma} prod_{i<j} beta_i: the j = 0 term is the token every round emits
+    total, alive = 1.0, 1.0
+    for b in beta.tolist():
+        alive *= b
+        total += alive
+    return total - (0.0 if bonus else 1.0)
+
+
+def _spec_case(g: torch.Generator, gamma: int, V: int, drift: float) -> tuple[Tensor, Tensor]:
+    p = torch.softmax(torch.randn(gamma + 1, V, generator=g) * 2, -1)  # (gamma + 1, V)
+    q = torch.stack([torch.softmax(torch.log(p[i]) + drift * (i + 1) * torch.randn(V, generator=g), -1)
+                     for i in range(gamma)])  # (gamma, V): drifts further from p along the draft
+    return p, q
+
+
+@exercise("06", "expected_tokens", points=2, forbid=("codex_lab.infer.speculative.expected_tokens_per_round",
+                                                     "codex_lab.infer.speculative.expected_speedup"))
+def check_expected_tokens(fn: Callable[..., Any]) -> None:
+    """fn(p (gamma + 1, V), q (gamma, V)) -> expected tokens one verification round emits."""
+    g = rng("06.expected_tokens")  # drawn for this run: a table of answers fails
+    cases = [_spec_case(g, gamma, V, drift) for gamma, V, drift in ((4, 12, 0.6), (1, 5, 0.3), (6, 30, 0.4),
+                                                                    (3, 8, 1.5), (5, 16, 0.0))]
+    p1 = torch.softmax(torch.randn(3, 7, generator=g), -1)
+    cases.append((p1, p1[:2].clone()))  # a draft equal to the target: every guess accepted, gamma + 1 tokens
+    got = []
+    for p, q in cases:
+        before = (p.clone(), q.clone())
+        out = fn(p, q)
+        assert torch.equal(p, before[0]) and torch.equal(q, before[1]), "expected_tokens: your function changed p or q in place"
+        try:
+            got.append(float(out))
+        except (TypeError, ValueError):
+            raise AssertionError(f"expected_tokens: return a number (a float), got {type(out).__name__}") from None
+    # 1e-5: the reference sums in float64; a float32 answer over <= 7 rows of <= 30 terms is within ~1e-6
+    ok = [abs(x - _expected_tokens(p, q)) <= 1e-5 for x, (p, q) in zip(got, cases)]
+    if all(ok):
+        return
+    mistakes = {
+        "a round always emits one token besides the accepted guesses (the correction after a rejection, or the "
+        "bonus token after all gamma): add it": dict(bonus=False),
+        "the acceptance rate changes along the draft here: the constant-rate formula at the mean rate is not it; "
+        "multiply the rates of the guesses before each one": dict(same_rate=True),
+        "guess j counts only when every guess before it was accepted too: multiply the rates (prod_{i<=j}), do "
+        "not add them": dict(own=True),
+        "a guess x ~ q is accepted with probability min(1, p(x)/q(x)), so P(accept) = sum_x min(p, q), not "
+        "sum_x p q": dict(product=True),
+    }
+    for msg, kw in mistakes.items():
+        if all(abs(x - _expected_tokens(p, q, **kw)) <= 1e-5 for x, (p, q) in zip(got, cases)):
+            raise AssertionError(f"expected_tokens: {msg}")
+    i = ok.index(False)
+    p, q = cases[i]
+    raise AssertionError(f"expected_tokens on a gamma = {q.shape[0]} draft returned {got[i]:.6f}, expected "
+                         f"{_expected_tokens(p, q):.6f} (sum over j = 0..gamma of the product of the acceptance "
+                         "rates of guesses 0..j-1)")
