@@ -201,11 +201,11 @@ def budget_extension(data: Mapping[str, Any], extended: Mapping[str, Any]) -> di
     ``steps`` and ``extended_steps`` (the last evaluated step), ``final`` and ``extended_final``
     (mean over seeds of the last held-out value), ``gain`` = change in the better direction
     (``higher_is_better`` from ``data["metric"]``), ``trained`` (today's rule on the shipped
-    curves) and ``confirmed``: for an arm called trained, True when the larger budget moves it
-    by less than ``min_change`` either way (the rule of :class:`codex_lab.training.plateau.PlateauRun`:
-    the arm had learned what it could at its budget), False when it moves ``min_change`` or
-    more (a gain: it was still learning; a loss: the budget decides the result; either way its
-    verdicts do not stand); None for an arm not called trained (reported, not judged)."""
+    curves) and ``confirmed``: for an arm called trained, True when the larger budget does not
+    improve it by ``min_change`` or more (it had learned what it could at its budget; a larger
+    budget that makes it worse shows the same), False when it gains ``min_change`` or more (it
+    was still learning: its verdicts do not stand); None for an arm not called trained
+    (reported, not judged). The rule of :class:`codex_lab.training.plateau.PlateauRun`."""
     m = data["metric"]
     sign = 1.0 if m["higher_is_better"] else -1.0
     states = {s.arm: s for s in (rejudge(data) or [])}
@@ -221,7 +221,7 @@ def budget_extension(data: Mapping[str, Any], extended: Mapping[str, Any]) -> di
         trained = bool(states[arm].trained) if arm in states else False
         out[arm] = {"steps": seeds[0][-1][0], "extended_steps": more[0][-1][0], "final": final, "extended_final": ext,
                     "gain": gain, "trained": trained,
-                    "confirmed": (abs(gain) < float(m["min_change"])) if trained else None}
+                    "confirmed": (gain < float(m["min_change"])) if trained else None}
     return out
 
 
@@ -229,8 +229,9 @@ def extension_lines(ext: Mapping[str, Mapping[str, Any]], min_change: float) -> 
     """One line per arm of :func:`budget_extension`'s result."""
     lines = []
     for arm, e in ext.items():
-        what = ("confirmed: it had levelled off" if e["confirmed"] else
-                f"**not confirmed**: it moved {abs(e['gain']):.4f} (>= {min_change:g})"
+        what = (("confirmed: it had levelled off" if e["gain"] > -min_change else
+                 "confirmed: the larger budget made it worse (past its plateau)") if e["confirmed"] else
+                f"**not confirmed**: it gained {e['gain']:.4f} (>= {min_change:g}), still learning"
                 ) if e["confirmed"] is not None else (
             "trained, no extension run (the arm stopped at its best checkpoint)" if e["trained"]
             else "not called trained: reported only")

@@ -608,6 +608,10 @@ print(f"4. codebench 2 ({setup.split} split): canonical answers {oracle_cb:.2f},
 print(f"5. The claims as stated (one pretrained base, each arm to its plateau, {cl.mode_info().mode} mode): "
       f"+8-15% -> {verdict8} (relative gain {pt.size_position(gain8)}); the small tasks -> {plat.small_claim().verdict}; "
       f"arms: {states_text(plat.states())}.")
+if ref8 is not None:  # the claims' verdicts: the shipped reference run's (every arm at its plateau, extension checked)
+    print(f"   The shipped reference run ({ref8['provenance']['date'][:10]}): +8-15% -> {ref8['data']['size']['verdict']}; "
+          f"the small tasks -> {ref8['data']['small']['verdict']} ({ref8['data']['small']['diff']:+.3f} pass@1, 95% CI "
+          f"[{ref8['data']['small']['lo']:+.3f}, {ref8['data']['small']['hi']:+.3f}], {ref8['data']['primary_arm']} - naive).")
 print(f"6. At equal budget from scratch (secondary): training states {states_text(states)}; {bench.primary} vs "
       f"single-task over all families, {len(setup.seeds)} seeds: "
       f"{primary.diff:+.3f} [{primary.lo:+.3f}, {primary.hi:+.3f}] -> {primary.verdict}.")

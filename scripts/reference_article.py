@@ -230,7 +230,7 @@ def _arm_extension(a: Any) -> dict[str, Any]:
     return {"steps": a.steps, "extended_steps": a.steps + a.extension_steps,
             "final": final, "extended_final": final - a.extension_change if ran else final,
             "gain": a.extension_change if ran else 0.0, "trained": bool(a.state.trained),
-            "confirmed": (abs(a.extension_change) < MIN_CHANGE_NATS) if ran and a.state.trained else None}
+            "confirmed": (a.extension_change < MIN_CHANGE_NATS) if ran and a.state.trained else None}
 
 
 # --- lesson 02 -------------------------------------------------------------------------------

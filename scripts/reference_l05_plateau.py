@@ -42,7 +42,7 @@ def summary(res: pt.PlateauResults) -> dict:
             # None: no extension ran (an arm compared at its best checkpoint, or not trained)
             "extension_confirmed": {a: (None if not r["extension_steps"] else
                                         bool(math.isfinite(r["extension_change"])
-                                             and abs(r["extension_change"]) < res.setup.min_change))
+                                             and r["extension_change"] < res.setup.min_change))
                                     for a, r in res.arms.items()},
             "size": {"describe": size.describe(), "verdict": verdict, "gain": gain,
                      "position": pt.size_position(gain), "diff": size.diff, "lo": size.lo, "hi": size.hi},

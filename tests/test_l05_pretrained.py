@@ -90,3 +90,29 @@ def test_arms_at_the_benchmarks_floor_did_not_learn_the_task():
     hi_b = [0.30, 0.32, 0.31]
     c2 = compare(low_a, hi_b, paired=True)
     assert pt.floor_verdict(c2, low_a, hi_b).verdict == HOLDS
+
+
+def test_the_budget_extension_check_overrules_a_plateau_that_still_improves():
+    """On the shipped reference's own arms: the small-tasks verdict is given on trained arms whose
+    extension did not improve them by min_change. The input that flips it: the balanced arm's
+    extension improving its validation loss by 0.05 nats (>= min_change 0.03) makes it under-trained,
+    and the verdict is withheld; an extension that made it worse (past its plateau) leaves it standing."""
+    import copy
+
+    from codex_lab.lessons.l05_multitask.report import reference_results
+    from codex_lab.reference import load_reference
+
+    ref = load_reference("l05_plateau_iid")
+    if ref is None:
+        pytest.skip("no shipped lesson 05 plateau reference")
+    d = copy.deepcopy(ref["data"])
+    res = reference_results(d)
+    prim = res.primary
+    shipped = res.small_claim()
+    assert res.states()[prim].trained and shipped.verdict not in (UNDER_TRAINED,)
+    res.arms[prim]["extension_change"] = -0.2  # worse after more training: confirmed past its plateau
+    assert res.states()[prim].trained and res.small_claim().verdict == shipped.verdict
+    res.arms[prim]["extension_change"] = 0.05  # better by more than min_change: it was still learning
+    st = res.states()[prim]
+    assert not st.trained and "still learning" in st.describe()
+    assert res.small_claim().verdict == UNDER_TRAINED

@@ -28,7 +28,7 @@ def test_an_arm_stops_at_its_plateau_and_the_extension_confirms_it():
     seeds = [seed_of(lambda s, k=k: 2.0 + 0.01 * k + math.exp(-s / 200)) for k in range(3)]
     run = train_to_plateau(seeds, arm="a", chunk=100, max_steps=20_000, higher_is_better=False, min_change=0.01)
     assert run.reached and run.state.trained and 500 <= run.steps <= 3000, run.describe()
-    assert run.extension_steps >= run.steps // 2 and run.confirmed and "within" in run.describe()
+    assert run.extension_steps >= run.steps // 2 and run.confirmed and "less than min_change" in run.describe()
 
 
 def test_a_still_falling_arm_stops_at_the_cap_unconfirmed():
@@ -47,7 +47,19 @@ def test_the_extension_catches_a_false_plateau():
     run = train_to_plateau([seed_of(fn) for _ in range(3)], arm="c", chunk=100, max_steps=5000, min_steps=1000,
                            higher_is_better=False, min_change=0.01)
     assert run.state.trained and run.steps == 1000
-    assert run.extension_change > 0.5 and not run.confirmed and "beyond" in run.describe()
+    assert run.extension_change > 0.5 and not run.confirmed and "still learning, not confirmed" in run.describe()
+
+
+def test_an_arm_that_gets_worse_in_the_extension_is_confirmed_past_its_plateau():
+    """The other direction: flat, then rising (overfitting) in the extension. More training does not
+    help, so the plateau call stands (the rule's job is never to call an improving arm trained)."""
+    def fn(s: int) -> float:
+        return 3.0 if s <= 1000 else 3.0 + (s - 1000) / 500
+
+    run = train_to_plateau([seed_of(fn) for _ in range(3)], arm="w", chunk=100, max_steps=5000, min_steps=1000,
+                           higher_is_better=False, min_change=0.01)
+    assert run.state.trained and run.extension_change < -0.5 and run.confirmed
+    assert "past its plateau" in run.describe()
 
 
 def test_bad_arguments_are_named():

@@ -45,8 +45,10 @@ class PlateauRun:
     arm's training state there; ``reached``: the rule said trained before ``max_steps``;
     ``curves``: each seed's held-out curve up to the stopping point; ``extension_steps`` and
     ``extension_change``: the steps trained again and how far the arm's mean held-out value
-    moved over them (signed: > 0 is better; nan when not run); ``confirmed``: that move was
-    within ``min_change``.
+    moved over them (signed: > 0 is better; nan when not run); ``confirmed``: more training did
+    not improve the arm by ``min_change`` or more (it moved less, or it got worse: past its
+    plateau, as an arm compared at its best checkpoint is). Only a gain means the arm was still
+    learning: the check exists to catch a false plateau, never to call an improving arm trained.
     """
 
     arm: str
@@ -62,8 +64,8 @@ class PlateauRun:
 
     @property
     def confirmed(self) -> bool:
-        """The budget-extension check passed: another ``EXTEND`` of the run moved the arm by less than min_change."""
-        return math.isfinite(self.extension_change) and abs(self.extension_change) < self.min_change
+        """The budget-extension check passed: another ``EXTEND`` of the run did not improve the arm by min_change or more."""
+        return math.isfinite(self.extension_change) and self.extension_change < self.min_change
 
     def describe(self) -> str:
         """One line: the state at the stopping point and the extension check."""
@@ -71,9 +73,17 @@ class PlateauRun:
         if self.best_step is not None:
             s += f", compared at its best checkpoint, step {self.best_step} (it got worse after)"
         if self.extension_steps:
-            s += (f"; {self.extension_steps} more steps moved it {self.extension_change:+.3g} "
-                  f"({'within' if self.confirmed else 'beyond'} min_change {self.min_change:g})")
+            s += f"; {self.extension_steps} more steps: {extension_words(self.extension_change, self.min_change)}"
         return s
+
+
+def extension_words(change: float, min_change: float) -> str:
+    """The budget-extension check in words, from ``change`` (> 0: the arm got better)."""
+    if change >= min_change:
+        return f"it improved by {change:.3g} (>= min_change {min_change:g}): still learning, not confirmed"
+    if change <= -min_change:
+        return f"it got worse by {-change:.3g}: past its plateau (confirmed: more training does not help)"
+    return f"it moved by less than min_change {min_change:g} (confirmed)"
 
 
 def _mean_last(curves: Sequence[Curve]) -> float:
@@ -170,4 +180,4 @@ def train_to_plateau(advance: Sequence[Advance], *, arm: str, chunk: int, max_st
     return run
 
 
-__all__ = ["EXTEND", "PlateauRun", "best_step", "plateau_state", "train_to_plateau"]
+__all__ = ["EXTEND", "PlateauRun", "best_step", "extension_words", "plateau_state", "train_to_plateau"]

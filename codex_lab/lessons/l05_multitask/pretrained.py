@@ -42,7 +42,7 @@ from codex_lab.parallel import run_units
 from codex_lab.stats import (DID_NOT_LEARN, FAILS, FAILS_AS_STATED, HOLDS, NO_VERDICT, NOT_RESOLVED, Comparison,
                              compare, judge_trained, t_quantile)
 from codex_lab.training.finetune import FinetuneSession
-from codex_lab.training.plateau import train_to_plateau
+from codex_lab.training.plateau import extension_words, train_to_plateau
 
 # --- one arm ---------------------------------------------------------------------------------------
 
@@ -107,11 +107,23 @@ class PlateauResults:
     def states(self) -> dict[str, Any]:
         """Each arm's training state at its stopping point (the specialists one by one); an arm past
         its best is trained at its best chunk end (:func:`codex_lab.training.plateau.plateau_state`)."""
-        from codex_lab.training.plateau import plateau_state
+        from dataclasses import replace
 
-        return {a: plateau_state([[tuple(p) for p in c] for c in r["curves"]], higher_is_better=False,
-                                 min_change=self.setup.min_change, arm=a, every=self.setup.chunk)
-                for a, r in self.arms.items()}
+        from codex_lab.training.plateau import plateau_state
+        from codex_lab.stats import UNDER_TRAINED_STATE
+
+        out = {}
+        for a, r in self.arms.items():
+            st = plateau_state([[tuple(p) for p in c] for c in r["curves"]], higher_is_better=False,
+                               min_change=self.setup.min_change, arm=a, every=self.setup.chunk)
+            gain = r.get("extension_change", math.nan)  # > 0: the extension improved it
+            if st.trained and r.get("extension_steps") and math.isfinite(gain) and gain >= self.setup.min_change:
+                # the budget-extension check overrules the rule: an arm that still improves is not trained
+                st = replace(st, state=UNDER_TRAINED_STATE, reason=(
+                    f"called trained at step {r['steps']}, but {r['extension_steps']} more steps improved its validation "
+                    f"loss by {gain:.3g} nats/token (>= min_change {self.setup.min_change:g}): still learning"))
+            out[a] = st
+        return out
 
     def specialists(self) -> list[str]:
         return [f"single-task:{f}" for f in self.setup.families]
@@ -160,7 +172,9 @@ class PlateauResults:
         """Each arm's compute: steps per seed to its plateau, examples seen, CPU s, the extension check."""
         out = []
         for a, r in self.arms.items():
-            ext = (f"; +{r['extension_steps']} steps moved it {r['extension_change']:+.3f} nats/token"
+            # extension_change > 0 is better (train_to_plateau's sign): the validation loss itself moved by -change
+            ext = (f"; +{r['extension_steps']} steps changed its validation loss by {-r['extension_change']:+.3f} "
+                   f"nats/token: {extension_words(r['extension_change'], self.setup.min_change)}"
                    if r["extension_steps"] else "; no extension (not trained)")
             best = f", compared at its best checkpoint, step {r['best_step']}" if r.get("best_step") else ""
             out.append(f"{a}: {r['steps']} steps per seed{'' if r['reached'] else ' (the cap)'}{best}, "

@@ -45,7 +45,7 @@ from codex_lab.nn.model import CodexModel
 from codex_lab.parallel import run_units
 from codex_lab.stats import Comparison, judge_trained, noninferiority
 from codex_lab.training.curves import LMSession, heldout_windows, small_vocab_data
-from codex_lab.training.plateau import PlateauRun, train_to_plateau
+from codex_lab.training.plateau import PlateauRun, extension_words, train_to_plateau
 from codex_lab.training_state import TrainingState
 
 # The largest quality cost still called "kept", declared before any run (the same margin as
@@ -219,10 +219,9 @@ class ArmRun:
         how = " (a fixed budget: the plain arm continues it)" if self.fixed else ("" if self.reached else " (the cap)")
         s = f"{self.arm}: {self.state.short()} at {self.steps} steps per seed{how}"
         if self.extension_steps:
-            ok = abs(self.extension_change) < MIN_CHANGE_NATS
             # extension_change > 0 is better (train_to_plateau's sign): the loss itself moved by -change
-            s += (f"; {self.extension_steps} more steps changed its held-out loss by {-self.extension_change:+.3g} nats/token "
-                  f"({'within' if ok else 'beyond'} {MIN_CHANGE_NATS:g})")
+            s += (f"; {self.extension_steps} more steps changed its held-out loss by {-self.extension_change:+.3g} "
+                  f"nats/token: {extension_words(self.extension_change, MIN_CHANGE_NATS)}")
         return s
 
 
