@@ -165,7 +165,7 @@ def memory_bound() -> str:
     - ``"systemd-scope"``: a user without such a cgroup but with a systemd user manager: each
       run is a transient scope with ``MemoryMax`` (the same kernel bound);
     - ``"polled"``: no cgroup can be had (a container without delegation, or memory not
-      delegated): only the namespace's pid 1 polls memory every 50 ms and stops the sandbox
+      delegated): only the namespace's pid 1 polls memory (every 10-20 ms) and stops the sandbox
       past the budget. Hard kernel caps still hold (tmpfs size and inodes, open files,
       processes, socket buffers at their defaults), but a burst between polls and kernel
       memory the poll cannot see (pipe buffers, page tables) escape it, so
@@ -235,7 +235,7 @@ def _polled_refusal(mode: str) -> SandboxUnavailable:
            "systemd user manager to run it in a scope")
     return SandboxUnavailable(
         f"codex-lab sandbox: no kernel bound on the sandbox's memory here ({mode} mode: {why}); only pid 1's "
-        "50 ms poll of its processes, files and unix socket buffers would hold the budget, which a fast burst and "
+        "poll (every 10-20 ms) of its processes, files and unix socket buffers would hold the budget, which a fast burst and "
         "kernel memory the poll cannot see (pipe buffers, page tables) escape; to run anyway set "
         f"{ACCEPT_POLLED}=polled (or pass accept_polled_memory=True), or give this user a cgroup (a delegated "
         "cgroup v2 subtree, or a systemd user session)")
