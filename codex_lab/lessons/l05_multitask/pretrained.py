@@ -175,7 +175,9 @@ class PlateauResults:
             # extension_change > 0 is better (train_to_plateau's sign): the validation loss itself moved by -change
             ext = (f"; +{r['extension_steps']} steps changed its validation loss by {-r['extension_change']:+.3f} "
                    f"nats/token: {extension_words(r['extension_change'], self.setup.min_change)}"
-                   if r["extension_steps"] else "; no extension (not trained)")
+                   if r["extension_steps"] else ("; no extension (it got worse after its best checkpoint: more "
+                                                 "training does not help)" if r.get("best_step") else
+                                                 "; no extension (not trained)"))
             best = f", compared at its best checkpoint, step {r['best_step']}" if r.get("best_step") else ""
             out.append(f"{a}: {r['steps']} steps per seed{'' if r['reached'] else ' (the cap)'}{best}, "
                        f"{r['examples_seen']:,} examples in all, {r['cpu_s']:.0f} CPU s{ext}")

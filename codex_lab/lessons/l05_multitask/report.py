@@ -91,7 +91,7 @@ def plateau_lines(ctx: Any) -> list[str]:
     if ref is not None:
         d = ref["data"]
         claim = {"size": d["size"]["verdict"], "small": d["small"]["verdict"]}
-        src = f"shipped reference run ({describe_provenance(ref)})"
+        src = "The shipped " + describe_provenance(ref)
         agree = {k: "agrees" if live[k] == claim[k] else f"differs ({live[k]})" for k in claim}
         out += ["#### The shipped reference run (the claims' verdicts)", "", f"{src}. Geometry: {d['setup']}.", "",
                 "```", *d["compute"], *d["states"].values(), "```", "",
