@@ -8,7 +8,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -37,6 +37,8 @@ if "google.colab" in sys.modules:  # Colab only: install the course (torch/numpy
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "git+https://github.com/codex-lab/codex-lab@main"], check=True)
 
 # %%
+import math
+
 import torch
 
 from codex_lab import check, seed_everything
@@ -110,3 +112,33 @@ if check(capacity_mask).status == "passed":
         print(f"capacity factor {factor}: C = {cap}, dropped {float((~capacity_mask(idx, 8, cap)).float().mean()):.1%}")
 else:
     print("skipped: this cell needs capacity_mask (write it above)")
+
+# %% [markdown]
+# ## Exercise 4 (derive it): why a capacity factor of 1 drops tokens even when routing is balanced
+# Suppose a router is perfectly balanced *in expectation*: each of `n_tokens` tokens picks one
+# expert (top-1) uniformly at random among `n_experts`, independently. Each expert keeps at most
+# `capacity` tokens. Derive the expected **fraction of tokens dropped**, exactly (no simulation),
+# as a float. At `capacity = n_tokens / n_experts` (capacity factor 1) the expected load of every
+# expert is exactly its capacity, yet the answer is not 0: your formula says how far from 0.
+#
+# Hints, to work out on paper first: how is one expert's load distributed? How many tokens
+# does an expert with load $n$ drop? Is $E[\max(0, n - C)]$ the same as $\max(0, E[n] - C)$?
+# The cell under the check compares your formula with `capacity_mask` on random routings.
+
+# %%
+def expected_drop_fraction(n_tokens, n_experts, capacity):
+    """Expected share of tokens dropped (float in [0, 1]) under uniform independent top-1 routing."""
+    raise NotImplementedError("exercise expected_drop_fraction: not yet done")
+
+
+# %%
+if check(expected_drop_fraction).status == "passed":
+    for factor in (1.0, 1.25, 1.5, 2.0):
+        cap = int(factor * 64 / 8)
+        g = torch.Generator().manual_seed(0)
+        sims = [float((~capacity_mask(torch.randint(0, 8, (64, 1), generator=g), 8, cap)).float().mean())
+                for _ in range(500)]
+        print(f"capacity factor {factor}: C = {cap}, your formula {expected_drop_fraction(64, 8, cap):.2%}, "
+              f"500 random routings {sum(sims) / len(sims):.2%}")
+else:
+    print("skipped: this cell needs expected_drop_fraction (write it above)")

@@ -471,3 +471,21 @@ def test_less_obvious_package_shortcuts_are_blocked():
     for (lesson, name), fn in {("02", "window_strided_allowed"): ws, ("03", "mean_pool_kv"): pool}.items():
         r = _run(lesson, name, fn)
         assert r.points == 0 and "write this one yourself" in r.message, (name, r.status, r.message)
+
+
+def test_expected_drop_fraction_wrong_answers():
+    """Lesson 04's derivation: the expected share of tokens a capacity limit drops under uniform top-1
+    routing. The right sum passes; each plausible wrong derivation fails, named (Jensen's gap first)."""
+    def exact(N, E, C, *, strict=False):
+        p = 1.0 / E
+        lo = C if strict else C + 1
+        return sum(math.comb(N, n) * p ** n * (1 - p) ** (N - n) * (n - C + (1 if strict else 0)) for n in range(lo, N + 1))
+
+    assert _run("04", "expected_drop_fraction", lambda N, E, C: E * exact(N, E, C) / N).status == PASSED
+    _assert_fails("04", "expected_drop_fraction", {
+        "expectation inside the max": (lambda N, E, C: max(0.0, N / E - C) * E / N, "inside the max"),
+        "one expert only": (lambda N, E, C: exact(N, E, C) / N, "multiply one expert"),
+        "drops, not a share": (lambda N, E, C: E * exact(N, E, C), "share of the tokens"),
+        "a full expert drops": (lambda N, E, C: E * exact(N, E, C, strict=True) / N, "exactly `capacity`"),
+        "a constant": (lambda N, E, C: 0.1, "expected_drop_fraction"),
+    })

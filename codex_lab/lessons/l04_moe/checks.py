@@ -1,4 +1,5 @@
-"""Lesson 04 exercises: top-k routing, the load-balancing loss, capacity-limited dispatch.
+"""Lesson 04 exercises: top-k routing, the load-balancing loss, capacity-limited dispatch, and
+(derived, not shown) the expected share of tokens a capacity limit drops under balanced routing.
 
 Each check computes the expected answer with plain code here (the package's ``route``,
 ``load_balancing_loss`` and ``capacity_keep_mask`` are the answers, so the checks do not
@@ -8,6 +9,7 @@ answer recognises the usual mistake and names it.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -198,3 +200,57 @@ def check_capacity_mask(fn: Callable[..., Any]) -> None:
                 raise AssertionError(f"capacity {cap}: within a slot, earlier tokens are served first")
             raise AssertionError(f"capacity {cap}: {int((got != want).sum())} assignments differ from the expected mask "
                                  "(slot by slot, tokens in order within a slot)")
+
+
+# ------------------------------------------------------------------ exercise 4
+def _drop_fraction(N: int, E: int, C: int, *, jensen: bool = False, no_experts: bool = False,
+                   strict: bool = False, per_expert: bool = False) -> float:
+    """The reference: E x sum_{n > C} P(n) (n - C) / N, n ~ Binomial(N, 1/E); each keyword
+    switches on one plausible mistake."""
+    if jensen:  # max(0, E[n] - C): the expectation moved inside the max
+        return max(0.0, N / E - C) * E / N
+    p = 1.0 / E
+    # over = sum_{n > C} P(n) (n - C), P(n) = comb(N, n) p^n (1 - p)^(N - n): one expert's expected drops
+    over = sum(math.comb(N, n) * p ** n * (1 - p) ** (N - n) * (n - C) for n in range(C + 1, N + 1))
+    if strict:  # a load of exactly C counted as dropping one (n - C + 1 from C on)
+        over = sum(math.comb(N, n) * p ** n * (1 - p) ** (N - n) * (n - C + 1) for n in range(C, N + 1))
+    if per_expert:  # the expected number of tokens dropped, not a share of the tokens
+        return E * over
+    if no_experts:  # one expert's drops taken as the whole: not multiplied by E
+        return over / N
+    return E * over / N
+
+
+@exercise("04", "expected_drop_fraction", points=2, forbid=("codex_lab.capacity_keep_mask",))
+def check_expected_drop_fraction(fn: Callable[..., Any]) -> None:
+    """fn(n_tokens, n_experts, capacity) -> expected share of tokens dropped (uniform top-1 routing)."""
+    g = rng("04.expected_drop_fraction")  # drawn for this run: a table of answers fails
+    cases = [(64, 8, 8), (64, 8, 10), (32, 4, 8), (100, 10, 15), (16, 16, 1), (20, 2, 20), (50, 5, 0)]
+    for _ in range(3):
+        E = int(torch.randint(2, 12, (1,), generator=g))
+        N = E * int(torch.randint(2, 12, (1,), generator=g))
+        cases.append((N, E, int(torch.randint(1, N // E + 4, (1,), generator=g))))
+    got = []
+    for N, E, C in cases:
+        out = fn(N, E, C)
+        try:
+            got.append(float(out))
+        except (TypeError, ValueError):
+            raise AssertionError(f"expected_drop_fraction: return a number (a float), got {type(out).__name__}") from None
+    # 1e-9: an exact sum of at most ~100 binomial terms in float64 agrees with the reference far closer
+    ok = [abs(x - _drop_fraction(*c)) <= 1e-9 + 1e-6 * _drop_fraction(*c) for x, c in zip(got, cases)]
+    if all(ok):
+        return
+    mistakes = {
+        "the expectation went inside the max: E[max(0, n - C)] is not max(0, E[n] - C) (at capacity factor 1 that "
+        "gives 0, yet a load above C happens often); sum over the distribution of one expert's load": dict(jensen=True),
+        "every expert drops alike: multiply one expert's expected drops by the number of experts": dict(no_experts=True),
+        "return a share of the tokens (divide the expected drops of all experts by n_tokens)": dict(per_expert=True),
+        "an expert with exactly `capacity` tokens drops none: it drops n - C only when n > C": dict(strict=True),
+    }
+    for msg, kw in mistakes.items():
+        if all(abs(x - _drop_fraction(*c, **kw)) <= 1e-9 + 1e-6 * abs(_drop_fraction(*c, **kw)) for x, c in zip(got, cases)):
+            raise AssertionError(f"expected_drop_fraction: {msg}")
+    i = ok.index(False)
+    raise AssertionError(f"expected_drop_fraction{cases[i]} returned {got[i]:.6f}, expected {_drop_fraction(*cases[i]):.6f} "
+                         "(one expert's load is Binomial(n_tokens, 1/n_experts); it drops max(0, n - capacity))")
