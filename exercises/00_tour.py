@@ -8,7 +8,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -36,6 +36,8 @@ if "google.colab" in sys.modules:  # Colab only: install the course (torch/numpy
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "git+https://github.com/codex-lab/codex-lab@main"], check=True)
 
 # %%
+import math
+
 from codex_lab import check, load_pretrained, seed_everything
 
 seed_everything(0)
@@ -85,3 +87,29 @@ if check(cut_at_function_end).status == "passed":
     print("def fib(n):" + cut_at_function_end(sample))
 else:
     print("skipped: this cell needs cut_at_function_end (write it above)")
+
+# %% [markdown]
+# ## Exercise 3 (derive it): bits per character, to compare models across tokenizers
+# A language model's loss is in **nats per token**, but two tokenizers cut the same text into
+# different numbers of tokens, so two models' losses are not comparable as they stand. Papers
+# compare them in **bits per character** (or per byte): the information the model needs to
+# encode each character of the text. From a loss of `loss` nats/token and a tokenizer that
+# covers `chars_per_token` characters per token (exercise 1), derive it. Return a float.
+#
+# Hints: how many nats per character is that? And how many bits is one nat?
+
+# %%
+def bits_per_char(loss, chars_per_token):
+    """loss (nats/token), chars_per_token (characters/token) -> bits per character (float)."""
+    raise NotImplementedError("exercise bits_per_char: not yet done")
+
+
+# %%
+if check(bits_per_char).status == "passed":
+    loss = load_pretrained().meta["val_loss"]  # the shipped model's held-out loss, nats/token
+    for r in (2.5, 3.5):
+        print(f"loss {loss:.3f} nats/token at {r} characters/token = {bits_per_char(loss, r):.3f} bits/character")
+    print("the same bits per character, from a tokenizer covering 4 characters per token, needs a loss of",
+          f"{bits_per_char(loss, 3.5) * math.log(2) * 4:.3f} nats/token: a lower loss is not a better model by itself")
+else:
+    print("skipped: this cell needs bits_per_char (write it above)")

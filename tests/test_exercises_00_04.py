@@ -489,3 +489,17 @@ def test_expected_drop_fraction_wrong_answers():
         "a full expert drops": (lambda N, E, C: E * exact(N, E, C, strict=True) / N, "exactly `capacity`"),
         "a constant": (lambda N, E, C: 0.1, "expected_drop_fraction"),
     })
+
+
+def test_bits_per_char_wrong_answers():
+    """Lesson 00's derivation: a loss in nats/token to bits per character. Each plausible slip is named."""
+    assert _run("00", "bits_per_char", lambda lo, c: lo / c / math.log(2)).status == PASSED
+    _assert_fails("00", "bits_per_char", {
+        "nats per character": (lambda lo, c: lo / c, "divide by ln 2"),
+        "bits per token": (lambda lo, c: lo / math.log(2), "bits per token"),
+        "multiplied by chars/token": (lambda lo, c: lo * c / math.log(2), "do not multiply"),
+        "log base 10": (lambda lo, c: lo / c / math.log(10), "base 10"),
+        "times ln 2": (lambda lo, c: lo / c * math.log(2), "multiplies by ln 2"),
+        "perplexity": (lambda lo, c: math.exp(lo) / c, "perplexity"),
+        "a constant": (lambda lo, c: 1.0, "bits_per_char"),
+    })

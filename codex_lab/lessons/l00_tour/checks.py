@@ -1,5 +1,5 @@
 """Lesson 00 warm-ups: characters per token (the tokenizer's compression) and where a generated
-function ends (the cut the lesson's syntax check makes before parsing).
+function ends (the cut the lesson's syntax check makes before parsing), and (derived) bits per character.
 
 The check computes the expected value itself (no package helper), and when the answer is
 wrong it recognises the usual mistakes (the ratio upside down, the mean of per-text ratios,
@@ -8,6 +8,7 @@ floor division, one text only) and names them.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from codex_lab.course.check_tools import as_float, pyrng
@@ -140,3 +141,43 @@ def check_cut_at_function_end(fn: Callable[..., Any]) -> None:
         got = fn(completion)
         assert got == want, (f"on a completion drawn for this run, {completion!r}: expected {want!r}, got {got!r}; "
                              "the rule must hold for any completion, not only the examples")
+
+
+@exercise("00", "bits_per_char", points=1)
+def check_bits_per_char(fn: Callable[..., Any]) -> None:
+    """fn(loss nats/token, chars_per_token) must return bits per character: loss / chars_per_token / ln 2."""
+    r = pyrng("00.bits_per_char")  # drawn for this run: a table of answers fails
+    cases = [(2.0, 3.0), (1.386, 2.5), (4.2, 1.8)] + [(r.uniform(0.5, 5.0), r.uniform(1.5, 5.0)) for _ in range(4)]
+    got = []
+    for loss, cpt in cases:
+        x = as_float(fn(loss, cpt))
+        assert isinstance(x, (float, int)) and not isinstance(x, bool), f"return a float, got {type(x).__name__}"
+        got.append(float(x))
+
+    def agrees(f: Callable[[float, float], float]) -> bool:
+        # 1e-9 relative: the same three operations in another order differ by a few ulps at most
+        return all(abs(g - f(lo, c)) <= 1e-9 * max(1.0, abs(f(lo, c))) for g, (lo, c) in zip(got, cases))
+
+    # bits/char = (nats/token) / (chars/token) / ln 2
+    if agrees(lambda lo, c: lo / c / math.log(2)):
+        return
+    mistakes = {
+        "that is nats per character: one nat is 1 / ln 2 = 1.443 bits, so divide by ln 2 as well":
+            lambda lo, c: lo / c,
+        "that is bits per token: a token covers chars_per_token characters, so divide by it":
+            lambda lo, c: lo / math.log(2),
+        "bits per character are fewer than bits per token (a token covers several characters): divide by "
+        "chars_per_token, do not multiply": lambda lo, c: lo * c / math.log(2),
+        "that used log base 10 (bans): bits are log base 2, so divide the nats by ln 2, not ln 10":
+            lambda lo, c: lo / c / math.log(10),
+        "that multiplies by ln 2: nats -> bits divides by ln 2 (1 nat = 1.443 bits)":
+            lambda lo, c: lo / c * math.log(2),
+        "that is the perplexity per character; bits per character is the loss itself rescaled, no exp":
+            lambda lo, c: math.exp(lo) / c,
+    }
+    for msg, f in mistakes.items():
+        if agrees(f):
+            raise AssertionError(f"bits_per_char: {msg}")
+    (lo, c), g = cases[0], got[0]
+    raise AssertionError(f"bits_per_char({lo}, {c}) returned {g:.6f}, expected {lo / c / math.log(2):.6f} "
+                         "(nats per token / characters per token, then nats to bits)")
