@@ -8,7 +8,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -126,3 +126,34 @@ if check(window_share).status == "passed":
     assert abs(window_share(maps[0, 0], 64, 128) - float(cl.share_within(maps, 64, 128)[0, 0])) < 1e-6
 else:
     print("skipped: this cell needs window_share (write it above)")
+
+# %% [markdown]
+# ## Exercise 4 (derive it): how local is a reader whose attention decays with distance?
+# The uniform reader is one baseline. Another is a reader whose weight on a key falls by a
+# factor `r` (0 < r < 1) per token of distance, normalised over the keys it can see: a query
+# at position i puts weight proportional to $r^d$ on the key at distance d = 0..i (ALiBi's
+# bias gives such a reader). Derive, in closed form, its share within `window` averaged over
+# queries i >= `min_query` of a length-`T` sequence, as `window_share` measures it. Return a float.
+#
+# Hints: the weights of one query form a geometric series; what is its sum over d < w, and
+# over all d <= i? Then: which `r` puts half the weight within 64 tokens for a far query?
+
+# %%
+def decay_share_within(T, window, min_query, r):
+    """Mean over queries i in [min_query, T) of sum_{d < min(w, i+1)} r^d / sum_{d <= i} r^d (float)."""
+    raise NotImplementedError("exercise decay_share_within: not yet done")
+
+
+# %%
+if check(decay_share_within).status == "passed":
+    T_ = 512
+    for r in (0.9, 0.98, 0.995):
+        i = torch.arange(T_)
+        d = (i[:, None] - i[None, :]).clamp(min=0).double()
+        reader = torch.where(i[:, None] >= i[None, :], r ** d, torch.zeros(())).double()
+        reader = reader / reader.sum(-1, keepdim=True)  # (T, T) rows of a decaying reader
+        print(f"r = {r}: closed form {decay_share_within(T_, 64, 128, r):.4f}, "
+              f"window_share of the matrix {window_share(reader, 64, 128):.4f}")
+    print("half the weight within 64 tokens at a far query needs r = 0.5^(1/64) =", round(0.5 ** (1 / 64), 4))
+else:
+    print("skipped: this cell needs decay_share_within (write it above)")

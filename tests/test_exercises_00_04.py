@@ -503,3 +503,19 @@ def test_bits_per_char_wrong_answers():
         "perplexity": (lambda lo, c: math.exp(lo) / c, "perplexity"),
         "a constant": (lambda lo, c: 1.0, "bits_per_char"),
     })
+
+
+def test_decay_share_within_wrong_answers():
+    """Lesson 01's derivation: the share within a window of a reader whose weight decays by r per token."""
+    def ref(T, w, mq, r, *, infinite=False, last=False, wide=False):
+        qs = [T - 1] if last else range(mq, T)
+        vals = [(1 - r ** min(w + (1 if wide else 0), i + 1)) / (1 if infinite else (1 - r ** (i + 1))) for i in qs]
+        return sum(vals) / len(vals)
+
+    assert _run("01", "decay_share_within", ref).status == PASSED
+    _assert_fails("01", "decay_share_within", {
+        "infinite series": (lambda *a: ref(*a, infinite=True), "finite sum"),
+        "last query only": (lambda *a: ref(*a, last=True), "every query"),
+        "window + 1 keys": (lambda *a: ref(*a, wide=True), "window \\+ 1 keys"),
+        "uniform reader": (lambda T, w, mq, r: ref(T, w, mq, 0.999999999), "decay_share_within"),
+    })

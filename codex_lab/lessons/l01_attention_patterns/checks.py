@@ -1,5 +1,6 @@
 """Lesson 01 exercises: causal attention probabilities, the weight a head puts at each
-distance, and the share of attention inside a window.
+distance, the share of attention inside a window, and (derived) that share for a reader whose
+weight decays with distance.
 
 Each check computes the expected answer with plain code here (not with the package's
 analysis functions), and on a wrong answer recognises the usual mistakes (a missing scale,
@@ -167,3 +168,51 @@ def check_window_share(fn: Callable[..., Any]) -> None:
             raise AssertionError("that keeps the first `window` key positions (j < window); the window is "
                                  "measured back from each query: i - j < window")
         raise AssertionError(f"T={T}, window={w}, min_query={mq}: got {got:.4f}, expected {want:.4f}")
+
+
+def _decay_share(T: int, w: int, mq: int, r: float, *, infinite: bool = False, last: bool = False,
+                 wide: bool = False) -> float:
+    """The reference: mean over i in [mq, T) of (1 - r^min(w, i+1)) / (1 - r^(i+1)); each keyword
+    switches on one plausible mistake."""
+    qs = [T - 1] if last else range(mq, T)
+    out = []
+    for i in qs:
+        k = min(w + 1 if wide else w, i + 1)
+        # share_i = sum_{d < k} r^d / sum_{d <= i} r^d = (1 - r^k) / (1 - r^(i+1))
+        out.append((1 - r ** k) if infinite else (1 - r ** k) / (1 - r ** (i + 1)))
+    return sum(out) / len(out)
+
+
+@exercise("01", "decay_share_within", points=2, forbid=("codex_lab.share_within", "codex_lab.uniform_share_within"))
+def check_decay_share_within(fn: Callable[..., Any]) -> None:
+    """fn(T, window, min_query, r) -> the decaying reader's mean share within ``window``."""
+    g = rng("01.decay_share_within")  # drawn for this run: a table of answers fails
+    cases = [(256, 64, 128, 0.98), (64, 8, 8, 0.5), (40, 16, 0, 0.9), (300, 32, 100, 0.999), (20, 30, 5, 0.95)]
+    for _ in range(3):
+        T = int(torch.randint(20, 200, (1,), generator=g))
+        cases.append((T, int(torch.randint(1, T, (1,), generator=g)), int(torch.randint(0, T // 2, (1,), generator=g)),
+                      float(torch.empty(()).uniform_(0.8, 0.999, generator=g))))
+    got = []
+    for c in cases:
+        x = as_float(fn(*c))
+        assert isinstance(x, (float, int)) and not isinstance(x, bool), f"decay_share_within: return a float, got {type(x).__name__}"
+        got.append(float(x))
+
+    def agrees(**kw: bool) -> bool:
+        # 1e-9: sums of <= 300 float64 terms; a direct weighted sum and the closed form agree to ~1e-13
+        return all(abs(x - _decay_share(*c, **kw)) <= 1e-9 for x, c in zip(got, cases))
+
+    if agrees():
+        return
+    mistakes = {
+        "a query at i sees only keys 0..i: normalise by the finite sum (1 - r^(i+1)) / (1 - r), not the infinite "
+        "series 1 / (1 - r) (early queries have few keys)": dict(infinite=True),
+        "average over every query from min_query on, not only the last": dict(last=True),
+        "within `window` means distance d < window (d = 0..window - 1): you counted window + 1 keys": dict(wide=True),
+    }
+    for msg, kw in mistakes.items():
+        if agrees(**kw):
+            raise AssertionError(f"decay_share_within: {msg}")
+    c, x = cases[0], got[0]
+    raise AssertionError(f"decay_share_within{c} returned {x:.6f}, expected {_decay_share(*c):.6f} (per query "
+                         "(1 - r^min(w, i+1)) / (1 - r^(i+1)), averaged over queries i >= min_query)")
