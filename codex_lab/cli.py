@@ -49,17 +49,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_main", None):
         parser.print_help()
         return 2
-    from codex_lab.runtime import set_mode
+    if args.command in MODE_COMMANDS:
+        from codex_lab.runtime.mode import resolve_mode
 
-    if getattr(args, "mode", None):
-        set_mode(args.mode, "the --mode flag")  # before the command reads any size
-    if args.command in MODE_COMMANDS and args.command != "report":  # the report prints its own header
-        from codex_lab.runtime import mode_info
-
-        info = mode_info()
-        others = "/".join(m for m in ("fast", "standard", "full") if m != info.mode)
-        print(f"[codex-lab {args.command}] {info.mode} mode: {info.reason} (--mode {others} for the others)",
-              file=sys.stderr, flush=True)
+        # the one place a command's mode is decided: the flag, else the environment, else the device;
+        # the command gets it as args.mode (a codex_lab.runtime.Mode) and passes it to what needs a size
+        try:
+            args.mode = resolve_mode(getattr(args, "mode", None))
+        except ValueError as exc:
+            print(f"codex-lab {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+        if args.command != "report":  # the report prints its own header
+            info = args.mode
+            others = "/".join(m for m in ("fast", "standard", "full") if m != info.name)
+            print(f"[codex-lab {args.command}] {info.name} mode: {info.reason} (--mode {others} for the others)",
+                  file=sys.stderr, flush=True)
     from codex_lab.sandbox import SandboxUnavailable
 
     try:
@@ -68,9 +72,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # one line naming the problem and the fix (a sandbox that cannot start here included)
         print(f"codex-lab {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        if getattr(args, "mode", None):
-            set_mode(None)  # main() may be called in-process (tests): leave no forced mode behind
 
 
 if __name__ == "__main__":

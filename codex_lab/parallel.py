@@ -9,12 +9,12 @@ unit seeds its own initialisation, data order and evaluation sample; ``tests/tes
 holds the two paths equal), in about ``1 / workers`` of the wall time.
 
 How many workers (:func:`unit_workers`): ``CODEX_LAB_JOBS=N`` wins (1 runs the units in this
-process: the plain reference path); otherwise 1 in fast mode (CI's sizes: pytest's own workers
-already hold the cores, and a pool's start-up costs more than the seconds it saves) and on a
-CUDA device (one GPU: processes would queue on it), else ``cores // compute_threads()`` capped
-by the number of units. Workers are spawned (not forked: a forked child of a process holding
-OpenMP or the compile thread's locks can hang), inherit the mode in force and stay quiet (no
-progress bars); a unit's exception reaches the caller with the unit named.
+process: the plain reference path; the test suite sets it, since pytest's own workers already
+hold the cores); otherwise 1 on a CUDA device (one GPU: processes would queue on it), else
+``cores // compute_threads()`` capped by the number of units. Workers are spawned (not forked:
+a forked child of a process holding OpenMP or the compile thread's locks can hang) and stay
+quiet (no progress bars); a unit gets its sizes in its arguments, never from the mode of the
+process that started it; a unit's exception reaches the caller with the unit named.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
 
-from codex_lab.runtime import compute_threads, get_device, mode_info
+from codex_lab.runtime import compute_threads, get_device
 
 R = TypeVar("R")
 JOBS_ENV = "CODEX_LAB_JOBS"
@@ -40,7 +40,7 @@ def unit_workers(n_units: int) -> int:
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"{JOBS_ENV}={env!r}: give a positive whole number of worker processes, e.g. 1 or 2")
         return min(int(env), n_units)
-    if mode_info().mode == "fast" or get_device().type == "cuda":
+    if get_device().type == "cuda":
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     # processes x math threads each <= cores
@@ -95,7 +95,7 @@ def run_units(fn: Callable[..., R], units: Sequence[tuple[Any, ...] | Mapping[st
                          f"and need a module-level function, or set {JOBS_ENV}=1 to run the units here")
     import multiprocessing
 
-    env = {"CODEX_LAB_MODE": mode_info().mode, "CODEX_LAB_PROGRESS": "0", JOBS_ENV: "1"}
+    env = {"CODEX_LAB_PROGRESS": "0", JOBS_ENV: "1"}
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_start_worker, initargs=(env, compute_threads()))
     futures = [pool.submit(_call, fn, a, kw) for a, kw in calls]

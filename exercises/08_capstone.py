@@ -8,7 +8,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -60,11 +60,12 @@ import torch
 import codex_lab as cl
 from codex_lab import ModelConfig, check
 from codex_lab.lessons.l08_capstone import pipeline as cap
+from codex_lab.lessons.l08_capstone.results import summary_table
 from codex_lab.lessons.l08_capstone import scorecard as sc
 
 cl.seed_everything(0)
 torch.set_num_threads(1)  # the same one-thread setting the scorecard's timings were calibrated with
-MODE = "fast" if cl.fast_mode() else "full"
+MODE = sc.scoring_mode()  # the grader scores at fast sizes on a CPU, full sizes on a GPU: the same here
 base_cfg = cl.load_pretrained().model.cfg
 print("mode:", MODE)
 print(f"the plain baseline: {base_cfg.n_layer} layers, {base_cfg.n_head} heads ({base_cfg.n_kv_head} K/V heads), "
@@ -153,7 +154,7 @@ else:
 # %%
 measured = None
 if design is not None and not sc.validate_design(design, base_cfg):
-    measured = sc.measure(design)
+    measured = sc.measure(design, mode=MODE)
     for name in ("baseline", "candidate"):
         r = measured[name]
         print(f"{name:>9}: val loss {r['val_loss']:.3f} nats/token, KV {r['kv_bytes_per_token']:,} B/token, "
@@ -177,8 +178,8 @@ full = None
 if measured is not None:
     ckpt = cl.load_pretrained()
     full = cl.run_capstone(ckpt.model.eval(), ckpt.tokenizer, cl.load_corpus(), cfg=sc.design_config(base_cfg, design),
-                           balance=design["balance"])
-    print(cap.summary_table(full.log))
+                           sizes=cap.default_sizes(MODE), balance=design["balance"])
+    print(summary_table(full.log))
     print("candidate passes every release gate against the baseline:", full.passed, full.reasons)
 else:
     print("skipped: the pipeline needs a valid design from my_design")

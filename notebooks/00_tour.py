@@ -57,19 +57,22 @@ import codex_lab as cl
 from codex_lab.data.tokenizer import tokenizer_summary
 
 cl.seed_everything(0)
-FAST = cl.lesson_header("00")  # prints the mode, why, and this lesson's expected time here
+MODE = cl.lesson_header("00")  # resolves the mode once, prints it, why, and the expected time here
+FAST = MODE.fast  # laptop sizes (fast and standard mode)
 device = cl.get_device()
-for key, value in cl.describe_environment().items():
+for key, value in cl.describe_environment(MODE).items():
     print(f"{key:>10}: {value}")
 
 # %% [markdown]
-# ## Fast mode
-# One knob shrinks every step count and size: `CODEX_LAB_FAST=1` (on automatically when
-# `CI` is set). `cl.pick(fast=..., full=...)` is how code chooses a size. Full mode is what
-# you run on a GPU; fast mode keeps each notebook around a minute on a laptop CPU.
+# ## The mode
+# One choice sizes every step count and model: fast (CI's sizes, on automatically when `CI`
+# is set), standard (the default on a CPU: fast sizes, quality experiments long enough to
+# plateau) or full (the article's sizes, for a GPU). The first cell resolved it once, into
+# `MODE`; every size below is `MODE.pick(fast=..., full=...)`, and the mode is passed to the
+# package's functions that need it, never read behind your back.
 
 # %%
-N_PROMPTS = cl.pick(fast=40, full=200)
+N_PROMPTS = MODE.pick(fast=40, full=200)
 print("fast mode:", FAST, "| prompts to score below:", N_PROMPTS)
 
 # %% [markdown]
@@ -240,7 +243,7 @@ from codex_lab.lessons.l00_tour.experiments import syntax_rate
 
 prompts = cl.function_prompts(corpus.texts("val"), N_PROMPTS)
 t0 = time.perf_counter()
-rate = syntax_rate(model, tok, prompts, max_new_tokens=cl.pick(fast=48, full=96))
+rate = syntax_rate(model, tok, prompts, max_new_tokens=MODE.pick(fast=48, full=96))
 print(f"{rate.share.describe()} of generated functions parse ({time.perf_counter() - t0:.1f} s, batched engine)")
 recorded = meta.get("syntax_validity")
 if recorded is not None:
@@ -266,7 +269,7 @@ with torch.no_grad():
     diff = (model(x).logits - ref_model(x).logits).abs().max().item()
     model(x), ref_model(x)  # warm-up
     # round-robin: one call of each per round, so a busy spell of the machine hits both alike
-    wall, _ = cl.interleaved_times({"reference": lambda: ref_model(x), "SDPA": lambda: model(x)}, repeats=cl.pick(fast=5, full=11))
+    wall, _ = cl.interleaved_times({"reference": lambda: ref_model(x), "SDPA": lambda: model(x)}, repeats=MODE.pick(fast=5, full=11))
 speed = cl.timing_ratio(wall["reference"], wall["SDPA"], a="the reference path", b="SDPA")
 print(f"max |logit difference| = {diff:.2e}")
 print(speed.describe())

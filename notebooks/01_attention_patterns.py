@@ -63,7 +63,8 @@ from codex_lab.lessons.l01_attention_patterns.analysis import (
 )
 
 cl.seed_everything(0)
-FAST = cl.lesson_header("01")  # prints the mode, why, and this lesson's expected time here
+MODE = cl.lesson_header("01")  # resolves the mode once, prints it, why, and the expected time here
+FAST = MODE.fast  # laptop sizes (fast and standard mode)
 device = cl.get_device()
 
 # %% [markdown]
@@ -78,7 +79,7 @@ ckpt = cl.load_pretrained(device)
 model, tok = ckpt.model, ckpt.tokenizer
 T = ckpt.meta.get("train_config", {}).get("seq_len", 256)
 corpus = cl.load_corpus()
-snippets = code_snippets(tok, corpus.texts("val"), n=cl.pick(fast=6, full=48), length=T)
+snippets = code_snippets(tok, corpus.texts("val"), n=MODE.pick(fast=6, full=48), length=T)
 print(f"{len(snippets)} snippets of {T} tokens; the first starts with: {snippets[0][0]!r}")
 print(tok.decode(snippets[0][1][:60].tolist()))
 
@@ -208,9 +209,9 @@ nll = -torch.log_softmax(logits, -1).gather(-1, sample[:, 1:, None])[..., 0]  # 
 mine = nll[:, MIN_Q:].mean(1)
 assert torch.allclose(mine, snippet_losses(w64, sample, MIN_Q), atol=1e-4)  # fp32 losses of O(3)
 
-L_SNIP = cl.pick(fast=256, full=1024, standard=1024)
-SAMPLES = cl.pick(fast=[0, 1, 2], full=[0, 1, 2, 3, 4], standard=[0, 1, 2, 3, 4])
-losses = window_losses(model, tok, corpus.texts("val"), windows=(64, 128), n_snippets=cl.pick(fast=4, full=16, standard=8),
+L_SNIP = MODE.pick(fast=256, full=1024, standard=1024)
+SAMPLES = MODE.pick(fast=[0, 1, 2], full=[0, 1, 2, 3, 4], standard=[0, 1, 2, 3, 4])
+losses = window_losses(model, tok, corpus.texts("val"), windows=(64, 128), n_snippets=MODE.pick(fast=4, full=16, standard=8),
                        length=L_SNIP, seeds=SAMPLES, min_query=MIN_Q)
 per_sample = {arm: [float(x.mean()) for x in v] for arm, v in losses.items()}
 for arm, v in per_sample.items():

@@ -68,7 +68,8 @@ from codex_lab.nn.sparse import sparse_attention, tiles_computed
 from codex_lab.stats import check_stated, judge_trained, noninferiority, t_quantile
 
 cl.seed_everything(0)
-FAST = cl.lesson_header("02")  # prints the mode, why, and this lesson's expected time here
+MODE = cl.lesson_header("02")  # resolves the mode once, prints it, why, and the expected time here
+FAST = MODE.fast  # laptop sizes (fast and standard mode)
 device = cl.get_device()
 
 # %% [markdown]
@@ -99,7 +100,7 @@ for spec in specs:
 
 # %%
 w, s = 128, 32
-Ns = cl.pick(fast=[512, 1024, 2048, 4096], full=[512, 1024, 2048, 4096, 8192])
+Ns = MODE.pick(fast=[512, 1024, 2048, 4096], full=[512, 1024, 2048, 4096, 8192])
 fixed_pairs, sqrt_pairs = [], []
 for N in Ns:
     fixed_pairs.append(parse_pattern(f"window:{w}+strided:{s}").pairs(N))
@@ -217,8 +218,8 @@ assert torch.allclose(mine_blk, ref[0, 0], atol=1e-5) and torch.allclose(blk, re
 
 # %%
 bench_pattern = "window:128+blockstride:128:12"  # ~10% of causal pairs at N=8192
-bench_Ns = cl.pick(fast=[512, 1024, 2048], full=[1024, 2048, 4096, 8192])
-impls = cl.pick(fast=["sdpa", "reference", "blocks", "fast"], full=["sdpa", "reference", "blocks", "fast", "flex"])
+bench_Ns = MODE.pick(fast=[512, 1024, 2048], full=[1024, 2048, 4096, 8192])
+impls = MODE.pick(fast=["sdpa", "reference", "blocks", "fast"], full=["sdpa", "reference", "blocks", "fast", "flex"])
 recs = []
 for N in bench_Ns:
     d = parse_pattern(bench_pattern).density(N)
@@ -291,11 +292,12 @@ print(f"VERDICT 'sparse attention makes long context cheap' (goal 0.6/d = {0.6 /
 from codex_lab.data.longrange import (RecallTask, candidates, filler_lines, make_recall_batch, reach, recall_vocab,
                                       window_baseline, window_reach)
 from codex_lab.lessons.l02_sparse_attention import experiments as lr
+from codex_lab.lessons.l02_sparse_attention.geometry import SCHEDULES, arms_for, densities, fast_config, full_config, standard_config
 
 vocab = recall_vocab(cl.load_pretrained().tokenizer)
 rtok = cl.load_pretrained().tokenizer
 train_lines = filler_lines(rtok, cl.load_corpus().texts("train")[:40], vocab, max_line=12)
-task = lr.standard_config().task  # 128 tokens, 7 scattered bindings, queries at 10 ... 110 tokens
+task = standard_config().task  # 128 tokens, 7 scattered bindings, queries at 10 ... 110 tokens
 print(task)
 batch = make_recall_batch(train_lines, vocab, task, 8, torch.Generator().manual_seed(0))
 print(rtok.decode(batch.tokens[0].tolist()).replace("\n\n\n", "\n"), "...")
@@ -408,11 +410,10 @@ assert int((torch.arange(n_rf)[:, None] - torch.arange(n_rf)[None, :])[reach(["w
 # far too few steps for that, and says so.
 
 # %%
-rcfg = cl.pick(fast=lr.fast_config(), standard=lr.standard_config(), full=lr.full_config())
-MODE = cl.mode_info().mode
+rcfg = MODE.pick(fast=fast_config(), standard=standard_config(), full=full_config())
 N_task, L = rcfg.task.seq_len, rcfg.n_layer
-arms = lr.arms_for(MODE)  # fast (CI): the four arms of the primary comparisons; full mode adds MoBA
-dens = lr.densities({k: v[0] for k, v in arms.items() if k not in lr.SCHEDULES}, N_task)
+arms = arms_for(MODE.name)  # fast (CI): the four arms of the primary comparisons; full mode adds MoBA
+dens = densities({k: v[0] for k, v in arms.items() if k not in SCHEDULES}, N_task)
 for name, spec in arms.items():
     print(f"{name:>26}: {' / '.join(spec):<28}" + (f" density at N={N_task}: {dens[name]:.3f}" if name in dens else ""))
 assert all(abs(v / dens["window+stride"] - 1) < 0.1 for k, v in dens.items() if k != "dense")  # matched within 10%
@@ -565,7 +566,7 @@ from dataclasses import replace
 sp = rcfg.specs["window"]
 tcfg = replace(rcfg, task=RecallTask(seq_len=1024, n_keys=7, distances=rcfg.task.distances, per_distance=1, layout="scattered"))
 step_models = {name: lr.build_model(p, tcfg, rtok.vocab_size, attn_impl="blocks") for name, p in
-               {"all dense": ["dense"] * L, **{k: arms[k] for k in lr.SCHEDULES}, "all sparse": [sp] * L}.items()}
+               {"all dense": ["dense"] * L, **{k: arms[k] for k in SCHEDULES}, "all sparse": [sp] * L}.items()}
 xb = make_recall_batch(train_lines, vocab, tcfg.task, 2, torch.Generator().manual_seed(1)).tokens  # (2, 1024)
 
 
@@ -576,7 +577,7 @@ def step_fn(m_):
     return f
 
 
-wall, _ = cl.interleaved_times({k: step_fn(m_) for k, m_ in step_models.items()}, repeats=cl.pick(fast=5, full=10))
+wall, _ = cl.interleaved_times({k: step_fn(m_) for k, m_ in step_models.items()}, repeats=MODE.pick(fast=5, full=10))
 for k, v in wall.items():
     print(f"{k:>26}: median {np.median(v):7.1f} ms (min {min(v):.1f}, max {max(v):.1f}, {len(v)} rounds)")
 speed = cl.timing_ratio(wall["all dense"], wall["all sparse"], a="all dense", b="all sparse")
@@ -597,7 +598,7 @@ print(f"- Kernel: the block-sparse kernel equals the dense reference (from scrat
       f"package {(blk - ref).abs().max():.1e}); at N={big} it ran {blk_big['speedup']:.2f}x dense SDPA at density "
       f"{blk_big['density']:.3f}, {own_speedup:.2f}x itself on every causal pair (limit c_all/c = {c_all / c_big:.2f}x), timed "
       f"on a shared CPU: {speed_verdict} against the goal 0.6/d.")
-print(f"- Long-range recall at N={N_task} ({MODE} mode, {rcfg.steps} steps, {len(rcfg.seeds)} seeds): arms' states "
+print(f"- Long-range recall at N={N_task} ({MODE.name} mode, {rcfg.steps} steps, {len(rcfg.seeds)} seeds): arms' states "
       + "; ".join(f"{k} {st.state}" for k, st in states.items())
       + f". The window-only stack reaches L(w-1) = {rf_window} tokens, its measured cliff is at {cliff_w}; far accuracy "
       f"(beyond {rf_window}): " + ", ".join(f"{k} {np.mean(v):.2f}" for k, v in far.items())

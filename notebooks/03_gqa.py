@@ -68,7 +68,8 @@ from codex_lab.nn.model import CodexModel, attention_reference, attention_sdpa
 
 T_START = time.perf_counter()
 cl.seed_everything(0)
-FAST = cl.lesson_header("03")  # prints the mode, why, and this lesson's expected time here
+MODE = cl.lesson_header("03")  # resolves the mode once, prints it, why, and the expected time here
+FAST = MODE.fast  # laptop sizes (fast and standard mode)
 device = cl.get_device()
 print("fast mode:", FAST, "| device:", device)
 
@@ -158,7 +159,7 @@ for g, n_kv, a, b, kb, cb in rows:
 ckpt = cl.load_pretrained(device=device)
 mha = ckpt.model
 print(ckpt.config.n_layer, "layers,", ckpt.config.n_head, "heads of", ckpt.config.head_dim, "| parameters:", mha.num_params())
-BATCH, SEQ = 4, cl.pick(fast=128, full=1024)
+BATCH, SEQ = 4, MODE.pick(fast=128, full=1024)
 eight = CodexModel(ModelConfig(**{**ckpt.config.to_dict(), "n_head": 8, "n_kv_head": 8})).to(device).eval()
 
 table = []
@@ -242,11 +243,11 @@ assert real_rows["Qwen2.5-Coder-0.5B"][1] > real_rows["Qwen2.5-Coder-0.5B"][2] >
 # steps) to recover. First the cost of the conversion alone on the shipped checkpoint:
 
 # %%
-corpus = cl.load_corpus(max_files=cl.pick(fast=80, full=None))
+corpus = cl.load_corpus(max_files=MODE.pick(fast=80, full=None))
 tok = ckpt.tokenizer
 train_tokens = tokenize_texts(tok, corpus.texts("train"))
 val_tokens = tokenize_texts(tok, corpus.texts("val"))
-val_batches = fixed_batches(val_tokens, 8, cl.pick(fast=128, full=256), cl.pick(fast=2, full=8))
+val_batches = fixed_batches(val_tokens, 8, MODE.pick(fast=128, full=256), MODE.pick(fast=2, full=8))
 print(f"train tokens {train_tokens.numel():,}, validation tokens {val_tokens.numel():,}")
 shipped_rows = []
 for g in (1, 2, 4):
@@ -338,7 +339,7 @@ assert init_loss["mean"] < init_loss["random"], "mean-pooling should keep more t
 from codex_lab.parallel import run_units
 from codex_lab.stats import UNDER_TRAINED
 
-sizes = gqa.protocol_sizes()  # this mode's geometry (and uptraining share: 5%, 10% in standard mode)
+sizes = gqa.protocol_sizes(MODE.name)  # this mode's geometry (and uptraining share: 5%, 10% in standard mode)
 MARGIN = gqa.MARGIN_NATS  # declared before the run (nats/token)
 print(sizes.describe(), f"| margin {MARGIN} nats/token")
 p_train, p_val, p_vocab = gqa.protocol_data(cl.load_corpus(max_files=sizes.max_files), sizes)
@@ -402,7 +403,7 @@ for name, c in verdicts.secondary.items():
     print(f"{name}: " + c.describe())
 if verdicts.primary.verdict == UNDER_TRAINED:
     longer = {"fast": "standard or full mode trains longer", "standard": "full mode, on a GPU, trains longer",
-              "full": "a longer schedule is needed"}[cl.mode_info().mode]
+              "full": "a longer schedule is needed"}[MODE.name]
     print(f"-> no verdict at these sizes: an arm is still improving ({longer})")
 mean_vs_first = cl.compare(pool_loss["first"], pool_loss["mean"], metric="val loss right after pooling to MQA, mean minus first",
                            higher_is_better=False, paired=True)
@@ -416,13 +417,13 @@ print("mean vs first head: " + mean_vs_first.describe())
 # kernel, one new query per sequence against a long cache, in interleaved rounds:
 
 # %%
-S_LONG = cl.pick(fast=2048, full=16384)
+S_LONG = MODE.pick(fast=2048, full=16384)
 q1 = torch.randn(4, 8, 1, 64)  # (B, H, 1, D): one decoding step
 kv = {g: (torch.randn(4, 8 // g, S_LONG, 64), torch.randn(4, 8 // g, S_LONG, 64)) for g in (1, 2, 4, 8)}  # (B, Hkv, S, D)
 for g, (k, v) in kv.items():
     attention_sdpa(q1, k, v, None)  # warm-up
 wall, _ = cl.interleaved_times({g: (lambda k=k, v=v: attention_sdpa(q1, k, v, None)) for g, (k, v) in kv.items()},
-                               repeats=cl.pick(fast=9, full=21))
+                               repeats=MODE.pick(fast=9, full=21))
 attn_ms = {g: sorted(t)[len(t) // 2] for g, t in wall.items()}
 for g, (k, v) in kv.items():
     print(f"g = {g}: K/V read per step {2 * k.nbytes / 2**20:6.1f} MiB, attention {attn_ms[g]:.2f} ms "
@@ -520,7 +521,7 @@ for name, c in verdicts.secondary.items():
     print(f"- {name}: {c.verdict} (cost {c.diff:+.3f} nats/token, 90% CI [{c.lo:+.3f}, {c.hi:+.3f}]).")
 print(f"- One decode step's attention over {S_LONG} cached tokens: {mqa_speed.describe()}. "
       f"Hugging Face gives the same logits ({diff:.1e}) and the same greedy tokens.")
-print(f"(notebook run time {elapsed:.0f} s in {cl.mode_info().mode} mode on {device}, under load)")
+print(f"(notebook run time {elapsed:.0f} s in {MODE.name} mode on {device}, under load)")
 
 # %% [markdown]
 # ## Questions to think about

@@ -71,7 +71,8 @@ from codex_lab.lessons.l04_moe.protocol import (
 from codex_lab.training_state import training_state  # the function (cl.training_state can be the module's name)
 
 cl.seed_everything(0)
-FAST = cl.lesson_header("04")  # prints the mode, why, and this lesson's expected time here
+MODE = cl.lesson_header("04")  # resolves the mode once, prints it, why, and the expected time here
+FAST = MODE.fast  # laptop sizes (fast and standard mode)
 device = cl.get_device()
 print("fast mode:", FAST, "| device:", device, "| threads:", torch.get_num_threads())
 
@@ -227,7 +228,7 @@ assert abs(lb_even - 1.0) < 1e-6 and abs(lb_collapsed - 8.0) < 1e-6
 # `codex-lab grade exercises/04_moe.py`.
 
 # %%
-plan = protocol_plan()  # this mode's sizes (fast: CI's short runs; standard: converged; full: GPU)
+plan = protocol_plan(MODE.name)  # this mode's sizes (fast: CI's short runs; standard: converged; full: GPU)
 print(plan.describe())
 corpus = cl.load_corpus()
 tok, train_tokens, val_tokens = protocol_data(corpus.files, plan)
@@ -315,7 +316,7 @@ for name, v in load.items():
 # the pairs gives its chance level.
 
 # %%
-text = "".join(f.text for f in corpus.val)[: cl.pick(fast=20_000, full=200_000)]
+text = "".join(f.text for f in corpus.val)[: MODE.pick(fast=20_000, full=200_000)]
 ids, cats = token_categories(tok, text)
 model = runs["moe"][0].model
 counts = expert_by_category(model, 0, ids, cats, window=plan.seq_len)  # (C, E)
@@ -429,7 +430,7 @@ for mine, theirs in ((moe_quality, pkg.primary), (keeps_big, pkg.keeps_big), (ca
     assert mine.verdict == theirs.verdict and abs(mine.diff - theirs.diff) < 1e-12 and abs(mine.lo - theirs.lo) < 1e-12
 assert moe_quality.verdict in cl.VERDICTS
 if moe_quality.verdict == cl.UNDER_TRAINED:
-    print(f"{cl.mode_info().mode} mode: an arm has not reached a plateau, so there is no verdict; "
+    print(f"{MODE.name} mode: an arm has not reached a plateau, so there is no verdict; "
           "the interval above measures the step budget")
 
 # %% [markdown]
@@ -498,7 +499,7 @@ print("shipped width:", wide_big.describe())
 # hold both to the reference loop.
 
 # %%
-recs = bench_case(cl.pick(fast=256, full=4096), 8, 2, d_model=256, hidden=512, repeats=cl.pick(fast=3, full=7),
+recs = bench_case(MODE.pick(fast=256, full=4096), 8, 2, d_model=256, hidden=512, repeats=MODE.pick(fast=3, full=7),
                   device=device)
 for rec in recs:
     if rec.get("error"):

@@ -71,11 +71,12 @@ import torch
 import torch.nn.functional as F
 
 import codex_lab as cl
-from codex_lab.data.tasks import encode_tasks
+from codex_lab.data.task_batches import encode_tasks
 from codex_lab.training.finetune import finetune
 
 cl.seed_everything(0)
-FAST = cl.lesson_header("05")  # prints the mode, why, and this lesson's expected time here
+MODE = cl.lesson_header("05")  # resolves the mode once, prints it, why, and the expected time here
+FAST = MODE.fast  # laptop sizes (fast and standard mode)
 T0 = time.perf_counter()
 ckpt = cl.load_pretrained()
 tok = ckpt.tokenizer
@@ -93,9 +94,9 @@ print("fast mode:", FAST)
 
 # %%
 corpus = cl.load_corpus()
-files = cl.task_files(corpus, cl.pick(fast=0.05, full=0.5))
+files = cl.task_files(corpus, MODE.pick(fast=0.05, full=0.5))
 t = time.perf_counter()
-taskset = cl.build_tasks(files, cl.TASKS, max_chars=cl.pick(fast=600, full=1200))
+taskset = cl.build_tasks(files, cl.TASKS, max_chars=MODE.pick(fast=600, full=1200))
 print(f"{len(files)} files -> tasks in {time.perf_counter() - t:.1f} s")
 sizes = taskset.sizes()
 for name, s in sizes.items():
@@ -128,7 +129,7 @@ print("\n".join(difflib.unified_diff(bug.prompt.splitlines(), bug.answer.splitli
 # %%
 TASK3 = ("completion", "bugfix", "testgen")
 K = len(TASK3)
-MAX_LEN = cl.pick(fast=192, full=384)
+MAX_LEN = MODE.pick(fast=192, full=384)
 enc = encode_tasks(tok, taskset.split("train"), TASK3, MAX_LEN)
 n_samples = {t: len(v) for t, v in enc.items()}
 n_valid = {t: sum(len(e.answer_ids) for e in v) for t, v in enc.items()}
@@ -230,8 +231,8 @@ def fresh(seed: int) -> cl.CodexModel:
     return cl.load_pretrained().model
 
 
-val_enc = {t: v[: cl.pick(fast=8, full=32)] for t, v in encode_tasks(tok, taskset.split("val"), TASK3, MAX_LEN).items()}
-LOOP = dict(steps=cl.pick(fast=12, full=36), batch_size=8, lr=3e-3, warmup=4, eval_every=3, seed=0, grad_clip=1.0)
+val_enc = {t: v[: MODE.pick(fast=8, full=32)] for t, v in encode_tasks(tok, taskset.split("val"), TASK3, MAX_LEN).items()}
+LOOP = dict(steps=MODE.pick(fast=12, full=36), batch_size=8, lr=3e-3, warmup=4, eval_every=3, seed=0, grad_clip=1.0)
 
 model = fresh(0)
 gen = cl.seed_everything(LOOP["seed"])  # the batch order's random numbers
@@ -269,7 +270,7 @@ history = torch.stack(history)  # (evals, K)
 # %%
 pkg_model = fresh(0)
 pkg = finetune(pkg_model, tok, taskset, cl.FinetuneConfig(
-    tasks=TASK3, balance="task_token", mix="uniform", max_len=MAX_LEN, val_per_task=cl.pick(fast=8, full=32), weight_decay=0.0,
+    tasks=TASK3, balance="task_token", mix="uniform", max_len=MAX_LEN, val_per_task=MODE.pick(fast=8, full=32), weight_decay=0.0,
     **LOOP), progress=False)
 pkg_history = torch.tensor([[e[f"val_{t}"] for t in TASK3] for e in pkg.evals])
 # same float32 ops in the same order: equal up to summation-order noise (1e-5 over 12 AdamW steps)
@@ -344,7 +345,7 @@ from codex_lab.evals import codebench_run as cr
 for split_, parts in cb2.sizes().items():
     if split_ != "legacy":
         print(f"{split_:<8} programs: train {parts['train']:>5}  val {parts['val']:>3}  held-out test {parts['test']:>4}")
-held = cb2.load_problems("iid", "all", n=cl.pick(fast=4, full=24), seed=0, examples=False)
+held = cb2.load_problems("iid", "all", n=MODE.pick(fast=4, full=24), seed=0, examples=False)
 for fam in cb2.FAMILIES:
     p = next(q for q in held if q.family == fam)
     print(f"=== {p.task_id} ({p.structure})\n--- the model reads\n{p.prompt}\n--- canonical answer\n{p.canonical_solution}")
@@ -412,7 +413,7 @@ for n_, c_, k_ in [(10, 3, 1), (10, 3, 5), (20, 7, 10), (5, 5, 2)]:
 from codex_lab.lessons.l05_multitask import pretrained as pt
 from codex_lab.stats import t_quantile
 
-psetup = pt.setup_for(cl.mode_info().mode)
+psetup = pt.setup_for(MODE.name)
 print(psetup.describe())
 mde = pt.detectable_effect(psetup)
 print(f"smallest detectable pass@1 difference: {mde['absolute']:.3f} ({mde['relative']:.0%} relative at pass@1 "
@@ -483,7 +484,7 @@ from codex_lab.lessons.l05_multitask import experiments as ex
 from codex_lab.stats import holm, judge_trained
 from codex_lab.training_state import states_text
 
-setup = ex.protocol_setup(cl.mode_info().mode, "iid")
+setup = ex.protocol_setup(MODE.name, "iid")
 print("geometry:", setup.describe())
 t = time.perf_counter()
 bench = ex.run_experiment(setup, log=print)
@@ -578,9 +579,9 @@ print(f"primary interval half-width: ±{primary.half_width:.3f}")
 # %%
 from codex_lab.evals import humaneval
 
-problems = humaneval.load_problems(limit=cl.pick(fast=4, full=164))
+problems = humaneval.load_problems(limit=MODE.pick(fast=4, full=164))
 oracle = humaneval.score(humaneval.execute(problems, humaneval.canonical_completions(problems)), ks=(1,))[1]
-completions, _ = humaneval.complete(ckpt.model.eval(), tok, problems, max_new_tokens=cl.pick(fast=96, full=384))
+completions, _ = humaneval.complete(ckpt.model.eval(), tok, problems, max_new_tokens=MODE.pick(fast=96, full=384))
 he_base = humaneval.score(humaneval.execute(problems, completions), ks=(1,))[1]
 print(f"canonical solutions: pass@1 = {oracle:.2f} on {len(problems)} problems (the harness check)")
 print(f"shipped model: pass@1 = {he_base:.2f} on {len(problems)} problems")
@@ -605,7 +606,7 @@ print(f"2. Case 3 vs pooled: on that batch the pooled loss weights the tasks {',
 print(f"3. Convergence weights from a real {len(history)}-point history: {', '.join(f'{t_} {float(v):.3f}' for t_, v in zip(TASK3, w_coba))}.")
 print(f"4. codebench 2 ({setup.split} split): canonical answers {oracle_cb:.2f}, wrong answers passing {n_wrong_pass}; "
       f"{bench.audit_line()}.")
-print(f"5. The claims as stated (one pretrained base, each arm to its plateau, {cl.mode_info().mode} mode): "
+print(f"5. The claims as stated (one pretrained base, each arm to its plateau, {MODE.name} mode): "
       f"+8-15% -> {verdict8} (relative gain {pt.size_position(gain8)}); the small tasks -> {plat.small_claim().verdict}; "
       f"arms: {states_text(plat.states())}.")
 if ref8 is not None:  # the claims' verdicts: the shipped reference run's (every arm at its plateau, extension checked)

@@ -80,7 +80,8 @@ from codex_lab.lessons.l06_inference.draft import draft_meta, kl_to_target, load
 from codex_lab.lessons.l06_inference.spec_scenarios import acceptance, typed_prompts
 
 cl.seed_everything(0)
-FAST = cl.lesson_header("06")  # prints the mode, why, and this lesson's expected time here
+MODE = cl.lesson_header("06")  # resolves the mode once, prints it, why, and the expected time here
+FAST = MODE.fast  # laptop sizes (fast and standard mode)
 torch.set_grad_enabled(False)
 ckpt = cl.load_pretrained("cpu")
 model, tok, cfg = ckpt.model, ckpt.tokenizer, ckpt.config
@@ -99,7 +100,7 @@ from collections import deque  # the scheduler's waiting queue
 
 # %%
 prompt = tok.encode("def parse_args(argv):\n    parser = argparse.ArgumentParser(")
-n_new = cl.pick(fast=16, full=64)
+n_new = MODE.pick(fast=16, full=64)
 ms_by_threads = {}
 for threads in sorted({torch.get_num_threads(), 1}, reverse=True):
     torch.set_num_threads(threads)
@@ -122,7 +123,7 @@ print("using", best, "thread(s)")
 
 # %%
 rows = []
-for T in cl.pick(fast=[16, 64, 256], full=[16, 64, 256, 512]):
+for T in MODE.pick(fast=[16, 64, 256], full=[16, 64, 256, 512]):
     x = torch.randint(0, cfg.vocab_size, (1, T))
     pos = torch.arange(T)[None]
     def prefill():
@@ -135,7 +136,7 @@ for T in cl.pick(fast=[16, 64, 256], full=[16, 64, 256, 512]):
             c.truncate(T)
         return model(x[:, :1], positions=torch.tensor([[T]]), caches=caches_, last_only=True)
     prefill(), decode_one()  # warm-up
-    wall, _ = cl.interleaved_times({"prefill": prefill, "decode": decode_one}, repeats=cl.pick(fast=5, full=11))
+    wall, _ = cl.interleaved_times({"prefill": prefill, "decode": decode_one}, repeats=MODE.pick(fast=5, full=11))
     t_pre, t_dec = float(np.median(wall["prefill"])), float(np.median(wall["decode"]))  # ms
     per_token = cl.timing_ratio(wall["decode"], [w / T for w in wall["prefill"]], a="a decode step", b="a prefill token")
     rows.append((T, t_pre, t_pre / T, t_dec, per_token))
@@ -208,7 +209,7 @@ def greedy_cached(prompt_ids: list[int], n_new: int) -> list[int]:
 # one-token and a multi-token prefill are both tried.
 
 # %%
-n_check = cl.pick(fast=16, full=48)
+n_check = MODE.pick(fast=16, full=48)
 for T in (1, 7, 96):
     p_ids = bench.code_prompts(tok, [T], seed=T)[0]
     plain, _ = cl.generate_ids(model, p_ids, max_new_tokens=n_check)  # no cache
@@ -240,9 +241,9 @@ print(f"same model with 1 KV head (MQA): {cl.kv_bytes_per_token(mqa):,} B/token,
 # in alternating rounds (the range of each is printed).
 
 # %%
-NEW_TOK = cl.pick(fast=16, full=64)
+NEW_TOK = MODE.pick(fast=16, full=64)
 cache_cmps = {}
-for n in cl.pick(fast=[32, 256], full=[32, 256, 768]):
+for n in MODE.pick(fast=[32, 256], full=[32, 256, 768]):
     p_n = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
     impls = {"no_cache": lambda: cl.generate_ids(model, p_n, max_new_tokens=NEW_TOK),
              "dynamic_cache": lambda: cl.generate_ids_cached(model, p_n, max_new_tokens=NEW_TOK, cache="dynamic"),
@@ -338,8 +339,8 @@ def serve(requests: list[tuple[list[int], int]], max_batch: int, max_len: int) -
 # tokens for every request.
 
 # %%
-n_req = cl.pick(fast=12, full=32)
-reqs = bench.mixed_requests(tok, n_req, max_prompt=cl.pick(fast=120, full=200), max_new=cl.pick(fast=40, full=64))
+n_req = MODE.pick(fast=12, full=32)
+reqs = bench.mixed_requests(tok, n_req, max_prompt=MODE.pick(fast=120, full=200), max_new=MODE.pick(fast=40, full=64))
 t = time.perf_counter()
 mine, my_steps = serve(reqs, max_batch=4, max_len=cfg.max_seq_len)
 my_wall = time.perf_counter() - t
@@ -419,7 +420,7 @@ plt.show()
 # TBT between consecutive tokens. The red lines are the article's targets.
 
 # %%
-row, done = bench.bench_streams(model, tok, cl.pick(fast=8, full=32), streams=4, new_tokens=cl.pick(fast=32, full=64))
+row, done = bench.bench_streams(model, tok, MODE.pick(fast=8, full=32), streams=4, new_tokens=MODE.pick(fast=32, full=64))
 row = row[0]
 ttft = [f.ttft * 1000 for f in done]
 tbt = [x * 1000 for f in done for x in f.tbt]
@@ -477,8 +478,8 @@ def speculative_plain(target, draft, prompt_ids: list[int], n_new: int, gamma: i
 # %%
 draft_layers = 2
 draft = cl.truncated_draft(model, draft_layers)
-prompts = bench.code_prompts(tok, [96] * cl.pick(fast=2, full=8), seed=5)
-n_new = cl.pick(fast=24, full=96)
+prompts = bench.code_prompts(tok, [96] * MODE.pick(fast=2, full=8), seed=5)
+n_new = MODE.pick(fast=24, full=96)
 for p_ids in prompts:
     plain, _ = cl.generate_ids(model, p_ids, max_new_tokens=n_new)
     spec, calls = speculative_plain(model, draft, p_ids, n_new, gamma=4)
@@ -522,7 +523,7 @@ V, GAMMA = 6, 3
 p_true = torch.tensor([0.30, 0.25, 0.20, 0.12, 0.08, 0.05])
 q_draft = torch.tensor([0.05, 0.10, 0.15, 0.20, 0.20, 0.30])
 P, Q = p_true.expand(GAMMA + 1, V), q_draft.expand(GAMMA, V)
-N = cl.pick(fast=4000, full=40000)
+N = MODE.pick(fast=4000, full=40000)
 
 
 def chi_square_pvalue(tokens: list[int], probs: torch.Tensor) -> tuple[float, float]:
@@ -612,7 +613,7 @@ plt.show()
 # files; the same tokens are asserted for every draft.
 
 # %%
-typed = typed_prompts(tok, cl.pick(fast=1, full=4), fim_format=ckpt.meta.get("fim_format", "psm"))
+typed = typed_prompts(tok, MODE.pick(fast=1, full=4), fim_format=ckpt.meta.get("fim_format", "psm"))
 acc_by_kind = {}
 for kind, ps in typed.items():
     ref_ids = [cl.generate_ids_cached(model, p_ids, max_new_tokens=n_new)[0] for p_ids in ps]
@@ -666,7 +667,7 @@ steps_fns = {"target": step_fn(model), "draft": step_fn(draft)}
 steps_fns.update({f"verify{g + 1}": step_fn(model, g + 1) for g, _, _ in spec_rows})
 for fn in steps_fns.values():
     fn()  # warm-up
-step_wall, _ = cl.interleaved_times(steps_fns, repeats=cl.pick(fast=9, full=50))
+step_wall, _ = cl.interleaved_times(steps_fns, repeats=MODE.pick(fast=9, full=50))
 # costs in target steps: the median over rounds of (this forward's time / the target step's time in the same round)
 rel_cost = {k: cl.timing_ratio(v, step_wall["target"]).speedup for k, v in step_wall.items()}
 c_draft = rel_cost["draft"]
@@ -716,7 +717,7 @@ plt.show()
 # %%
 from codex_lab.lessons.l06_inference.fast_scenarios import code_edit_prompts
 
-edit_prompts = code_edit_prompts(tok, cl.pick(fast=2, full=6), max_prompt=cfg.max_seq_len - n_new)
+edit_prompts = code_edit_prompts(tok, MODE.pick(fast=2, full=6), max_prompt=cfg.max_seq_len - n_new)
 lookup_rows = {}
 for label, ps in (("code edit", edit_prompts), ("plain continuation", prompts)):
     plain = [cl.generate_ids_cached(model, p_ids, max_new_tokens=n_new)[0] for p_ids in ps]

@@ -81,7 +81,8 @@ import codex_lab as cl
 from codex_lab import SUITE, engine_completer, histogram_attainment, parse_metrics
 
 cl.seed_everything(0)
-FAST = cl.lesson_header("07")  # prints the mode, why, and this lesson's expected time here
+MODE = cl.lesson_header("07")  # resolves the mode once, prints it, why, and the expected time here
+FAST = MODE.fast  # laptop sizes (fast and standard mode)
 # The engine thread, the HTTP event loop and the load clients share this machine's cores:
 # lesson_header set the math threads from codex_lab.runtime.compute_threads(), the one setting
 # every lesson and `codex-lab serve` use (1 on a 2-core machine: there 2 threads made the
@@ -330,7 +331,7 @@ def refresh_dashboard() -> dict:
 
 
 result = {}
-load = threading.Thread(target=lambda: result.update(rep=cl.run_load(bg.url, concurrency=4, requests=cl.pick(fast=16, full=64),
+load = threading.Thread(target=lambda: result.update(rep=cl.run_load(bg.url, concurrency=4, requests=MODE.pick(fast=16, full=64),
                                                                      max_tokens=32, duration_s=60)))
 load.start()
 while load.is_alive():
@@ -344,7 +345,7 @@ print(json.dumps({k: s4[k] for k in ("requests_ok", "errors", "ttft_p50_ms", "tt
                                      "tokens_per_s")}, indent=1))
 print(f"seed targets at p95 with 4 streams (under load): TTFT {s4['ttft_p95_ms']:.0f} ms (< 100: {s4['ttft_p95_ms'] < 100}), "
       f"TBT {s4['tbt_p95_ms']:.1f} ms (< 20: {s4['tbt_p95_ms'] < 20})")
-assert s4["errors"] == 0 and s4["requests_ok"] == cl.pick(fast=16, full=64)
+assert s4["errors"] == 0 and s4["requests_ok"] == MODE.pick(fast=16, full=64)
 
 # %%
 m = parse_metrics(httpx.get(bg.url + "/metrics").text)
@@ -363,7 +364,7 @@ plt.tight_layout(); plt.show()
 # the engine); nothing may leak. Bad input must get an OpenAI-shaped 4xx, never a crash.
 
 # %%
-stress_s = cl.pick(fast=4.0, full=60.0)
+stress_s = MODE.pick(fast=4.0, full=60.0)
 t0 = time.perf_counter()
 rep64 = cl.run_load(bg.url, concurrency=64, requests=100_000, duration_s=stress_s, max_tokens=24, disconnect_prob=0.5, seed=1)
 s64 = rep64.summary()
@@ -519,12 +520,12 @@ def canary_action(canary: dict, primary: dict, policy) -> str:
 # decides every 0.2 s; every one of its decisions must equal ours on the same counters.
 
 # %%
-policy = cl.CanaryPolicy(share=0.3, min_requests=cl.pick(fast=5, full=20), promote_after=cl.pick(fast=10, full=60))
+policy = cl.CanaryPolicy(share=0.3, min_requests=MODE.pick(fast=5, full=20), promote_after=MODE.pick(fast=10, full=60))
 start_counts = {v: pkg.metrics.version_counts(v) for v in ("v0001",)}
 canary = cl.CanaryController(pkg, policy, registry=reg)
 canary.start("v0003-slow", reg.load(v3).model, step_delay_s=0.1)
 canary.watch(interval_s=0.2, timeout_s=120)
-rep_c = cl.run_load(bg.url, concurrency=4, requests=cl.pick(fast=24, full=120), max_tokens=16, duration_s=120)
+rep_c = cl.run_load(bg.url, concurrency=4, requests=MODE.pick(fast=24, full=120), max_tokens=16, duration_s=120)
 d = canary.join(120)
 print(d.action, d.reasons)
 print("canary window:", {k: round(v, 3) for k, v in d.canary.items() if k in ("n", "ttft_attainment", "tbt_attainment", "error_rate")})
@@ -549,7 +550,7 @@ assert prim_window["n"] >= d.primary["n"]  # the controller's last look came bef
 canary2 = cl.CanaryController(pkg, policy, registry=reg)
 canary2.start(v3, reg.load(v3).model)
 canary2.watch(interval_s=0.2, timeout_s=120)
-rep_p = cl.run_load(bg.url, concurrency=4, requests=cl.pick(fast=40, full=200), max_tokens=16, duration_s=120)
+rep_p = cl.run_load(bg.url, concurrency=4, requests=MODE.pick(fast=40, full=200), max_tokens=16, duration_s=120)
 d2 = canary2.join(120)
 ours_healthy = [canary_action(x.canary, x.primary, policy) for x in canary2.decisions]
 print(d2.action, d2.reasons, "| serving now:", pkg.primary, "| registry current:", reg.current())

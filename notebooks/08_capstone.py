@@ -27,7 +27,7 @@
 # **You will build:**
 #
 # - the speed ablation: the shipped model converted with one optimisation at a time, then
-#   all of them (`my_ablation_configs`, held equal to `cap.ablation_configs`), timed in
+#   all of them (`my_ablation_configs`, held equal to `ablation_configs`), timed in
 #   interleaved rounds;
 # - the quality cost of one design: paired per-seed differences and the non-inferiority
 #   rule, held equal to the package's `tr.trade_costs`.
@@ -79,14 +79,20 @@ import torch
 
 import codex_lab as cl
 from codex_lab.lessons.l08_capstone import pipeline as cap
+from codex_lab.lessons.l08_capstone.architecture import ablation_configs, capstone_config, describe, max_logit_gap
+from codex_lab.lessons.l08_capstone.claims import VERDICTS, capstone_claims
+from codex_lab.lessons.l08_capstone.release import canary_release
+from codex_lab.lessons.l08_capstone.results import StageLog, summary_table
+from codex_lab.nn.surgery import convert
 from codex_lab.nn.patterns import parse_pattern
 from codex_lab.nn.sparse import tiles_computed
 
 cl.seed_everything(0)
-FAST = cl.lesson_header("08")  # prints the mode, why, and this lesson's expected time here
+MODE = cl.lesson_header("08")  # resolves the mode once, prints it, why, and the expected time here
+FAST = MODE.fast  # laptop sizes (fast and standard mode)
 T_START = time.perf_counter()
 device = cl.get_device()
-sizes = cap.default_sizes()
+sizes = cap.default_sizes(MODE.name)
 print("fast mode:", FAST, "| device:", device, "| torch threads:", torch.get_num_threads())
 print(sizes)
 
@@ -105,11 +111,11 @@ print(sizes)
 # %%
 ckpt = cl.load_pretrained(device=device)
 tok, base = ckpt.tokenizer, ckpt.model.eval()
-cand_cfg = cap.capstone_config(base.cfg)
-log = cap.StageLog()
+cand_cfg = capstone_config(base.cfg)
+log = StageLog()
 models = cap.build_models(base, cand_cfg, log=log)
 for name, m in models.items():
-    d = cap.describe(m, seq_len=base.cfg.max_seq_len)
+    d = describe(m, seq_len=base.cfg.max_seq_len)
     print(f"{name:>9}: layers {d['layers']}")
     print(f"{'':>9}  params {d['params']:,}, active per token {d['active_params']:,}, K/V heads {d['n_kv_head']}, "
           f"KV bytes/token (fp32) {d['kv_bytes_per_token']:,}, mean attention density at N={base.cfg.max_seq_len}: "
@@ -145,11 +151,11 @@ assert dens[4096] < dens[1024] < dens[256] <= 1.0
 
 # %%
 idx = torch.randint(0, tok.vocab_size, (2, 60), generator=torch.Generator().manual_seed(0)).to(device)  # (B, T)
-only_moe = cap.convert(base, cap.capstone_config(base.cfg, dense_layers=4, n_kv_head=4, moe_layers=[2, 3]))
-only_sparse = cap.convert(base, cap.capstone_config(base.cfg, n_kv_head=4, moe_layers=[]))
-gaps = {"upcycled MoE only": cap.max_logit_gap(base, only_moe, idx),
-        "sparse layers only (T=60 < window)": cap.max_logit_gap(base, only_sparse, idx),
-        "all three": cap.max_logit_gap(base, cand, idx)}
+only_moe = convert(base, capstone_config(base.cfg, dense_layers=4, n_kv_head=4, moe_layers=[2, 3]))
+only_sparse = convert(base, capstone_config(base.cfg, n_kv_head=4, moe_layers=[]))
+gaps = {"upcycled MoE only": max_logit_gap(base, only_moe, idx),
+        "sparse layers only (T=60 < window)": max_logit_gap(base, only_sparse, idx),
+        "all three": max_logit_gap(base, cand, idx)}
 for k, v in gaps.items():
     print(f"max |logit difference| vs the shipped model, {k}: {v:.2e}")
 # fp32 logits are O(10); different summation order (grouped expert matmuls) moves them by ~1e-6
@@ -223,7 +229,7 @@ assert passed == (not reasons)
 # Where does the latency go? You write the ablation the capstone's claims rest on: the
 # shipped model converted with **one optimisation at a time** (speed does not depend on the
 # trained values, so untrained conversions are timed), then all of them. First the configs,
-# held equal to the package's `cap.ablation_configs`:
+# held equal to the package's `ablation_configs`:
 
 # %%
 def my_ablation_configs(base_cfg, cand_cfg):
@@ -234,20 +240,20 @@ def my_ablation_configs(base_cfg, cand_cfg):
     common = dict(sparse=sparse, n_experts=cand_cfg.n_experts, top_k=cand_cfg.moe_top_k, attn_impl=cand_cfg.attn_impl)
     return {
         "plain": base_cfg,
-        f"GQA (n_kv_head={cand_cfg.n_kv_head})": cap.capstone_config(base_cfg, dense_layers=n, n_kv_head=cand_cfg.n_kv_head,
+        f"GQA (n_kv_head={cand_cfg.n_kv_head})": capstone_config(base_cfg, dense_layers=n, n_kv_head=cand_cfg.n_kv_head,
                                                                      moe_layers=[], **common),
-        f"sparse layers {dense}..{n - 1}": cap.capstone_config(base_cfg, dense_layers=dense, n_kv_head=base_cfg.n_kv_head,
+        f"sparse layers {dense}..{n - 1}": capstone_config(base_cfg, dense_layers=dense, n_kv_head=base_cfg.n_kv_head,
                                                                 moe_layers=[], **common),
-        f"MoE layers {cand_cfg.moe_layers}": cap.capstone_config(base_cfg, dense_layers=n, n_kv_head=base_cfg.n_kv_head,
+        f"MoE layers {cand_cfg.moe_layers}": capstone_config(base_cfg, dense_layers=n, n_kv_head=base_cfg.n_kv_head,
                                                                  moe_layers=cand_cfg.moe_layers, **common),
         "all": cand_cfg,
     }
 
 
 variants = my_ablation_configs(base.cfg, cand_cfg)
-theirs = cap.ablation_configs(base.cfg, cand_cfg)
+theirs = ablation_configs(base.cfg, cand_cfg)
 assert list(variants) == list(theirs) and all(variants[k].to_dict() == theirs[k].to_dict() for k in variants)
-print("my_ablation_configs == cap.ablation_configs:", list(variants))
+print("my_ablation_configs == ablation_configs:", list(variants))
 
 # %% [markdown]
 # Then the timing. One decode step of a small model takes milliseconds, and the machine may
@@ -270,8 +276,8 @@ def decode_ms_per_step(m, prompt, n_steps):
     return (time.perf_counter() - t0) * 1000 / n_steps
 
 
-conv = {name: (base if cfg is base.cfg else cap.convert(base, cfg)).eval() for name, cfg in variants.items()}
-N_STEPS, ROUNDS = cl.pick(fast=8, full=32), cl.pick(fast=3, full=7)
+conv = {name: (base if cfg is base.cfg else convert(base, cfg)).eval() for name, cfg in variants.items()}
+N_STEPS, ROUNDS = MODE.pick(fast=8, full=32), MODE.pick(fast=3, full=7)
 abl = []
 with torch.no_grad():
     for b in (1, 8):
@@ -303,7 +309,7 @@ for j, b in enumerate((1, 8)):
 ax.set_xticks([i + 0.2 for i in range(len(names))], names, fontsize=8)
 ax.axhline(1, color="k", lw=0.8); ax.set_ylabel("decode speed vs plain\n(median, round range)"); ax.legend()
 plt.show()
-assert all(r["tokens_per_s"] > 0 for r in abl) and {r["variant"] for r in abl} == set(cap.ablation_configs(base.cfg, cand_cfg))
+assert all(r["tokens_per_s"] > 0 for r in abl) and {r["variant"] for r in abl} == set(ablation_configs(base.cfg, cand_cfg))
 moe_name = next(k for k in variants if k.startswith("MoE"))
 moe_rows = {r["batch"]: r["cmp"] for r in abl if r["variant"] == moe_name}
 for b, c in moe_rows.items():
@@ -322,11 +328,11 @@ for b, c in moe_rows.items():
 # offline gates; the registry keeps the refusal either way.
 
 # %%
-rollout = cap.canary_release(models["baseline"].cpu(), models["candidate"].cpu(), tok,
+rollout = canary_release(models["baseline"].cpu(), models["candidate"].cpu(), tok,
                              tempfile.mkdtemp(prefix="codex-lab-capstone-"),
                              gates={"passed": passed, "reasons": reasons, **reports["candidate"].scores()},
-                             requests=cl.pick(fast=40, full=200), promote_after=cl.pick(fast=10, full=60),
-                             min_requests=cl.pick(fast=5, full=20), serve_refused=not passed)
+                             requests=MODE.pick(fast=40, full=200), promote_after=MODE.pick(fast=10, full=60),
+                             min_requests=MODE.pick(fast=5, full=20), serve_refused=not passed)
 load = rollout["load"]
 print("canary decision:", rollout["action"], rollout["reasons"])
 for side in ("canary", "primary"):
@@ -351,13 +357,13 @@ print("offline gates and live canary agree:", passed == (rollout["action"] == "p
 # the claims read decode speed per design kind: (median, lo, hi) of the per-round speed-ups, at batch 8
 speed8 = {r["kind"]: {"decode_vs_plain": (r["vs_plain_median"], r["vs_plain_lo"], r["vs_plain_hi"]), "decode_batch": 8}
           for r in abl if r["batch"] == 8}
-claims = cap.capstone_claims(models=models, log=log, reports=reports, passed=passed, reasons=reasons,
+claims = capstone_claims(models=models, log=log, reports=reports, passed=passed, reasons=reasons,
                              speed=speed8, rollout=rollout)
 w = max(len(c["claim"]) for c in claims)
 for c in claims:
     print(f"{c['claim']:<{w}} | {c['verdict']:<28} | {c['measured']}")
 # five rows, each on the candidate; the multi-task claim is lesson 05's (one pretrained model, each arm to its plateau)
-assert len(claims) == 5 and all(c["verdict"] in cap.VERDICTS for c in claims)
+assert len(claims) == 5 and all(c["verdict"] in VERDICTS for c in claims)
 
 # %% [markdown]
 # ## 8. The project's scorecard, applied to this candidate
@@ -372,9 +378,9 @@ assert len(claims) == 5 and all(c["verdict"] in cap.VERDICTS for c in claims)
 # %%
 from codex_lab.lessons.l08_capstone import scorecard as sc
 
-MODE = "fast" if FAST else "full"
+CARD_MODE = "full" if MODE.name == "full" else "fast"  # the scorecard's margins: laptop (fast, standard) or full sizes
 tps8 = {r["variant"]: r["tokens_per_s"] for r in abl if r["batch"] == 8}
-card_input = {"mode": MODE, "speed_ratio": tps8["all"] / tps8["plain"]}
+card_input = {"mode": CARD_MODE, "speed_ratio": tps8["all"] / tps8["plain"]}
 for name, bench_name in (("baseline", "plain"), ("candidate", "all")):
     card_input[name] = {"kv_bytes_per_token": log.rows[name]["kv_bytes_per_token"],
                         "val_loss": log.rows[name]["val_loss_pretrained"],  # after the same brief pre-training
@@ -384,8 +390,8 @@ card_input["states"] = sc.quality_states({name: [log.curves[name]] for name in (
 for st in card_input["states"].values():
     print(st.describe())
 card = sc.score(card_input)
-print(sc.format_scorecard(card, MODE))
-assert sum(r.max_points for r in card) == sum(c.points for c in sc.criteria(MODE))
+print(sc.format_scorecard(card, CARD_MODE))
+assert sum(r.max_points for r in card) == sum(c.points for c in sc.criteria(CARD_MODE))
 unscored = [r.key for r in card if not r.scored]
 assert (unscored == list(sc.QUALITY_CRITERIA)) == (not all(st.trained for st in card_input["states"].values()))
 
@@ -415,7 +421,7 @@ from codex_lab.lessons.l08_capstone import trade as tr
 from codex_lab.lessons.l08_capstone import trade_speed as tsp
 from codex_lab.lessons.l08_capstone import trade_table as tt
 
-tsizes = tr.trade_sizes(cl.mode_info().mode)  # fast, standard or full: the mode this notebook runs in
+tsizes = tr.trade_sizes(MODE.name)  # fast, standard or full: the mode this notebook runs in
 print(tsizes.describe())
 trade = tr.run_trade(corpus, tsizes)
 fig = tt.plot_trade(trade)
@@ -494,7 +500,7 @@ if not all(st.trained for st in tstates.values()):
 # The two models side by side, every number measured above, then the verdicts in words.
 
 # %%
-print(cap.summary_table(log))
+print(summary_table(log))
 print({k: round(v, 1) for k, v in log.times.items()}, f"| notebook {time.perf_counter() - T_START:.0f} s (under load)")
 b, c = log.rows["baseline"], log.rows["candidate"]
 print(f"- Conversion: upcycled MoE alone changed the logits by {gaps['upcycled MoE only']:.1e} (exact), all three conversions "

@@ -28,7 +28,7 @@ TIMINGS = Path(__file__).resolve().parents[1] / "codex_lab" / "assets" / "timing
 
 def plans() -> dict[str, dict[str, Any]]:
     """Per section: the model config of its full mode, the batch shape, and the training steps of its plan."""
-    from codex_lab.lessons.l02_sparse_attention import experiments as l02
+    from codex_lab.lessons.l02_sparse_attention.geometry import arms_for, config_for
     from codex_lab.lessons.l03_gqa.experiments import PROTOCOL_SIZES
     from codex_lab.lessons.l04_moe import protocol as l04
     from codex_lab.lessons.l05_multitask import experiments as l05
@@ -36,8 +36,8 @@ def plans() -> dict[str, dict[str, Any]]:
     from codex_lab.nn.config import ModelConfig
 
     out: dict[str, dict[str, Any]] = {}
-    c2 = l02.config_for("full")
-    arms2 = l02.arms_for("full")
+    c2 = config_for("full")
+    arms2 = arms_for("full")
     out["02"] = {"config": ModelConfig(vocab_size=512, d_model=c2.d_model, n_layer=c2.n_layer, n_head=c2.n_head,
                                        ffn_hidden=c2.ffn_hidden, max_seq_len=c2.task.seq_len),
                  "batch": (c2.batch, c2.task.seq_len),

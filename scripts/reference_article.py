@@ -250,8 +250,9 @@ def config_02() -> Any:
 
 def section_02(run: ResumableRun, corpus: Any, cfg: Any) -> dict[str, Any]:
     from codex_lab.lessons.l02_sparse_attention import experiments as lr
+    from codex_lab.lessons.l02_sparse_attention.geometry import arms_for, densities
 
-    arms = lr.arms_for("standard", cfg.n_layer, cfg)
+    arms = arms_for("standard", cfg.n_layer, cfg)
     units = [(list(p), cfg, seed) for seed in cfg.seeds for p in arms.values()]
     labels = [(name, seed) for seed in cfg.seeds for name in arms]
     res = run_resumable(run, lr.train_recall, units, [f"arm {n}, seed {s}" for n, s in labels], {})
@@ -259,7 +260,7 @@ def section_02(run: ResumableRun, corpus: Any, cfg: Any) -> dict[str, Any]:
     for (name, _), r in zip(labels, res):
         results[name].append(r)
     v = lr.judge(results, cfg)
-    dens = lr.densities(cfg.specs, cfg.task.seq_len)
+    dens = densities(cfg.specs, cfg.task.seq_len)
     dists = list(results["dense"][0].accuracy)
     table = ["| arm | " + " | ".join(dists) + " | far mean |", "|---" * (len(dists) + 2) + "|"]
     for k, rs in results.items():

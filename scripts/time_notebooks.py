@@ -56,7 +56,7 @@ def main() -> None:
                     help="record a report folder's timings.json (section seconds) instead of timing notebooks")
     args = ap.parse_args()
 
-    from codex_lab.runtime import calibrate_ms, mode_info
+    from codex_lab.runtime import calibrate_ms, resolve_mode
 
     if args.record_report:
         rep = json.loads(Path(args.record_report).read_text())
@@ -73,8 +73,8 @@ def main() -> None:
 
     paths = [Path(p) for p in args.notebooks] or sorted(Path("notebooks").glob("*.ipynb"))
     os.environ.setdefault("MPLBACKEND", "Agg")
-    info = mode_info()
-    print(f"{info.mode} mode ({info.reason})", flush=True)
+    info = resolve_mode()  # the kernels resolve the same mode from the same environment
+    print(f"{info.name} mode ({info.reason})", flush=True)
     times: dict[str, float] = {}
     for p in paths:
         nb = nbformat.read(p, as_version=4)
@@ -85,7 +85,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(times, indent=2) + "\n")
     if args.record:
-        record("lesson", info.mode, info.device, {name[:2]: s for name, s in times.items()},
+        record("lesson", info.name, info.device, {name[:2]: s for name, s in times.items()},
                f"measured with scripts/time_notebooks.py ({time.strftime('%Y-%m-%d')})", calibrate_ms())
 
 

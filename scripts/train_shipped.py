@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from codex_lab.runtime import set_mode
 from codex_lab.training.checkpoint import pretrained_path
 from codex_lab.training.pretrain import preset_config, train
 
@@ -40,12 +39,11 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    set_mode("full", "the shipped recipe has its real size on any device")  # a CPU would pick fast mode
     out = Path(args.out)
     init = out / "init"
     if not args.resume and not init.exists():
         shutil.copytree(Path(args.init_from) if args.init_from else pretrained_path(), init)
-    tc = preset_config("tiny", out=str(out), init_from=str(init), **{**RECIPE, "steps": args.steps})
+    tc = preset_config("tiny", mode="full", out=str(out), init_from=str(init), **{**RECIPE, "steps": args.steps})
     r = train(tc, resume=args.resume, progress=True)
     print(f"checkpoint: {r.out}  validation loss {r.val_loss:.4f} nats/token at seq_len {tc.seq_len}  "
           f"time {r.train_time_s:.0f} s")

@@ -8,6 +8,9 @@ import os
 os.environ.setdefault("CODEX_LAB_FAST", "1")
 os.environ.setdefault("CODEX_LAB_MODE", "fast")  # stronger than CODEX_LAB_FAST (codex_lab.runtime)
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Seeds and arms in this process (codex_lab.parallel): pytest's own workers already hold the cores, and a
+# pool's start-up costs more than tiny fast-mode units save; tests of the pool pass jobs= themselves.
+os.environ.setdefault("CODEX_LAB_JOBS", "1")
 # Two xdist workers (plus the notebook kernels they start) share 2 cores: one math thread
 # per process avoids oversubscription, where OpenMP threads spin waiting for each other.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

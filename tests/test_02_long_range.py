@@ -10,10 +10,11 @@ import torch
 
 from codex_lab.data.longrange import RecallTask, candidates, make_recall_batch
 from codex_lab.lessons.l02_sparse_attention import experiments as lr
+from codex_lab.lessons.l02_sparse_attention.geometry import MOBA, RecallConfig, SCHEDULES, arms_for, config_for, densities, fast_config, full_config, moba_spec_for, standard_config
 from codex_lab.stats import HOLDS, UNDER_TRAINED
 
 TINY_TASK = RecallTask(seq_len=64, n_keys=3, distances=(10, 40), per_distance=1, layout="scattered")
-TINY = lr.RecallConfig(task=TINY_TASK, n_layer=2, d_model=32, ffn_hidden=32, batch=2, steps=4, eval_every=1, eval_sequences=4,
+TINY = RecallConfig(task=TINY_TASK, n_layer=2, d_model=32, ffn_hidden=32, batch=2, steps=4, eval_every=1, eval_sequences=4,
                        seeds=(0, 1), tuning_seeds=(), corpus_files=10)
 
 
@@ -38,24 +39,24 @@ def test_query_logits_equal_the_models_logits(data):
 
 @pytest.mark.parametrize("mode", ["fast", "standard", "full"])
 def test_arms_are_matched_in_density(mode):
-    cfg = lr.config_for(mode)
+    cfg = config_for(mode)
     n = cfg.task.seq_len
-    arms = lr.arms_for(mode)
+    arms = arms_for(mode)
     # every arm has one spec per layer of its mode's model (full mode: 4 layers, not the standard 3)
     assert all(len(p) == cfg.n_layer for p in arms.values()), {k: len(p) for k, p in arms.items()}
-    specs = {k: p[0] for k, p in arms.items() if k not in lr.SCHEDULES and k != "dense"}
-    d = lr.densities(specs, n)
+    specs = {k: p[0] for k, p in arms.items() if k not in SCHEDULES and k != "dense"}
+    d = densities(specs, n)
     # every sparse arm within 10% of the window + stride arm's density at the training length
     assert all(abs(v / d["window+stride"] - 1) < 0.1 for v in d.values()), d
     if mode == "full":  # the article's window and stride, at its lengths
         assert specs["window+stride"] == "window:128+strided:32" and n == 1024
     else:  # MoBA (full mode): the MoBA spec closest to that density (8-token blocks, one selected: 0.295 at N = 128)
-        assert lr.moba_spec_for(d["window+stride"], n) == lr.MOBA
+        assert moba_spec_for(d["window+stride"], n) == MOBA
 
 
 @pytest.mark.parametrize("mode", ["standard", "full"])
 def test_far_distances_lie_beyond_the_window_reach_and_near_ones_inside(mode):
-    cfg = lr.config_for(mode)
+    cfg = config_for(mode)
     assert cfg.reach == cfg.n_layer * (cfg.wide_window - 1)
     far = [d for d in cfg.task.distances if d > cfg.reach]
     near = [d for d in cfg.task.distances if d <= cfg.reach]
@@ -77,7 +78,7 @@ def test_global_tokens_do_not_sit_where_the_bindings_are(data):
     """The window+global arm's global tokens (every ``stride``-th position) are fixed; the bindings
     are scattered: their value tokens fall on every residue mod the stride, about equally often."""
     vocab, _, lines, _ = data
-    cfg = lr.standard_config()
+    cfg = standard_config()
     s = cfg.stride
     b = make_recall_batch(lines, vocab, cfg.task, 400, torch.Generator().manual_seed(0))
     counts = torch.bincount(b.source_pos.flatten() % s, minlength=s).float()
@@ -119,7 +120,7 @@ def _fake(acc_near: float, acc_far: float, rising: bool, seed: int, salt: int = 
 
 
 def test_judge_gives_verdicts_only_on_trained_arms():
-    cfg = lr.standard_config()
+    cfg = standard_config()
     plateau = {"dense": (0.97, 0.91), "window": (0.95, 0.13), "window+stride": (0.97, 0.9), "window+global": (0.96, 0.85),
                "dense early, sparse deep": (0.95, 0.14), "sparse early, dense deep": (0.96, 0.92)}
     res = {k: [_fake(a, b, False, s, i) for s in range(5)] for i, (k, (a, b)) in enumerate(plateau.items())}
@@ -140,11 +141,11 @@ def test_judge_gives_verdicts_only_on_trained_arms():
 def test_verdict_seeds_are_not_the_tuning_seeds():
     """Pre-registration: the sizes were tuned on seeds 0-2, the verdicts are judged on others, the
     report says which; a config judging on a tuning seed is refused."""
-    for cfg in (lr.standard_config(), lr.fast_config(), lr.full_config()):
+    for cfg in (standard_config(), fast_config(), full_config()):
         assert not set(cfg.seeds) & set(cfg.tuning_seeds)
-    assert "tuned on seeds 0, 1, 2" in lr.standard_config().preregistration
+    assert "tuned on seeds 0, 1, 2" in standard_config().preregistration
     with pytest.raises(ValueError, match="tuning seeds"):
-        lr.RecallConfig(seeds=(1, 5, 6))
+        RecallConfig(seeds=(1, 5, 6))
 
 
 def test_far_links_claim_flips_with_its_counterfactuals():
@@ -165,7 +166,7 @@ def test_far_links_claim_flips_with_its_counterfactuals():
 def test_a_dense_arm_far_below_the_ceiling_did_not_learn():
     """The dense arm ending at 0.44 where window+stride reaches 0.93 on the same task is a failed
     optimisation, not a plateau: no verdict on the far-links claim."""
-    cfg = lr.standard_config()
+    cfg = standard_config()
     res = {"dense": [_fake(0.5, 0.38, False, s, 0) for s in range(3)],
            "window": [_fake(0.95, 0.13, False, s, 1) for s in range(3)],
            "window+stride": [_fake(0.97, 0.9, False, s, 2) for s in range(3)],
@@ -254,7 +255,7 @@ def test_lesson_02_words_its_conclusions_from_computed_values():
 def test_a_curve_flat_at_chance_is_not_a_trained_arm():
     """A run too short to start learning has a flat curve at chance: the slope rule alone would
     call it a plateau; with the task's chance (1 / pool size) the rule says it did not learn."""
-    cfg = lr.standard_config()
+    cfg = standard_config()
     assert lr.chance_of(cfg) == pytest.approx(1 / 8)
     flat = {"window": [_fake(0.13, 0.12, False, s, 0) for s in range(3)],
             "window+stride": [_fake(0.97, 0.9, False, s, 1) for s in range(3)]}
@@ -269,10 +270,10 @@ def test_modes_run_the_primary_arms_and_the_ceiling():
     """Fast and standard: the five arms of the two primary comparisons (dense is the arm window +
     stride is held against); full adds the secondaries (window + global, MoBA where the package
     has it). 3 layers each."""
-    fast, std, full = lr.arms_for("fast"), lr.arms_for("standard"), lr.arms_for("full")
-    assert set(fast) == {"dense", "window", "window+stride", *lr.SCHEDULES}
+    fast, std, full = arms_for("fast"), arms_for("standard"), arms_for("full")
+    assert set(fast) == {"dense", "window", "window+stride", *SCHEDULES}
     assert set(std) == set(fast) and set(full) >= set(std) | {"window+global"}
-    assert all(len(p) == lr.standard_config().n_layer for p in std.values())
+    assert all(len(p) == standard_config().n_layer for p in std.values())
     # the schedules hold one dense layer each, first or last
     assert std["dense early, sparse deep"][0] == "dense" and std["sparse early, dense deep"][-1] == "dense"
     assert std["dense early, sparse deep"].count("dense") == std["sparse early, dense deep"].count("dense") == 1

@@ -9,6 +9,10 @@ import pytest
 import torch
 
 from codex_lab.lessons.l08_capstone import pipeline as cap
+from codex_lab.lessons.l08_capstone.architecture import DEFAULT_SPARSE, ablation_configs, capstone_config, describe, max_logit_gap
+from codex_lab.lessons.l08_capstone.claims import VERDICTS, capstone_claims
+from codex_lab.lessons.l08_capstone.release import canary_release
+from codex_lab.lessons.l08_capstone.results import StageLog, summary_table
 from codex_lab.nn import accounting, surgery
 from codex_lab.nn.config import ModelConfig
 from codex_lab.serve.gates import gate_decision
@@ -26,24 +30,24 @@ def plain(vocab: int = 128, n_layer: int = 4, max_seq_len: int = 128) -> CodexMo
 
 def small_cand_cfg(base: ModelConfig, **kw) -> ModelConfig:
     # a 16-token window + every 2nd 16-token block: sparse already at the test lengths
-    return cap.capstone_config(base, sparse="window:16+blockstride:16:2", n_experts=4, top_k=2, **kw)
+    return capstone_config(base, sparse="window:16+blockstride:16:2", n_experts=4, top_k=2, **kw)
 
 
 def test_capstone_config_composes_every_optimisation():
     base = plain().cfg
-    c = cap.capstone_config(base)
-    assert c.attn_patterns == ["dense", "dense", cap.DEFAULT_SPARSE, cap.DEFAULT_SPARSE]
+    c = capstone_config(base)
+    assert c.attn_patterns == ["dense", "dense", DEFAULT_SPARSE, DEFAULT_SPARSE]
     assert c.n_kv_head == 2 and c.group_size == 2
     assert c.moe_layers == [2, 3] and c.n_experts == 8 and c.moe_top_k == 2 and c.attn_impl == "blocks"
     assert base.attn_patterns is None and base.moe_layers == []  # the base config is not modified
-    c1 = cap.capstone_config(base, dense_layers=1, n_kv_head=1, moe_layers=[3])
+    c1 = capstone_config(base, dense_layers=1, n_kv_head=1, moe_layers=[3])
     assert c1.attn_patterns[0] == "dense" and c1.attn_patterns[1] != "dense" and c1.n_kv_head == 1 and c1.moe_layers == [3]
     with pytest.raises(ValueError, match="dense pattern"):
-        cap.capstone_config(base, sparse="dense")
+        capstone_config(base, sparse="dense")
     with pytest.raises(ValueError, match="dense_layers"):
-        cap.capstone_config(base, dense_layers=5)
+        capstone_config(base, dense_layers=5)
     with pytest.raises(ValueError, match="n_kv_head"):
-        cap.capstone_config(base, n_kv_head=3)
+        capstone_config(base, n_kv_head=3)
 
 
 def test_conversion_oracles():
@@ -52,15 +56,15 @@ def test_conversion_oracles():
     # upcycled experts are copies of the dense FFN: the layer computes the same function
     only_moe = surgery.convert(base, small_cand_cfg(base.cfg, dense_layers=4, n_kv_head=4))
     # fp32 logits O(1); grouped expert matmuls sum in another order (~1e-6 differences)
-    assert cap.max_logit_gap(base, only_moe, idx) < 1e-5
+    assert max_logit_gap(base, only_moe, idx) < 1e-5
     # nothing switched on: the same model
     same = surgery.convert(base, small_cand_cfg(base.cfg, dense_layers=4, n_kv_head=4, moe_layers=[]))
-    assert cap.max_logit_gap(base, same, idx) < 1e-5
+    assert max_logit_gap(base, same, idx) < 1e-5
     # the sparse pattern (window 16 < 40 tokens) and mean-pooled K/V heads change the function
     rng = torch.get_rng_state()
     full = surgery.convert(base, small_cand_cfg(base.cfg))
     assert torch.equal(rng, torch.get_rng_state())  # seeded router init, caller's RNG untouched
-    assert cap.max_logit_gap(base, full, idx) > 1e-3
+    assert max_logit_gap(base, full, idx) > 1e-3
     for i in full.cfg.moe_layers:
         ffn = full.layers[i].ffn
         assert isinstance(ffn, MoEFeedForward)
@@ -90,8 +94,8 @@ def test_active_params_counts_only_routed_experts():
     assert accounting.active_params(full) == full.num_params() - skipped
     assert c["total"] - c["active"] == (full.cfg.n_experts - full.cfg.moe_top_k) * c["expert"]
     assert accounting.active_params(base) == base.num_params()
-    d = cap.describe(full, seq_len=128)
-    assert d["kv_bytes_per_token"] * 2 == cap.describe(base, seq_len=128)["kv_bytes_per_token"]  # 2 of 4 K/V heads
+    d = describe(full, seq_len=128)
+    assert d["kv_bytes_per_token"] * 2 == describe(base, seq_len=128)["kv_bytes_per_token"]  # 2 of 4 K/V heads
     assert d["attn_density@128"] < 1.0 and accounting.attention_density(base.cfg, 128) == 1.0
 
 
@@ -110,7 +114,7 @@ def test_candidate_trains_through_sparse_gqa_and_moe_layers():
 
 def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer, small_corpus):
     base = plain(vocab=small_tokenizer.vocab_size, max_seq_len=256)
-    log = cap.StageLog()
+    log = StageLog()
     models = cap.build_models(base, small_cand_cfg(base.cfg), log=log)
     ft = FinetuneConfig(tasks=("completion", "bugfix"), steps=2, batch_size=2, max_len=160, eval_every=1, val_per_task=2,
                         lr=1e-4, warmup=1)
@@ -132,10 +136,10 @@ def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer,
     # the seed claims of the run: verdicts follow the numbers
     abl = {k: {"decode_vs_plain": (t / 100.0, t / 100.0 - 0.05, t / 100.0 + 0.05), "decode_batch": 8}
            for k, t in (("plain", 100.0), ("moe", 50.0), ("all", 80.0))}
-    claims = {c["claim"].removeprefix("On the capstone candidate: ").split(",")[0].split(" cuts")[0]: c for c in cap.capstone_claims(
+    claims = {c["claim"].removeprefix("On the capstone candidate: ").split(",")[0].split(" cuts")[0]: c for c in capstone_claims(
         models=models, log=log, reports=reports, passed=passed, reasons=reasons, speed=abl, kv_tokens=64)}
     # five rows: the multi-task claim is lesson 05's (no capstone row); every row names the candidate
-    assert len(claims) == 5 and all(c["verdict"] in cap.VERDICTS for c in claims.values())
+    assert len(claims) == 5 and all(c["verdict"] in VERDICTS for c in claims.values())
     # 2 of 4 K/V heads: 50% = 1 - 1/g, outside the article's "about 40%" -> fails as stated
     assert "= 50%" in claims["GQA"]["measured"] and claims["GQA"]["verdict"] == "fails as stated"
     assert "what holds" in claims["GQA"]["measured"]
@@ -149,7 +153,7 @@ def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer,
                     kv_tokens=64)
         args.update(kw)
         return {c["claim"].removeprefix("On the capstone candidate: ").split(",")[0].split(" cuts")[0].split(" must")[0]: c
-                for c in cap.capstone_claims(**args)}
+                for c in capstone_claims(**args)}
 
     for ab, want in ((fast, "holds"), (mixed, "holds")):
         moe = claims_of(speed=ab)["MoE"]
@@ -173,27 +177,27 @@ def test_finetune_stage_and_gate_decision_on_the_composed_model(small_tokenizer,
     assert claims_of(rollout=ro)["a new version"]["verdict"] == "fails"
     # sparse attention: the candidate's window+stride pattern grows faster than N^1.5 -> fails as stated
     assert claims_of()["sparse attention"]["verdict"] == "fails as stated"
-    assert not any("multi-task" in c["claim"] for c in cap.capstone_claims(
+    assert not any("multi-task" in c["claim"] for c in capstone_claims(
         models=models, log=log, reports=reports, passed=passed, reasons=reasons, speed=abl, kv_tokens=64))
     with pytest.raises(ValueError, match="lack"):
         claims_of(speed={"all": abl["all"]})
-    table = cap.summary_table(log)
+    table = summary_table(log)
     assert "baseline" in table and "candidate" in table and "gate_syntax" in table
-    assert "| gate_style |" in cap.summary_table(log, markdown=True)
+    assert "| gate_style |" in summary_table(log, markdown=True)
 
 
 def test_canary_release_refuses_a_candidate_that_failed_its_gates(tmp_path):
     base = plain()
     cand = surgery.convert(base, small_cand_cfg(base.cfg))
     with pytest.raises(ValueError, match="failed its release gates"):
-        cap.canary_release(base, cand, None, str(tmp_path), gates={"passed": False})
+        canary_release(base, cand, None, str(tmp_path), gates={"passed": False})
     assert not any(tmp_path.iterdir())  # refused before anything was registered or served
 
 
 def test_speed_ablation_times_variants_in_interleaved_rounds():
     base = plain()
     recs = cap.speed_ablation(base, small_cand_cfg(base.cfg), batches=(1, 2), prompt_len=8, new_tokens=2, repeats=3)
-    assert [r["variant"] for r in recs if r["batch"] == 1] == list(cap.ablation_configs(base.cfg, small_cand_cfg(base.cfg)))
+    assert [r["variant"] for r in recs if r["batch"] == 1] == list(ablation_configs(base.cfg, small_cand_cfg(base.cfg)))
     for r in recs:
         assert len(r["step_ms"]) == 3 and r["tokens_per_s"] > 0  # one decode timing per round, warm-up excluded
         assert r["vs_plain_lo"] <= r["vs_plain_median"] <= r["vs_plain_hi"]

@@ -60,7 +60,7 @@ def test_shipped_checkpoint_is_small_and_recorded():
 
 
 def test_lr_schedule():
-    tc = preset_config("tiny", steps=100, warmup=10, lr=1.0, min_lr=0.1)
+    tc = preset_config("tiny", mode="fast", steps=100, warmup=10, lr=1.0, min_lr=0.1)
     assert lr_at(0, tc) == pytest.approx(0.1)
     assert lr_at(9, tc) == pytest.approx(1.0)
     assert lr_at(100, tc) == pytest.approx(0.1)
@@ -69,26 +69,26 @@ def test_lr_schedule():
 
 def test_train_loss_falls_and_resume_continues(tmp_path: Path):
     out = tmp_path / "run"
-    tc = preset_config("tiny", out=str(out), steps=12, eval_every=6, max_files=20, lr=3e-3)
+    tc = preset_config("tiny", mode="fast", out=str(out), steps=12, eval_every=6, max_files=20, lr=3e-3)
     r = train(tc, progress=False)
     hist = r.history
     assert [h["step"] for h in hist] == [6, 12]
     assert hist[-1]["val_loss"] < hist[0]["val_loss"]
     ck = load_checkpoint(r.out)
     assert ck.meta["step"] == 12
-    tc2 = preset_config("tiny", out=str(out), steps=18, eval_every=6, max_files=20, lr=3e-3)
+    tc2 = preset_config("tiny", mode="fast", out=str(out), steps=18, eval_every=6, max_files=20, lr=3e-3)
     r2 = train(tc2, resume=True, progress=False)
     assert [h["step"] for h in r2.history] == [6, 12, 18]
     assert load_checkpoint(r2.out).meta["step"] == 18
     with pytest.raises(FileNotFoundError, match="nothing to resume"):
-        train(preset_config("tiny", out=str(tmp_path / "empty"), steps=2), resume=True, progress=False)
+        train(preset_config("tiny", mode="fast", out=str(tmp_path / "empty"), steps=2), resume=True, progress=False)
 
 
 def test_unknown_preset_and_option():
     with pytest.raises(ValueError, match="unknown preset"):
-        preset_config("huge")
+        preset_config("huge", mode="fast")
     with pytest.raises(ValueError, match="unknown training options"):
-        preset_config("tiny", bogus=1)
+        preset_config("tiny", mode="fast", bogus=1)
 
 
 def test_train_config_nests_model_config_and_reads_old_flat_configs():
@@ -96,7 +96,7 @@ def test_train_config_nests_model_config_and_reads_old_flat_configs():
 
     from codex_lab.training.pretrain import TrainConfig
 
-    tc = preset_config("tiny", n_kv_head=2, d_model=64, n_head=4, seq_len=2048)
+    tc = preset_config("tiny", mode="fast", n_kv_head=2, d_model=64, n_head=4, seq_len=2048)
     assert tc.model.n_kv_head == 2 and tc.model.d_model == 64 and tc.model.max_seq_len == 2048
     assert TrainConfig.from_dict(asdict(tc)) == tc  # the nested form round-trips
     # the shipped checkpoint's meta has the older flat form; it still rebuilds the model's shape

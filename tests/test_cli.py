@@ -49,16 +49,18 @@ def test_mode_flag_on_experiment_commands():
     assert not hasattr(parser.parse_args(["report"]), "mode")  # nothing given: the device decides
 
 
-def test_mode_flag_is_set_before_the_command_and_undone(monkeypatch):
-    from codex_lab import cli, runtime
+def test_mode_flag_reaches_the_command_as_a_mode(monkeypatch):
+    from codex_lab import cli
     from codex_lab.commands import report
 
     monkeypatch.delenv("CODEX_LAB_FAST", raising=False)
     seen = {}
-    monkeypatch.setattr(report, "main", lambda args: seen.update(info=runtime.mode_info()) or 0)
+    monkeypatch.setattr(report, "main", lambda args: seen.update(info=args.mode) or 0)
     assert cli.main(["report", "--mode", "full"]) == 0
-    assert seen["info"].mode == "full" and seen["info"].source == "flag" and "--mode" in seen["info"].reason
-    assert runtime.mode_info().source != "flag"  # in-process callers get their mode back
+    assert seen["info"].name == "full" and seen["info"].source == "flag" and "--mode" in seen["info"].reason
+    import os
+
+    assert os.environ.get("CODEX_LAB_MODE") != "full"  # nothing global was set: the command got it as an argument
 
 
 def test_report_unknown_section_is_one_clear_line(tmp_path):

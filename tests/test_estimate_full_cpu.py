@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from codex_lab.lessons.l02_sparse_attention import experiments as l02
+from codex_lab.lessons.l02_sparse_attention.geometry import arms_for, config_for
 from codex_lab.lessons.l08_capstone import trade as l08
 from codex_lab.runtime import recorded_timings
 
@@ -26,8 +26,8 @@ def est():
 def test_the_plans_are_the_full_modes_of_the_lessons(est):
     plans = est.plans()
     assert sorted(plans) == ["02", "03", "04", "05", "08"]
-    c2 = l02.config_for("full")
-    assert plans["02"]["steps"] == len(l02.arms_for("full")) * len(c2.seeds) * c2.steps
+    c2 = config_for("full")
+    assert plans["02"]["steps"] == len(arms_for("full")) * len(c2.seeds) * c2.steps
     assert plans["02"]["batch"] == (c2.batch, 1024) and plans["02"]["config"].n_layer == c2.n_layer == 4
     s8 = l08.trade_sizes("full")
     assert plans["08"]["steps"] == len(s8.seeds) * (s8.pretrain_steps + len(l08.KINDS) * s8.max_steps)

@@ -19,7 +19,8 @@ import torch
 
 from codex_lab.course.checks import load_all
 from codex_lab.course.exercises import BEGIN, END
-from codex_lab.course.grading import FAILED, PARTIAL, PASSED, grade_file, run_check
+from codex_lab.course.outcome import FAILED, PARTIAL, PASSED, run_check
+from codex_lab.course.grading import grade_file
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ("00", "01", "02", "03", "04")

@@ -18,7 +18,7 @@ from codex_lab.training import balancing
 
 from codex_lab.course.checks import load_all
 from codex_lab.course.exercises import load_definitions
-from codex_lab.course.grading import ERROR, FAILED, PARTIAL, PASSED, run_check
+from codex_lab.course.outcome import ERROR, FAILED, PARTIAL, PASSED, run_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SOL = {les: load_definitions(next((ROOT / "solutions").glob(f"{les}_*.py"))) for les in ("05", "06")}

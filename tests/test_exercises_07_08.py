@@ -14,7 +14,7 @@ from pathlib import Path
 import codex_lab as cl
 from codex_lab.course.checks import load_all
 from codex_lab.course.exercises import load_definitions
-from codex_lab.course.grading import ERROR, FAILED, PARTIAL, PASSED, run_check
+from codex_lab.course.outcome import ERROR, FAILED, PARTIAL, PASSED, run_check
 from codex_lab.lessons.l08_capstone import scorecard as sc
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -161,17 +161,17 @@ def test_prompt_ids_match_training_layout(small_tokenizer):
 
 
 def test_pretrain_records_fim_contract_and_warm_starts(tmp_path: Path):
-    base = preset_config("tiny", out=str(tmp_path / "a"), steps=4, eval_every=4, max_files=20)
+    base = preset_config("tiny", mode="fast", out=str(tmp_path / "a"), steps=4, eval_every=4, max_files=20)
     src = load_checkpoint(train(base, progress=False).out)
     assert "fim_rate" not in src.meta  # a plain run does not claim FIM
     # lr 0: the warm-started run's weights must stay exactly the source's
-    tc = preset_config("tiny", out=str(tmp_path / "b"), steps=2, eval_every=2, max_files=20, lr=0.0, min_lr=0.0,
+    tc = preset_config("tiny", mode="fast", out=str(tmp_path / "b"), steps=2, eval_every=2, max_files=20, lr=0.0, min_lr=0.0,
                        fim_rate=0.5, init_from=str(src.path))
     ck = load_checkpoint(train(tc, progress=False).out)
     assert ck.meta["fim_rate"] == 0.5 and ck.meta["fim_format"] == "psm"
     for name, p in src.model.state_dict().items():
         assert torch.equal(p, ck.model.state_dict()[name]), name
-    bad = preset_config("tiny", out=str(tmp_path / "c"), steps=1, max_files=20, d_model=32, init_from=str(src.path))
+    bad = preset_config("tiny", mode="fast", out=str(tmp_path / "c"), steps=1, max_files=20, d_model=32, init_from=str(src.path))
     with pytest.raises(ValueError, match="another model shape"):
         train(bad, progress=False)
 

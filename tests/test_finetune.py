@@ -16,7 +16,8 @@ from codex_lab.training.finetune import FinetuneConfig, finetune
 from codex_lab.nn.model import CodexModel
 from codex_lab.infer.task_metrics import completion_parses, exact_match, overlap_f1, score_answers
 from codex_lab.training.evaluate import task_losses
-from codex_lab.data.tasks import build_tasks, encode_tasks
+from codex_lab.data.task_batches import encode_tasks
+from codex_lab.data.tasks import build_tasks
 
 TASKS3 = ("completion", "bugfix", "testgen")
 

@@ -3,6 +3,7 @@ formula on real cache tensors, mean-pool conversion, uptraining, the experiment.
 
 from __future__ import annotations
 
+from codex_lab.runtime.mode import Mode
 import pytest
 import torch
 
@@ -183,6 +184,7 @@ def test_bench_gqa_records_and_bad_groups() -> None:
     bench.add_arguments(p)
     args = p.parse_args(["--groups", "1,4", "--heads", "4", "--d-model", "32", "--layers", "1", "--batch", "2",
                          "--context", "6", "--steps", "1", "--repeats", "1", "--device", "cpu"])
+    args.mode = Mode("fast")  # as the command line hands it over
     rows = bench.run(args)
     assert [r["kv_heads"] for r in rows] == [4, 1]
     assert [r["kv_bytes"] for r in rows] == [2 * 1 * 4 * 8 * 6 * 2 * 4, 2 * 1 * 1 * 8 * 6 * 2 * 4]

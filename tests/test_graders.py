@@ -15,8 +15,8 @@ from codex_lab.course.checks import Exercise, case, load_all
 from codex_lab.course.forbid import ForbiddenCall
 from codex_lab.course.grade_runner import is_lesson_notebook, notebook_code, submission_text
 from codex_lab.course.gradescope import results_json
-from codex_lab.course.grading import (ERROR, FAILED, NOT_DONE, PARTIAL, PASSED, check, grade_folder, grade_in_process,
-                                      run_check)
+from codex_lab.course.outcome import ERROR, FAILED, NOT_DONE, PARTIAL, PASSED, run_check
+from codex_lab.course.grading import check, grade_folder, grade_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted({les for les, _ in load_all()})
@@ -90,7 +90,7 @@ def test_sys_exit_in_a_learner_function_is_an_error_not_an_exit():
 
 
 def _check_lesson_of(fn):
-    from codex_lab.course.grading import lesson_of
+    from codex_lab.course.outcome import lesson_of
 
     expected = lesson_of("03_gqa.py")  # the check itself may call the forbidden function (its oracle)
     assert fn("03_gqa.py") == expected, f"expected {expected!r}"
@@ -109,7 +109,7 @@ def test_forbidden_package_function_fails_with_write_it_yourself(src):
     ex = Exercise("99", "lesson", _check_lesson_of, points=1, forbid=FORBID)
     r = run_check(ex, _learner(src, "lesson"))
     assert r.status == FAILED and "write this one yourself" in r.message and r.points == 0, r
-    from codex_lab.course.grading import lesson_of
+    from codex_lab.course.outcome import lesson_of
 
     assert lesson_of("05_x.py") == "05"  # restored after the check
 
@@ -121,7 +121,7 @@ def test_own_code_passes_a_forbidding_check():
 
 
 def test_the_package_function_itself_earns_nothing():
-    from codex_lab.course.grading import lesson_of
+    from codex_lab.course.outcome import lesson_of
 
     ex = Exercise("99", "lesson_of", _check_lesson_of, points=2)
     import functools

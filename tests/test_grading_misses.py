@@ -14,7 +14,7 @@ import torch
 
 from codex_lab.course.checks import load_all
 from codex_lab.course.exercises import load_definitions
-from codex_lab.course.grading import ERROR, FAILED, PARTIAL, PASSED, run_check
+from codex_lab.course.outcome import ERROR, FAILED, PARTIAL, PASSED, run_check
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -42,7 +42,7 @@ def test_heldout_loss_scores_every_window_once():
 def test_train_with_a_reused_tokenizer_keeps_it_and_eval_heldout_compares(tmp_path: Path, small_tokenizer, capsys):
     tok_file = tmp_path / "given_tokenizer.json"
     small_tokenizer.save(tok_file)
-    tc = preset_config("tiny", out=str(tmp_path / "run"), steps=4, eval_every=4, max_files=20,
+    tc = preset_config("tiny", mode="fast", out=str(tmp_path / "run"), steps=4, eval_every=4, max_files=20,
                        tokenizer=str(tok_file), d_model=32, n_layer=1, n_head=2, seq_len=32, batch_size=2)
     r = train(tc, progress=False)
     ck = load_checkpoint(r.out)

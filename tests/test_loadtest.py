@@ -70,12 +70,13 @@ def test_bench_serving_records(tmp_path, small_tokenizer):
     import argparse
 
     from codex_lab.course.benches import discover
+    from codex_lab.runtime.mode import Mode
     from codex_lab.training.checkpoint import save_checkpoint
 
     save_checkpoint(tmp_path / "ck", _tiny_model(small_tokenizer), small_tokenizer)
     bench = discover()["serving"]
     rows = bench.run(argparse.Namespace(concurrency="1,2", requests=2, max_tokens=4, checkpoint=str(tmp_path / "ck"),
-                                        threads=None))
+                                        threads=None, mode=Mode("fast")))
     assert [r["concurrency"] for r in rows] == [1, 2]
     assert all(r["requests"] == 2 and r["errors"] == 0 and r["ttft_p50_ms"] > 0 for r in rows)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from codex_lab.runtime.mode import Mode
 import math
 
 import pytest
@@ -284,6 +285,7 @@ def test_bench_attention_has_moba_rows_at_the_fixed_patterns_density(native) -> 
     fixed = "window:64+blockstride:64:3"
     args = p.parse_args(["--sizes", "512", "--impls", "fast", "moba", "--heads", "2", "--head-dim", "16", "--repeats", "1",
                          "--pattern", fixed, "--moba-block", "64", "--backward", "--device", "cpu"])
+    args.mode = Mode("fast")  # as the command line hands it over
     rows = {r["impl"]: r for r in bench.run(args)}
     m, f = rows["moba"], rows["fast"]
     d = parse_pattern(fixed).density(512)

@@ -9,19 +9,9 @@ import torch
 
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel, SwiGLU
+from codex_lab.nn.moe_dispatch import dispatch_grouped, dispatch_reference
 from codex_lab.nn.moe import (
-    MoEFeedForward,
-    bias_update,
-    capacity_keep_mask,
-    dispatch_grouped,
-    dispatch_reference,
-    expert_capacity,
-    ffn_param_counts,
-    load_balancing_loss,
-    moe_layers_of,
-    route,
-    router_z_loss,
-    set_dispatch_impl,
+    MoEFeedForward, bias_update, capacity_keep_mask, expert_capacity, ffn_param_counts, load_balancing_loss, moe_layers_of, route, router_z_loss, set_dispatch_impl,
 )
 
 # fp32 outputs are O(0.1-1); the two dispatch paths sum the k expert terms in a different

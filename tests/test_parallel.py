@@ -1,6 +1,6 @@
 """codex_lab.parallel: the units of an experiment run in worker processes give the same numbers
 as the plain loop in this process (the reference path), in the order given; errors name the
-unit; the worker count follows CODEX_LAB_JOBS, the mode and the cores."""
+unit; the worker count follows CODEX_LAB_JOBS and the cores, not the mode."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from codex_lab.parallel import cpu_seconds, run_units, unit_workers
-from codex_lab.runtime import mode_override, use_compute_threads
+from codex_lab.runtime import use_compute_threads
 
 
 def _spin(seconds: float, tag: str) -> tuple[str, float]:
@@ -64,22 +64,21 @@ def test_a_function_workers_cannot_import_is_refused_with_the_fix():
         run_units(_fail_on, [(1,), (3,)], jobs=2, names=["only one"])
 
 
-def test_worker_count_follows_the_environment_the_mode_and_the_cores(monkeypatch):
+def test_worker_count_follows_the_environment_and_the_cores(monkeypatch):
     monkeypatch.delenv("CODEX_LAB_JOBS", raising=False)
     monkeypatch.delenv("CODEX_LAB_THREADS", raising=False)
     assert unit_workers(1) == 1
-    with mode_override("fast", "test"):
-        assert unit_workers(8) == 1  # CI's sizes: pytest's workers already hold the cores
-    with mode_override("standard", "test"):
-        cores = len(__import__("os").sched_getaffinity(0))
-        expected = min(8, max(1, cores // (1 if cores <= 2 else cores - 1)))
-        assert unit_workers(8) == expected
-        assert unit_workers(2) <= 2
-        monkeypatch.setenv("CODEX_LAB_JOBS", "3")
-        assert unit_workers(8) == 3 and unit_workers(2) == 2
-        monkeypatch.setenv("CODEX_LAB_JOBS", "two")
-        with pytest.raises(ValueError, match="CODEX_LAB_JOBS='two'"):
-            unit_workers(4)
+    cores = len(__import__("os").sched_getaffinity(0))
+    expected = min(8, max(1, cores // (1 if cores <= 2 else cores - 1)))
+    assert unit_workers(8) == expected
+    assert unit_workers(2) <= 2
+    monkeypatch.setenv("CODEX_LAB_MODE", "fast")  # the mode has no say: units carry their own sizes
+    assert unit_workers(8) == expected
+    monkeypatch.setenv("CODEX_LAB_JOBS", "3")
+    assert unit_workers(8) == 3 and unit_workers(2) == 2
+    monkeypatch.setenv("CODEX_LAB_JOBS", "two")
+    with pytest.raises(ValueError, match="CODEX_LAB_JOBS='two'"):
+        unit_workers(4)
 
 
 def test_cpu_seconds_counts_the_workers_time():

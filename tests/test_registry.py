@@ -12,7 +12,8 @@ import torch
 
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
-from codex_lab.serve.registry import ChecksumError, Registry
+from codex_lab.serve.registry_files import ChecksumError
+from codex_lab.serve.registry import Registry
 
 
 def model(seed: int, vocab: int) -> CodexModel:
@@ -170,7 +171,7 @@ def test_symlinked_version_folder_is_not_a_version(tmp_path, small_tokenizer):
 
 
 def test_corrupt_manifest_is_named_listed_and_skipped_on_rollback(tmp_path, small_tokenizer):
-    from codex_lab.serve.registry import RegistryFileError
+    from codex_lab.serve.registry_files import RegistryFileError
 
     reg = Registry(tmp_path)
     for i in range(3):

@@ -28,7 +28,8 @@ import torch
 
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
-from codex_lab.serve.registry import VERSION_RE, Registry
+from codex_lab.serve.registry_files import VERSION_RE
+from codex_lab.serve.registry import Registry
 
 KILLS = 20
 SEED = 15

@@ -15,7 +15,8 @@ import torch
 from codex_lab.errors import InputError
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
-from codex_lab.serve.registry import ChecksumError, Registry, check_version
+from codex_lab.serve.registry_files import ChecksumError, check_version
+from codex_lab.serve.registry import Registry
 
 
 def model(seed: int, vocab: int) -> CodexModel:

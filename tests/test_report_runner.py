@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from codex_lab import runtime
+from codex_lab.runtime.mode import Mode, resolve_mode
 from codex_lab.course import report as rep
 from codex_lab.errors import InputError
 
@@ -20,7 +21,7 @@ def fake_section(key: str, title: str, body: str = "", raises: BaseException | N
 
     def run(ctx):
         if calls is not None:
-            calls.append((key, ctx.fast, runtime.fast_mode()))
+            calls.append((key, ctx.fast, ctx.mode))
         if raises is not None:
             raise raises
         return body or f"body of {key}"
@@ -32,13 +33,10 @@ def fake_section(key: str, title: str, body: str = "", raises: BaseException | N
 @pytest.fixture
 def laptop(monkeypatch):
     """A CPU machine, nothing set; the calibration pinned to the reference machine (factor 1)."""
-    runtime.set_mode(None)
     for var in ("CODEX_LAB_FAST", "CODEX_LAB_MODE", "CI"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CODEX_LAB_DEVICE", "cpu")
     monkeypatch.setattr(runtime, "calibrate_ms", lambda: runtime.recorded_timings()["reference"]["matmul_ms"])
-    yield
-    runtime.set_mode(None)
 
 
 def test_select_sections_accepts_numbers_prefixes_and_names():
@@ -60,7 +58,7 @@ def test_real_sections_have_distinct_keys():
 def test_runs_subset_and_writes_header(laptop, tmp_path, capsys):
     calls: list = []
     mods = [fake_section(k, f"Lesson {k}", calls=calls) for k in ("00", "02", "05")]
-    path = rep.run_report(tmp_path, sections=["02", "5"], modules=mods, progress=False)
+    path = rep.run_report(tmp_path, mode=resolve_mode(), sections=["02", "5"], modules=mods, progress=False)
     text = path.read_text()
     assert [c[0] for c in calls] == ["02", "05"] and "body of 00" not in text
     assert "body of 02" in text and "body of 05" in text
@@ -77,7 +75,7 @@ def test_ctrl_c_leaves_valid_partial_report(laptop, tmp_path):
             fake_section("02", "Lesson 02", raises=KeyboardInterrupt()),
             fake_section("05", "Lesson 05")]
     with pytest.raises(rep.ReportInterrupted) as info:
-        rep.run_report(tmp_path, modules=mods, progress=False)
+        rep.run_report(tmp_path, mode=resolve_mode(), modules=mods, progress=False)
     assert isinstance(info.value, KeyboardInterrupt)  # still a Ctrl-C for callers that only know that
     text = info.value.path.read_text()
     assert text.startswith("# codex-lab report") and "finished body" in text
@@ -91,7 +89,7 @@ def test_ctrl_c_leaves_valid_partial_report(laptop, tmp_path):
 def test_failing_section_is_reported_and_others_run(laptop, tmp_path):
     mods = [fake_section("00", "Lesson 00", raises=ZeroDivisionError("boom")), fake_section("02", "Lesson 02")]
     with pytest.raises(RuntimeError, match="Lesson 00"):
-        rep.run_report(tmp_path, modules=mods, progress=False)
+        rep.run_report(tmp_path, mode=resolve_mode(), modules=mods, progress=False)
     text = (tmp_path / "report.md").read_text()
     assert "This section failed" in text and "ZeroDivisionError" in text and "body of 02" in text
 
@@ -99,42 +97,41 @@ def test_failing_section_is_reported_and_others_run(laptop, tmp_path):
 def test_every_section_runs_in_the_mode_in_force(laptop, tmp_path):
     keys = list(runtime.recorded_timings()["report"]["full/cpu"])
     for mode in ("fast", "standard", "full"):
-        assert set(rep.plan_modes(keys, runtime.ModeInfo(mode, "t", "flag", "cpu")).values()) == {mode}
+        assert set(rep.plan_modes(keys, Mode(mode, "t", "flag", "cpu")).values()) == {mode}
     calls: list = []
     mods = [fake_section("01", "Lesson 01", calls=calls), fake_section("04", "Lesson 04", calls=calls)]
-    runtime.set_mode("full")
-    path = rep.run_report(tmp_path, modules=mods, progress=False)
+    path = rep.run_report(tmp_path, mode=resolve_mode("full"), modules=mods, progress=False)
     # full mode on a CPU runs full sizes everywhere (no section quietly kept small) and says it takes hours
-    assert calls == [("01", False, False), ("04", False, False)]
+    assert calls == [("01", False, "full"), ("04", False, "full")]
     text = path.read_text()
     assert "full mode (the article's sizes: weeks on a 2-core CPU, by the lower bound below)" in text and "keep fast sizes" not in text
-    runtime.set_mode("standard")
     calls.clear()
-    rep.run_report(tmp_path / "s", modules=mods, progress=False)
-    # standard mode: laptop sizes (ctx.fast and fast_mode() True), the quality runs sized to converge
-    assert calls == [("01", True, True), ("04", True, True)]
+    rep.run_report(tmp_path / "s", mode=resolve_mode("standard"), modules=mods, progress=False)
+    # standard mode: laptop sizes (ctx.fast True), the quality runs sized to converge; the sections get it on ctx
+    assert calls == [("01", True, "standard"), ("04", True, "standard")]
 
 
 def test_standard_report_estimate_uses_the_standard_times(laptop, monkeypatch):
     keys = list(runtime.recorded_timings()["report"]["full/cpu"])
-    std, _ = rep.plan_estimate(rep.plan_modes(keys, runtime.ModeInfo("standard", "t", "flag", "cpu")), "cpu")
-    fast, _ = rep.plan_estimate(rep.plan_modes(keys, runtime.ModeInfo("fast", "t", "flag", "cpu")), "cpu")
+    std, _ = rep.plan_estimate(rep.plan_modes(keys, Mode("standard", "t", "flag", "cpu")), "cpu")
+    fast, _ = rep.plan_estimate(rep.plan_modes(keys, Mode("fast", "t", "flag", "cpu")), "cpu")
     table = runtime.recorded_timings()["report"]
     # standard = the fast times, with the recorded standard times of the converged quality sections in their place
     want = sum(table.get("standard/cpu", {}).get(k, table["fast/cpu"][k]) for k in keys)
     assert std == pytest.approx(want) and std > fast
     # the header states it, so a learner sees the real cost (the 25-minute goal is checked by timing the report)
     assert f"about {runtime.format_seconds(std)}" in " ".join(rep.header_lines(
-        runtime.ModeInfo("standard", "t", "flag", "cpu"), rep.plan_modes(keys, runtime.ModeInfo("standard", "t", "flag", "cpu"))))
+        Mode("standard", "t", "flag", "cpu"), rep.plan_modes(keys, Mode("standard", "t", "flag", "cpu"))))
 
 
 def test_full_mode_on_gpu_is_announced(laptop, tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "get_device", lambda prefer=None: torch.device("cuda"))
-    monkeypatch.setattr(rep, "describe_environment", lambda: {"device": "cuda (faked)"})  # no real GPU to name
+    monkeypatch.setattr(rep, "describe_environment", lambda mode: {"device": "cuda (faked)"})  # no real GPU to name
     calls: list = []
-    path = rep.run_report(tmp_path, modules=[fake_section("04", "Lesson 04", calls=calls)], progress=False)
+    path = rep.run_report(tmp_path, mode=resolve_mode(), modules=[fake_section("04", "Lesson 04", calls=calls)],
+                          progress=False)
     text = path.read_text()
-    assert calls == [("04", False, False)]
+    assert calls == [("04", False, "full")]
     assert "full mode (the article's sizes), because a CUDA GPU is available" in text and "--mode fast" in text
 
 
@@ -168,7 +165,7 @@ def test_performance_goals_table_says_met_or_missed(laptop, tmp_path):
 
     mod = fake_section("06", "Lesson 06")
     mod.run = goals
-    text = rep.run_report(tmp_path, modules=[mod], progress=False).read_text()
+    text = rep.run_report(tmp_path, mode=resolve_mode(), modules=[mod], progress=False).read_text()
     assert "decode vs HF: 2.40x measured, goal 2.00x: met (batch 1)." in text
     assert "MoE vs HF: 0.80x measured, goal 1.00x: missed (worst size)." in text
     table = text.split("## Performance goals")[1]

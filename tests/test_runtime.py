@@ -6,69 +6,10 @@ from codex_lab import runtime
 
 @pytest.fixture
 def clean_mode(monkeypatch):
-    """No flag, no CODEX_LAB_FAST, no CI, CPU device: the state of a learner's laptop."""
-    runtime.set_mode(None)
+    """No CODEX_LAB_FAST, CODEX_LAB_MODE or CI, CPU device: the state of a learner's laptop."""
     for var in ("CODEX_LAB_FAST", "CODEX_LAB_MODE", "CI"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CODEX_LAB_DEVICE", "cpu")
-    yield
-    runtime.set_mode(None)
-
-
-def test_fast_mode_flag(clean_mode, monkeypatch):
-    monkeypatch.setenv("CODEX_LAB_FAST", "1")
-    assert runtime.fast_mode() and runtime.pick(1, 2) == 1
-    monkeypatch.setenv("CODEX_LAB_FAST", "0")
-    monkeypatch.setenv("CI", "true")
-    assert not runtime.fast_mode() and runtime.pick(1, 2) == 2
-    assert runtime.mode_info().source == "env"
-
-
-def test_default_follows_the_device(clean_mode, monkeypatch):
-    info = runtime.mode_info()
-    # a laptop's default: standard mode (fast sizes, the quality experiments sized to converge)
-    assert info.mode == "standard" and info.source == "device" and "CPU" in info.reason
-    assert runtime.fast_mode() and info.converge  # laptop sizes, converged quality runs
-    assert runtime.pick(1, 2) == 1 and runtime.pick(1, 2, standard=3) == 3
-    # a CUDA device (faked: the check only reads get_device().type) means full mode
-    monkeypatch.setattr(runtime, "get_device", lambda prefer=None: torch.device("cuda"))
-    info = runtime.mode_info()
-    assert info.mode == "full" and info.source == "device" and "CUDA" in info.reason
-
-
-def test_fast_mode_follows_ci(clean_mode, monkeypatch):
-    monkeypatch.setattr(runtime, "get_device", lambda prefer=None: torch.device("cuda"))
-    monkeypatch.setenv("CI", "true")
-    assert runtime.fast_mode() and runtime.mode_info().source == "ci"
-    monkeypatch.setenv("CI", "false")
-    assert not runtime.fast_mode()  # back to the (fake) GPU's choice
-
-
-def test_set_mode_beats_env_and_is_undone(clean_mode, monkeypatch):
-    monkeypatch.setenv("CODEX_LAB_FAST", "1")
-    runtime.set_mode("full")
-    info = runtime.mode_info()
-    assert info.mode == "full" and info.source == "flag" and "--mode" in info.reason
-    import os
-
-    assert os.environ["CODEX_LAB_MODE"] == "full"  # child processes follow the flag (it beats CODEX_LAB_FAST)
-    runtime.set_mode(None)
-    assert runtime.fast_mode() and "CODEX_LAB_MODE" not in os.environ and os.environ["CODEX_LAB_FAST"] == "1"
-    with pytest.raises(ValueError, match="medium"):
-        runtime.set_mode("medium")
-
-
-def test_mode_override_restores(clean_mode):
-    runtime.set_mode("full")
-    with runtime.mode_override("fast", "test"):
-        assert runtime.fast_mode()
-    assert not runtime.fast_mode() and runtime.mode_info().source == "flag"
-
-
-def test_fast_mode_rejects_garbage(clean_mode, monkeypatch):
-    monkeypatch.setenv("CODEX_LAB_FAST", "maybe")
-    with pytest.raises(ValueError, match="CODEX_LAB_FAST"):
-        runtime.fast_mode()
 
 
 def test_expected_seconds_scales_recorded_times(clean_mode, monkeypatch):
@@ -97,11 +38,13 @@ def test_calibration_is_a_plausible_time():
     assert 0.01 < ms < 1000  # a 113 MFLOP matmul: from ~10 us (fast server) to ~1 s (anything slower is broken)
 
 
-def test_lesson_header_prints_mode_and_time(clean_mode, capsys):
-    assert runtime.lesson_header("l03") is True
+def test_lesson_header_resolves_prints_and_returns_the_mode(clean_mode, capsys):
+    mode = runtime.lesson_header("l03")
+    assert isinstance(mode, runtime.Mode) and mode.name == "standard" and mode.fast and mode.converge
     out = capsys.readouterr().out
     assert "lesson 03" in out and "standard mode" in out and "CPU" in out and "expected time" in out
     assert "CODEX_LAB_MODE=<mode>" in out and "fast or full" in out  # how to choose the other modes
+    assert runtime.lesson_header("03", mode="full").name == "full"  # the notebook may pass it explicitly
 
 
 def test_format_seconds():
@@ -123,21 +66,6 @@ def test_seed_everything_repeats():
     a = torch.rand(3)
     runtime.seed_everything(3)
     assert torch.equal(a, torch.rand(3))
-
-
-def test_three_modes_by_environment_and_pick(clean_mode, monkeypatch):
-    monkeypatch.setenv("CODEX_LAB_MODE", "standard")
-    monkeypatch.setenv("CODEX_LAB_FAST", "1")  # CODEX_LAB_MODE is the stronger of the two
-    info = runtime.mode_info()
-    assert info.mode == "standard" and info.source == "env" and info.fast and info.converge
-    assert runtime.pick(fast=1, full=2, standard=3) == 3 and runtime.pick(fast=1, full=2) == 1
-    monkeypatch.setenv("CODEX_LAB_MODE", "fast")
-    assert runtime.pick(fast=1, full=2, standard=3) == 1 and not runtime.mode_info().converge
-    monkeypatch.setenv("CODEX_LAB_MODE", "full")
-    assert runtime.pick(fast=1, full=2, standard=3) == 2 and not runtime.fast_mode()
-    monkeypatch.setenv("CODEX_LAB_MODE", "quick")
-    with pytest.raises(ValueError, match="CODEX_LAB_MODE='quick'.*fast, standard, full"):
-        runtime.mode_info()
 
 
 def test_standard_timings_fall_back_to_fast_per_section(clean_mode, monkeypatch):

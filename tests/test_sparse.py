@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from codex_lab.runtime.mode import Mode
 import math
 from dataclasses import dataclass
 
@@ -211,6 +212,7 @@ def test_bench_attention_records_are_flat_and_complete() -> None:
     bench.add_arguments(p)
     args = p.parse_args(["--sizes", "256", "--impls", "reference", "blocks", "fast", "--heads", "2", "--head-dim", "16",
                          "--repeats", "1", "--pattern", "window:64+blockstride:64:2", "--device", "cpu"])
+    args.mode = Mode("fast")  # as the command line hands it over
     rows = bench.run(args)
     assert [r["impl"] for r in rows] == ["sdpa", "reference", "blocks", "fast"]  # the baseline is always measured
     for r in rows:

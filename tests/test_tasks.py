@@ -10,20 +10,11 @@ import pytest
 import torch
 
 from codex_lab.data.corpus import SourceFile, load_corpus
-from codex_lab.data.tasks import (
-    MUTATIONS,
-    TASKS,
-    apply_mutation,
-    build_tasks,
-    collate,
-    encode_example,
-    encode_tasks,
-    inject_bug,
-    mutation_sites,
-    run_doctests,
-    task_files,
-    to_camel_case,
-)
+from codex_lab.data.bugs import MUTATIONS, apply_mutation, inject_bug, mutation_sites
+from codex_lab.data.task_batches import collate, encode_example, encode_tasks
+from codex_lab.data.doctests import run_doctests
+from codex_lab.data.task_builders import to_camel_case
+from codex_lab.data.tasks import TASKS, build_tasks, task_files
 from codex_lab.data.tokenizer import ANSWER, TASK_TAGS
 
 # Small pure functions with inputs: every mutation site of each must change some output.

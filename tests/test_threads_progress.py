@@ -11,6 +11,8 @@ import types
 import pytest
 import torch
 
+from codex_lab.runtime.mode import Mode
+
 from codex_lab import runtime
 from codex_lab.course import report as rep
 
@@ -62,7 +64,7 @@ def test_every_report_section_runs_with_the_policy_threads(monkeypatch, tmp_path
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        rep.run_report(tmp_path, modules=[mod], progress=False)
+        rep.run_report(tmp_path, mode=Mode("fast"), modules=[mod], progress=False)
         assert seen == [1] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -39,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
     from codex_lab.data.corpus import load_corpus
     from codex_lab.training.finetune import FinetuneConfig, finetune
     from codex_lab.infer.task_metrics import evaluate_generation
-    from codex_lab.runtime import get_device, pick
+    from codex_lab.runtime import get_device
     from codex_lab.data.tasks import TASKS, build_tasks, task_files
 
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
@@ -49,6 +49,7 @@ def main(args: argparse.Namespace) -> int:
     if args.balance not in STRATEGIES:
         raise ValueError(f"unknown --balance {args.balance!r}; choose one of {', '.join(sorted(STRATEGIES))}")
     device = get_device(args.device)
+    pick = args.mode.pick  # the run's mode, resolved by the command line
     ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
     corpus = load_corpus(args.corpus, max_file_bytes=args.max_file_bytes)
     fraction = args.files_fraction if args.files_fraction is not None else pick(fast=0.05, full=1.0)

@@ -39,7 +39,8 @@ def main(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from codex_lab.course.gradescope import results_json
-    from codex_lab.course.grading import PASSED, format_table, grade_file, grade_folder, rows_to_csv, rows_to_json
+    from codex_lab.course.outcome import PASSED
+    from codex_lab.course.grading import format_table, grade_file, grade_folder, rows_to_csv, rows_to_json
     from codex_lab.errors import InputError
 
     if args.timeout <= 0 or args.timeout != args.timeout:

@@ -19,7 +19,8 @@ def main(args: argparse.Namespace) -> int:
     from codex_lab.training.checkpoint import load_checkpoint
     from codex_lab.commands.bench import format_records
     from codex_lab.errors import InputError
-    from codex_lab.serve.registry import Registry, check_version
+    from codex_lab.serve.registry_files import check_version
+    from codex_lab.serve.registry import Registry
 
     reg = Registry(args.root)
     if args.action == "list":

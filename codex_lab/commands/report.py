@@ -21,7 +21,7 @@ def main(args: argparse.Namespace) -> int:
 
     sections = [s for s in args.sections.split(",") if s.strip()] if args.sections else None
     try:
-        path = run_report(args.out, sections=sections, corpus=args.corpus, progress=not args.no_progress)
+        path = run_report(args.out, mode=args.mode, sections=sections, corpus=args.corpus, progress=not args.no_progress)
     except ReportInterrupted as stop:
         print(f"\ninterrupted: partial report written: {stop.path} (it lists the sections that did not run)")
         return 130

@@ -12,7 +12,8 @@ import os
 import sys
 from typing import Any
 
-from codex_lab.serve.compiled import compiled_engine  # noqa: F401  (the engine `codex-lab serve` runs; re-exported)
+from codex_lab.serve.compiled import compiled_engine
+
 
 NAME = "serve"
 HELP = "serve a checkpoint (or a registry's current version) over an OpenAI-compatible API on 127.0.0.1"

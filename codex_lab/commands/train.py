@@ -35,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
     from codex_lab.training.pretrain import preset_config, train
 
     tc = preset_config(
-        args.preset, out=args.out, corpus=args.corpus, steps=args.steps, batch_size=args.batch_size,
+        args.preset, mode=args.mode.name, out=args.out, corpus=args.corpus, steps=args.steps, batch_size=args.batch_size,
         seq_len=args.seq_len, lr=args.lr, grad_accum=args.grad_accum, n_kv_head=args.n_kv_head, vocab_size=args.vocab_size,
         eval_every=args.eval_every, max_files=args.max_files, device=args.device, seed=args.seed,
         max_file_bytes=args.max_file_bytes, tokenizer=args.tokenizer,

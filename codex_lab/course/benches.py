@@ -11,6 +11,7 @@ import argparse
 from types import ModuleType
 
 from codex_lab.course.plugins import lesson_modules
+from codex_lab.runtime.mode import Mode
 
 
 def discover() -> dict[str, ModuleType]:
@@ -31,11 +32,13 @@ def add_bench_arguments(p: argparse.ArgumentParser, mod: ModuleType) -> None:
         p.add_argument("--hf", default=None, metavar="DIR", help="run on a Hugging Face save_pretrained folder")
 
 
-def run_bench(name: str, argv: list[str]) -> list[dict]:
+def run_bench(name: str, argv: list[str], mode: Mode) -> list[dict]:
     """Run bench ``name`` in-process with command-line arguments ``argv`` (as after
-    ``codex-lab bench NAME``; the mode is the one already set) and return its records: the
+    ``codex-lab bench NAME``) in ``mode`` (as ``--mode``) and return its records: the
     report measures the performance goals through exactly the command a learner reruns."""
     mod = discover()[name]
     p = argparse.ArgumentParser(prog=f"codex-lab bench {name}")
     add_bench_arguments(p, mod)
-    return mod.run(p.parse_args(argv))
+    args = p.parse_args(argv)
+    args.mode = mode
+    return mod.run(args)

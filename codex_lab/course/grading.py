@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from codex_lab.course.checks import load_all
-from codex_lab.course.outcome import (  # noqa: F401  (re-exported: the grading API)
-    ERROR, FAILED, MISSING, NOT_DONE, PARTIAL, PASSED, SUBMISSION_SUFFIXES, Result, lesson_of, run_check)
+from codex_lab.course.outcome import ERROR, FAILED, PARTIAL, PASSED, Result, lesson_of, run_check
 
 def grade_file(path: str | Path, hidden: str | Path | None = None, timeout_s: float = 30.0,
                folder: str | Path | None = None) -> list[Result]:

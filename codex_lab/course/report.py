@@ -10,7 +10,8 @@ per-section timings scaled by a matmul calibration, ``codex_lab.runtime``). ``re
 rewritten (atomically) after every section, so an interrupted run (Ctrl-C) leaves a valid
 partial report that lists the finished, interrupted and skipped sections.
 
-Every section runs in the mode in force (``codex_lab.runtime``: fast, standard or full); the
+Every section runs in the mode the command line resolved (:class:`codex_lab.runtime.Mode`:
+fast, standard or full), handed to it on the context (``ctx.mode``, ``ctx.pick``); the
 header gives the expected time of each mode here. Standard mode (the CPU default) is sized
 to finish within ``STANDARD_BUDGET_S`` (25 minutes) on 2 cores with converged quality
 verdicts; full mode on a CPU runs the article's sizes and says it takes hours.
@@ -28,13 +29,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 from codex_lab.course.plugins import lesson_modules
 from codex_lab.errors import InputError
-from codex_lab.runtime import (ModeInfo, calibrate_ms, compute_threads, describe_environment, expected_seconds,
-                               format_seconds, mode_info, mode_override, progress, speed_factor, timing_table,
-                               use_compute_threads)
+from codex_lab.runtime import (calibrate_ms, compute_threads, describe_environment, expected_seconds, format_seconds,
+                               progress, speed_factor, timing_table, use_compute_threads)
+from codex_lab.runtime.mode import Mode
+
+T = TypeVar("T")
 
 from codex_lab.stats import VERDICTS  # the one vocabulary: holds, fails, fails as stated, not resolved, under-trained
 # the standard (default, converged) report on 2 CPU cores must finish within 25 minutes
@@ -43,10 +46,10 @@ STANDARD_BUDGET_S = 25 * 60
 
 @dataclass
 class ReportContext:
-    """What a section gets: the output folder, the mode, and cached shared inputs."""
+    """What a section gets: the output folder, the run's mode, and cached shared inputs."""
 
     out_dir: Path
-    fast: bool
+    run_mode: Mode
     corpus_path: str | None = None
     progress: bool = True
     claims: list[dict[str, str]] = field(default_factory=list)
@@ -82,9 +85,16 @@ class ReportContext:
     @property
     def mode(self) -> str:
         """``"fast"``, ``"standard"`` or ``"full"`` (``fast`` is True for the first two: laptop sizes)."""
-        from codex_lab.runtime import mode_info
+        return self.run_mode.name
 
-        return mode_info().mode
+    @property
+    def fast(self) -> bool:
+        """Laptop sizes: fast and standard mode (``mode`` tells them apart)."""
+        return self.run_mode.fast
+
+    def pick(self, fast: T, full: T, **standard: T) -> T:
+        """The size for this run's mode (:meth:`codex_lab.runtime.Mode.pick`)."""
+        return self.run_mode.pick(fast, full, **standard)
 
     def claim(self, claim: str, measured: str, verdict: str, lesson: str = "", states: str = "") -> None:
         """Record one seed claim, the figure measured here, a verdict from ``codex_lab.stats.VERDICTS``
@@ -149,11 +159,11 @@ def select_sections(mods: Sequence[Any], wanted: Sequence[str] | None) -> list[A
     return [m for i, m in enumerate(mods) if i in chosen]
 
 
-def plan_modes(keys: Sequence[str], info: ModeInfo) -> dict[str, str]:
+def plan_modes(keys: Sequence[str], info: Mode) -> dict[str, str]:
     """Mode of each section: the mode in force, for every section. Full mode on a CPU runs the
     article's sizes everywhere (hours; the header says so with its estimate): no section is
     quietly kept small. Standard mode is the laptop's converged run."""
-    return {k: info.mode for k in keys}
+    return {k: info.name for k in keys}
 
 
 def plan_estimate(plan: dict[str, str], device: str) -> tuple[float | None, str]:
@@ -172,7 +182,7 @@ def plan_estimate(plan: dict[str, str], device: str) -> tuple[float | None, str]
     return total, "; ".join(sources) + f"; {scale}"
 
 
-def header_lines(info: ModeInfo, plan: dict[str, str]) -> list[str]:
+def header_lines(info: Mode, plan: dict[str, str]) -> list[str]:
     """The first lines of a report: mode, why, expected time here, how to choose the other modes."""
     keys = list(plan)
     secs, basis = plan_estimate(plan, info.device)
@@ -182,24 +192,23 @@ def header_lines(info: ModeInfo, plan: dict[str, str]) -> list[str]:
             "standard": "standard mode (fast sizes; the quality experiments sized to reach a plateau on a laptop "
                         "CPU, so their verdicts stand)",
             "full": "full mode (the article's sizes"
-                    + (": weeks on a 2-core CPU, by the lower bound below" if info.device != "cuda" else "") + ")"}[info.mode]
+                    + (": weeks on a 2-core CPU, by the lower bound below" if info.device != "cuda" else "") + ")"}[info.name]
     lines = [f"Mode: {what}, because {info.reason}.",
              f"Expected run time on this machine: {est} for {len(keys)} section(s) ({basis}; table: codex_lab/assets/timings.json).",
              f"Sections: {', '.join(keys)}.",
              _workers_line(info)]
-    for other in (m for m in ("fast", "standard", "full") if m != info.mode):
-        o_secs, _ = plan_estimate(plan_modes(keys, ModeInfo(other, "", "flag", info.device)), info.device)
+    for other in (m for m in ("fast", "standard", "full") if m != info.name):
+        o_secs, _ = plan_estimate(plan_modes(keys, Mode(other, "", "flag", info.device)), info.device)
         note = f"about {format_seconds(o_secs)} here" if o_secs is not None else "time not recorded for this device"
         lines.append(f"{other.capitalize()} mode: `codex-lab report --mode {other}` or CODEX_LAB_MODE={other} ({note}).")
     return lines
 
 
-def _workers_line(info: ModeInfo) -> str:
-    """How the quality experiments' seeds and arms run (codex_lab.parallel), in the mode in force."""
+def _workers_line(info: Mode) -> str:
+    """How the quality experiments' seeds and arms run (codex_lab.parallel)."""
     from codex_lab.parallel import JOBS_ENV, unit_workers
 
-    with mode_override(info.mode, info.reason):
-        n = unit_workers(64)
+    n = unit_workers(64)
     how = (f"{n} worker processes side by side" if n > 1 else "one after another in this process")
     return (f"Seeds and arms of the training experiments: {how}, {compute_threads()} math thread(s) each "
             f"({JOBS_ENV}=N to change; the numbers are the same either way).")
@@ -211,9 +220,10 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def run_report(out_dir: str | Path | None = None, *, sections: list[str] | None = None, corpus: str | None = None,
-               progress: bool = True, modules: Sequence[Any] | None = None) -> Path:
-    """Run the report; return the path of ``report.md``.
+def run_report(out_dir: str | Path | None = None, *, mode: Mode, sections: list[str] | None = None,
+               corpus: str | None = None, progress: bool = True, modules: Sequence[Any] | None = None) -> Path:
+    """Run the report in ``mode`` (resolved by the caller: :func:`codex_lab.runtime.resolve_mode`);
+    return the path of ``report.md``.
 
     ``sections`` selects lessons (``["02", "l05"]``; see ``select_sections``); ``modules``
     replaces the discovered sections (tests inject fakes). A section that crashes is reported
@@ -226,13 +236,13 @@ def run_report(out_dir: str | Path | None = None, *, sections: list[str] | None 
     if not mods:
         raise InputError("no report sections found")
     out.mkdir(parents=True, exist_ok=True)
-    info = mode_info()
+    info = mode
     keys = [section_key(m) for m in mods]
     plan = plan_modes(keys, info)
     head = header_lines(info, plan)
     for line in head:
         print(f"[report] {line}", flush=True)
-    ctx = ReportContext(out_dir=out, fast=info.fast, corpus_path=corpus, progress=progress)
+    ctx = ReportContext(out_dir=out, run_mode=info, corpus_path=corpus, progress=progress)
     t_start = time.perf_counter()
     done: list[tuple[str, str, float, str]] = []  # key, title, seconds, mode
     bodies: list[str] = []
@@ -253,8 +263,7 @@ def run_report(out_dir: str | Path | None = None, *, sections: list[str] | None 
             expected = expected_seconds("report", [key], plan[key], info.device).seconds
             beat = Heartbeat(key, expected, bar.write if progress else print)
             try:
-                with mode_override(plan[key], "the report's mode"), use_compute_threads(), beat:
-                    ctx.fast = plan[key] != "full"  # laptop sizes (fast and standard); ctx.mode tells them apart
+                with use_compute_threads(), beat:
                     body = mod.run(ctx)
             except KeyboardInterrupt:
                 interrupted = title
@@ -332,14 +341,14 @@ class Heartbeat:
             self._thread.join(5)
 
 
-def _section_bar(keys: list[str], plan: dict[str, str], info: ModeInfo, enabled: bool) -> Any:
+def _section_bar(keys: list[str], plan: dict[str, str], info: Mode, enabled: bool) -> Any:
     """One bar over the sections; its postfix carries the expected time left (recorded timings)."""
     bar = progress(total=len(keys), desc="report", enabled=enabled, unit="section", leave=True)
     _bar_left(bar, keys, plan, info)
     return bar
 
 
-def _bar_left(bar: Any, keys: list[str], plan: dict[str, str], info: ModeInfo) -> None:
+def _bar_left(bar: Any, keys: list[str], plan: dict[str, str], info: Mode) -> None:
     secs, _ = plan_estimate({k: plan[k] for k in keys}, info.device)
     bar.set_postfix_str(f"expected left: {format_seconds(secs) if secs is not None else 'unknown'}" if keys else "done")
 
@@ -379,7 +388,7 @@ def claims_table(claims: Sequence[dict[str, str]]) -> str:
 
 
 def _assemble(stamp: str, head: list[str], bodies: list[str], ctx: ReportContext, done: list[tuple[str, str, float, str]],
-              mods: Sequence[Any], keys: list[str], interrupted: str | None, total: float, info: ModeInfo) -> str:
+              mods: Sequence[Any], keys: list[str], interrupted: str | None, total: float, info: Mode) -> str:
     """The whole Markdown text from what has run so far."""
     parts = [f"# codex-lab report\n\nGenerated {stamp} UTC.\n\n" + "\n".join(f"- {h}" for h in head) + "\n"]
     finished = {k for k, *_ in done}
@@ -400,7 +409,7 @@ def _assemble(stamp: str, head: list[str], bodies: list[str], ctx: ReportContext
         rows += [f"| {g['lesson']} | {g['goal']} | {g['measured']:.2f}x | {g['target']:.2f}x | {'yes' if g['met'] else 'no'} | {g['how']} |"
                  for g in ctx.goals]
         parts.append("## Performance goals (ratios measured in this run, on this machine)\n\n" + "\n".join(rows) + "\n")
-    env = describe_environment()
+    env = describe_environment(info)
     parts.append("## Run\n\n" + "\n".join(f"- {k}: {v}" for k, v in env.items())
                  + "\n" + "\n".join(f"- section `{t}`: {d:.1f} s ({m} sizes)" for _, t, d, m in done)
                  + (f"\n- skipped (not run): {', '.join(k for k, _ in pending)}" if pending else "")
@@ -408,7 +417,7 @@ def _assemble(stamp: str, head: list[str], bodies: list[str], ctx: ReportContext
     return "\n".join(parts)
 
 
-def _write_timings(out: Path, done: list[tuple[str, str, float, str]], info: ModeInfo) -> None:
+def _write_timings(out: Path, done: list[tuple[str, str, float, str]], info: Mode) -> None:
     """``timings.json`` beside the report: seconds per section, to update ``assets/timings.json``."""
     data = {"device": info.device, "matmul_ms": round(calibrate_ms(), 4),
             "sections": {k: {"seconds": round(d, 1), "mode": m} for k, _, d, m in done}}

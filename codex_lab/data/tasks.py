@@ -25,13 +25,10 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from codex_lab.data.corpus import Corpus, SourceFile
-from codex_lab.data.bugs import MUTATIONS, apply_mutation, bugfix_example, inject_bug, mutation_sites  # noqa: F401
-from codex_lab.data.doctests import _testgen_candidate, doctest_answer, module_name, run_context, run_doctests  # noqa: F401
-from codex_lab.data.functions import FunctionRecord, TaskExample, _bucket, extract_functions  # noqa: F401
-from codex_lab.data.task_batches import Batch, Encoded, collate, encode_example, encode_tasks  # noqa: F401
-from codex_lab.data.task_builders import (  # noqa: F401
-    camel, completion_example, docstring_example, to_camel_case, translate_example,
-)
+from codex_lab.data.bugs import bugfix_example
+from codex_lab.data.doctests import _testgen_candidate, run_doctests
+from codex_lab.data.functions import TaskExample, _bucket, extract_functions
+from codex_lab.data.task_builders import completion_example, docstring_example, translate_example
 
 TASKS: tuple[str, ...] = ("completion", "bugfix", "testgen", "docstring", "translate")
 

@@ -26,7 +26,6 @@ import torch
 
 from codex_lab.infer.generate import cached_logits, make_caches
 from codex_lab.nn.model import CodexModel
-from codex_lab.nn.surgery import truncated_draft  # noqa: F401  (the lesson's draft; lives with the other surgery)
 
 
 def expected_tokens_per_round(a: float, gamma: int) -> float:

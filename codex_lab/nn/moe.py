@@ -35,8 +35,8 @@ from torch import Tensor, nn
 
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.layers import SwiGLU
-# step 5 lives in moe_dispatch (reference loop beside the grouped fast path); names kept here
-from codex_lab.nn.moe_dispatch import DISPATCH_IMPLS, dispatch_grouped, dispatch_reference  # noqa: F401
+# step 5 lives in moe_dispatch (reference loop beside the grouped fast path)
+from codex_lab.nn.moe_dispatch import DISPATCH_IMPLS, dispatch_grouped, dispatch_reference
 
 
 @dataclass

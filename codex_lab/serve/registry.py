@@ -43,7 +43,7 @@ from typing import Any
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.errors import InputError, MissingFileError
 from codex_lab.nn.model import CodexModel
-from codex_lab.serve.registry_files import (  # noqa: F401 - re-exported: the registry's public names
+from codex_lab.serve.registry_files import (
     HASHED, JOURNAL, LOCK, MANIFEST, MAX_VERSION, STATE, VERSION_RE, ChecksumError, Manifest, RegistryFileError, WriterLock,
     atomic_write_text, check_version, clean_debris, combined_sha256, file_sha256, journal_append, journal_last,
     os_error, read_json, read_manifest, valid_state, vnum,

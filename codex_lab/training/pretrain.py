@@ -24,7 +24,7 @@ from codex_lab.data.fim import fim_token_stream
 from codex_lab.data.tokenizer import CodeTokenizer, train_tokenizer
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
-from codex_lab.runtime import fast_mode, get_device, seed_everything
+from codex_lab.runtime import get_device, seed_everything
 from codex_lab.training.checkpoint import load_checkpoint, load_train_state, save_checkpoint
 from codex_lab.training.evaluate import val_loss
 from codex_lab.training.loop import LoopConfig, adamw, autocast_for, lr_schedule, run_loop
@@ -116,8 +116,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 FAST_OVERRIDES: dict[str, Any] = dict(vocab_size=512, d_model=64, n_layer=2, n_head=2, seq_len=64, batch_size=8, steps=20, warmup=4, eval_every=10, eval_batches=2, max_files=60)
 
 
-def preset_config(name: str = "tiny", **overrides: Any) -> TrainConfig:
-    """A :class:`TrainConfig` from a preset, shrunk in fast mode, then ``overrides`` applied.
+def preset_config(name: str = "tiny", *, mode: str, **overrides: Any) -> TrainConfig:
+    """A :class:`TrainConfig` from a preset, shrunk to laptop sizes unless ``mode`` is ``"full"``
+    (fast and standard mode: :data:`FAST_OVERRIDES`), then ``overrides`` applied.
 
     Model fields (``vocab_size``, ``d_model``, ``n_layer``, ``n_head``, ``n_kv_head``, or any
     other :class:`~codex_lab.nn.config.ModelConfig` field) are accepted by name and go into
@@ -126,7 +127,9 @@ def preset_config(name: str = "tiny", **overrides: Any) -> TrainConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     values: dict[str, Any] = {"preset": name, **PRESETS[name], "out": f"runs/{name}"}
-    if fast_mode():
+    if mode not in ("fast", "standard", "full"):
+        raise ValueError(f"mode {mode!r} is not understood; use fast, standard or full")
+    if mode != "full":
         values.update(FAST_OVERRIDES)
     train_keys = {f.name for f in fields(TrainConfig)} - {"model"}
     model_keys = {f.name for f in fields(ModelConfig)}

@@ -15,7 +15,7 @@ def run(ctx: Any) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from codex_lab.runtime import pick
+    pick = ctx.pick  # sizes for the run's mode
     from codex_lab.infer.syntax import function_prompts
     from codex_lab.data.tokenizer import tokenizer_summary
 

@@ -24,7 +24,7 @@ def run(ctx: Any) -> str:
 
     from codex_lab.lessons.l01_attention_patterns.analysis import (
         WINDOW_MARGIN_NATS, attention_maps, mass_by_distance, share_within, window_losses)
-    from codex_lab.runtime import pick
+    pick = ctx.pick  # sizes for the run's mode
     from dataclasses import replace
 
     from codex_lab.stats import NONINFERIORITY_RULE, noninferiority

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from codex_lab.nn.moba import moba_attention, moba_top_k_for_density
 from codex_lab.nn.patterns import MoBA, causal_pairs, parse_pattern
 from codex_lab.nn.sparse import sparse_attention, tiles_computed
-from codex_lab.runtime import get_device, interleaved_times, median_ms, pick
+from codex_lab.runtime import get_device, interleaved_times, median_ms
 
 NAME = "attention"
 HELP = ("time and peak memory of dense SDPA vs sparse attention (reference, blocks, flex, fast, fast-flash) "
@@ -216,10 +216,10 @@ def measure(impl: str, pattern: str, n: int, *, batch: int = 1, heads: int = 4, 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     """All records of one run; speed-ups are against dense SDPA at the same N, this run."""
     dev = get_device(args.device)
-    sizes = args.sizes or pick(fast=[1024, 2048, 4096], full=[1024, 2048, 4096, 8192])
-    repeats = args.repeats or pick(fast=3, full=5)
+    sizes = args.sizes or args.mode.pick(fast=[1024, 2048, 4096], full=[1024, 2048, 4096, 8192])
+    repeats = args.repeats or args.mode.pick(fast=3, full=5)
     impls = list(dict.fromkeys(["sdpa", *args.impls]))  # the baseline is always measured
-    backward = pick(fast=False, full=True) if args.backward is None else args.backward
+    backward = args.mode.pick(fast=False, full=True) if args.backward is None else args.backward
     pattern = parse_pattern(args.pattern)
     rows: list[dict[str, Any]] = []
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None

@@ -45,10 +45,8 @@ from codex_lab.runtime import get_device
 from codex_lab.stats import HOLDS, NOT_RESOLVED, Comparison, compare, holm, judge_trained, noninferiority
 from codex_lab.training.loop import LoopConfig, adamw, run_loop
 from codex_lab.training_state import TrainingState, training_state
-# the geometry (arms, sizes per mode, densities), re-exported: lr.ARMS, lr.RecallConfig, lr.arms_for, ...
-from codex_lab.lessons.l02_sparse_attention.geometry import (  # noqa: F401
-    ARMS, MOBA, SCHEDULES, STRIDE, WIDE, WINDOW, RecallConfig, all_arms, arm_specs, arms_for, config_for, densities,
-    fast_config, full_config, moba_available, moba_spec_for, standard_config)
+# the geometry (arms, sizes per mode, densities) is geometry.py's
+from codex_lab.lessons.l02_sparse_attention.geometry import RecallConfig
 
 # the smallest change of held-out accuracy the claims care about: the claimed effects are ~0.5,
 # and 0.02 is about the evaluation sample's own standard error (sqrt(0.25 / 600) at 600 queries)

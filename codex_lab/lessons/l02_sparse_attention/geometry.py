@@ -1,7 +1,6 @@
 """Lesson 02's recall experiment, its geometry: the arms' patterns, the model and task sizes per
 mode (:class:`RecallConfig`: fast for CI, standard for a laptop, full for a GPU at the article's
-window and stride), and the matched-density check. :mod:`.experiments` trains and judges them
-(and re-exports every name here)."""
+window and stride), and the matched-density check. :mod:`.experiments` trains and judges them."""
 
 from __future__ import annotations
 

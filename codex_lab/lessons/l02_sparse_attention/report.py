@@ -112,9 +112,9 @@ def run(ctx: Any) -> str:
 def recall_config(mode: str) -> Any:
     """The recall experiment's sizes for a mode: fast (CI, too short to converge), standard (a
     laptop, converged), full (a GPU)."""
-    from codex_lab.lessons.l02_sparse_attention import experiments as lr
+    from codex_lab.lessons.l02_sparse_attention.geometry import config_for
 
-    return lr.config_for(mode)
+    return config_for(mode)
 
 
 def long_range(ctx: Any) -> str:
@@ -125,16 +125,17 @@ def long_range(ctx: Any) -> str:
     import matplotlib.pyplot as plt
 
     from codex_lab.lessons.l02_sparse_attention import experiments as lr
+    from codex_lab.lessons.l02_sparse_attention.geometry import SCHEDULES, arms_for, densities
     from codex_lab.training_state import states_text
 
     mode = ctx.mode
     cfg = recall_config(mode)
-    arms = lr.arms_for(mode, cfg=cfg)
+    arms = arms_for(mode, cfg=cfg)
     L, n, rf = cfg.n_layer, cfg.task.seq_len, cfg.reach
     res = lr.run_arms(arms, cfg)
     v = lr.judge(res, cfg)
     chance = lr.chance_of(cfg)  # one of the key's pool
-    dens = lr.densities({k: a[0] for k, a in arms.items() if k not in lr.SCHEDULES}, n)
+    dens = densities({k: a[0] for k, a in arms.items() if k not in SCHEDULES}, n)
     dists = [str(d) for d in cfg.task.distances]
     lines = ["| arm | patterns | density | " + " | ".join(dists) + f" | far (> {rf}) | state |",
              "|---|---|---|" + "---|" * (len(dists) + 2)]
@@ -160,7 +161,7 @@ def long_range(ctx: Any) -> str:
               f"{mean['window+stride']:.2f}, window {mean['window']:.2f}, chance {chance:.3f}; {cfg.preregistration}"
               + (f". Secondary (Holm): {sec}" if sec else ""), v.stride.verdict, lesson="02",
               states=states_text(st_main + [s_ for k, s_ in v.states.items() if k in ("window+global", "moba")]))
-    sched = [v.states[k] for k in lr.SCHEDULES]
+    sched = [v.states[k] for k in SCHEDULES]
     more = "; ".join(f"dense-early minus all-sparse {c.diff:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] {c.verdict}" for c in v.schedule_more)
     ctx.claim("Gradual sparsity: dense early layers, sparse deep layers is the better schedule",
               f"same task, {arms['dense early, sparse deep'][1]} as the sparse layer: far accuracy dense-early minus "
@@ -199,7 +200,7 @@ def performance_goals(ctx: Any) -> str:
     from codex_lab.course.benches import run_bench
 
     argv = ["--sizes", "8192", "--impls", "sdpa", "blocks", "fast", "--backward", "--repeats", "3"]
-    recs = {r["impl"]: r for r in run_bench("attention", argv)}
+    recs = {r["impl"]: r for r in run_bench("attention", argv, ctx.run_mode)}
     f = recs["fast"]
     computed = f" ({f['computed_fraction']:.1%} of causal pairs computed)" if "computed_fraction" in f else ""
     how = (f"N=8192, d={f['density']:.3f}, 1/d={f['limit_1_over_d']:.1f}x, {f['tile_fraction']:.1%} of tiles{computed}; "

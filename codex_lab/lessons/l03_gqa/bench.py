@@ -22,7 +22,7 @@ from codex_lab.infer.sampling import SamplingParams
 from codex_lab.nn.accounting import kv_cache_bytes, measured_cache_bytes
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
-from codex_lab.runtime import get_device, pick, seed_everything
+from codex_lab.runtime import get_device, seed_everything
 
 NAME = "gqa"
 HELP = "GQA: KV-cache bytes (measured = formula) and cached decode ms/step per group size g"
@@ -89,10 +89,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One record per group size (see the module docstring)."""
     device = get_device(args.device)
     groups = parse_groups(args.groups, args.heads)
-    batch = args.batch or pick(fast=4, full=32)
-    context = args.context or pick(fast=128, full=2048)
-    steps = args.steps or pick(fast=8, full=64)
-    repeats = args.repeats or pick(fast=3, full=7)
+    batch = args.batch or args.mode.pick(fast=4, full=32)
+    context = args.context or args.mode.pick(fast=128, full=2048)
+    steps = args.steps or args.mode.pick(fast=8, full=64)
+    repeats = args.repeats or args.mode.pick(fast=3, full=7)
     seed_everything(0)
     models = {}
     for g in groups:

@@ -2,8 +2,8 @@
 
 With ``n_head`` query heads and ``n_kv_head`` key/value heads, each K/V head serves a group
 of ``g = n_head / n_kv_head`` query heads (g = 1: multi-head attention, MHA; g = n_head:
-multi-query attention, MQA). The core pieces live in the package's layers and are
-re-exported here, the names the notebook and the report use:
+multi-query attention, MQA). The core pieces live in the package's layers (import them from
+there):
 
 - KV-byte accounting: :mod:`codex_lab.nn.accounting` (:func:`kv_cache_bytes`,
   :func:`kv_bytes_per_token`, :func:`kv_saving`, :func:`measured_cache_bytes`);
@@ -200,11 +200,9 @@ PROTOCOL_SIZES: dict[str, ProtocolSizes] = {
 }
 
 
-def protocol_sizes(mode: str | None = None) -> ProtocolSizes:
-    """The sizes for ``mode`` (default: the mode in force, :func:`codex_lab.runtime.mode_info`)."""
-    from codex_lab.runtime import mode_info
-
-    m = mode or mode_info().mode
+def protocol_sizes(mode: str) -> ProtocolSizes:
+    """The sizes for ``mode`` (``"fast"``, ``"standard"`` or ``"full"``: the run's :class:`codex_lab.runtime.Mode` name)."""
+    m = mode
     if m not in PROTOCOL_SIZES:
         raise ValueError(f"unknown mode {m!r}; one of {sorted(PROTOCOL_SIZES)}")
     return PROTOCOL_SIZES[m]

@@ -26,6 +26,8 @@ def run(ctx: Any) -> str:
     """Measure KV-cache bytes against the formula for g = 1..8, turn real models' head counts
     into bytes at 32k context, and judge "GQA keeps quality" by the paper's protocol."""
     from codex_lab.lessons.l03_gqa import experiments as gqa
+    from codex_lab.nn.accounting import kv_cache_bytes, measured_cache_bytes
+    from codex_lab.nn.surgery import mha_to_gqa
     from codex_lab.nn.config import ModelConfig
     from codex_lab.nn.model import CodexModel
     from codex_lab.stats import NONINFERIORITY_RULE, check_stated
@@ -38,11 +40,11 @@ def run(ctx: Any) -> str:
     eight = CodexModel(ModelConfig.from_dict({**ck.config.to_dict(), "n_head": 8, "n_kv_head": 8})).eval()
     byte_rows = []
     for base in (mha, eight):
-        ref = gqa.measured_cache_bytes(base, 1, seq)
+        ref = measured_cache_bytes(base, 1, seq)
         for g in [g for g in (1, 2, 4, 8) if base.cfg.n_head % g == 0]:
-            m = gqa.mha_to_gqa(base, base.cfg.n_head // g)
-            measured = gqa.measured_cache_bytes(m, 1, seq)
-            formula = gqa.kv_cache_bytes(m.cfg, 1, seq)
+            m = mha_to_gqa(base, base.cfg.n_head // g)
+            measured = measured_cache_bytes(m, 1, seq)
+            formula = kv_cache_bytes(m.cfg, 1, seq)
             byte_rows.append((base.cfg.n_head, g, m.cfg.n_kv_head, formula, measured, 1 - measured / ref))
     assert all(f == m for _, _, _, f, m, _ in byte_rows), "measured cache bytes differ from the formula"
     saving = {g: s for h, g, _, _, _, s in byte_rows if h == 8}
@@ -69,8 +71,8 @@ def run(ctx: Any) -> str:
             "| model | query / KV heads | KV cache (GQA) | same shapes as MHA | saving |", "|---|---|---|---|---|"]
     for name, shape in REAL_MODELS.items():
         cfg = ModelConfig(**shape)
-        b = gqa.kv_cache_bytes(cfg, 1, 32768, torch.bfloat16)
-        b_mha = gqa.kv_cache_bytes(ModelConfig(**{**shape, "n_kv_head": shape["n_head"]}), 1, 32768, torch.bfloat16)
+        b = kv_cache_bytes(cfg, 1, 32768, torch.bfloat16)
+        b_mha = kv_cache_bytes(ModelConfig(**{**shape, "n_kv_head": shape["n_head"]}), 1, 32768, torch.bfloat16)
         out.append(f"| {name} | {cfg.n_head} / {cfg.n_kv_head} | {b / 2**30:.3f} GiB | {b_mha / 2**30:.2f} GiB | {1 - b / b_mha:.1%} |")
 
     out += ["", "**Quality, by the GQA paper's protocol** (Ainslie et al. 2023): an MHA base pre-trained with a cosine "

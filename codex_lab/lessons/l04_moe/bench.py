@@ -26,7 +26,7 @@ import torch
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.moe import MoEFeedForward, ffn_param_counts
 from codex_lab.nn.moe_native import moe_native_status
-from codex_lab.runtime import get_device, interleaved_times, pick, seed_everything
+from codex_lab.runtime import get_device, interleaved_times, seed_everything
 
 NAME = "moe"
 HELP = "MoE dispatch: reference loop vs grouped vs HF Mixtral block (ms, speed-up, active/total params)"
@@ -139,12 +139,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if threads:
         torch.set_num_threads(threads)
     device = get_device(getattr(args, "device", None))
-    sizes = parse_sizes(args.sizes) if getattr(args, "sizes", None) else pick(
+    sizes = parse_sizes(args.sizes) if getattr(args, "sizes", None) else args.mode.pick(
         fast=[(256, 8, 2), (512, 8, 2), (512, 16, 4)],
         full=[(512, 8, 2), (2048, 8, 2), (2048, 16, 2), (2048, 16, 4), (8192, 8, 2)],
     )
     # fast mode: 5 rounds, not 3, so one disturbed round cannot move a median
-    repeats = getattr(args, "repeats", None) or pick(fast=5, full=7)
+    repeats = getattr(args, "repeats", None) or args.mode.pick(fast=5, full=7)
     rows: list[dict[str, Any]] = []
     for t, e, k in sizes:
         rows += bench_case(t, e, k, d_model=getattr(args, "d_model", 256), hidden=getattr(args, "hidden", 512),

@@ -332,8 +332,8 @@ class Plan:
                 f"{self.eval_batches * self.eval_batch_size} windows per seed; {len(self.seeds)} seeds")
 
 
-def protocol_plan(mode: str | None = None) -> Plan:
-    """The quality protocol's sizes for ``mode`` (default: the mode in force).
+def protocol_plan(mode: str) -> Plan:
+    """The quality protocol's sizes for ``mode`` (the run's :class:`codex_lab.runtime.Mode` name).
 
     standard: shrunk so every arm reaches a plateau on one CPU core within the report's
     budget (a one-layer model on 32-token windows trained for many steps, not a big one for few);
@@ -341,9 +341,6 @@ def protocol_plan(mode: str | None = None) -> Plan:
     under-trained rule may fire);
     full: the article-scale geometry (the shipped model's width), meant for a GPU.
     """
-    from codex_lab.runtime import mode_info
-
-    mode = mode or mode_info().mode
     # standard: ONE layer of width 32 on 32-token windows (a step costs ~1/3 of two layers on
     # 64 tokens on one core), 4000 steps, 100 warm-up steps (a peak of 1e-2 reached gradually:
     # no seed starts badly), held-out loss every 250 steps (16 evaluations) on 4 x 32 windows

@@ -208,7 +208,7 @@ def performance_goal(ctx: Any) -> str:
     block path at every bench size (the bench's default sizes of this mode)."""
     from codex_lab.course.benches import run_bench
 
-    recs = run_bench("moe", [])
+    recs = run_bench("moe", [], ctx.run_mode)
     sizes = sorted({(r["tokens"], r["experts"], r["top_k"]) for r in recs})
     ratios = {}
     for size in sizes:

@@ -18,7 +18,8 @@ TASK3 = ("completion", "bugfix", "testgen")
 
 
 def _tasks_table(ctx: Any, tok: Any) -> list[str]:
-    from codex_lab.data.tasks import TASKS, build_tasks, encode_tasks, task_files
+    from codex_lab.data.task_batches import encode_tasks
+    from codex_lab.data.tasks import TASKS, build_tasks, task_files
 
     fast = ctx.fast
     taskset = build_tasks(task_files(ctx.corpus(), 0.05 if fast else 0.5), TASKS, max_chars=600 if fast else 1200)

@@ -19,7 +19,7 @@ from codex_lab.infer.engine import Engine, Finished, SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.infer.step_plan import freeze_long_lived, served_step_options
 from codex_lab.nn.model import CodexModel
-from codex_lab.runtime import pick, progress, seed_everything
+from codex_lab.runtime import Mode, progress, seed_everything
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.measure.models import load_model_and_tokenizer  # the bench's one loader (--hf replaces it)
 
@@ -305,40 +305,40 @@ def bench_compile(model: CodexModel, batch: int = 4, prompt_len: int = 64, new_t
     return rows
 
 
-def _peer(model: CodexModel, tok: CodeTokenizer, threads: int | None) -> list[dict[str, Any]]:
+def _peer(model: CodexModel, tok: CodeTokenizer, threads: int | None, mode: Mode) -> list[dict[str, Any]]:
     from codex_lab.measure.peer_llamacpp import bench_llama_cpp
 
     # 128- and 512-token prompts, 128 new tokens; rounds interleaved (5 fast, 11 full)
-    return bench_llama_cpp(model, tok, prompt_lens=(128, 512), new_tokens=128, rounds=pick(fast=5, full=11),
+    return bench_llama_cpp(model, tok, prompt_lens=(128, 512), new_tokens=128, rounds=mode.pick(fast=5, full=11),
                            threads=threads)
 
 
-def _single_stream(model: CodexModel, tok: CodeTokenizer, compile: bool) -> list[dict[str, Any]]:
+def _single_stream(model: CodexModel, tok: CodeTokenizer, compile: bool, mode: Mode) -> list[dict[str, Any]]:
     from codex_lab.measure.single_stream import bench_single_stream
 
-    return bench_single_stream(model, tok, slots=8, new_tokens=128, rounds=pick(fast=5, full=11), compile=compile)
+    return bench_single_stream(model, tok, slots=8, new_tokens=128, rounds=mode.pick(fast=5, full=11), compile=compile)
 
 
-def _peer_streams(model: CodexModel, tok: CodeTokenizer, threads: int | None) -> list[dict[str, Any]]:
+def _peer_streams(model: CodexModel, tok: CodeTokenizer, threads: int | None, mode: Mode) -> list[dict[str, Any]]:
     from codex_lab.measure.peer_llamacpp import bench_llama_cpp_streams
 
     # 8 streams of 128-token prompts, 128 new tokens each; rounds interleaved (5 fast, 11 full)
     return bench_llama_cpp_streams(model, tok, streams=8, prompt_len=128, new_tokens=128,
-                                   rounds=pick(fast=5, full=11), threads=threads)
+                                   rounds=mode.pick(fast=5, full=11), threads=threads)
 
 
-def _token_profile(model: CodexModel, tok: CodeTokenizer, compile: bool) -> list[dict[str, Any]]:
+def _token_profile(model: CodexModel, tok: CodeTokenizer, compile: bool, mode: Mode) -> list[dict[str, Any]]:
     from codex_lab.measure.token_profile import bench_token_profile
 
-    return bench_token_profile(model, tok, new_tokens=pick(fast=64, full=128), slots=8, compile=compile,
-                               rounds=pick(fast=3, full=5))
+    return bench_token_profile(model, tok, new_tokens=mode.pick(fast=64, full=128), slots=8, compile=compile,
+                               rounds=mode.pick(fast=3, full=5))
 
 
-def _native_profile(model: CodexModel, tok: CodeTokenizer, random: bool) -> list[dict[str, Any]]:
+def _native_profile(model: CodexModel, tok: CodeTokenizer, random: bool, mode: Mode) -> list[dict[str, Any]]:
     from codex_lab.measure.native_profile import bench_native_profile
 
     # 40 x 128 tokens after a 128-token prompt per run, 2 interleaved runs of each engine (3 full)
-    return bench_native_profile(model, tok, prompt_len=128, new_tokens=128, reps=40, rounds=pick(fast=2, full=3),
+    return bench_native_profile(model, tok, prompt_len=128, new_tokens=128, reps=40, rounds=mode.pick(fast=2, full=3),
                                 random=random)
 
 
@@ -359,30 +359,30 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if wanted - known:
         raise ValueError(f"unknown scenarios {sorted(wanted - known)}; choose from {sorted(known)}")
     scenarios: dict[str, Callable[[], list[dict[str, Any]]]] = {
-        "cache": lambda: bench_cache(model, pick(fast=[32, 256], full=[32, 256, 768]), pick(fast=32, full=128)),
-        "hf": lambda: bench_hf(model, 64, pick(fast=32, full=128)),
-        "batching": lambda: bench_batching(model, tok, args.requests or pick(fast=16, full=32),
-                                           batch=getattr(args, "slots", None) or pick(fast=16, full=8),
+        "cache": lambda: bench_cache(model, args.mode.pick(fast=[32, 256], full=[32, 256, 768]), args.mode.pick(fast=32, full=128)),
+        "hf": lambda: bench_hf(model, 64, args.mode.pick(fast=32, full=128)),
+        "batching": lambda: bench_batching(model, tok, args.requests or args.mode.pick(fast=16, full=32),
+                                           batch=getattr(args, "slots", None) or args.mode.pick(fast=16, full=8),
                                            compile=not getattr(args, "no_compile", False),
-                                           rounds=pick(fast=3, full=5))[0],
+                                           rounds=args.mode.pick(fast=3, full=5))[0],
         "streams": lambda: [r for chunk in (None, 32)
-                            for r in bench_streams(model, tok, pick(fast=8, full=32), max_prefill_tokens=chunk)[0]],
-        "speculative": lambda: bench_speculative(model, tok, pick(fast=2, standard=3, full=8), pick(fast=32, standard=48, full=96),
-                                                 rounds=pick(fast=3, standard=5, full=11),
+                            for r in bench_streams(model, tok, args.mode.pick(fast=8, full=32), max_prefill_tokens=chunk)[0]],
+        "speculative": lambda: bench_speculative(model, tok, args.mode.pick(fast=2, standard=3, full=8), args.mode.pick(fast=32, standard=48, full=96),
+                                                 rounds=args.mode.pick(fast=3, standard=5, full=11),
                                                  fast_decoder=not getattr(args, "no_compile", False)),
         "compile": lambda: bench_compile(model),
         # 11 interleaved rounds in full mode: the median ratio holds on a machine whose speed drifts
-        "decode": lambda: bench_decode(model, 64, pick(fast=64, full=128), hf_compile=not getattr(args, "no_hf_compile", False),
-                                       repeats=pick(fast=5, full=11)),
-        "code_edit": lambda: bench_code_edit(model, tok, pick(fast=4, full=12), pick(fast=64, full=128)),
-        "llama_cpp": lambda: _peer(model, tok, getattr(args, "threads", None)),
-        "llama_cpp_streams": lambda: _peer_streams(model, tok, getattr(args, "threads", None)),
+        "decode": lambda: bench_decode(model, 64, args.mode.pick(fast=64, full=128), hf_compile=not getattr(args, "no_hf_compile", False),
+                                       repeats=args.mode.pick(fast=5, full=11)),
+        "code_edit": lambda: bench_code_edit(model, tok, args.mode.pick(fast=4, full=12), args.mode.pick(fast=64, full=128)),
+        "llama_cpp": lambda: _peer(model, tok, getattr(args, "threads", None), args.mode),
+        "llama_cpp_streams": lambda: _peer_streams(model, tok, getattr(args, "threads", None), args.mode),
         # one stream: FastDecoder vs the serving engine with and without its one-row shape (5 rounds, 11 full)
-        "single_stream": lambda: _single_stream(model, tok, compile=not getattr(args, "no_compile", False)),
+        "single_stream": lambda: _single_stream(model, tok, compile=not getattr(args, "no_compile", False), mode=args.mode),
         # one stream under torch.profiler: where a token's time goes (64 tokens, 3 unprofiled rounds)
-        "token_profile": lambda: _token_profile(model, tok, compile=not getattr(args, "no_compile", False)),
+        "token_profile": lambda: _token_profile(model, tok, compile=not getattr(args, "no_compile", False), mode=args.mode),
         # both engines under Linux perf, one thread each: CPU time per token by function
-        "native_profile": lambda: _native_profile(model, tok, getattr(args, "random", False)),
+        "native_profile": lambda: _native_profile(model, tok, getattr(args, "random", False), args.mode),
     }
     rows: list[dict[str, Any]] = []
     bar = progress([s for s in scenarios if s in wanted], desc="inference bench", unit="scenario")

@@ -16,7 +16,7 @@ def run(ctx: Any) -> str:
     from codex_lab.lessons.l06_inference import bench
     from codex_lab.nn.accounting import kv_bytes_per_token
     from codex_lab.nn.kv_cache import make_static_caches
-    from codex_lab.runtime import pick
+    pick = ctx.pick  # sizes for the run's mode
 
     ck = ctx.checkpoint()
     model, tok, cfg = ck.model.cpu().eval(), ck.tokenizer, ck.config
@@ -116,7 +116,7 @@ def performance_goals(ctx: Any) -> tuple[str, list[dict[str, Any]]]:
     # compiling its 9 decode buckets took 102.6 s of the standard report's 26.7 min on 2 CPU cores
     # (2026-12-03); lesson 07 measures the server's compiled engine
     argv = ["--scenarios", "decode,code_edit,batching"] + ([] if ctx.mode == "full" else ["--no-compile"])
-    recs = run_bench("inference", argv)
+    recs = run_bench("inference", argv, ctx.run_mode)
     dec = next(r for r in recs if r.get("impl") == "codex_lab_fast_decode")
     tail = (f"{dec['tokens_per_s']:.0f} tokens/s, same tokens {dec['same_tokens']}, {dec.get('recompiles')} recompiles, "
             f"compile {dec.get('compile_s', 0):.1f} s")
@@ -293,7 +293,7 @@ def speculative_section(ctx: Any) -> str:
     state = training_state([curve], higher_is_better=True, min_change=0.01, arm="distilled draft")
     # the scenario exactly as a learner reruns it (sizes by mode; the compiled FastDecoder beside it except in fast mode)
     argv = ["--scenarios", "speculative", "--threads", "1"] + (["--no-compile"] if ctx.mode == "fast" else [])
-    rows = run_bench("inference", argv)
+    rows = run_bench("inference", argv, ctx.run_mode)
     acc = [r for r in rows if r["impl"] == "acceptance"]
     sp = next(r for r in rows if r["impl"].startswith("speculative_g"))
     g = sp["gamma"]

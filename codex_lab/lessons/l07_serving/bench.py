@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from codex_lab.runtime import pick
 
 NAME = "serving"
 HELP = "server latency seen by streaming clients at several concurrencies (TTFT/TBT percentiles, SLO shares)"
@@ -104,7 +103,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for _ in range(rounds):  # interleaved: every level on every server, then the next round
             for c in levels:
-                n = args.requests or c * pick(fast=4, full=16)
+                n = args.requests or c * args.mode.pick(fast=4, full=16)
                 for impl, url in targets.items():
                     # with a peer, one connection per request on both servers (llama-server drops kept-alive
                     # ones), and every answer runs to max_tokens on both (ignore_eos: the same work; without

@@ -31,7 +31,7 @@ def run(ctx) -> str:  # noqa: ANN001
     from codex_lab.serve.loadtest import malformed_storm, run_load
     from codex_lab.serve.metrics import peak_memory_bytes
     from codex_lab.serve.registry import Registry
-    from codex_lab.runtime import pick
+    pick = ctx.pick  # sizes for the run's mode
     from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
 
     threads = torch.get_num_threads()

@@ -31,7 +31,7 @@ def check_my_design(fn: Callable[..., Any]) -> None:
     design = fn()
     problems = sc.validate_design(design, _base_cfg())
     assert not problems, "the design is not valid, so nothing was trained: " + "; ".join(problems)
-    results = sc.score(sc.measure(design))
+    results = sc.score(sc.measure(design, mode=sc.scoring_mode()))
     for r in results:
         with case(r.max_points, r.key):
             assert r.passed, f"{r.key}: {r.detail}"

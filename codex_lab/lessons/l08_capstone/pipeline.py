@@ -36,12 +36,8 @@ from typing import Any, Sequence
 
 import torch
 
-from codex_lab.lessons.l08_capstone.architecture import (  # noqa: F401  (the notebook's names)
-    DEFAULT_SPARSE, ablation_configs, capstone_config, describe, max_logit_gap,
-)
-from codex_lab.lessons.l08_capstone.claims import VERDICTS, capstone_claims  # noqa: F401
-from codex_lab.lessons.l08_capstone.release import canary_release  # noqa: F401
-from codex_lab.lessons.l08_capstone.results import StageLog, summary_table  # noqa: F401
+from codex_lab.lessons.l08_capstone.architecture import ablation_configs, capstone_config, describe
+from codex_lab.lessons.l08_capstone.results import StageLog
 from codex_lab.nn.accounting import active_params, kv_bytes_per_token
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
@@ -85,11 +81,11 @@ class CapstoneSizes:
         return self.finetune.tasks
 
 
-def default_sizes() -> CapstoneSizes:
-    """Full-mode sizes, or the fast-mode ones (seconds per stage on 2 CPU cores)."""
-    from codex_lab.runtime import fast_mode
-
-    if not fast_mode():
+def default_sizes(mode: str) -> CapstoneSizes:
+    """Full-mode sizes, or the laptop ones for fast and standard mode (seconds per stage on 2 CPU cores)."""
+    if mode not in ("fast", "standard", "full"):
+        raise ValueError(f"mode {mode!r} is not understood; use fast, standard or full")
+    if mode == "full":
         return CapstoneSizes()
     ft = FinetuneConfig(tasks=("completion", "bugfix", "testgen"), steps=4, batch_size=4, max_len=192, eval_every=2,
                         val_per_task=4, lr=1e-4, warmup=1)
@@ -220,7 +216,7 @@ def run_capstone(
     corpus: Any,
     *,
     cfg: ModelConfig | None = None,
-    sizes: CapstoneSizes | None = None,
+    sizes: CapstoneSizes,
     balance: str = DEFAULT_BALANCE,
     seed: int = 0,
     progress: bool = False,
@@ -230,7 +226,7 @@ def run_capstone(
     ``corpus`` is a :class:`codex_lab.data.corpus.Corpus` (train/val texts and task functions).
     ``base`` itself is not modified; the baseline is a deep copy given the same budget.
     """
-    sz = sizes or default_sizes()
+    sz = sizes
     log = StageLog()
     t0 = time.perf_counter()
     models = build_models(base, cfg, seed=seed, log=log)

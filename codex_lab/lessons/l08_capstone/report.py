@@ -20,6 +20,10 @@ def run(ctx: Any) -> str:
     import torch
 
     from codex_lab.lessons.l08_capstone import pipeline as cap
+    from codex_lab.lessons.l08_capstone.architecture import describe
+    from codex_lab.lessons.l08_capstone.claims import capstone_claims
+    from codex_lab.lessons.l08_capstone.release import canary_release
+    from codex_lab.lessons.l08_capstone.results import StageLog, summary_table
     from codex_lab.lessons.l08_capstone import trade as tr
     from codex_lab.lessons.l08_capstone import trade_speed as tsp
     from codex_lab.lessons.l08_capstone import trade_table as tt
@@ -36,17 +40,17 @@ def run(ctx: Any) -> str:
         decision = tt.trade_decision(rows)
         # the release: the trade's trained candidate (every optimisation) against its trained plain model, seed 0
         models = {"baseline": trade.model("plain"), "candidate": trade.model("all")}
-        log, tok = cap.StageLog(), trade.tokenizer
+        log, tok = StageLog(), trade.tokenizer
         for name, m in models.items():
-            log.put(name, **{k: v for k, v in cap.describe(m, seq_len=tsizes.context).items() if k != "layers"})
+            log.put(name, **{k: v for k, v in describe(m, seq_len=tsizes.context).items() if k != "layers"})
         sizes = cap.CapstoneSizes(gate_tokens=24 if ctx.fast else 48)
         reports, passed, reasons = cap.gate_stage(models, tok, sizes, log)
-        rollout = cap.canary_release(
+        rollout = canary_release(
             models["baseline"], models["candidate"], tok, tempfile.mkdtemp(prefix="codex-lab-report-capstone-"),
             gates={"passed": passed, "reasons": reasons, **reports["candidate"].scores()},
             requests=40 if ctx.fast else 200, promote_after=10 if ctx.fast else 60, min_requests=5 if ctx.fast else 20,
             serve_refused=not passed)  # a refused candidate is served only to compare the live verdict
-        claims = cap.capstone_claims(models=models, log=log, reports=reports, passed=passed, reasons=reasons,
+        claims = capstone_claims(models=models, log=log, reports=reports, passed=passed, reasons=reasons,
                                      speed=speed, rollout=rollout)
     finally:
         torch.set_num_threads(threads)
@@ -91,7 +95,7 @@ def run(ctx: Any) -> str:
         f"share of answers that parse): **{rollout['action']}** ({'; '.join(rollout['reasons'])}); "
         f"{rollout['load']['errors']} client errors."
         + ("" if passed else " The refused candidate was served on purpose, to compare the live verdict with the gates."),
-        cap.summary_table(log, markdown=True),
+        summary_table(log, markdown=True),
     ]
 
     # every claim recorded so far (earlier sections and this one), by the article's section
