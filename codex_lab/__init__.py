@@ -2,7 +2,7 @@
 
 Public names are re-exported here, each from the small module of one concept that defines
 it. They load lazily (PEP 562): ``import codex_lab`` is fast, and ``codex_lab.Engine``
-imports ``codex_lab.infer.engine`` the first time it is used.
+imports ``codex_lab.infer.engine.loop`` the first time it is used.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "data.batches": ('fixed_batches', 'random_batch', 'tokenize_texts'),
     "data.longrange": ('RecallBatch', 'RecallTask', 'RecallVocab', 'filler_lines', 'make_recall_batch', 'recall_vocab', 'window_baseline', 'window_reach'),
     "data.fim": ('fim_prompt_ids', 'fim_token_stream', 'fim_transform'),
-    "infer.engine": ('Engine',),
-    "infer.scheduler": ('Finished',),
+    "infer.engine.loop": ('Engine',),
+    "infer.engine.scheduler": ('Finished',),
     "course.exercises": ('generate_exercises', 'load_definitions', 'strip_solutions'),
     "training.finetune": ('FinetuneConfig', 'FinetuneResult'),
     "serve.gates": ('GateReport', 'SUITE', 'bench_problems', 'engine_completer', 'functional_score', 'gate_decision', 'run_gates'),
@@ -80,9 +80,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "infer.prompt_lookup": ('lookup_draft', 'prompt_lookup_generate'),
     "lessons.l06_inference.draft": ('load_draft',),
     "infer.fast_decode": ('FastDecoder', 'one_query_attention'),
-    "infer.paged_step": ('CompiledPagedStep',),
-    "infer.step_plan": ('served_step_options',),
-    "infer.mixed": ('mixed_step',),
+    "infer.engine.runner.compiled": ('CompiledPagedStep',),
+    "infer.engine.runner.options": ('served_step_options',),
+    "infer.engine.runner.mixed": ('mixed_step',),
     "nn.surgery": ('mean_pool_heads', 'mha_to_gqa', 'truncated_draft'),
     "nn.accounting": ('active_params', 'kv_bytes_per_token', 'kv_cache_bytes', 'kv_saving', 'measured_cache_bytes'),
     "training.loop": ('LoopConfig', 'run_loop'),

@@ -64,7 +64,8 @@ import codex_lab as cl
 from codex_lab.lessons.l03_gqa import experiments as gqa
 from codex_lab.nn.config import ModelConfig
 from codex_lab.data.batches import fixed_batches, tokenize_texts
-from codex_lab.nn.model import CodexModel, attention_reference, attention_sdpa
+from codex_lab.nn.attention import attention_reference, attention_sdpa
+from codex_lab.nn.model import CodexModel
 
 T_START = time.perf_counter()
 cl.seed_everything(0)

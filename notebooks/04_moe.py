@@ -60,7 +60,7 @@ import torch
 
 import codex_lab as cl
 from codex_lab.lessons.l04_moe.bench import bench_case
-from codex_lab.nn.model import SwiGLU
+from codex_lab.nn.layers import SwiGLU
 from codex_lab.nn.moe import (MoEFeedForward, capacity_keep_mask, expert_capacity, ffn_param_counts,
                            load_balancing_loss, moe_layers_of, route)
 from codex_lab.lessons.l04_moe.experiments import (CATEGORIES, expert_by_category, mutual_information,

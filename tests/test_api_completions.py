@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from codex_lab.data.fim import fim_prompt_ids
-from codex_lab.infer.engine import Engine
+from codex_lab.infer.engine.loop import Engine
 from codex_lab.infer.generate import generate_ids
 from codex_lab.infer.sampling import SamplingParams, apply_penalties, token_logprobs
 from codex_lab.nn.config import ModelConfig

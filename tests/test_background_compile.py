@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from codex_lab.infer.engine import Engine, SamplingParams
+from codex_lab.infer.engine.loop import Engine, SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.model import CodexModel
 
@@ -92,7 +92,7 @@ def test_the_compile_thread_hands_the_interpreter_lock_back_quickly_then_restore
     5 ms per op); afterwards, and after a failed compile, the process's own interval is back."""
     import sys
 
-    from codex_lab.infer import paged_step
+    from codex_lab.infer.engine.runner import compiled as paged_step
 
     before = sys.getswitchinterval()
     for fail in (False, True):
@@ -159,7 +159,7 @@ def test_compile_progress_counts_the_graphs_warmup_builds(tok):
     """What /health and /metrics report while the server warms: (graphs done, graphs in all),
     from (0, n) before the background compile to (n, n) after it; n is warmup()'s plan (all three
     shapes), and the warming flag is up only while the compile thread runs."""
-    from codex_lab.infer.step_plan import served_step_options
+    from codex_lab.infer.engine.runner.options import served_step_options
 
     eng = Engine(seeded_model(tok), tok, max_batch_size=2, compile=True, compile_backend="eager",
                  step_options=served_step_options(2))

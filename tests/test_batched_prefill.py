@@ -1,4 +1,4 @@
-"""Batched prefill (``codex_lab.infer.prefill.prefill_batch``) held to its reference, one
+"""Batched prefill (``codex_lab.infer.engine.runner.eager.prefill_batch``) held to its reference, one
 prefill forward per request (``Engine.batch_prefill = False``): the same tokens, logits equal
 up to float rounding, one forward for a burst instead of one per request, chunked prompts,
 attention patterns (window, strided, MoBA) and the fallback when the batched forward raises."""
@@ -6,10 +6,10 @@ attention patterns (window, strided, MoBA) and the fallback when the batched for
 import pytest
 import torch
 
-from codex_lab.infer.engine import Engine, SamplingParams
+from codex_lab.infer.engine.loop import Engine, SamplingParams
 from codex_lab.infer.generate import generate_ids
-from codex_lab.infer.prefill import prefill_batch, prefill_one
-from codex_lab.infer.scheduler import grow
+from codex_lab.infer.engine.runner.eager import prefill_batch, prefill_one
+from codex_lab.infer.engine.scheduler import grow
 from codex_lab.nn.model import CodexModel
 
 from conftest import tiny_config
@@ -102,7 +102,7 @@ def test_chunked_prefill_in_batches_gives_the_reference_tokens():
 
 
 def test_a_failing_batch_falls_back_to_one_forward_per_request(monkeypatch):
-    import codex_lab.infer.engine as engine_mod
+    import codex_lab.infer.engine.loop as engine_mod
 
     def broken(*a, **k):
         raise RuntimeError("batched forward failed")

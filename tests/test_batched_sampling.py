@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codex_lab.infer.engine import Engine
+from codex_lab.infer.engine.loop import Engine
 from codex_lab.infer.sampling import SamplingParams, batched_probs, top_k_filter, top_p_filter
 from codex_lab.nn.model import CodexModel
 

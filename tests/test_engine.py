@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from codex_lab.infer.engine import Engine, Finished, SamplingParams
+from codex_lab.infer.engine.loop import Engine, Finished, SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.model import CodexModel
 
@@ -172,7 +172,7 @@ def test_chunked_prefill_same_tokens(tok):
 
 
 def test_streamable_holds_back_partial_characters_and_stop_prefixes():
-    from codex_lab.infer.scheduler import streamable as _streamable
+    from codex_lab.infer.engine.output import streamable as _streamable
 
     assert _streamable("ab\ufffd", []) == "ab"  # a character whose bytes are still incomplete
     assert _streamable("x = 1\n", ["\n\n"]) == "x = 1"  # "\n" may become the stop string
@@ -267,7 +267,7 @@ def test_compiled_step_same_tokens_and_one_graph_per_bucket(tok, backend):
     """The engine's fixed-shape step (batch padded to max_batch_size, tables to power-of-two
     buckets, padding rows writing only a scratch block) gives the eager engine's tokens,
     compiles each bucket once and never hands its scratch block to a request."""
-    from codex_lab.infer.paged_step import CompiledPagedStep
+    from codex_lab.infer.engine.runner.compiled import CompiledPagedStep
 
     model = model_for(tok, n_kv_head=2, attn_patterns=["window:6", "dense"], max_seq_len=256)
     g = torch.Generator().manual_seed(1)
@@ -302,7 +302,7 @@ def test_compiled_step_same_tokens_and_one_graph_per_bucket(tok, backend):
 def test_compiled_step_buckets_and_padding_rows(tok):
     """Buckets are the smallest times 1, 1.5, 2, 3, ..., clamped to max_seq_len; a step of fewer rows
     than max_batch_size returns only those rows, equal to the unpadded eager step."""
-    from codex_lab.infer.paged_step import CompiledPagedStep
+    from codex_lab.infer.engine.runner.compiled import CompiledPagedStep
     from codex_lab.nn.kv_cache import PagedKVPool
 
     model = model_for(tok)  # max_seq_len 128

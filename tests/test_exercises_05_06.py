@@ -263,7 +263,7 @@ def _schedule(waiting, n_running, free, max_batch, bs, *, decrement=True, floor=
 def test_schedule_step_wrong_answers():
     from collections import deque
 
-    from codex_lab.infer import scheduler
+    from codex_lab.infer.engine import scheduler
 
     def package_admit(waiting, n_running, free, max_batch, bs):
         pool = cl.PagedKVPool(1, 1, 1, free, bs)

@@ -15,7 +15,8 @@ from codex_lab.nn.surgery import mean_pool_heads, mha_to_gqa
 from codex_lab.training.evaluate import val_loss
 from codex_lab.training.pretrain import uptrain
 from codex_lab.nn.kv_cache import make_dynamic_caches
-from codex_lab.nn.model import CodexModel, attention_reference, attention_sdpa
+from codex_lab.nn.attention import attention_reference, attention_sdpa
+from codex_lab.nn.model import CodexModel
 
 # fp32 attention outputs are O(1); fused and explicit kernels sum in different orders,
 # which moves results by ~1e-7 relative: 1e-5 (CONTRIBUTING.md) is the repo's fp32 bound.

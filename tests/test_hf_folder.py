@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from codex_lab.errors import InputError, MissingFileError
 from codex_lab.hf.folder import load_hf_folder
-from codex_lab.infer.engine import Engine
+from codex_lab.infer.engine.loop import Engine
 from codex_lab.infer.generate import generate_ids
 from codex_lab.infer.sampling import SamplingParams
 

@@ -1,4 +1,4 @@
-"""New prompts ride in the compiled decode step as extra rows (codex_lab.infer.mixed): one graph
+"""New prompts ride in the compiled decode step as extra rows (codex_lab.infer.engine.runner.mixed): one graph
 call per step instead of an eager prefill beside it. The tokens stay the plain generator's, a
 prompt row's logits are its prefill's, every bucket of both shapes compiles (past dynamo's
 default limit of 8 graphs), and steps that do not fit, or whose combined call fails, take
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codex_lab.infer.engine import Engine, SamplingParams
+from codex_lab.infer.engine.loop import Engine, SamplingParams
 from codex_lab.infer.generate import decode_step, generate_ids
-from codex_lab.infer.paged_step import CompiledPagedStep
+from codex_lab.infer.engine.runner.compiled import CompiledPagedStep
 from codex_lab.nn.kv_cache import PagedKVPool
 
 from conftest import seeded_model

@@ -5,7 +5,8 @@ import torch
 
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.kv_cache import make_dynamic_caches
-from codex_lab.nn.model import CodexModel, attention_reference, attention_sdpa
+from codex_lab.nn.attention import attention_reference, attention_sdpa
+from codex_lab.nn.model import CodexModel
 
 from conftest import tiny_config
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from codex_lab.nn.config import ModelConfig
-from codex_lab.nn.model import CodexModel, SwiGLU
+from codex_lab.nn.layers import SwiGLU
+from codex_lab.nn.model import CodexModel
 from codex_lab.nn.moe_dispatch import dispatch_grouped, dispatch_reference
 from codex_lab.nn.moe import (
     MoEFeedForward, bias_update, capacity_keep_mask, expert_capacity, ffn_param_counts, load_balancing_loss, moe_layers_of, route, router_z_loss, set_dispatch_impl,

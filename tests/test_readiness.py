@@ -16,8 +16,8 @@ from typing import Callable
 import httpx
 import pytest
 
-from codex_lab.infer.engine import Engine
-from codex_lab.infer.step_plan import served_step_options
+from codex_lab.infer.engine.loop import Engine
+from codex_lab.infer.engine.runner.options import served_step_options
 from codex_lab.serve.app import BackgroundServer, ModelServer, ServerConfig, create_app
 from codex_lab.serve.metrics import PHASES, parse_metrics
 from codex_lab.serve.worker import COMPILE_CACHE_ENV, compile_cache_dir, use_compile_cache

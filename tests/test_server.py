@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from codex_lab.nn.config import ModelConfig
-from codex_lab.infer.engine import Engine, SamplingParams
+from codex_lab.infer.engine.loop import Engine, SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.serve.loadtest import malformed_bodies, malformed_storm, run_load
 from codex_lab.serve.metrics import parse_metrics

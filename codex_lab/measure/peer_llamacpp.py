@@ -310,7 +310,7 @@ def bench_llama_cpp_streams(model: CodexModel, tok: CodeTokenizer, *, streams: i
     if compile:
         eng = compiled_engine(model, tok, max_batch_size=streams)
     else:
-        from codex_lab.infer.engine import Engine
+        from codex_lab.infer.engine.loop import Engine
 
         eng = Engine(model, tok, max_batch_size=streams)
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)

@@ -35,9 +35,9 @@ def bench_single_stream(model: CodexModel, tok: CodeTokenizer, *, slots: int = 8
     tokens/s (median, min, max over ``rounds``), the ratio to FastDecoder, and per token the
     engine's model-step and other milliseconds (FastDecoder: its whole milliseconds per token;
     the server: what HTTP adds). ``compile=False`` runs every path eagerly (tests)."""
-    from codex_lab.infer.engine import Engine
+    from codex_lab.infer.engine.loop import Engine
     from codex_lab.infer.fast_decode import FastDecoder
-    from codex_lab.infer.step_plan import served_step_options
+    from codex_lab.infer.engine.runner.options import served_step_options
     from codex_lab.infer.sampling import SamplingParams
     from codex_lab.measure.peer_llamacpp import corpus_prompts
     from codex_lab.serve.compiled import compiled_engine
@@ -142,7 +142,7 @@ class _Served:
 
     def __init__(self, model: CodexModel, tok: CodeTokenizer, slots: int, compile: bool, prompt: list[int],
                  n: int) -> None:
-        from codex_lab.infer.engine import Engine
+        from codex_lab.infer.engine.loop import Engine
         from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
         from codex_lab.serve.compiled import compiled_engine
 

@@ -112,9 +112,9 @@ def bench_token_profile(model: CodexModel, tok: CodeTokenizer, *, new_tokens: in
     compiled with their usual options plus Inductor's kernel profiling, so the split sees inside
     them (each kernel records itself: one check per kernel call when no profiler runs, in the
     unprofiled rounds too)."""
-    from codex_lab.infer.engine import Engine
+    from codex_lab.infer.engine.loop import Engine
     from codex_lab.infer.fast_decode import FastDecoder, decode_compile_options
-    from codex_lab.infer.step_plan import served_step_options
+    from codex_lab.infer.engine.runner.options import served_step_options
     from codex_lab.infer.sampling import SamplingParams
     from codex_lab.measure.peer_llamacpp import corpus_prompts
     from codex_lab.serve.compiled import compiled_engine

@@ -8,7 +8,7 @@ position of each key (``-1`` marks an empty slot, which the mask then hides).
 - :class:`StaticKVCache`: preallocated, slot = position, ``truncate`` rolls back (lesson 06);
 - :class:`RollingWindowCache`: a sliding-window layer keeps only its window (Mistral);
 - :class:`PagedKVPool`: fixed-size blocks + per-request block tables, used by
-  :class:`~codex_lab.infer.engine.Engine` (PagedAttention-style).
+  :class:`~codex_lab.infer.engine.loop.Engine` (PagedAttention-style).
 """
 
 from __future__ import annotations

@@ -11,23 +11,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from codex_lab.nn import sparse  # noqa: F401  (registers the "blocks" and "flex" kernels)
-from codex_lab.nn.attention import (
-    AttentionFn,
-    attention_reference,
-    attention_sdpa,
-    get_attention_impl,
-    register_attention_impl,
-)
+from codex_lab.nn.attention import get_attention_impl
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.kv_cache import LayerCache
-from codex_lab.nn.layers import RMSNorm, SwiGLU, apply_rope, rope_tables, rotate_half
+from codex_lab.nn.layers import RMSNorm, SwiGLU, apply_rope, rope_tables
 from codex_lab.nn.moba import moba_attention
 from codex_lab.nn.moe import MoEFeedForward
 from codex_lab.nn.patterns import AttentionPattern, MoBA, parse_pattern

@@ -36,8 +36,8 @@ too). It never imports codex_lab. Steps:
 
 The steps live in modules of their own, loaded from this folder (standard library only, never
 codex_lab): ``_launch_root`` (steps 1-4), ``_launch_seccomp`` (step 5's system-call filter) and
-``_launch_supervise`` (step 6); this module holds step 5's child and :func:`main`, and still
-offers every name it did when it held them all.
+``_launch_supervise`` (step 6); this module holds step 5's child and :func:`main` (import the
+steps' names from their own modules).
 """
 
 import ctypes
@@ -58,29 +58,9 @@ if not __package__:  # run as the launcher script (python -I -S _launch.py CONFI
     __package__ = _steps.__name__
 
 from ._launch_base import SetupError, _libc  # noqa: E402
-from ._launch_root import (AT_RECURSIVE, DEVICES, MNT_DETACH, MOUNT_ATTR_RDONLY, MS_BIND, MS_NOATIME,  # noqa: E402
-                           MS_NODEV, MS_NODIRATIME, MS_NOEXEC, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC,
-                           MS_RELATIME, MS_REMOUNT, ST_FLAGS, SYS_MOUNT_SETATTR, SYS_PIVOT_ROOT, SYSTEM, _bind_ro,
-                           _inside, _lock_flags, _make_parents, _mount, _mount_sys, _outermost, _own_cgroup2,
-                           _recreate_links, _submounts_ro, build_root, enter_root)
-from ._launch_seccomp import (_DENY, _SPECIAL, AF_INET, AF_INET6, AF_UNIX, AUDIT_ARCH, CLONE_NEW_ANY,  # noqa: E402
-                              CLONE_NEWUSER, EAFNOSUPPORT, ENOSYS, EPERM, NR, X32_SYSCALL_BIT, seccomp_filter,
-                              seccomp_program)
-from ._launch_supervise import (INODE_BYTES, ProcessMemory, UnixSocketMemory, _oom_count,  # noqa: E402
-                                _stop_all, supervise)
-
-# every name this module held before its steps moved out (the step modules above define most)
-__all__ = [
-    "AF_INET", "AF_INET6", "AF_UNIX", "AT_RECURSIVE", "AUDIT_ARCH", "build_root", "CLONE_NEW_ANY", "CLONE_NEWUSER",
-    "DEVICES", "drop_privileges", "EAFNOSUPPORT", "ENOSYS", "enter_root", "EPERM", "INODE_BYTES", "main",
-    "MNT_DETACH", "MOUNT_ATTR_RDONLY", "MS_BIND", "MS_NOATIME", "MS_NODEV", "MS_NODIRATIME", "MS_NOEXEC",
-    "MS_NOSUID", "MS_PRIVATE", "MS_RDONLY", "MS_REC", "MS_RELATIME", "MS_REMOUNT", "NR", "PR_CAPBSET_DROP",
-    "PR_SET_NO_NEW_PRIVS", "PR_SET_PDEATHSIG", "seccomp_filter", "seccomp_program", "SetupError", "ST_FLAGS",
-    "supervise", "SYS_MOUNT_SETATTR", "SYS_PIVOT_ROOT", "SYSTEM", "UnixSocketMemory", "X32_SYSCALL_BIT", "_bind_ro",
-    "_child", "_DENY", "_inside", "_libc", "_lock_flags", "_make_parents", "_mount", "_mount_sys", "_oom_count",
-    "_outermost", "_own_cgroup2", "_recreate_links", "_report", "_REPORT_FD", "_SPECIAL",
-    "_stop_all", "_submounts_ro",
-]
+from ._launch_root import build_root, enter_root  # noqa: E402
+from ._launch_seccomp import seccomp_filter  # noqa: E402
+from ._launch_supervise import supervise  # noqa: E402
 
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_PDEATHSIG = 38, 24, 1
 

@@ -8,14 +8,14 @@ from typing import Any
 
 def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, mixed: bool = True,
                     inductor_options: dict[str, Any] | None = None, **kw: Any) -> Any:
-    """An :class:`~codex_lab.infer.engine.Engine` with the compiled decode step. It serves at
+    """An :class:`~codex_lab.infer.engine.loop.Engine` with the compiled decode step. It serves at
     once: every bucket compiles in a background thread while steps run the same padded step
     eagerly (the same tokens), and all steps switch to the graphs when the last one is built.
     The first answer does not wait for it. Prints what it did on stderr (stdout stays the
     caller's: a bench's ``--json`` rows).
 
     ``mixed``: arriving prompts ride in the compiled step as extra rows
-    (:func:`~codex_lab.infer.step_plan.served_step_options`); False prefills them eagerly beside it.
+    (:func:`~codex_lab.infer.engine.runner.options.served_step_options`); False prefills them eagerly beside it.
 
     ``gemm_template`` (default): compile with the weights frozen and Inductor's C++ GEMM template,
     as :class:`~codex_lab.infer.fast_decode.FastDecoder` does. Inductor caches no frozen graph,
@@ -37,9 +37,9 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
     import sys
     import time
 
-    from codex_lab.infer.engine import Engine
+    from codex_lab.infer.engine.loop import Engine
     from codex_lab.infer.fast_decode import cpu_compile_options, decode_compile_options
-    from codex_lab.infer.step_plan import served_step_options
+    from codex_lab.infer.engine.runner.options import served_step_options
 
     device = next(model.parameters()).device
     kw.setdefault("step_options", served_step_options(kw.get("max_batch_size", 8), mixed=mixed))

@@ -29,13 +29,13 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Callable
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 import torch
 
 from codex_lab.infer.generate import answer_end_ids, output_text
 from codex_lab.infer.sampling import SamplingParams
-from codex_lab.infer.scheduler import IncrementalText
+from codex_lab.infer.engine.output import IncrementalText
 from codex_lab.serve.logprobs import _SCORE_LOCK, cumulative_logprob, wire_logprobs
 from codex_lab.serve.protocol import ApiError, CompletionRequest, safe_text, wire_finish
 from codex_lab.serve.router import ModelServer

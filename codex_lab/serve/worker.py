@@ -1,4 +1,4 @@
-"""One model version = one :class:`~codex_lab.infer.engine.Engine` and the one thread that steps it.
+"""One model version = one :class:`~codex_lab.infer.engine.loop.Engine` and the one thread that steps it.
 
 Every engine call happens on that thread; HTTP handlers talk to it through a command
 queue, and events come back to asyncio with ``loop.call_soon_threadsafe``. Each request
@@ -137,7 +137,7 @@ class EngineWorker:
         max_batch_size: the engine's batch.
         step_delay_s: extra sleep per engine step: fault injection, to demonstrate a slow
             candidate being caught by the canary (0 in normal use).
-        engine_factory: builds the engine (default: ``codex_lab.infer.engine.Engine``).
+        engine_factory: builds the engine (default: ``codex_lab.infer.engine.loop.Engine``).
         max_step_failures: failed engine steps in a row after which the engine is dead.
     """
 
@@ -145,7 +145,7 @@ class EngineWorker:
                  step_delay_s: float = 0.0, engine_factory: Callable[..., Any] | None = None,
                  max_step_failures: int = 3) -> None:
         if engine_factory is None:
-            from codex_lab.infer.engine import Engine as engine_factory  # noqa: N813
+            from codex_lab.infer.engine.loop import Engine as engine_factory  # noqa: N813
         self.version, self.model, self.tokenizer = version, model, tokenizer
         self.step_delay_s, self.max_step_failures = step_delay_s, max_step_failures
         self.engine = engine_factory(model, tokenizer, max_batch_size=max_batch_size)

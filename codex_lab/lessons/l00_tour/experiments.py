@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from codex_lab.data.tokenizer import CodeTokenizer
-from codex_lab.infer.engine import Engine
+from codex_lab.infer.engine.loop import Engine
 from codex_lab.infer.sampling import SamplingParams
 from codex_lab.infer.syntax import cut_function, parses
 from codex_lab.nn.model import CodexModel

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from codex_lab.nn.model import CodexModel, apply_rope
+from codex_lab.nn.layers import apply_rope
+from codex_lab.nn.model import CodexModel
 
 
 @torch.no_grad()

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from codex_lab.infer.generate import compiled_forward, generate_batch_cached, generate_ids_cached
-from codex_lab.infer.engine import Engine, Finished, SamplingParams
+from codex_lab.infer.engine.loop import Engine, Finished, SamplingParams
 from codex_lab.infer.generate import generate_ids
-from codex_lab.infer.step_plan import freeze_long_lived, served_step_options
+from codex_lab.infer.engine.runner.options import freeze_long_lived, served_step_options
 from codex_lab.nn.model import CodexModel
 from codex_lab.runtime import Mode, progress, seed_everything
 from codex_lab.data.tokenizer import CodeTokenizer
@@ -168,7 +168,7 @@ def run_engine(model: CodexModel, tok: CodeTokenizer, reqs: list[tuple[list[int]
     stop (``max_tokens`` decides each length), so all impls generate the same tokens.
     ``compile``: the engine's compiled fixed-shape decode step, every bucket compiled before
     the clock starts (its seconds are in ``eng.fast_step.compile_s``), then
-    :func:`~codex_lab.infer.step_plan.freeze_long_lived`, as ``codex-lab serve`` does.
+    :func:`~codex_lab.infer.engine.runner.options.freeze_long_lived`, as ``codex-lab serve`` does.
     """
     # the compiled step as `codex-lab serve` runs it (prompts as rows of the step, 48-token smallest bucket)
     eng = Engine(model, tok, max_batch_size=max_batch_size, compile=compile,

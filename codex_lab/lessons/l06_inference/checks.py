@@ -197,7 +197,7 @@ def _admit(waiting: list, n_running: int, free_blocks: int, max_batch: int, bloc
     return admitted
 
 
-@exercise("06", "schedule_step", points=2, forbid=("codex_lab.infer.scheduler.admit", "codex_lab.nn.kv_cache.PagedKVPool.blocks_for"))
+@exercise("06", "schedule_step", points=2, forbid=("codex_lab.infer.engine.scheduler.admit", "codex_lab.nn.kv_cache.PagedKVPool.blocks_for"))
 def check_schedule_step(fn: Callable[..., Any]) -> None:
     """fn(waiting, n_running, free_blocks, max_batch, block_size) -> rids admitted this step."""
     # waiting: (rid, prompt tokens + max new tokens) in arrival order

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
     from codex_lab.runtime import compute_threads
     from codex_lab.serve.loadtest import run_load, run_load_in_process
-    from codex_lab.infer.step_plan import freeze_long_lived
+    from codex_lab.infer.engine.runner.options import freeze_long_lived
     from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
 
     compiled = bool(getattr(args, "compiled", False))
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     def factory(model: Any, tokenizer: Any, **kw: Any) -> Any:  # the server's engine, as `codex-lab serve` builds it
         from codex_lab.serve.compiled import compiled_engine
-        from codex_lab.infer.engine import Engine
+        from codex_lab.infer.engine.loop import Engine
 
         eng = compiled_engine(model, tokenizer, mixed=prefill == "step", **kw) if compiled else Engine(model, tokenizer, **kw)
         eng.batch_prefill = prefill != "each"

@@ -1,20 +1,24 @@
-"""The engine's bookkeeping: one request's state, the finished record, first-come admission
-into a paged KV pool, deadlines, and the text that is safe to stream.
+"""The engine's scheduler: one request's state, the finished record, first-come admission
+into a paged KV pool, deadlines, and the pool's accounting.
 
-No model code here: :class:`~codex_lab.infer.engine.Engine` runs the forwards and calls
-these pieces between them.
+No model code here: :class:`~codex_lab.infer.engine.loop.Engine` runs the forwards (through
+:mod:`codex_lab.infer.engine.runner`) and calls these pieces between them; the text a request
+streams is :mod:`codex_lab.infer.engine.output`.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
 
 from codex_lab.infer.sampling import SamplingParams
 from codex_lab.nn.kv_cache import PagedKVPool
+
+if TYPE_CHECKING:
+    from codex_lab.infer.engine.output import IncrementalText
 
 TokenCallback = Callable[[int, str], None]
 
@@ -79,36 +83,6 @@ class Request:
     detok: "IncrementalText | None" = None  # the output's text, kept up to date token by token
 
 
-class IncrementalText:
-    """``decode(ids)`` of a growing id list without re-decoding the whole list every token.
-
-    ``decode`` must be a byte-level decoder (each id maps to bytes, the bytes are joined and
-    read as UTF-8 with U+FFFD for bad or incomplete sequences), as
-    :meth:`~codex_lab.data.tokenizer.CodeTokenizer.decode` is. The text of ``ids[:k]`` is kept
-    once it ends with a complete character (its last character is not U+FFFD): a UTF-8 reader
-    starts afresh after a complete character, so ``decode(ids) == decode(ids[:k]) +
-    decode(ids[k:])`` and only the tail after ``k`` (usually one token) is decoded again.
-    A tail ending in U+FFFD (a character split across tokens) is not kept, so the next call
-    decodes it again with its missing bytes. Cost per call: the tail, not the whole output.
-    """
-
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
-        self.decode = decode
-        self.k = 0  # ids whose text is kept in self.head
-        self.head = ""  # decode(ids[:k]); ends with a complete character (or is empty)
-        self.last = -1  # ids[k - 1]: a cheap check that the next call extends the same list
-
-    def text(self, ids: list[int]) -> str:
-        """``decode(ids)``; ``ids`` extends the list of the previous call (else start over)."""
-        if len(ids) < self.k or (self.k and ids[self.k - 1] != self.last):  # not an extension: start over
-            self.k, self.head = 0, ""
-        tail = self.decode(ids[self.k:])
-        full = self.head + tail
-        if tail and not tail.endswith("\ufffd"):
-            self.k, self.head, self.last = len(ids), full, ids[-1]
-        return full
-
-
 def admit(waiting: deque[Request], running: dict[int, Request], max_batch_size: int, pool: PagedKVPool) -> list[Request]:
     """Pop the waiting requests that fit now, first come first served.
 
@@ -139,25 +113,6 @@ def grow(pool: PagedKVPool, req: Request, n_tokens: int) -> None:
     missing = pool.blocks_for(n_tokens) - len(req.blocks)
     if missing > 0:
         req.blocks.extend(pool.allocate(missing))
-
-
-def streamable(text: str, stop: list[str]) -> str:
-    """The prefix of ``text`` that is safe to stream: no trailing U+FFFD (a character whose
-    bytes are incomplete) and no tail that could still grow into a stop string."""
-    safe = text.rstrip("\ufffd")
-    hold = 0
-    for s in stop:
-        for k in range(min(len(s) - 1, len(safe)), hold, -1):
-            if safe.endswith(s[:k]):
-                hold = k
-                break
-    return safe[: len(safe) - hold]
-
-
-def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
-    """``text`` cut before the first stop string, and whether one was found."""
-    cuts = [text.find(s) for s in stop if s in text]
-    return (text[: min(cuts)], True) if cuts else (text, False)
 
 
 def kv_stats(running: list[Request], waiting: int, steps: int, pool: PagedKVPool, usable_blocks: int) -> dict[str, int]:

@@ -43,12 +43,13 @@ from typing import Any, Callable
 import torch
 
 from codex_lab.data.tokenizer import CodeTokenizer
-from codex_lab.infer.mixed import mixed_step
-from codex_lab.infer.paged_step import CompiledPagedStep
-from codex_lab.infer.prefill import decode_next, prefill_batch, prefill_one
+from codex_lab.infer.engine.runner.mixed import mixed_step
+from codex_lab.infer.engine.runner.compiled import CompiledPagedStep
+from codex_lab.infer.engine.runner.eager import decode_next, prefill_batch, prefill_one
 from codex_lab.infer.sampling import GREEDY_BELOW, SamplingParams, batched_probs, sample_next, token_logprobs
-from codex_lab.infer.scheduler import (FINISH_REASONS, Finished, IncrementalText, Request, TokenCallback, admit,
-                                       cut_at_stop, expired, grow, kv_stats, streamable)
+from codex_lab.infer.engine.scheduler import (FINISH_REASONS, Finished, Request, TokenCallback, admit, expired, grow,
+                                              kv_stats)
+from codex_lab.infer.engine.output import IncrementalText, cut_at_stop, streamable
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
 
@@ -68,7 +69,7 @@ class Engine:
         max_prefill_tokens: chunked prefill: at most this many prompt tokens are prefilled
             per step (a long prompt takes several steps), which caps how long the running
             requests' next token is held up; None = whole prompts at once.
-        compile: decode with :class:`~codex_lab.infer.paged_step.CompiledPagedStep` (the batch
+        compile: decode with :class:`~codex_lab.infer.engine.runner.compiled.CompiledPagedStep` (the batch
             padded to ``max_batch_size``, block tables to buckets 1.5x apart, one graph per
             bucket compiled on first use or by ``fast_step.warmup()``); the same tokens as the
             eager step. Prefill is eager unless ``step_options`` has ``mixed_rows`` (``mixed.py``).
@@ -192,7 +193,7 @@ class Engine:
         return pending or bool(self.waiting or self.running or self._done)
 
     def stats(self) -> dict[str, int]:
-        """Requests and KV memory right now (:func:`~codex_lab.infer.scheduler.kv_stats`)."""
+        """Requests and KV memory right now (:func:`~codex_lab.infer.engine.scheduler.kv_stats`)."""
         with self._inbox_lock:
             queued = len(self._inbox)
         running: list[Request] = []
@@ -381,7 +382,7 @@ class Engine:
     def _text(self, req: Request) -> tuple[str, bool]:
         """Decoded output, cut before the first stop string; and whether one was found.
 
-        The output is decoded incrementally (:class:`~codex_lab.infer.scheduler.IncrementalText`:
+        The output is decoded incrementally (:class:`~codex_lab.infer.engine.output.IncrementalText`:
         the tail since the last complete character, not the whole output every token);
         ``incremental_text = False`` decodes the whole output (the reference path, same text)."""
         if not self.incremental_text:

@@ -9,7 +9,7 @@ it again and again: measured on a 2-core CPU at 16 streams (2026-12-02), a 12-to
 prefill took 7.1 ms at the median inside the server against 3.7 ms alone, and the steps
 that prefilled set TBT's p95.
 
-Here both go through :class:`~codex_lab.infer.paged_step.CompiledPagedStep` at once (as
+Here both go through :class:`~codex_lab.infer.engine.runner.compiled.CompiledPagedStep` at once (as
 chunked-prefill servers batch prefill and decode tokens, Sarathi-Serve): the decode rows
 first, then one row per prompt token, each at its own position over its request's block
 table. Every layer writes all rows' keys and values before any row attends, and a row
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from codex_lab.infer.scheduler import Finished, Request, grow
+from codex_lab.infer.engine.scheduler import Finished, Request, grow
 
 __all__ = ["mixed_step"]
 
@@ -34,7 +34,7 @@ def mixed_step(engine: Any, rows: list[tuple[Request, int]],
                decoding: list[Request]) -> tuple[list[Finished], list[tuple[Request, int]]] | None:
     """Prefill ``rows`` (request, prompt tokens now) and decode ``decoding`` in one compiled call.
 
-    ``engine``: an :class:`~codex_lab.infer.engine.Engine` (its pool, ``fast_step`` and
+    ``engine``: an :class:`~codex_lab.infer.engine.loop.Engine` (its pool, ``fast_step`` and
     ``_emit`` / ``_emit_rows`` / ``_prefill`` / ``_decode`` / ``_fail``). The prompts go in,
     in order, while their tokens fit the rows the decode rows leave; the others wait for the
     next step (their turn comes first then), which costs them one step of waiting instead of

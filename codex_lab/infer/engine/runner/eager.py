@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from codex_lab.infer.generate import decode_step
-from codex_lab.infer.scheduler import Request
+from codex_lab.infer.engine.scheduler import Request
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
 

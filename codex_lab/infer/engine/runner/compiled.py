@@ -57,7 +57,7 @@ from torch import Tensor
 from codex_lab.infer.fast_decode import (FastDecoder, cpu_compile_options, decode_compile_options, first_compile,
                                          counted_compile, without_gemm_template)
 from codex_lab.infer.generate import decode_step
-from codex_lab.infer.step_plan import bucket_sizes, freeze_long_lived
+from codex_lab.infer.engine.runner.options import bucket_sizes, freeze_long_lived
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
 
