@@ -377,6 +377,7 @@ assert len(claims) == 5 and all(c["verdict"] in VERDICTS for c in claims)
 
 # %%
 from codex_lab.lessons.l08_capstone import scorecard as sc
+from codex_lab.lessons.l08_capstone.score_training import quality_states
 
 CARD_MODE = "full" if MODE.name == "full" else "fast"  # the scorecard's margins: laptop (fast, standard) or full sizes
 tps8 = {r["variant"]: r["tokens_per_s"] for r in abl if r["batch"] == 8}
@@ -386,7 +387,7 @@ for name, bench_name in (("baseline", "plain"), ("candidate", "all")):
                         "val_loss": log.rows[name]["val_loss_pretrained"],  # after the same brief pre-training
                         "decode_tokens_per_s": tps8[bench_name], "gates": dict(reports[name].scores())}
 # the training-state rule: quality is scored only once every arm's held-out curve of the pre-training has plateaued
-card_input["states"] = sc.quality_states({name: [log.curves[name]] for name in ("baseline", "candidate")})
+card_input["states"] = quality_states({name: [log.curves[name]] for name in ("baseline", "candidate")})
 for st in card_input["states"].values():
     print(st.describe())
 card = sc.score(card_input)

@@ -37,6 +37,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from codex_lab.lessons.l08_capstone.score_training import SCORED_LEN, train_briefly, train_to_plateau
+
 KEYS = ("sparse_layers", "pattern", "n_kv_head", "moe_layers", "n_experts", "top_k", "balance")
 # The stated margins, per mode.
 KV_RATIO = 0.6  # candidate KV bytes per token <= 0.6 x the baseline's
@@ -59,13 +61,11 @@ VAL_MARGIN = {"fast": 0.5, "full": 0.10}
 GATE_TOLERANCE = {"fast": 0.0, "full": 0.0}
 QUALITY_GATES = ("syntax", "style")  # the functional gate runs generated code in a sandbox: reported, not scored
 MAX_DENSITY = 0.9  # a "sparse" pattern attending to more than 90% of pairs at a scored length is dense in disguise
-SCORED_LEN = 256  # validation sequences the scorecard measures (tokens): the longest scored pairs
 DECODE_ROUNDS = 6  # interleaved decode-speed rounds, order alternating (ABBA), median ratio
 # The training-state rule (codex_lab.training_state): the quality criteria are scored only when every arm's held-out
 # curve of the pre-training reached a plateau; 0.01 nats/token is the smallest change of the loss that matters
 # (as in lessons 03 and 08's trade experiment). Until then the criterion says NOT_SCORED and earns no points.
 QUALITY_CRITERIA = ("val_loss", "gates")
-MIN_CHANGE_NATS = 0.01
 NOT_SCORED = "under-trained: not scored"
 
 
@@ -84,7 +84,8 @@ def criteria(mode: str = "fast") -> tuple[Criterion, ...]:
         Criterion("kv_bytes", 2, f"KV-cache bytes per token <= {KV_RATIO:g} x the baseline's"),
         Criterion("decode_speed", 2, f"greedy decode tokens/s at batch 8 >= {SPEED_RATIO:g} x the baseline's "
                                      "(median ratio of interleaved rounds)"),
-        Criterion("val_loss", 3, f"validation loss at {SCORED_LEN} tokens after conversion and the same brief pre-training, "
+        Criterion("val_loss", 3, f"validation loss at {SCORED_LEN} tokens after conversion and the same pre-training (brief in fast "
+                                 "and full mode; each arm to its plateau, extension-checked, in standard mode), "
                                  f"mean over {len(SEEDS)} seeds: gap to the baseline <= the reference design's gap + "
                                  f"{SPREAD_FACTOR:g} x the measured seed-to-seed standard deviation; scored only when every arm's "
                                  "held-out curve has plateaued (training-state rule)"),
@@ -191,15 +192,6 @@ def _quality_gates(model: Any, tokenizer: Any, max_tokens: int) -> dict[str, flo
     return {"syntax": sum(syntax) / len(syntax), "style": sum(style) / len(style)}
 
 
-def _val_loss(model: Any, tokenizer: Any, corpus: Any, sz: Any) -> float:
-    """Validation loss (nats/token) on fixed batches of :data:`SCORED_LEN` tokens."""
-    from codex_lab.data.batches import fixed_batches, tokenize_texts
-    from codex_lab.training.evaluate import val_loss
-
-    val = fixed_batches(tokenize_texts(tokenizer, corpus.texts("val")), sz.batch_size, SCORED_LEN, sz.val_batches)
-    return float(val_loss(model, val))
-
-
 def scoring_mode() -> str:
     """The mode the grader scores a design in: ``"full"`` on a CUDA GPU, else ``"fast"`` (CI's
     sizes, where no run can plateau and the quality criteria are scored with that said). The
@@ -215,8 +207,10 @@ def measure(design: dict[str, Any], *, mode: str, rounds: int = DECODE_ROUNDS, s
     the design alone (nothing else of the submission is read), in ``mode`` (fast, standard or
     full: standard runs the laptop sizes with the training-state rule applied).
 
-    For each seed both models get the same brief pre-training (the capstone's pre-training
-    stage at the mode's sizes: convert, then the same batches) and their validation loss at
+    Every arm (the baseline, the design, the course's reference design) is converted and gets
+    the same pre-training (:mod:`.score_training`: the capstone's brief stage in fast and full
+    mode; in standard mode each arm trained to its plateau by the training-state rule, the
+    budget extension checked, so the quality criteria can be scored) and its validation loss at
     :data:`SCORED_LEN` tokens is measured; with the first seed's models, the syntax and style
     gates and decode speed (``rounds`` rounds, the two models alternating in ABBA order, so a
     change of the machine's load hits both). No subprocess. ``cache``: reuse an earlier
@@ -225,7 +219,6 @@ def measure(design: dict[str, Any], *, mode: str, rounds: int = DECODE_ROUNDS, s
     """
     import codex_lab as cl
     from codex_lab.lessons.l08_capstone import pipeline as cap
-    from codex_lab.lessons.l08_capstone.results import StageLog
 
     if mode not in ("fast", "standard", "full"):
         raise ValueError(f"mode {mode!r} is not understood; use fast, standard or full (scoring_mode() is the grader's)")
@@ -243,27 +236,17 @@ def measure(design: dict[str, Any], *, mode: str, rounds: int = DECODE_ROUNDS, s
     # mode is too short for any plateau, and there the quality criteria are scored as before, labelled
     out: dict[str, Any] = {"mode": mode, "design": dict(design), "seeds": list(seeds),
                            "converge": run_mode != "fast"}
-    from codex_lab.nn.surgery import convert
-
     same = design_config(base.cfg, design).to_dict() == design_config(base.cfg, REFERENCE).to_dict()
-    losses: dict[str, list[float]] = {"baseline": [], "candidate": [], "reference": []}
-    curves: dict[str, list[Any]] = {"baseline": [], "candidate": [], "reference": []}
-    first: dict[str, Any] = {}
-    for seed in seeds:
-        log = StageLog()
-        models = cap.build_models(base, design_config(base.cfg, design), seed=seed, log=log)
-        arms = dict(models) if same else {**models, "reference": convert(base, design_config(base.cfg, REFERENCE), seed=seed)}
-        cap.pretrain_stage(arms, tok, corpus, sizes, log, seed=seed)
-        for name, m in arms.items():
-            losses[name].append(_val_loss(m, tok, corpus, sizes))
-            curves[name].append(log.curves[name])
-        if same:
-            losses["reference"].append(losses["candidate"][-1])
-            curves["reference"].append(log.curves["candidate"])
-        if not first:
-            first, out["log"] = models, log
-            ref_model = models["candidate"] if same else arms["reference"]
-    out["states"] = quality_states(curves)
+    cfgs = {"candidate": design_config(base.cfg, design)}
+    if not same:
+        cfgs["reference"] = design_config(base.cfg, REFERENCE)
+    train = train_to_plateau if run_mode == "standard" else train_briefly
+    losses, curves, first, out["log"], states = train(base, cfgs, tok, corpus, sizes, seeds)
+    if same:
+        losses["reference"], curves["reference"] = list(losses["candidate"]), list(curves["candidate"])
+        states["reference"] = states["candidate"]
+    ref_model = first.pop("reference") if "reference" in first else first["candidate"]
+    out["states"] = states
     out["reference"] = {"design": dict(REFERENCE), "val_losses": losses["reference"],
                         "val_loss": sum(losses["reference"]) / len(seeds)}
     for name, m in first.items():
@@ -283,15 +266,6 @@ def measure(design: dict[str, Any], *, mode: str, rounds: int = DECODE_ROUNDS, s
     out["speed_ratio"] = sorted(ratios)[rounds // 2]
     _CACHE[key] = out
     return out
-
-
-def quality_states(curves: dict[str, list[Any]], *, min_change: float = MIN_CHANGE_NATS) -> dict[str, Any]:
-    """Each arm's training state (:func:`codex_lab.training_state.training_state`, held-out
-    loss, lower is better) from its pre-training curves, one per seed: ``{arm: TrainingState}``."""
-    from codex_lab.training_state import training_state
-
-    return {arm: training_state(cs, higher_is_better=False, min_change=min_change, arm=arm)
-            for arm, cs in curves.items() if cs}
 
 
 def not_scored(m: dict[str, Any]) -> str:
