@@ -1,4 +1,6 @@
-"""Where the course lives online: change REPO here, then run `codex-lab links --write`."""
+"""Where the course lives online. To move the course, change REPO here; then
+``pytest tests/test_repo_consistency.py`` names every notebook badge and install cell that
+still points elsewhere (each must equal :func:`colab_url` / :func:`pip_spec`)."""
 
 REPO = "codex-lab/codex-lab"  # GitHub owner/name
 BRANCH = "main"
