@@ -10,6 +10,8 @@ import re
 import types
 from pathlib import Path
 
+from codex_lab.course.parsing import compile_tree, parse
+
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 _DEF = re.compile(r"^(\s*)(?:async\s+)?def\s+([A-Za-z_]\w*)\s*\(")
 NOT_DONE = "not yet done"
@@ -110,9 +112,9 @@ def load_definitions(path: str | Path) -> types.ModuleType:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no notebook source at {str(path)!r}; grade the .py file of a lesson")
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path.read_text(), filename=str(path))  # under the AST lock: grading runs in threads
     tree.body = [n for n in tree.body if isinstance(n, _KEEP)]
     module = types.ModuleType(path.stem)
     module.__file__ = str(path)
-    exec(compile(tree, str(path), "exec"), module.__dict__)
+    exec(compile_tree(tree, str(path)), module.__dict__)
     return module
