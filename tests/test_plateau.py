@@ -194,3 +194,19 @@ def test_a_checkpointed_session_killed_between_chunks_resumes_to_the_unbroken_ru
         s = sessions("ckpt")[0]
         s.advance(7)
         s.advance(1000)
+
+
+def test_the_extension_overrules_the_rule_only_when_it_improved_the_arm():
+    from codex_lab.stats import TRAINED, UNDER_TRAINED_STATE
+    from codex_lab.training.plateau import overruled_by_extension
+    from codex_lab.training_state import training_state
+
+    flat = [[(float(s), 2.0) for s in range(0, 220, 20)] for _ in range(3)]
+    st = training_state(flat, higher_is_better=False, min_change=0.01, arm="a")
+    assert st.state == TRAINED
+    kw = dict(steps=200, extension_steps=100, min_change=0.01)
+    gained = overruled_by_extension(st, change=0.02, **kw)  # 0.02 better after 100 more steps: still learning
+    assert gained.state == UNDER_TRAINED_STATE and "still learning" in gained.reason
+    assert overruled_by_extension(st, change=0.005, **kw) is st  # moved less than min_change: confirmed
+    assert overruled_by_extension(st, change=-0.05, **kw) is st  # got worse: past its plateau, still trained
+    assert overruled_by_extension(st, change=float("nan"), **kw) is st  # no extension ran

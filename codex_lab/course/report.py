@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
 from codex_lab.course.plugins import lesson_modules
 from codex_lab.errors import InputError
@@ -37,7 +37,6 @@ from codex_lab.runtime import (calibrate_ms, compute_threads, describe_environme
                                progress, speed_factor, timing_table, use_compute_threads)
 from codex_lab.runtime.mode import Mode
 
-T = TypeVar("T")
 
 from codex_lab.stats import VERDICTS  # the one vocabulary: holds, fails, fails as stated, not resolved, under-trained
 # the standard (default, converged) report on 2 CPU cores must finish within 25 minutes
@@ -92,9 +91,10 @@ class ReportContext:
         """Laptop sizes: fast and standard mode (``mode`` tells them apart)."""
         return self.run_mode.fast
 
-    def pick(self, fast: T, full: T, **standard: T) -> T:
-        """The size for this run's mode (:meth:`codex_lab.runtime.Mode.pick`)."""
-        return self.run_mode.pick(fast, full, **standard)
+    @property
+    def pick(self) -> Callable[..., Any]:
+        """The size for this run's mode: :meth:`codex_lab.runtime.Mode.pick` of ``run_mode``."""
+        return self.run_mode.pick
 
     def claim(self, claim: str, measured: str, verdict: str, lesson: str = "", states: str = "") -> None:
         """Record one seed claim, the figure measured here, a verdict from ``codex_lab.stats.VERDICTS``

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from codex_lab.stats import DEGRADING, TRAINED
+from codex_lab.stats import DEGRADING, TRAINED, UNDER_TRAINED_STATE
 from codex_lab.training_state import TrainingState, training_state
 
 Curve = list[tuple[float, float]]
@@ -84,6 +84,18 @@ def extension_words(change: float, min_change: float) -> str:
     if change <= -min_change:
         return f"it got worse by {-change:.3g}: past its plateau (confirmed: more training does not help)"
     return f"it moved by less than min_change {min_change:g} (confirmed)"
+
+
+def overruled_by_extension(state: TrainingState, *, steps: int, extension_steps: int, change: float,
+                           min_change: float) -> TrainingState:
+    """The budget-extension check overrules the rule: an arm called trained at ``steps`` whose
+    ``extension_steps`` more steps improved it by ``change`` >= ``min_change`` (> 0: better) was
+    still learning, so it is under-trained; any other state is returned as it is."""
+    if state.trained and extension_steps and math.isfinite(change) and change >= min_change:
+        return replace(state, state=UNDER_TRAINED_STATE, reason=(
+            f"called trained at step {steps}, but {extension_steps} more steps improved its held-out value by "
+            f"{change:.3g} (>= min_change {min_change:g}): still learning"))
+    return state
 
 
 def _mean_last(curves: Sequence[Curve]) -> float:

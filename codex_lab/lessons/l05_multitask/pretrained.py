@@ -107,22 +107,15 @@ class PlateauResults:
     def states(self) -> dict[str, Any]:
         """Each arm's training state at its stopping point (the specialists one by one); an arm past
         its best is trained at its best chunk end (:func:`codex_lab.training.plateau.plateau_state`)."""
-        from dataclasses import replace
-
-        from codex_lab.training.plateau import plateau_state
-        from codex_lab.stats import UNDER_TRAINED_STATE
+        from codex_lab.training.plateau import overruled_by_extension, plateau_state
 
         out = {}
         for a, r in self.arms.items():
             st = plateau_state([[tuple(p) for p in c] for c in r["curves"]], higher_is_better=False,
                                min_change=self.setup.min_change, arm=a, every=self.setup.chunk)
-            gain = r.get("extension_change", math.nan)  # > 0: the extension improved it
-            if st.trained and r.get("extension_steps") and math.isfinite(gain) and gain >= self.setup.min_change:
-                # the budget-extension check overrules the rule: an arm that still improves is not trained
-                st = replace(st, state=UNDER_TRAINED_STATE, reason=(
-                    f"called trained at step {r['steps']}, but {r['extension_steps']} more steps improved its validation "
-                    f"loss by {gain:.3g} nats/token (>= min_change {self.setup.min_change:g}): still learning"))
-            out[a] = st
+            # > 0: the extension improved it; an arm that still improves is not trained
+            out[a] = overruled_by_extension(st, steps=r["steps"], extension_steps=r.get("extension_steps", 0),
+                                            change=r.get("extension_change", math.nan), min_change=self.setup.min_change)
         return out
 
     def specialists(self) -> list[str]:

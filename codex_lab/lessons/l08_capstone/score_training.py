@@ -99,8 +99,9 @@ def train_to_plateau(base: Any, cfgs: dict[str, Any], tok: Any, corpus: Any, siz
     from codex_lab.data.batches import fixed_batches, tokenize_texts
     from codex_lab.lessons.l08_capstone import pipeline as cap
     from codex_lab.nn.surgery import convert
-    from codex_lab.stats import DEGRADING, TRAINED, UNDER_TRAINED_STATE
+    from codex_lab.stats import DEGRADING, TRAINED
     from codex_lab.training.curves import LMSession
+    from codex_lab.training.plateau import overruled_by_extension
     from codex_lab.training.plateau import train_to_plateau as plateau_run
 
     t0 = time.perf_counter()
@@ -143,11 +144,8 @@ def train_to_plateau(base: Any, cfgs: dict[str, Any], tok: Any, corpus: Any, siz
         for arms, weights in zip(per_seed, frozen):
             arms[name].load_state_dict(weights)  # scored where the rule stopped, not after the extension
             arms[name].eval()
-        if st.trained and run.extension_steps and run.extension_change >= MIN_CHANGE_NATS:
-            # the budget-extension check overrules the rule: an arm that still improves is not trained
-            st = replace(st, state=UNDER_TRAINED_STATE, reason=(
-                f"called trained at step {run.steps}, but {run.extension_steps} more steps improved its held-out loss "
-                f"by {run.extension_change:.3g} nats/token (>= {MIN_CHANGE_NATS:g}): still learning"))
+        st = overruled_by_extension(st, steps=run.steps, extension_steps=run.extension_steps,
+                                    change=run.extension_change, min_change=MIN_CHANGE_NATS)
         states[name], curves[name] = st, run.curves
         losses[name] = [val_loss_at(arms[name], tok, corpus, sizes) for arms in per_seed]
         log.put(name, pretrain_steps=0 if at_start else run.steps, extension=st.reason if at_start else run.describe(),
