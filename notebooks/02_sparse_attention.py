@@ -202,7 +202,7 @@ assert torch.allclose(mine_blk, ref[0, 0], atol=1e-5) and torch.allclose(blk, re
 # %% [markdown]
 # ## Time and memory against N
 # Dense causal SDPA (PyTorch's fused kernel) against the sparse implementations on
-# a window-128 + every-12th-block pattern (~10% of causal pairs at N=8192), B=1, 4 heads, head dim 64, fp32, forward only.
+# a window-128 + every-12th-block pattern (its density at N=8192 is printed below), B=1, 4 heads, head dim 64, fp32, forward only.
 # The speed-up is taken in the same run. What bounds it? A kernel computes whole tiles, a
 # share `c >= density` of the causal pairs (and `c_all >= 1` when run on all of them: whole
 # diagonal tiles), so against *itself* run on every causal pair its speed-up is at most `c_all/c`; against SDPA it is that times SDPA's cost per pair over the
@@ -642,9 +642,14 @@ print(f"- Schedules: dense-early/sparse-deep minus sparse-early/dense-deep far a
 # and density, the tiles a kernel computes).
 
 # %% [markdown]
-# ## Appendix: provenance of the run-time figures
-# The **Run time** line at the top of this lesson keeps only the fast-mode figure on CPU.
-# The rest of its sentence as it stood there, verbatim, says how that figure was measured
-# and what the other modes take (its "header cell below" is this lesson's first code cell):
+# ## Appendix: where the run-time figures come from
+# The **Run time** line at the top and the figures below are read from one record,
+# `codex_lab/assets/timings.json` (its `provenance` says how and when each was measured;
+# `python scripts/update_figures.py` rewrites them, and `tests/test_figures.py` fails when
+# the text and the record disagree). The header cell prints the estimate for your machine,
+# scaled by its matrix-multiply calibration.
 #
-# > [fast mode on CPU: the figure at the top] (CI's mode: the whole notebook under nbval on a loaded 2-core machine); its recall part trains 5 arms (dense, window, window + stride, the two schedules) x 3 seeds x 32 steps of 128-token files through 3 layers; standard mode (the CPU default): the recall experiment trains 5 arms (dense, window, window + stride, the two schedules) x 3 seeds x 1200 steps: 959 s of one core measured (process time), run two at a time in worker processes: the report's section took 531 s wall on 2 quiet cores (2026-12-03), still above the course's 5-minute goal; the header cell below prints the estimate for yours; full mode on one GPU: not measured (no GPU was lent; it adds window + global and MoBA and runs 1024-token files, 4 layers, 5 seeds).
+# - fast mode on CPU (CI's): the figure at the top;
+# - standard mode (the CPU default): the report's section 02, 339 s on the reference machine
+#   (`codex-lab --mode standard report --sections 02`);
+# - full mode on one GPU: not yet measured (no GPU has been lent to the course).

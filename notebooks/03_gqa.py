@@ -550,9 +550,14 @@ print(f"(notebook run time {elapsed:.0f} s in {MODE.name} mode on {device}, unde
 # Exercises: `exercises/03_gqa.ipynb` (pointed to at the end of section 5).
 
 # %% [markdown]
-# ## Appendix: provenance of the run-time figures
-# The **Run time** line at the top of this lesson keeps only the fast-mode figure on CPU.
-# The rest of its sentence as it stood there, verbatim, says how that figure was measured
-# and what the other modes take (its "header cell below" is this lesson's first code cell):
+# ## Appendix: where the run-time figures come from
+# The **Run time** line at the top and the figures below are read from one record,
+# `codex_lab/assets/timings.json` (its `provenance` says how and when each was measured;
+# `python scripts/update_figures.py` rewrites them, and `tests/test_figures.py` fails when
+# the text and the record disagree). The header cell prints the estimate for your machine,
+# scaled by its matrix-multiply calibration.
 #
-# > [fast mode on CPU: the figure at the top] of process CPU time (CI's mode) (measured 2026-12-03 under nbval with one math thread on a 2-core machine shared with other jobs: 22 s user + 1 s system for the whole pytest run, 72 s wall under load; the header cell below prints the estimate for yours); standard mode (the CPU default; section 6 runs the GQA protocol: 4 seeds x 4 pre-trainings of 3000 steps plus 4 uptrainings of 300, two seeds at a time in worker processes): about 5 min, from the report's section (283 s wall on 2 quiet cores, 2026-12-03) plus the rest of the lesson in fast mode (not timed as a whole notebook); full mode on one GPU: not yet measured (no GPU was lent this round).
+# - fast mode on CPU (CI's): the figure at the top;
+# - standard mode (the CPU default): the report's section 03, 180 s on the reference machine
+#   (`codex-lab --mode standard report --sections 03`);
+# - full mode on one GPU: not yet measured (no GPU has been lent to the course).

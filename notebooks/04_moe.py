@@ -94,8 +94,8 @@ assert all(abs(r[4] - (r[0] * 3 * 256 * 704 + 256 * r[0]) / (r[1] * 3 * 256 * 70
 
 # %% [markdown]
 # So "big capacity, small compute" is `E / k` in FFN weights per token, less the routers'
-# `d * E` weights that every token uses (the ratios printed above, just under 4x for 8
-# experts top-2 and 2x for top-4). Memory still holds all `E` experts, and the compute is
+# `d * E` weights that every token uses (the ratios printed above: just under
+# E / k = 8 / 2 for 8 experts top-2, and 8 / 4 for top-4). Memory still holds all `E` experts, and the compute is
 # small only if dispatch is cheap: both are measured below.
 #
 # ## 2. Building the layer from its parts
@@ -566,9 +566,14 @@ print(f"- Dispatch: the grouped path ran {grouped['speedup_vs_reference']:.1f}x 
 # Exercises: `exercises/04_moe.ipynb` (pointed to in section 4).
 
 # %% [markdown]
-# ## Appendix: provenance of the run-time figures
-# The **Run time** line at the top of this lesson keeps only the fast-mode figure on CPU.
-# The rest of its sentence as it stood there, verbatim, says how that figure was measured
-# and what the other modes take (its "header cell below" is this lesson's first code cell):
+# ## Appendix: where the run-time figures come from
+# The **Run time** line at the top and the figures below are read from one record,
+# `codex_lab/assets/timings.json` (its `provenance` says how and when each was measured;
+# `python scripts/update_figures.py` rewrites them, and `tests/test_figures.py` fails when
+# the text and the record disagree). The header cell prints the estimate for your machine,
+# scaled by its matrix-multiply calibration.
 #
-# > [fast mode on CPU: the figure at the top] of process CPU time (measured 2026-12-03 under nbval with one math thread on a 2-core machine shared with other jobs: 40 s wall for the whole pytest run; the header cell below prints the estimate for yours); standard mode (1 layer of width 32, 32-token windows, 4000 steps with a held tail, 4 seeds x 3 quality arms, two runs at a time in worker processes): about 3 min (the report's section: 193 s wall on 2 quiet cores, 2026-12-03); full mode on one GPU: not yet measured.
+# - fast mode on CPU (CI's): the figure at the top;
+# - standard mode (the CPU default): the report's section 04, 218 s on the reference machine
+#   (`codex-lab --mode standard report --sections 04`);
+# - full mode on one GPU: not yet measured (no GPU has been lent to the course).

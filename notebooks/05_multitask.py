@@ -644,9 +644,14 @@ print(f"Notebook time: {time.perf_counter() - T0:.0f} s")
 # - Liu, Johns, Davison 2019, *End-to-End Multi-Task Learning with Attention* (DWA), and Kendall, Gal, Cipolla 2018, *Multi-Task Learning Using Uncertainty to Weigh Losses*: the other dynamic balancers of `cl.STRATEGIES`.
 
 # %% [markdown]
-# ## Appendix: provenance of the run-time figures
-# The **Run time** line at the top of this lesson keeps only the fast-mode figure on CPU.
-# The rest of its sentence as it stood there, verbatim, says how that figure was measured
-# and what the other modes take (its "header cell below" is this lesson's first code cell):
+# ## Appendix: where the run-time figures come from
+# The **Run time** line at the top and the figures below are read from one record,
+# `codex_lab/assets/timings.json` (its `provenance` says how and when each was measured;
+# `python scripts/update_figures.py` rewrites them, and `tests/test_figures.py` fails when
+# the text and the record disagree). The header cell prints the estimate for your machine,
+# scaled by its matrix-multiply calibration.
 #
-# > [fast mode on CPU: the figure at the top] of CPU time (measured 2026-12-03 under nbval: 44 s user + 3 s system, one math thread, on a loaded 2-core machine; 58 s before codebench 2 on the course's reference machine; the header cell below prints the estimate for yours); section 8 (one pretrained base, each arm to its plateau) adds its fast run (not yet re-timed); standard mode (the default on a CPU) runs section 8 at the live run's sizes; full mode on one GPU: not yet measured (no GPU was lent this round).
+# - fast mode on CPU (CI's): the figure at the top;
+# - standard mode (the CPU default): the report's section 05, 178 s on the reference machine
+#   (`codex-lab --mode standard report --sections 05`);
+# - full mode on one GPU: not yet measured (no GPU has been lent to the course).

@@ -756,12 +756,12 @@ print(lookup_text)
 #   decoder freezes them into the graph (the global `torch._inductor.config.freezing` must be
 #   on while dynamo traces; the `options=` flag alone leaves them graph inputs) so that
 #   Inductor's C++ GEMM template can pack them once and split each matrix-vector product
-#   over the cores (`python scripts/decode_configs.py` times each configuration). Compiled on a
+#   over the cores. Compiled on a
 #   CPU, its decode step computes the one query's attention in plain tensor ops
 #   (`cl.one_query_attention`: q.k for every slot, the masked softmax, the weighted sum of v),
 #   which Inductor fuses into its own loops, where ATen's flash attention hands each head's
-#   one-query products to MKL (`python scripts/one_query_ab.py` times the two; docs/PROFILE.md
-#   has both under the profiler);
+#   one-query products to MKL (`codex-lab bench inference --scenarios decode` times the two in
+#   the same rounds; docs/PROFILE.md has both under the profiler);
 # - `cl.Engine(..., compile=True)`: the batch is padded to `max_batch_size` rows (padding
 #   rows write a scratch block no request owns) and each block table to a *bucket* (1, 1.5,
 #   2, 3, 4, ... times 128 tokens), one graph per bucket, compiled before serving
@@ -852,9 +852,14 @@ print("\n".join(lines))
 # - Agrawal et al. 2024, *Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve*: chunked prefill.
 
 # %% [markdown]
-# ## Appendix: provenance of the run-time figures
-# The **Run time** line at the top of this lesson keeps only the fast-mode figure on CPU.
-# The rest of its sentence as it stood there, verbatim, says how that figure was measured
-# and what the other modes take (its "header cell below" is this lesson's first code cell):
+# ## Appendix: where the run-time figures come from
+# The **Run time** line at the top and the figures below are read from one record,
+# `codex_lab/assets/timings.json` (its `provenance` says how and when each was measured;
+# `python scripts/update_figures.py` rewrites them, and `tests/test_figures.py` fails when
+# the text and the record disagree). The header cell prints the estimate for your machine,
+# scaled by its matrix-multiply calibration.
 #
-# > [fast mode on CPU: the figure at the top] on the course's reference 2-core machine (one math thread; measured 27 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours), before the distilled draft's cells, which added about 4 s (the whole nbval run: 43 then 47 s of process CPU time, both measured on a loaded 2-core machine on 2026-12-03); full mode on one GPU: not yet measured (no GPU was lent this round).
+# - fast mode on CPU (CI's): the figure at the top;
+# - standard mode (the CPU default): the report's section 06, 71 s on the reference machine
+#   (`codex-lab --mode standard report --sections 06`);
+# - full mode on one GPU: not yet measured (no GPU has been lent to the course).

@@ -637,9 +637,14 @@ bg.stop()
 # - Beyer et al., *Site Reliability Engineering* (O'Reilly 2016) and *The Site Reliability Workbook* (2018), chapters on canarying releases and SLOs.
 
 # %% [markdown]
-# ## Appendix: provenance of the run-time figures
-# The **Run time** line at the top of this lesson keeps only the fast-mode figure on CPU.
-# The rest of its sentence as it stood there, verbatim, says how that figure was measured
-# and what the other modes take (its "header cell below" is this lesson's first code cell):
+# ## Appendix: where the run-time figures come from
+# The **Run time** line at the top and the figures below are read from one record,
+# `codex_lab/assets/timings.json` (its `provenance` says how and when each was measured;
+# `python scripts/update_figures.py` rewrites them, and `tests/test_figures.py` fails when
+# the text and the record disagree). The header cell prints the estimate for your machine,
+# scaled by its matrix-multiply calibration.
 #
-# > [fast mode on CPU: the figure at the top] on the course's reference 2-core machine (one math thread; measured 40 s on a slower 2-core machine with `scripts/time_notebooks.py` on 2026-12-02 and scaled by its matmul calibration; the header cell below prints the estimate for yours); full mode on one GPU: not yet measured (no GPU was lent this round).
+# - fast mode on CPU (CI's): the figure at the top;
+# - standard mode (the CPU default): the report's section 07, 9 s on the reference machine
+#   (`codex-lab --mode standard report --sections 07`);
+# - full mode on one GPU: not yet measured (no GPU has been lent to the course).

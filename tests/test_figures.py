@@ -13,7 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
-from codex_lab.course import figures
+from codex_lab.course import bench_figures, figure_audit, figures
 
 
 def _copy_texts(root: Path) -> Path:
@@ -68,8 +68,8 @@ def test_a_stale_performance_figure_is_caught_and_rewritten(tmp_path):
     """The decode figures (docs/PERFORMANCE.md) come from the bench record: a changed ratio in
     the text is listed with the record's value, and apply() writes the record's value back."""
     root = _copy_texts(tmp_path)
-    bench = figures.bench_record()
-    fig = next(f for f in figures.BENCH_FIGURES if f.key == "decode" and f.field == "speedup_vs_hf_generate")
+    bench = bench_figures.bench_record()
+    fig = next(f for f in bench_figures.BENCH_FIGURES if f.key == "decode" and f.field == "speedup_vs_hf_generate")
     want = fig.value(bench["decode"]["rows"])
     readme = root / "docs" / "PERFORMANCE.md"
     text = readme.read_text()
@@ -89,8 +89,8 @@ def test_a_stale_performance_figure_is_caught_and_rewritten(tmp_path):
 
 def test_every_performance_figure_reads_a_recorded_bench():
     """Each figure's record exists and holds exactly one row it reads (else: re-record the bench)."""
-    bench = figures.bench_record()
-    for fig in figures.BENCH_FIGURES:
+    bench = bench_figures.bench_record()
+    for fig in bench_figures.BENCH_FIGURES:
         assert fig.key in bench, f"no record {fig.key!r}: scripts/update_figures.py --bench {fig.key} FILE"
         assert bench[fig.key]["command"].startswith("codex-lab bench") and bench[fig.key]["conditions"]
         float(fig.value(bench[fig.key]["rows"]))
@@ -101,6 +101,46 @@ def test_recording_rows_that_lack_a_figure_is_refused(tmp_path):
 
     path = tmp_path / "bench.json"
     with pytest.raises(ValueError, match="0 bench rows match"):
-        figures.record_bench("decode", [{"impl": "hf_generate", "tokens_per_s": 1.0}], "codex-lab bench x", "quiet",
+        bench_figures.record_bench("decode", [{"impl": "hf_generate", "tokens_per_s": 1.0}], "codex-lab bench x", "quiet",
                              "2026-12-02", path=path)
     assert not path.exists()  # nothing half-written
+
+
+def test_every_figure_on_the_pages_is_checked_or_declared():
+    """README, every docs page and every lesson's prose: a number with a unit of time, speed,
+    size, ratio or share is either read from a record (and checked above) or declared (a goal,
+    a limit, an input of a test, a claim of the article: figures.DECLARED / PAGE_DECLARED)."""
+    bad = figure_audit.unchecked()
+    assert not bad, ("figures no record checks: compute them from a record (codex_lab/course/figures.py, bench_figures.py), "
+                     "or remove them:\n" + "\n".join(bad))
+
+
+def test_a_hand_typed_figure_is_caught_wherever_it_is_written(tmp_path):
+    """The counterfactual: a measurement typed into a docs page, the README or a lesson's
+    markdown is listed; the same number in code, as a goal, or in a code cell is not."""
+    root = _copy_texts(tmp_path)
+    page = root / "docs" / "PROFILE.md"
+    page.write_text(page.read_text() + "\nFastDecoder decoded 1234 tokens/s here, 3.21x the old path.\n"
+                    "The goal is < 50 ms; run `bench --timeout 77 s`.\n")
+    nb = next((root / "notebooks").glob("03_*.py"))
+    nb.write_text(nb.read_text() + "\n# %% [markdown]\n# It took 41.5 s on my laptop.\n\n# %%\nx = '99 ms'\n")
+    readme = root / "README.md"
+    readme.write_text(readme.read_text() + "\nThe whole report takes 987 s.\n")
+    bad = figure_audit.unchecked(root=root)
+    for want in ("1234 tokens/s", "3.21x", "41.5 s", "987 s"):
+        assert any(b.endswith(": " + want) for b in bad), (want, bad)
+    for never in ("50 ms", "77 s", "99 ms"):
+        assert not any(b.endswith(": " + never) for b in bad), (never, bad)
+    assert len(bad) == 4, bad
+
+
+def test_the_standard_mode_figures_follow_the_record(tmp_path):
+    """A lesson appendix's standard-mode section and the results page's sections come from the
+    timings record: a changed section time in the record is a mismatch until the text is rewritten."""
+    root = _copy_texts(tmp_path)
+    rec = figures.record()
+    rec["report"]["standard/cpu"]["03"] += 100.0
+    bad = figures.mismatches(rec, root)
+    assert any("03_gqa.py" in b for b in bad) and any("docs/RESULTS.md" in b for b in bad), bad
+    figures.apply(rec, root)
+    assert figures.mismatches(rec, root) == []

@@ -172,7 +172,7 @@ def test_real_llama_cpp_decodes_the_exported_gguf_as_fast_decoder(tmp_path, smal
 
 
 def test_the_report_quotes_the_recorded_peer_run_or_says_how_to_measure_it():
-    from codex_lab.course.figures import bench_record
+    from codex_lab.course.bench_figures import bench_record
     from codex_lab.lessons.l06_inference.report import peer_lines
 
     assert "not recorded" in peer_lines({}) and "get_llama_cpp.sh" in peer_lines({})

@@ -12,31 +12,41 @@ Places (each a regular expression with one number group):
 - a notebook header: ``**Run time:** fast mode on CPU: <N> s``;
 - the README lesson table: the last cell of the row ``| [NN topic](notebooks/NN_topic.ipynb) | ... | <N> s |``;
 - the README report total: ``fast mode (CI's) | <N> s``;
-- the README test suite: ``<N> tests in``, and ``took <N> s`` for the CI run.
+- the README test suite: ``<N> tests in``, and ``took <N> s`` for the CI run;
+- the standard-mode report: each lesson appendix's section, and docs/RESULTS.md's sections,
+  their sum, the run they were scaled from, and the full-mode extrapolation in hours;
+- the shipped assets: file sizes and the shipped model's syntax validity (its ``meta.json``).
 
 Performance figures (tokens/s, speed-ups, latency percentiles) come from a second record,
-``codex_lab/assets/bench_records.json``: for each bench the command, the date, the conditions
-and the rows its ``--json`` printed (``scripts/update_figures.py --bench KEY FILE``). Each
-figure of the README's "Performance goals" table is one :class:`BenchFigure`: a fixed phrase
-around a number computed from those rows.
+``codex_lab/assets/bench_records.json``, through :mod:`codex_lab.course.bench_figures`.
+:mod:`codex_lab.course.figure_audit` lists any figure on the pages that neither record checks.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from codex_lab.course.bench_figures import BENCH_FIGURES, bench_record
+
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = Path(__file__).resolve().parents[1] / "assets" / "timings.json"
-BENCH_RECORD = Path(__file__).resolve().parents[1] / "assets" / "bench_records.json"
 
 HEADER_RE = re.compile(r"(\*\*Run time:\*\* fast mode on CPU: )(\d+)( s)")
 REPORT_RE = re.compile(r"(\| fast mode \(CI's\) \| )(\d+)( s)")
 TESTS_RE = re.compile(r"(: )(\d[\d,]*)( tests in)")
 CI_RE = re.compile(r"(the rendered course site\) took )(\d+)( s)")
+# the standard-mode report: a lesson appendix's section, and the results page's sections and sum
+STD_SECTION_RE = lambda key: re.compile(rf"(the report's section {key}, )(\d+)( s on the reference machine)")  # noqa: E731
+STD_TOTAL_RE = re.compile(r"(scaled to the reference machine: )(\d[\d,]*)( s of sections)")
+STD_ROW_RE = lambda key: re.compile(rf"(scaled to the reference machine: [^|]*?\b{key}: )(\d+)( s)")  # noqa: E731
+RUN_CMD_RE = re.compile(r"(the command took )(\d[\d,]*)( s on that machine)")
+RUN_SECTIONS_RE = re.compile(r"(s on that machine \()(\d[\d,]*)( s of sections)")
+RUN_CALIBRATION_RE = re.compile(r"(whose matmul calibration is )(\d+\.\d+)(x the reference machine's)")
+FULL_TOTAL_RE = re.compile(r"(Full mode, scaled to the reference machine: )(\d[\d,]*)( h of sections)")
+FULL_ROW_RE = lambda key: re.compile(rf"(Full mode, scaled to the reference machine: [^|]*?\b{key} )(\d+)( h)")  # noqa: E731
 
 
 def record(path: Path = RECORD) -> dict[str, Any]:
@@ -82,15 +92,60 @@ def _places(rec: dict[str, Any], root: Path = ROOT, bench: dict[str, Any] | None
             out.append((str(nb.relative_to(root)), HEADER_RE, str(secs)))
         out.append(("README.md", _row_re(key), str(secs)))
     out.append(("README.md", REPORT_RE, str(report_seconds(rec))))
+    std = rec["report"].get("standard/cpu", {})
+    for key, secs in std.items():
+        # a lesson's appendix states its standard-mode report section
+        for nb in sorted((root / "notebooks").glob(f"{key}_*.py")):
+            out.append((str(nb.relative_to(root)), STD_SECTION_RE(key), str(round(secs))))
+    if std:
+        # the results page: the standard report's sections on the reference machine, and their sum
+        out.append(("docs/RESULTS.md", STD_TOTAL_RE, str(round(sum(std.values())))))
+        for key, secs in std.items():
+            out.append(("docs/RESULTS.md", STD_ROW_RE(key), str(round(secs))))
+    run = rec.get("runs", {}).get("report standard/cpu")
+    if run:  # the run those sections were scaled from, on its own machine
+        out += [("docs/RESULTS.md", RUN_CMD_RE, str(run["command_s"])),
+                ("docs/RESULTS.md", RUN_SECTIONS_RE, str(run["sections_s"])),
+                ("docs/RESULTS.md", RUN_CALIBRATION_RE, f"{run['calibration_ratio']:.2f}")]
+    full = rec["report"].get("full/cpu", {})
+    if full:  # the full-mode extrapolation, in hours on the reference machine
+        out.append(("docs/RESULTS.md", FULL_TOTAL_RE, str(round(sum(full.values()) / 3600))))
+        for key, secs in full.items():
+            if secs >= 3600:
+                out.append(("docs/RESULTS.md", FULL_ROW_RE(key), str(round(secs / 3600))))
     suite = rec.get("suite", {})
     if "tests" in suite:
         out.append(("README.md", TESTS_RE, str(int(suite["tests"]))))
     if "ci_s" in suite:
         out.append(("README.md", CI_RE, str(round(suite["ci_s"]))))
+    out += _asset_places(root)
     bench = bench_record() if bench is None else bench
     for fig in BENCH_FIGURES:
         if fig.key in bench:
             out.append((_home(root, fig.pattern), fig.pattern, fig.value(bench[fig.key]["rows"])))
+    return out
+
+
+def _megabytes(path: Path, digits: int) -> str:
+    # MB = bytes / 10^6, as the pages state a file's size
+    return f"{path.stat().st_size / 1e6:.{digits}f}"
+
+
+def _asset_places(root: Path) -> list[tuple[str, re.Pattern[str], str]]:
+    """Figures of the shipped assets themselves: the shipped model's and the tuned model's file
+    sizes, and the shipped model's syntax validity from its own ``meta.json``."""
+    assets = Path(__file__).resolve().parents[1] / "assets"
+    tiny, tuned = assets / "tiny" / "model.safetensors", assets / "cb2_tuned" / "model_f16.safetensors"
+    out: list[tuple[str, re.Pattern[str], str]] = []
+    if tiny.is_file():
+        out += [("README.md", re.compile(r"(M parameters, )(\d+)( MB\))"), _megabytes(tiny, 0)),
+                ("docs/RESULTS.md", re.compile(r"(`codex_lab/assets/tiny` \()(\d+)( MB)"), _megabytes(tiny, 0))]
+        meta = json.loads((tiny.parent / "meta.json").read_text(encoding="utf-8"))
+        # share of greedy bodies that parse, as a percentage with one decimal
+        out.append(("docs/RESULTS.md", re.compile(r"(signatures parse )(\d+\.\d)(% of the time)"),
+                    f"{100 * meta['syntax_validity']:.1f}"))
+    if tuned.is_file():
+        out.append(("docs/CODEBENCH2.md", re.compile(r"(load_codebench2_tuned\(\)`, )(\d+\.\d)( MB)"), _megabytes(tuned, 1)))
     return out
 
 
@@ -122,290 +177,3 @@ def apply(rec: dict[str, Any] | None = None, root: Path = ROOT, bench: dict[str,
             (root / rel).write_text(text, encoding="utf-8")
             changed.append(rel)
     return changed
-
-
-# --- performance figures: from the benches' --json rows ------------------------------------
-
-
-def bench_record(path: Path = BENCH_RECORD) -> dict[str, Any]:
-    """Bench key -> {"command", "measured", "conditions", "rows"} (``bench_records.json``; {} if absent)."""
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-
-
-def _pick(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any]:
-    """The one row whose fields equal ``match`` (a clear error naming the match if none or several)."""
-    hits = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-    if len(hits) != 1:
-        raise ValueError(f"{len(hits)} bench rows match {match}; re-record the bench (scripts/update_figures.py --bench)")
-    return hits[0]
-
-
-@dataclass(frozen=True)
-class BenchFigure:
-    """One performance figure of the README: ``phrase`` is a regular expression with three
-    groups (the words before, the number, the words after); the number is ``field`` of the
-    row of record ``key`` matching ``match``, times ``scale``, with ``digits`` decimals; with
-    ``over``, divided by the same field of the row matching ``over`` (a speed-up)."""
-
-    key: str
-    phrase: str
-    match: tuple[tuple[str, Any], ...]
-    field: str
-    digits: int = 0
-    scale: float = 1.0
-    over: tuple[tuple[str, Any], ...] = ()
-    fn: Callable[[list[dict[str, Any]]], float] | None = None  # computes the number instead
-
-    @property
-    def pattern(self) -> re.Pattern[str]:
-        return re.compile(self.phrase)
-
-    def value(self, rows: list[dict[str, Any]]) -> str:
-        """The figure as the text states it (``digits`` decimals, no thousands separator)."""
-        if self.fn is not None:
-            return f"{self.fn(rows):.{self.digits}f}"
-        x = float(_pick(rows, **dict(self.match))[self.field]) * self.scale
-        if self.over:
-            # speed-up = field(match) / field(over), both rows of the same run
-            x /= float(_pick(rows, **dict(self.over))[self.field]) * self.scale
-        return f"{x:.{self.digits}f}"
-
-
-NUM = r"(\d[\d,]*(?:\.\d+)?)"
-
-
-def _decode(key: str, label: str) -> list[BenchFigure]:
-    """FastDecoder's tokens/s and its two speed-ups, and the two HF baselines, of decode record ``key``."""
-    fd = (("impl", "codex_lab_fast_decode"),)
-    return [
-        BenchFigure(key, rf"({label}: FastDecoder ){NUM}( tokens/s)", fd, "tokens_per_s"),
-        BenchFigure(key, rf"({label}: FastDecoder [^|]*? = \*\*){NUM}(x\*\* HF `generate`)", fd, "speedup_vs_hf_generate", 2),
-        BenchFigure(key, rf"({label}: [^|]*?HF `generate` \(){NUM}(\))", (("impl", "hf_generate"),), "tokens_per_s"),
-        BenchFigure(key, rf"({label}: [^|]*?\*\*){NUM}(x\*\* HF static \+ compile)", fd, "speedup_vs_hf_generate_static_compile", 2),
-        BenchFigure(key, rf"({label}: [^|]*?HF static \+ compile \(){NUM}(\))", (("impl", "hf_generate_static_compile"),), "tokens_per_s"),
-        BenchFigure(key, rf"({label}: [^|]*?first call ){NUM}( s)", fd, "first_call_s", 1),
-    ]
-
-
-def _serving(key: str, label: str) -> list[BenchFigure]:
-    """TTFT and TBT p95 at 4, 8 and 16 streams of serving record ``key``."""
-    out = []
-    for c in (4, 8, 16):
-        for field, name in (("ttft_p95_ms", "TTFT"), ("tbt_p95_ms", "TBT")):
-            out.append(BenchFigure(key, rf"({label} {c} streams: [^|;]*?{name} p95 \**){NUM}( ms)",
-                                   (("concurrency", c),), field, 1))
-    return out
-
-
-def _code_edit(key: str) -> list[BenchFigure]:
-    """Prompt-lookup decoding against plain decoding on code edits."""
-    pl, plain = (("impl", "prompt_lookup_d16"),), (("impl", "plain_static_cache"),)
-    return [
-        BenchFigure(key, rf"(prompt lookup: \*\*){NUM}(x\*\* plain decoding)", pl, "speedup_vs_plain", 2),
-        BenchFigure(key, rf"(prompt lookup: [^|]*?plain decoding \(){NUM}( vs )", pl, "tokens_per_s"),
-        BenchFigure(key, rf"(prompt lookup: [^|]*?plain decoding \(\d+ vs ){NUM}( tokens/s\))", plain, "tokens_per_s"),
-        BenchFigure(key, rf"(prompt lookup: [^|]*?acceptance ){NUM}(,)", pl, "acceptance_rate", 2),
-    ]
-
-
-def _batching(key: str, label: str) -> list[BenchFigure]:
-    """Continuous batching (eager and compiled) against one request at a time: medians of the
-    per-round ratios, their range, and the median round's tokens/s."""
-    one, cont, comp = (("impl", "one_at_a_time"),), (("impl", "continuous_batching"),), (("impl", "continuous_batching_compiled"),)
-    return [
-        BenchFigure(key, rf"({label}: continuous batching \*\*){NUM}(x\*\* one at a time)", cont, "vs_one_median", 2),
-        BenchFigure(key, rf"({label}: continuous batching [^|;]*?one at a time \(rounds ){NUM}(-)", cont, "vs_one_lo", 2),
-        BenchFigure(key, rf"({label}: continuous batching [^|;]*?one at a time \(rounds \d+\.\d+-){NUM}(x; )", cont, "vs_one_hi", 2),
-        BenchFigure(key, rf"({label}: continuous batching [^|;]*?x; ){NUM}( vs )", cont, "tokens_per_s"),
-        BenchFigure(key, rf"({label}: continuous batching [^|;]*?x; \d+ vs ){NUM}( tokens/s\))", one, "tokens_per_s"),
-        BenchFigure(key, rf"({label}: [^|;]*?compiled engine ){NUM}( tokens/s)", comp, "tokens_per_s"),
-        BenchFigure(key, rf"({label}: [^|;]*?compiled engine \d+ tokens/s = \*\*){NUM}(x\*\* the eager engine)",
-                    comp, "vs_eager_median", 2),
-        BenchFigure(key, rf"({label}: [^|;]*?the eager engine \(rounds ){NUM}(-)", comp, "vs_eager_lo", 2),
-        BenchFigure(key, rf"({label}: [^|;]*?the eager engine \(rounds \d+\.\d+-){NUM}(x\))", comp, "vs_eager_hi", 2),
-        BenchFigure(key, rf"({label}: [^|;]*?buckets compiled in ){NUM}( s)", comp, "compile_s"),
-    ]
-
-
-def _attention(key: str) -> list[BenchFigure]:
-    """Sparse attention at N=8192 against dense SDPA: speed-ups, times, pairs computed, peaks."""
-    at = lambda impl: (("impl", impl), ("N", 8192))  # noqa: E731
-    fw, fb = "N=8192 forward: ", "N=8192 forward \\+ backward: "
-    out = [
-        BenchFigure(key, rf"({fw}`fast` [^|]*?\*\*){NUM}(x\*\* SDPA)", at("fast"), "speedup_vs_sdpa", 2),
-        BenchFigure(key, rf"({fw}[^|]*?SDPA \(){NUM}( vs )", at("fast"), "median_ms", 1),
-        BenchFigure(key, rf"({fw}[^|]*?SDPA \([\d.]+ vs ){NUM}( ms)", at("sdpa"), "median_ms"),
-        BenchFigure(key, rf"({fw}[^|]*?computes ){NUM}(% of the causal pairs)", at("fast"), "computed_fraction", 1, 100.0),
-        BenchFigure(key, rf"({fb}`fast` [^|]*?\*\*){NUM}(x\*\* SDPA)", at("fast"), "fwd_bwd_speedup_vs_sdpa", 2),
-        BenchFigure(key, rf"({fb}[^|]*?SDPA \(){NUM}( vs )", at("fast"), "fwd_bwd_ms", 1),
-        BenchFigure(key, rf"({fb}[^|]*?SDPA \([\d.]+ vs ){NUM}( ms)", at("sdpa"), "fwd_bwd_ms"),
-        BenchFigure(key, rf"({fw}[^|]*?\(SDPA ){NUM}( MiB\))", at("sdpa"), "peak_mib"),
-    ]
-    for impl in ("fast-flash", "blocks", "flex"):
-        out.append(BenchFigure(key, rf"({fw}[^|]*?`{impl}` ){NUM}(x)", at(impl), "speedup_vs_sdpa", 2))
-    for impl in ("fast-flash", "blocks"):
-        out.append(BenchFigure(key, rf"({fb}[^|]*?`{impl}` ){NUM}(x)", at(impl), "fwd_bwd_speedup_vs_sdpa", 2))
-    for i, impl in enumerate(("fast", "fast-flash", "blocks", "flex")):
-        before = "peak " + "".join(r"\d+ / " for _ in range(i))
-        after = " MiB" if impl == "flex" else " / "
-        out.append(BenchFigure(key, rf"({fw}[^|]*?{before}){NUM}({after})", at(impl), "peak_mib"))
-    return out
-
-
-def _moba(key: str) -> list[BenchFigure]:
-    """The learned pattern (MoBA) against the fixed pattern's fast kernel at N=8192."""
-    row = lambda rows, impl: _pick(rows, impl=impl, N=8192)  # noqa: E731
-    # time ratio per kept pair = (t_moba / t_fast) x (d_fast / d_moba): each kernel's time over the pairs it keeps
-    per_pair = lambda r: (row(r, "moba")["median_ms"] / row(r, "fast")["median_ms"]  # noqa: E731
-                          * row(r, "fast")["density"] / row(r, "moba")["density"])
-    # share of the sparse limit = speed-up x density (the limit is 1/d)
-    of_limit = lambda r: row(r, "fast")["speedup_vs_sdpa"] * row(r, "fast")["density"]  # noqa: E731
-    lab = "N=8192, learned pattern: "
-    mob, fast = (("impl", "moba"), ("N", 8192)), (("impl", "fast"), ("N", 8192))
-    return [
-        BenchFigure(key, rf"({lab}forward \*\*){NUM}(x\*\* the fixed pattern's time)", mob, "median_ms", 2, over=fast),
-        BenchFigure(key, rf"({lab}[^|]*?at density ){NUM}( vs )", mob, "density", 3),
-        BenchFigure(key, rf"({lab}[^|]*?at density [\d.]+ vs ){NUM}( \()", fast, "density", 3),
-        BenchFigure(key, rf"({lab}[^|]*?\(){NUM}(x per kept pair\))", (), "", 2, fn=per_pair),
-        BenchFigure(key, rf"({lab}[^|]*?forward \+ backward \*\*){NUM}(x\*\*)", mob, "fwd_bwd_ms", 2, over=fast),
-        BenchFigure(key, rf"({lab}[^|]*?the fixed `fast` kernel ){NUM}(x SDPA)", fast, "speedup_vs_sdpa", 2),
-        BenchFigure(key, rf"({lab}[^|]*?x SDPA = \*\*){NUM}( of 1/d\*\*)", (), "", 2, fn=of_limit),
-    ]
-
-
-def _moe(fast: str, full: str) -> list[BenchFigure]:
-    """MoE grouped dispatch against the fastest HF Mixtral block, per size, fast and full mode."""
-    out = []
-    for key, label, sizes in ((fast, "fast: ", ((256, 8, 2), (512, 8, 2), (512, 16, 4))),
-                              (full, "full: ", ((512, 8, 2), (2048, 8, 2), (2048, 16, 2), (2048, 16, 4), (8192, 8, 2)))):
-        for n, e, k in sizes:
-            m = (("impl", "grouped"), ("tokens", n), ("experts", e), ("top_k", k))
-            out.append(BenchFigure(key, rf"({label}[^|]*?{n} tokens, {e} experts top-{k} \*\*){NUM}(x\*\*)", m,
-                                   "speedup_vs_fastest_hf", 2))
-    # the largest difference of any implementation's output from the reference loop's, both modes
-    out.append(BenchFigure(full, rf"(max abs diff from the reference loop ){NUM}( x 1e-6)", (), "", 1,
-                           fn=lambda rows: 1e6 * max(float(r["max_abs_diff"]) for r in rows)))
-    return out
-
-
-def _llama_cpp(key: str) -> list[BenchFigure]:
-    """Batch-1 decode and prefill of FastDecoder and llama.cpp after 128- and 512-token prompts, and
-    8 streams at once: the serving engine's and llama.cpp's throughput and their ratio."""
-    out = []
-    for L in (128, 512):
-        fd = (("scenario", "llama_cpp"), ("impl", "codex_lab_fast_decode"), ("prompt_len", L))
-        lc = (("scenario", "llama_cpp"), ("impl", "llama_cpp"), ("prompt_len", L))
-        out += [
-            BenchFigure(key, rf"(after a {L}-token prompt: FastDecoder ){NUM}( tokens/s)", fd, "decode_tokens_per_s"),
-            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?llama\.cpp ){NUM}( tokens/s)", lc, "decode_tokens_per_s"),
-            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?\*\*){NUM}(x\*\* llama\.cpp's decode)", fd,
-                        "decode_ratio_vs_llama_cpp", 2),
-            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?prefill ){NUM}(x llama\.cpp's)", fd,
-                        "prefill_ratio_vs_llama_cpp", 2),
-            # llama.cpp built from source for this CPU (llama-bench), in the same rounds
-            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?built from source ){NUM}( tokens/s)",
-                        (("scenario", "llama_cpp"), ("impl", "llama_cpp_native"), ("prompt_len", L)), "decode_tokens_per_s"),
-            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?\*\*){NUM}(x\*\* the source build's decode)", fd,
-                        "decode_ratio_vs_llama_native", 2),
-        ]
-    stream = (("scenario", "llama_cpp_streams"),)
-    return out + _throughput_pair(key, "8 streams at once: ", "the serving engine", (*stream, ("impl", "codex_lab_engine")),
-                                  r"llama\.cpp", (*stream, ("impl", "llama_cpp")), "ratio_vs_llama_cpp")
-
-
-def _throughput_pair(key: str, lead: str, ours_words: str, ours: tuple[tuple[str, Any], ...], theirs_words: str,
-                     theirs: tuple[tuple[str, Any], ...], ratio_field: str) -> list[BenchFigure]:
-    """The line ``LEAD OURS N tokens/s, THEIRS N tokens/s: **Rx** THEIRS's throughput``: both
-    tokens/s and the ratio (``ratio_field`` of our row). ``theirs_words`` is a regular expression."""
-    return [
-        BenchFigure(key, rf"({lead}{ours_words} ){NUM}( tokens/s)", ours, "tokens_per_s"),
-        BenchFigure(key, rf"({lead}[^|]*?{theirs_words} ){NUM}( tokens/s)", theirs, "tokens_per_s"),
-        BenchFigure(key, rf"({lead}[^|]*?\*\*){NUM}(x\*\* {theirs_words}'s throughput)", ours, ratio_field, 2),
-    ]
-
-
-def _llama_server(key: str) -> list[BenchFigure]:
-    """codex-lab serve and llama-server under the same load over HTTP: tokens/s at 1 and 8 clients and their ratio."""
-    return [fig for c in (1, 8)
-            for fig in _throughput_pair(key, rf"{c} client[s]? over HTTP: ", "`codex-lab serve`",
-                                        (("impl", "codex_lab_serve"), ("concurrency", c)), "llama-server",
-                                        (("impl", "llama_server"), ("concurrency", c)), "ratio_vs_llama_server")]
-
-
-def _single_stream(key: str) -> list[BenchFigure]:
-    """One stream: FastDecoder's tokens/s, the serving engine's with and without its one-row shape (in
-    process), and through ``codex-lab serve`` over HTTP with what HTTP adds per token."""
-    fd, solo, pad = (("impl", "fast_decode"),), (("impl", "engine_solo"),), (("impl", "engine_padded"),)
-    http = (("impl", "serve_http"),)
-    return [
-        BenchFigure(key, rf"(one stream in process: FastDecoder ){NUM}( tokens/s)", fd, "tokens_per_s"),
-        BenchFigure(key, rf"(one stream in process: [^|]*?one-row shape ){NUM}( tokens/s)", solo, "tokens_per_s"),
-        BenchFigure(key, rf"(one stream in process: [^|]*?\*\*){NUM}(x\*\* FastDecoder's)", solo, "vs_fast_decode", 2),
-        BenchFigure(key, rf"(one stream in process: [^|]*?padded to 8 rows ){NUM}( tokens/s)", pad, "tokens_per_s"),
-        BenchFigure(key, rf"(one stream in process: [^|]*?model step ){NUM}( ms per token)", solo, "step_ms_per_token", 2),
-        BenchFigure(key, rf"(one stream through `codex-lab serve`: ){NUM}( tokens/s)", http, "tokens_per_s"),
-        BenchFigure(key, rf"(one stream through `codex-lab serve`: [^|]*?\*\*){NUM}(x\*\* FastDecoder's)", http,
-                    "vs_fast_decode", 2),
-        BenchFigure(key, rf"(one stream through `codex-lab serve`: [^|]*?HTTP adds ){NUM}( ms per token)", http,
-                    "http_ms_per_token", 2),
-    ]
-
-
-def _token_profile(key: str) -> list[BenchFigure]:
-    """A lone stream under torch.profiler (the graphs' kernels profiled one by one): ms per token
-    of FastDecoder (compiled) and the serving engine's one-row step, unprofiled, and each one's
-    matmuls, attention, compiled graph's own code and Python."""
-    out = []
-    for who, anchor in ((("impl", "fast_decode"),), r"FastDecoder compiled "), ((("impl", "engine_solo"),), r"[^|]*?one-row step "):
-        head = rf"(under torch\.profiler: {anchor}"
-        out += [BenchFigure(key, head + rf"){NUM}( ms per token)", who, "unprofiled_ms_per_token", 2)]
-        for words, field in (("matmuls ", "matmul_ms_per_token"), ("attention ", "attention_ms_per_token"),
-                             ("the compiled graph's own code ", "graph_ms_per_token"),
-                             ("Python and guards ", "python_ms_per_token")):
-            out.append(BenchFigure(key, head + rf"[^|;]*?{words}){NUM}( ms)", who, field, 2))
-    return out
-
-
-def _native_profile(key: str) -> list[BenchFigure]:
-    """Both engines' decode under Linux perf: wall and CPU ms per token, and the CPU ms of each one's
-    matmuls, attention, runtime (the code between kernels) and Python."""
-    out = []
-    for who, name in ((("impl", "codex_lab_fast_decode"),), "FastDecoder"), ((("impl", "llama_cpp_native"),), "llama.cpp"):
-        head = rf"(under perf, decode only: {name} "
-        out += [BenchFigure(key, head + rf"){NUM}( ms per token)", who, "wall_ms_per_token", 2),
-                BenchFigure(key, head + rf"[^|;]*?CPU ){NUM}( ms)", who, "cpu_ms_per_token", 2)]
-        for words, field in (("matmuls ", "matmul_ms_per_token"), ("attention ", "attention_ms_per_token"),
-                             ("runtime ", "runtime_ms_per_token"), ("Python ", "python_ms_per_token")):
-            out.append(BenchFigure(key, head + rf"[^|;]*?{words}){NUM}( ms)", who, field, 2))
-    return out
-
-
-BENCH_FIGURES: list[BenchFigure] = [
-    *_llama_cpp("llama_cpp"),
-    *_native_profile("native_profile"),
-    *_single_stream("single_stream"),
-    *_token_profile("token_profile"),
-    *_llama_server("serving_llama_cpp"),
-    *_attention("attention"),
-    *_moba("moba"),
-    *_moe("moe_fast", "moe_full"),
-    *_code_edit("code_edit"),
-    *_batching("batching", "16 slots"),
-    *_batching("batching_8slots", "8 slots"),
-    *_decode("decode", "2 threads"),
-    *_decode("decode_1thread", "1 thread"),
-    *_serving("serving", "prompts in the step,"),
-    *_serving("serving_batched", "batched eager prefill,"),
-    *_serving("serving_reference", "one forward per request,"),
-]
-
-
-def record_bench(key: str, rows: list[dict[str, Any]], command: str, conditions: str, measured: str,
-                 path: Path = BENCH_RECORD) -> None:
-    """Store a bench's ``--json`` rows under ``key`` (checked against the figures that read them first)."""
-    for fig in BENCH_FIGURES:
-        if fig.key == key:
-            fig.value(rows)  # raises, naming the row, if the rows lack what a figure reads
-    rec = bench_record(path)
-    rec[key] = {"command": command, "measured": measured, "conditions": conditions, "rows": rows}
-    path.write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")

@@ -142,7 +142,7 @@ def decode_compile_options(options: dict | None, backend: str, mode: str | None,
     ``CPP`` GEMM backend). The template packs each frozen weight once into blocks for the CPU's
     vector width and splits every matrix-vector product across the cores; ATen's ``mm`` of one
     row runs on one core over the unpacked weight. That took a 4.2M-parameter model's decode
-    step from ~1 ms to ~0.4 ms on a 2-core AMD EPYC (2026-12-02, ``docs/PROFILE.md``): the step
+    step from ~1 ms to ~0.4 ms on a 2-core AMD EPYC (2026-12-02; the runs: ``git log -p -- docs/PROFILE.md``): the step
     is bound by reading 17 MB of weights, which the packed, two-core kernels read faster."""
     base = cpu_compile_options(options, backend, mode, device)
     if options is None and base is not None:
@@ -198,10 +198,10 @@ class FastDecoder:
         self.slots = torch.arange(self.max_len, device=p.device)  # (L,)
         if attention not in ("auto", "sdpa", "one_query"):
             raise ValueError(f"attention={attention!r}: choose 'auto', 'sdpa' or 'one_query'")
-        # a decode step's attention: the one-query formula when the step compiles on a CPU (0.85x and
-        # 0.88x the median step time of ATen's flash attention after 128 and 512 prompt tokens, every one
-        # of 11 interleaved rounds faster: scripts/one_query_ab.py, 2026-12-06); SDPA, the reference,
-        # eagerly and on other devices (not measured there)
+        # a decode step's attention: the one-query formula when the step compiles on a CPU (faster than
+        # ATen's flash attention there: `codex-lab bench inference --scenarios decode` times both, rows
+        # codex_lab_fast_decode and codex_lab_fast_decode_sdpa); SDPA, the reference, eagerly and on
+        # other devices (not measured there)
         fused = compile and p.device.type == "cpu"
         self.attention = ("one_query" if fused else "sdpa") if attention == "auto" else attention
         self.batch = batch

@@ -27,7 +27,7 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
     runs minutes apart; one stream, whose one-row graph had these options in both, 0.57x and
     0.55x). False:
     ATen's matmuls over unfrozen weights, one graph per block bucket, cached on disk (a restart
-    has them in ~6 s); ``codex-lab serve --aten-matmuls``. ``docs/PROFILE.md`` has the runs.
+    has them in ~6 s); ``codex-lab serve --aten-matmuls``. The runs: ``git log -p -- docs/PROFILE.md``.
 
     ``inductor_options``: more Inductor options for every graph, e.g.
     ``{"cpp.enable_kernel_profile": True}`` (each C++ kernel a profiler event: lesson 06's

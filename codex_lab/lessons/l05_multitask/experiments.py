@@ -56,7 +56,7 @@ BALANCED: dict[str, dict[str, str]] = {"coba": dict(balance="coba", mix="balance
 
 # The smallest change of the held-out loss the claim cares about (training-state rule), in
 # nats/token of the mean over families: 0.03. Why: across the lesson's tuning runs (width
-# 32-64, 600-3000 steps; scripts/l05_size_probe.py) pass@1 over all families moved
+# 32-64, 600-3000 steps; a one-off sizing probe, since deleted: git log -- scripts/l05_size_probe.py) pass@1 over all families moved
 # by about 1.0 per nat/token of this mean loss (0.42 -> 0.19, 0.35 -> 0.21, 0.30 -> 0.30), so
 # 0.03 nats/token is worth about 0.03 pass@1: one standard error of one seed's pass@1 over its
 # 5 x 48 test problems (sqrt(0.25 / 240) = 0.032). A drift smaller than that over another
@@ -373,7 +373,7 @@ def protocol_setup(mode: str, split: str = "iid") -> Setup:
     ``standard`` (the default on a CPU): :class:`Setup`'s defaults, a 2-layer width-48 model
     with a 768-token BPE vocabulary, batches of 8, 1,000 steps per arm (200 per specialist),
     sized to the report's CPU share (~0.038 CPU s per step on one thread: ~6 CPU minutes for
-    three arms x three seeds). Measured with ``scripts/l05_size_probe.py``: this geometry's
+    three arms x three seeds). Measured with a one-off sizing probe (since deleted; ``git log -- scripts/l05_size_probe.py``): this geometry's
     pooled run keeps improving up to 3,000 steps (mean validation loss 0.42 -> 0.35 over its
     last quarter), and a specialist of 500-700 steps is still falling steeply, so at this
     budget the training-state rule is expected to withhold the verdict; the report prints

@@ -4,7 +4,10 @@
   (default settings), HF ``generate`` with a static cache and a ``torch.compile``'d forward,
   codex_lab's static-cache loop, and :class:`~codex_lab.infer.fast_decode.FastDecoder`
   (compiled once). Records carry ``first_call_s`` (compile time), ``recompiles`` and the
-  ratios ``speedup_vs_hf_generate`` / ``speedup_vs_hf_static_compile``.
+  ratios ``speedup_vs_hf_generate`` / ``speedup_vs_hf_static_compile``. Where FastDecoder's
+  compiled step uses the one-query attention (a CPU), a second FastDecoder with ATen's
+  flash attention (``attention="sdpa"``) runs in the same rounds (``codex_lab_fast_decode_sdpa``):
+  the A/B that chose the default, with its tokens compared like every other row.
 - ``code_edit``: prompt = a function from the held-out corpus followed by the start of the
   same function with a small change (a new name); greedy continuation. Prompt-lookup
   decoding against plain static-cache decoding: ``speedup_vs_plain`` and ``acceptance_rate``.
@@ -68,6 +71,10 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
     dec = FastDecoder(model, max_len=prompt_len + new_tokens)
     runs["codex_lab_fast_decode"] = lambda: dec.generate(ids, new_tokens)[0]
     decoders = {"codex_lab_fast_decode": dec}
+    if dec.attention == "one_query":  # the alternative the default was chosen over, in the same rounds
+        dec_s = FastDecoder(model, max_len=prompt_len + new_tokens, attention="sdpa")
+        decoders["codex_lab_fast_decode_sdpa"] = dec_s
+        runs["codex_lab_fast_decode_sdpa"] = lambda: dec_s.generate(ids, new_tokens)[0]
     if dev.type == "cuda":  # CUDA graphs: the whole step is one replay (gpt-fast's "reduce-overhead")
         dec_g = FastDecoder(model, max_len=prompt_len + new_tokens, mode="reduce-overhead")
         decoders["codex_lab_fast_decode_cudagraphs"] = dec_g
@@ -87,7 +94,7 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
                    "tokens_per_s": new_tokens / dt, "first_call_s": first[impl], "repeats": repeats}
             if impl in decoders:
                 d = decoders[impl]
-                row.update({"recompiles": d.recompiles, "compiled": d.compiled,
+                row.update({"recompiles": d.recompiles, "compiled": d.compiled, "attention": d.attention,
                             "compile_error": d.compile_error, "compile_s": d.compile_s})
             rows.append(row)
     ref = outs["codex_lab_static_cache"]

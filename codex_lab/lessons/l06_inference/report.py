@@ -144,7 +144,7 @@ def peer_lines(record: dict[str, Any] | None = None) -> str:
     """llama.cpp against FastDecoder on the same GGUF: the recorded run of
     ``codex-lab bench inference --peer llama.cpp`` (bench_records.json, key ``llama_cpp``), labelled
     as recorded, with its date and conditions; how to measure it here when none is recorded."""
-    from codex_lab.course.figures import bench_record
+    from codex_lab.course.bench_figures import bench_record
 
     rec = (record if record is not None else bench_record()).get("llama_cpp")
     if not rec:
@@ -202,7 +202,7 @@ def single_stream_lines(record: dict[str, Any] | None = None) -> str:
     ``codex-lab bench inference --scenarios single_stream --threads 1`` (bench_records.json, key ``single_stream``),
     labelled as recorded, with where the engine's time per token goes; how to measure it here
     when none is recorded."""
-    from codex_lab.course.figures import bench_record
+    from codex_lab.course.bench_figures import bench_record
 
     rec = (record if record is not None else bench_record()).get("single_stream")
     if not rec:
@@ -239,7 +239,7 @@ def token_profile_lines(record: dict[str, Any] | None = None) -> str:
     """Where a lone stream's time per token goes: the recorded run of ``codex-lab bench
     inference --scenarios token_profile --threads 1`` (bench_records.json, key ``token_profile``),
     labelled as recorded; how to measure it here when none is recorded."""
-    from codex_lab.course.figures import bench_record
+    from codex_lab.course.bench_figures import bench_record
     from codex_lab.measure.token_profile import profile_lines
 
     rec = (record if record is not None else bench_record()).get("token_profile")
@@ -260,7 +260,7 @@ def native_profile_lines(record: dict[str, Any] | None = None) -> str:
     """What llama.cpp does in a token's time, beside FastDecoder, under one sampling profiler (issue
     41): the recorded run of ``codex-lab bench inference --scenarios native_profile`` (bench_records.json,
     key ``native_profile``), labelled as recorded; how to measure it here when none is recorded."""
-    from codex_lab.course.figures import bench_record
+    from codex_lab.course.bench_figures import bench_record
     from codex_lab.measure.native_profile import native_lines
 
     rec = (record if record is not None else bench_record()).get("native_profile")

@@ -90,7 +90,7 @@ class CompiledPagedStep:
             prefill eagerly).
         solo: also compile a one-row step, run when a single request decodes alone (a lone
             stream then computes one row, not ``max_batch_size``: 2.7x its tokens/s with 8
-            slots on the shipped model, docs/PROFILE.md). It is ONE graph, symbolic in the
+            slots on the shipped model, 2026-12-03: ``git log -p -- docs/PROFILE.md``). It is ONE graph, symbolic in the
             table's length (a lone row's attention over a few more slots costs little; its
             weights' reads are what cost), built after the others, with ``solo_options``.
         solo_options: Inductor options of the one-row graph. Default on a CPU (inductor, no
