@@ -266,7 +266,9 @@ def article_reference_lines(section: str, *, directory: str | Path = REFERENCE_D
     if moving:
         verdict_head = (f"Verdicts as the run printed them. By today's rule {len(moving)} of {len(states)} arms "
                         f"({', '.join(s.arm for s in moving)}) have not reached a plateau, so these are measurements "
-                        f"of the run's budget, **not verdicts**; a longer run (`{command}` with more steps) settles them:")
+                        f"of the run's budget, **not verdicts**; a longer run (`{command}` with more steps) settles them"
+                        + (f" (and the budget-extension check found {', '.join(unconfirmed)} still learning, though the "
+                           "rule called them trained)" if unconfirmed else "") + ":")
     elif unconfirmed:
         verdict_head = (f"Verdicts as the run printed them, **not verdicts**: the budget-extension check found "
                         f"{', '.join(unconfirmed)} still learning, though the rule called every arm trained:")

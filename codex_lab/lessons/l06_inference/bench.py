@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=None, help="requests in the batching scenario (default 16 fast / 32 full)")
     p.add_argument("--no-compile", action="store_true",
                    help="batching scenario: leave out the engine with the compiled decode step (it compiles for seconds); "
-                        "speculative scenario: leave out the compiled FastDecoder")
+                        "speculative scenario: leave out the compiled FastDecoder; decode scenario: leave out its two "
+                        "variant FastDecoders (ATen's flash attention, the int8 copy)")
     p.add_argument("--random", action="store_true", help="use a random model of the shipped shape (no checkpoint needed)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice); 1 avoids thread-sync stalls on a busy machine")
@@ -373,7 +374,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "compile": lambda: bench_compile(model),
         # 11 interleaved rounds in full mode: the median ratio holds on a machine whose speed drifts
         "decode": lambda: bench_decode(model, 64, args.mode.pick(fast=64, full=128), hf_compile=not getattr(args, "no_hf_compile", False),
-                                       repeats=args.mode.pick(fast=5, full=11)),
+                                       repeats=args.mode.pick(fast=5, full=11), variants=not getattr(args, "no_compile", False)),
         "code_edit": lambda: bench_code_edit(model, tok, args.mode.pick(fast=4, full=12), args.mode.pick(fast=64, full=128)),
         "llama_cpp": lambda: _peer(model, tok, getattr(args, "threads", None), args.mode),
         "llama_cpp_streams": lambda: _peer_streams(model, tok, getattr(args, "threads", None), args.mode),

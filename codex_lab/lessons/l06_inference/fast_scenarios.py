@@ -7,7 +7,9 @@
   ratios ``speedup_vs_hf_generate`` / ``speedup_vs_hf_static_compile``. Where FastDecoder's
   compiled step uses the one-query attention (a CPU), a second FastDecoder with ATen's
   flash attention (``attention="sdpa"``) runs in the same rounds (``codex_lab_fast_decode_sdpa``):
-  the A/B that chose the default, with its tokens compared like every other row.
+  the A/B that chose the default, with its tokens compared like every other row; and a FastDecoder
+  of the weight-only int8 copy (``codex_lab_fast_decode_int8``, ``tokens_kept``). Both only with
+  ``variants`` (off under ``--no-compile``, as the report runs it).
 - ``code_edit``: prompt = a function from the held-out corpus followed by the start of the
   same function with a small change (a new name); greedy continuation. Prompt-lookup
   decoding against plain static-cache decoding: ``speedup_vs_plain`` and ``acceptance_rate``.
@@ -26,14 +28,20 @@ from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.infer.generate import generate_ids_cached
 from codex_lab.infer.prompt_lookup import prompt_lookup_generate
+from codex_lab.infer.quantized import tokens_kept
+from codex_lab.nn.int8 import quantize_int8
 from codex_lab.nn.model import CodexModel
 from codex_lab.runtime import interleaved_times
 
 
 def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128, *, hf_compile: bool = True,
-                 repeats: int = 5) -> list[dict[str, Any]]:
+                 repeats: int = 5, variants: bool = True) -> list[dict[str, Any]]:
     """Batch-1 greedy decode tokens/s of HF generate (default, static+compile), codex_lab static cache, FastDecoder
-    (compiled once; on a GPU also replayed as a CUDA graph), all on the model's device."""
+    (compiled once; on a GPU also replayed as a CUDA graph), all on the model's device. With ``variants``,
+    two more FastDecoders in the same rounds: ATen's flash attention instead of the one-query step (where
+    the default is the one-query step), and the weight-only int8 copy of the model
+    (:func:`~codex_lab.nn.int8.quantize_int8`; its row also gives ``tokens_kept``, the share of the float
+    tokens it reproduces before its first differing one)."""
     dev = next(model.parameters()).device
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
     prompt = torch.randint(0, model.cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1)).to(dev)
@@ -71,10 +79,15 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
     dec = FastDecoder(model, max_len=prompt_len + new_tokens)
     runs["codex_lab_fast_decode"] = lambda: dec.generate(ids, new_tokens)[0]
     decoders = {"codex_lab_fast_decode": dec}
-    if dec.attention == "one_query":  # the alternative the default was chosen over, in the same rounds
+    if variants and dec.attention == "one_query":  # the alternative the default was chosen over, same rounds
         dec_s = FastDecoder(model, max_len=prompt_len + new_tokens, attention="sdpa")
         decoders["codex_lab_fast_decode_sdpa"] = dec_s
         runs["codex_lab_fast_decode_sdpa"] = lambda: dec_s.generate(ids, new_tokens)[0]
+    if variants:  # weight-only int8: a quarter of the weight bytes a token reads
+        qmodel, _ = quantize_int8(model)
+        dec_q = FastDecoder(qmodel, max_len=prompt_len + new_tokens)
+        decoders["codex_lab_fast_decode_int8"] = dec_q
+        runs["codex_lab_fast_decode_int8"] = lambda: dec_q.generate(ids, new_tokens)[0]
     if dev.type == "cuda":  # CUDA graphs: the whole step is one replay (gpt-fast's "reduce-overhead")
         dec_g = FastDecoder(model, max_len=prompt_len + new_tokens, mode="reduce-overhead")
         decoders["codex_lab_fast_decode_cudagraphs"] = dec_g
@@ -101,6 +114,8 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
     by = {r["impl"]: r for r in rows}
     for r in rows:
         r["same_tokens"] = outs[r["impl"]] == ref
+        r["weights"] = "int8" if r["impl"].endswith("_int8") else "f32"
+        r["tokens_kept"] = tokens_kept(ref, outs[r["impl"]]) / len(ref) if ref else 1.0
         for base in ("hf_generate", "hf_generate_static_compile"):
             if base in by:
                 r[f"speedup_vs_{base}"] = r["tokens_per_s"] / by[base]["tokens_per_s"]
