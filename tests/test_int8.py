@@ -8,7 +8,7 @@ from codex_lab.data.batches import tokenize_texts
 from codex_lab.data.corpus import load_corpus
 from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.infer.generate import generate_ids_cached
-from codex_lab.infer.quantized import int8_fidelity, tokens_kept
+from codex_lab.evals.quantized import int8_fidelity, tokens_kept
 from codex_lab.nn.int8 import QMAX, Int8Linear, int8_weight_bytes, quantize_int8, quantize_rows
 from codex_lab.nn.model import CodexModel
 from codex_lab.training.checkpoint import load_pretrained

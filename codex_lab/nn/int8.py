@@ -14,7 +14,7 @@ it left). The fast path is ATen's CPU kernel for exactly this layout
 dequantises and calls ``F.linear`` (:meth:`Int8Linear.reference`), and tests hold one to the other.
 
 How close to float32 the quantised model is, is measured, not assumed:
-:func:`codex_lab.infer.quantized.int8_fidelity` gives the held-out loss difference and the
+:func:`codex_lab.evals.quantized.int8_fidelity` gives the held-out loss difference and the
 share of greedy tokens kept.
 """
 

@@ -28,7 +28,7 @@ from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.infer.generate import generate_ids_cached
 from codex_lab.infer.prompt_lookup import prompt_lookup_generate
-from codex_lab.infer.quantized import tokens_kept
+from codex_lab.evals.quantized import tokens_kept
 from codex_lab.nn.int8 import quantize_int8
 from codex_lab.nn.model import CodexModel
 from codex_lab.runtime import interleaved_times
