@@ -278,10 +278,15 @@ def article_reference_lines(section: str, *, directory: str | Path = REFERENCE_D
     else:
         verdict_head = ("Verdicts as the run printed them (they stand: every arm is at a plateau by today's rule, and "
                         "the budget-extension check confirmed each):")
+    refuted = [a for a in unconfirmed if any(s.arm == a and s.trained for s in states)]
     ext_lines = [] if ext is None else [
         "Budget-extension check (each arm's steps at the stopping point, then with the larger budget; gain in the "
         "better direction):", "",
-        *extension_lines(ext, float(d["metric"]["min_change"])), ""]
+        *extension_lines(ext, float(d["metric"]["min_change"])), "",
+        *([f"The check refutes the rule here: it called {', '.join(refuted)} trained, and a larger budget on the same "
+           "schedule still improved them by more than the claim's smallest change. A tail held flat at a decayed "
+           "learning rate does not establish a plateau: where a live run judges its arms by the rule alone on such "
+           "a schedule, its verdicts are measurements of its budget as well.", ""] if refuted else [])]
     return head + ["Training state of every arm, judged from the shipped curves by today's rule "
                    "(`codex_lab.training_state`):", "", *[f"- {s.describe()}" for s in states], "", *ext_lines,
                    *d["table"], "", verdict_head, "", *[f"- {k}: {v}" for k, v in d["verdicts"].items()], ""]

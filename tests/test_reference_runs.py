@@ -137,6 +137,8 @@ def test_budget_extension_confirms_a_levelled_arm_and_flips_when_the_larger_budg
                        provenance("python scripts/reference_article.py --section 04", 60.0, "article"), directory=tmp_path)
         text = "\n".join(article_reference_lines("04", directory=tmp_path))
         assert says in text, text
+        # the refutation of the rule is stated only where the check contradicts a "trained" call
+        assert ("The check refutes the rule here" in text) == (ext is better), text
     assert "**not verdicts**" in text and "**not confirmed**" in text
     # an arm the rule does not call trained is reported, never confirmed
     rising = {**data, "curves": {"arm": [[[float(i * 100), 3.0 - 0.1 * i] for i in range(13)] for _ in range(3)]}}
