@@ -95,6 +95,9 @@ def test_the_scenario_compares_tokens_and_reports_both_engines(stand_in, small_t
     for r in rows:
         assert r["decode_min"] <= r["decode_tokens_per_s"] <= r["decode_max"] and r["rounds"] == 2
         assert r["prefill_min"] <= r["prefill_tokens_per_s"] <= r["prefill_max"]
+        # every round kept beside the median; each row states its KV cache's precision
+        assert len(r["decode_rounds"]) == 2 and min(r["decode_rounds"]) == r["decode_min"]
+        assert r["kv_cache"] == ("f32" if r["impl"] == "codex_lab_fast_decode" else "f16 (node-llama-cpp's default)")
         assert r["decode_ratio_vs_llama_cpp"] == pytest.approx(
             r["decode_tokens_per_s"] / next(x for x in rows if x["impl"] == "llama_cpp"
                                              and x["prompt_len"] == r["prompt_len"])["decode_tokens_per_s"])

@@ -49,6 +49,11 @@ from codex_lab.measure.llama_native import (SERVER_HINT, LlamaServer, find_llama
 INSTALL_HINT = ("llama.cpp is not installed: run `bash scripts/get_llama_cpp.sh` (npm's node-llama-cpp prebuilt "
                 "binaries into ~/.cache/codex_lab/llama.cpp, a few minutes; needs Node.js >= 18 and npm)")
 
+# each engine's KV-cache precision as the peer bench runs it: codex_lab's caches hold the model's
+# float32; llama.cpp's contexts keep an f16 cache unless told otherwise (llama-bench's rows read
+# theirs from its own JSON record, type_k / type_v); the weights are float32 on both (the F32 GGUF)
+KV_CACHE = {"llama_cpp": "f16 (node-llama-cpp's default)", "llama_cpp_native": "f16 (llama-bench's default)"}
+
 PEER_JS = r"""
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 import {createInterface} from "node:readline";
@@ -241,7 +246,8 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
                     t["prefill"].append(float(pp["avg_ts"]))
                     t["decode"].append(float(tg["avg_ts"]))
                     native_info = {"build_commit": tg.get("build_commit"), "cpu_info": tg.get("cpu_info"),
-                                   "binary": home_relative(native)}
+                                   "binary": home_relative(native), "type_k": tg.get("type_k"),
+                                   "type_v": tg.get("type_v")}
         info = dict(peers[max(prompts)].info)
     rows = []
     for (impl, L), t in times.items():
@@ -249,15 +255,19 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
         prefix = _prefix(ref, mine) if mine is not None else None
         row: dict[str, Any] = {
             "scenario": "llama_cpp", "impl": impl, "batch": 1, "prompt_len": L, "new_tokens": new_tokens,
-            "precision": "f32", "rounds": rounds, "threads": threads,
+            "precision": "f32", "kv_cache": KV_CACHE.get(impl, "f32"), "rounds": rounds, "threads": threads,
             "decode_tokens_per_s": statistics.median(t["decode"]), "decode_min": min(t["decode"]),
             "decode_max": max(t["decode"]), "prefill_tokens_per_s": statistics.median(t["prefill"]),
             "prefill_min": min(t["prefill"]), "prefill_max": max(t["prefill"]),
+            # every round kept, in the order run, beside the median and range
+            "decode_rounds": list(t["decode"]), "prefill_rounds": list(t["prefill"]),
             "same_tokens": mine == ref if mine is not None else None, "common_prefix": prefix}
         if impl == "llama_cpp":
             row.update({f"llama_{k}": v for k, v in info.items() if k != "ready"})
         elif impl == "llama_cpp_native":  # llama-bench prints no tokens (same_tokens None)
             row.update({f"llama_{k}": v for k, v in native_info.items()}, build_type="source")
+            if native_info.get("type_k"):  # llama-bench's own record of its cache's types
+                row["kv_cache"] = f"k {native_info['type_k']}, v {native_info['type_v']}"
         else:
             row["compiled"] = decs[L].compiled
             row["cache_slots"] = decs[L].max_len
@@ -350,8 +360,9 @@ def bench_llama_cpp_streams(model: CodexModel, tok: CodeTokenizer, *, streams: i
     for impl, r in rates.items():
         row: dict[str, Any] = {
             "scenario": "llama_cpp_streams", "impl": impl, "streams": streams, "prompt_len": prompt_len,
-            "new_tokens": new_tokens, "precision": "f32", "rounds": rounds, "threads": threads,
-            "tokens_per_s": statistics.median(r), "tokens_per_s_min": min(r), "tokens_per_s_max": max(r),
+            "new_tokens": new_tokens, "precision": "f32", "kv_cache": KV_CACHE.get(impl, "f32"), "rounds": rounds,
+            "threads": threads, "tokens_per_s": statistics.median(r), "tokens_per_s_min": min(r),
+            "tokens_per_s_max": max(r), "tokens_per_s_rounds": list(r),
             "same_streams": same, "shortest_common_prefix": prefix}
         if impl == "llama_cpp":
             row.update({f"llama_{k}": v for k, v in info.items() if k != "ready"})

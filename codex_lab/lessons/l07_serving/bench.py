@@ -124,6 +124,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             if peer:
                 row.update(impl=impl, rounds=rounds, tokens_per_s=statistics.median(rates),
                            tokens_per_s_min=rates[0], tokens_per_s_max=rates[-1],
+                           # every round kept, in the order run (the percentiles are the median round's)
+                           tokens_per_s_rounds=[x["tokens_per_s"] for x in ss],
+                           ttft_p95_ms_rounds=[x["ttft_p95_ms"] for x in ss], tbt_p95_ms_rounds=[x["tbt_p95_ms"] for x in ss],
+                           kv_cache="f16 (llama-server's default)" if impl == "llama_server" else "f32",
                            tokens=s["tokens"], finish_reasons=s["finish_reasons"])  # the median round's
                 if impl == "llama_server":
                     row.update({f"llama_{k}": v for k, v in peer_info.items()})
