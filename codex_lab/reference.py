@@ -177,14 +177,16 @@ def draw_reference(ax: Any, curves: Mapping[str, Sequence[Sequence[Sequence[floa
 def rejudge(data: Mapping[str, Any]) -> list[Any] | None:
     """Every arm's training state, judged again from the shipped curves by today's rule
     (:func:`codex_lab.training_state.training_state`, with the metric's direction, ``min_change``
-    and chance recorded in ``data["metric"]``); None when the data records no metric."""
+    and chance recorded in ``data["metric"]``, and the learning rate at each evaluation where
+    ``data["rates"]`` records it); None when the data records no metric."""
     from codex_lab.training_state import training_state
 
     m = data.get("metric")
     if not m or "curves" not in data:
         return None
+    rates = data.get("rates") or {}  # the learning rate at each evaluation, where the run recorded it
     return [training_state(c, higher_is_better=bool(m["higher_is_better"]), min_change=float(m["min_change"]),
-                           chance=m.get("chance"), arm=arm) for arm, c in data["curves"].items()]
+                           chance=m.get("chance"), arm=arm, rates=rates.get(arm)) for arm, c in data["curves"].items()]
 
 
 # the budget-extension check of a fixed-budget run: every arm again on one and a half times its steps (the

@@ -33,7 +33,14 @@ per seed, evaluated at the same steps:
 5. **did not learn** when any seed's tail mean is within ``threshold`` of ``chance`` (a seed
    stuck at chance blocks the verdict even if the mean curve moved), or when the arm ends
    below ``LEARN_SHARE`` (one half) of the way from chance to a ``ceiling`` the same task
-   reaches elsewhere (a plateau of a failed optimisation, not of the design).
+   reaches elsewhere (a plateau of a failed optimisation, not of the design);
+6. **not trained at a decayed rate**: given the learning rate at each evaluation (``rates``),
+   an arm whose fitted tail ran at less than ``ANNEALED_SHARE`` (one half) of its peak rate is
+   not called trained, however flat: a curve stops moving when its rate falls, not only when
+   the model has learned what it can. Lesson 04's reference showed it: both arms the rule
+   called trained over a tail held at 1/30 of the peak rate gained 0.06-0.08 nats/token when
+   the same schedule was stretched to 1.5x the steps (its budget-extension check). Hold the
+   rate over the judged tail at half the peak or more, or confirm the plateau by that check.
 
 Why a bound on the trend and not the seeds' level spread: the level spread is mostly each
 seed's own evaluation sample, which cancels in a paired comparison; it says nothing about
@@ -56,6 +63,7 @@ MIN_POINTS = MIN_TAIL + 1  # evaluations per curve: the tail and one before it
 TAIL = 0.25  # the last quarter of the evaluations (more when the quarter holds fewer than MIN_TAIL)
 LEARN_SHARE = 0.5  # an arm must end at least half-way from chance to the ceiling the task shows elsewhere
 LEVEL = 0.95  # the one-sided bound's level
+ANNEALED_SHARE = 0.5  # a tail run below half the peak learning rate cannot show a plateau
 
 Curve = Sequence[tuple[float, float]]  # (step, metric value), one per evaluation
 
@@ -84,6 +92,7 @@ class TrainingState:
     reason: str = ""
     bound: float = math.nan
     per_seed: tuple[float, ...] = ()
+    rate_share: float = math.nan  # the fitted tail's mean learning rate over the peak (nan: rates not given)
 
     @property
     def trained(self) -> bool:
@@ -141,7 +150,8 @@ def threshold_for(min_change: float, margin: float | None = None) -> float:
 
 def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, higher_is_better: bool,
                    min_change: float, arm: str = "arm", tail: float = TAIL, chance: float | None = None,
-                   margin: float | None = None, ceiling: float | None = None) -> TrainingState:
+                   margin: float | None = None, ceiling: float | None = None,
+                   rates: Sequence[float] | None = None) -> TrainingState:
     """Judge one arm's training state from its held-out curves (one per seed).
 
     Args:
@@ -159,6 +169,9 @@ def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, highe
         ceiling: the value the same task reaches elsewhere (a stronger arm, a longer run);
             needs ``chance``. An arm ending less than ``LEARN_SHARE`` of the way from chance
             to it "did not learn the task".
+        rates: the learning rate of the update before each evaluation, one per evaluation step
+            (:func:`codex_lab.training.loop.rates_at`); with them, a tail run below
+            ``ANNEALED_SHARE`` of the peak rate is not called trained (rule 6).
     """
     if not min_change > 0 or not math.isfinite(min_change):
         raise ValueError(f"min_change is the smallest change that matters, a positive number in the metric's "
@@ -184,6 +197,14 @@ def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, highe
         return TrainingState(arm, DEGRADING, math.nan, thr, math.nan, math.nan, m, n, steps[-1],
                              reason="a held-out value is NaN or infinite: the run diverged")
     k = min(n - 1, max(MIN_TAIL, math.ceil(n * tail)))
+    rate_share = math.nan
+    if rates is not None:
+        if len(rates) != n:
+            raise ValueError(f"arm {arm}: {len(rates)} learning rates for {n} evaluations; give the rate at each "
+                             "evaluation step (codex_lab.training.loop.rates_at)")
+        peak = max(rates)
+        # rate share = mean rate over the fitted tail / the peak rate
+        rate_share = (sum(rates[-k:]) / k) / peak if peak > 0 else math.nan
     sign = 1.0 if higher_is_better else -1.0
     quarter = TAIL * (steps[-1] - steps[0])
     xs = steps[-k:]
@@ -208,7 +229,7 @@ def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, highe
     mean = [sum(c[i][1] for c in cs) / m for i in range(n)]
     final = mean[-1]
     common = dict(tolerance=thr, spread=spread, final=final, n_seeds=m, n_points=n, steps=steps[-1],
-                  bound=bound, per_seed=tuple(per_seed))
+                  bound=bound, per_seed=tuple(per_seed), rate_share=rate_share)
     if chance is not None:
         tails = [sum(v for _, v in c[-k:]) / k for c in cs]
         stuck = [i for i, t in enumerate(tails) if sign * (t - chance) <= thr]
@@ -228,6 +249,13 @@ def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, highe
     if mean_c < -thr:
         state = DEGRADING
     elif bound <= thr and max(per_seed) <= thr:
+        if rate_share < ANNEALED_SHARE:  # (nan compares False: no rates, no rule 6)
+            return TrainingState(arm, UNDER_TRAINED_STATE, mean_c, **common,
+                                 reason=f"flat (projected change over another quarter {mean_c:+.3g}, 95% bound "
+                                        f"{bound:+.3g} against {thr:.3g}), but its fitted tail ran at "
+                                        f"{rate_share:.0%} of its peak learning rate: a curve flattens when the rate "
+                                        f"falls, so this is not a plateau; hold the rate at {ANNEALED_SHARE:.0%} of "
+                                        "the peak or more over the tail, or confirm it with the budget-extension check")
         state = TRAINED
     else:
         state = UNDER_TRAINED_STATE

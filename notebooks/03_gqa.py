@@ -395,7 +395,7 @@ plt.show()
 # keeping the first head" on the conversion losses: a claim that one is *better*.
 
 # %%
-verdicts = gqa.protocol_verdicts(protocol_runs, margin=MARGIN)
+verdicts = gqa.protocol_verdicts(protocol_runs, margin=MARGIN, sizes=sizes)  # sizes: the schedule's rates
 for st in verdicts.states.values():
     print(st.describe())
 print(cl.NONINFERIORITY_RULE)

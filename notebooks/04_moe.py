@@ -67,7 +67,8 @@ from codex_lab.lessons.l04_moe.experiments import (CATEGORIES, expert_by_categor
                                                    shuffled_mutual_information, token_categories)
 from codex_lab.lessons.l04_moe.protocol import (
     BALANCE_ARMS, LOAD_LIMIT, MIN_CHANGE, NONINF_MARGIN, QUALITY_ARMS, STEP_LIMIT, arm_configs, balance_claim,
-    cost_claim, eval_sample, held_out_curve, held_out_load, judge_quality, protocol_data, protocol_plan, train_arms)
+    cost_claim, eval_sample, held_out_curve, held_out_load, judge_quality, plan_rates, protocol_data, protocol_plan,
+    train_arms)
 from codex_lab.training_state import training_state  # the function (cl.training_state can be the module's name)
 
 cl.seed_everything(0)
@@ -395,14 +396,20 @@ assert runs["moe"][0].total_ffn_params == runs["dense_total"][0].total_ffn_param
 # **Is every arm trained?** The rule, on each arm's held-out curves (one per seed): fit a line
 # to each seed's last evaluations (a quarter, at least 5), project it over another quarter of
 # the run, and call the arm trained when a one-sided 95% bound on the seeds' projected change,
-# and every seed's own, is at most 0.01 nats/token (the smallest change the claims care about). Then the verdicts, written here with `cl.compare`,
+# and every seed's own, is at most 0.01 nats/token (the smallest change the claims care about),
+# and the fitted tail ran at half the peak learning rate or more: a curve also flattens when its
+# rate has decayed (`rates`, the schedule's rate at each evaluation; the shipped reference below
+# shows arms that looked flat at a thirtieth of the peak and still learned). Then the verdicts, written here with `cl.compare`,
 # `cl.noninferiority`, `cl.holm` and `cl.judge_trained` (an arm that is not trained turns its
 # comparisons into "under-trained: no verdict"), and held equal to the package's `judge_quality`.
 
 # %%
 final = {a: [r.val_loss for r in runs[a]] for a in QUALITY_ARMS}
 curves = {a: [held_out_curve(r) for r in runs[a]] for a in QUALITY_ARMS}
-states = {a: training_state(curves[a], higher_is_better=False, min_change=MIN_CHANGE, arm=a) for a in QUALITY_ARMS}
+rates = plan_rates(plan, [s for s, _ in curves["moe"][0]])  # the learning rate at each evaluation
+print(f"the fitted tail's learning rate: {rates[-1]:.2g}, {rates[-1] / max(rates):.0%} of the peak")
+states = {a: training_state(curves[a], higher_is_better=False, min_change=MIN_CHANGE, arm=a, rates=rates)
+          for a in QUALITY_ARMS}
 for s in states.values():
     print(s.describe())
 
@@ -425,7 +432,7 @@ print("secondary (Holm):", cl.NONINFERIORITY_RULE)
 print(keeps_big.describe())
 print(capacity.describe())
 
-pkg = judge_quality(final, curves)  # the report's verdicts: the same numbers
+pkg = judge_quality(final, curves, rates=rates)  # the report's verdicts: the same numbers
 for mine, theirs in ((moe_quality, pkg.primary), (keeps_big, pkg.keeps_big), (capacity, pkg.capacity)):
     assert mine.verdict == theirs.verdict and abs(mine.diff - theirs.diff) < 1e-12 and abs(mine.lo - theirs.lo) < 1e-12
 assert moe_quality.verdict in cl.VERDICTS
@@ -518,7 +525,8 @@ assert all(rec["max_abs_diff"] < 1e-5 for rec in measured)  # fp32, O(1) outputs
 
 # %%
 # the load arms are judged like the quality arms: a verdict only once each reached its plateau
-bal_states = {a: training_state([held_out_curve(r) for r in runs[a]], higher_is_better=False, min_change=MIN_CHANGE, arm=a)
+bal_states = {a: training_state([held_out_curve(r) for r in runs[a]], higher_is_better=False, min_change=MIN_CHANGE, arm=a,
+                             rates=rates)
               for a in ("moe_none", "moe_bias", "moe")}
 balance_verdict, balance_text = balance_claim(load, states=bal_states)
 print(f"- 8-16 experts, top-2..4 store a big model's parameters at a small model's compute (a step within "

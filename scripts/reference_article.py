@@ -48,6 +48,7 @@ from codex_lab.parallel import run_units, unit_workers  # noqa: E402
 from codex_lab.reference import (EXTEND_FACTOR, ResumableRun, budget_extension, extension_lines,  # noqa: E402
                                 provenance, save_reference)
 from codex_lab.runtime import use_compute_threads  # noqa: E402
+from codex_lab.training.loop import rates_at  # noqa: E402
 
 SECTIONS = ("02", "03", "04", "08")
 
@@ -105,8 +106,10 @@ def section_03(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
     from codex_lab.lessons.l03_gqa import experiments as gqa
 
     runs = seed_runs(run, gqa.run_protocol_seed, s, *gqa.protocol_data(corpus, s))
-    v = gqa.protocol_verdicts(runs)
+    v = gqa.protocol_verdicts(runs, sizes=s)
     table = gqa.protocol_table(runs)
+    up_steps = [st for st, _ in runs[0].uptrain[sorted(runs[0].uptrain)[0]]]
+    pre_rates, up_rates = gqa.protocol_rates(s, [st for st, _ in runs[0].base], up_steps)
     curves = {"MHA pre-training": _curves([r.base for r in runs])}
     for g in sorted(runs[0].uptrain):
         curves[f"uptrained g={g}"] = _curves([r.uptrain[g] for r in runs], offset=s.pretrain_steps)
@@ -116,6 +119,8 @@ def section_03(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
                          **{k: c.describe() for k, c in v.secondary.items()}},
             "primary": {"verdict": v.primary.verdict, "diff": v.primary.diff, "lo": v.primary.lo, "hi": v.primary.hi},
             "curves": curves, "ylabel": "held-out loss (nats/token)", "xlabel": "step",
+            # the learning rate at each evaluation of each curve: the rule's rates when the run is judged again
+            "rates": {k: (pre_rates if k == "MHA pre-training" else up_rates) for k in curves},
             "metric": {"higher_is_better": False, "min_change": gqa.MIN_CHANGE_NATS}}
 
 
@@ -145,7 +150,8 @@ def section_04(run: ResumableRun, corpus: Any, plan: Any) -> dict[str, Any]:
         runs[a].append(r)
     final = {a: [r["val_loss"] for r in rs] for a, rs in runs.items()}
     curves = {a: [r["curve"] for r in rs] for a, rs in runs.items()}
-    v = p4.judge_quality(final, curves)
+    rates = p4.plan_rates(plan, [st for st, _ in curves[p4.QUALITY_ARMS[0]][0]])
+    v = p4.judge_quality(final, curves, rates=rates)
     table = ["| arm | parameters a token uses | held-out loss (mean of seeds) |", "|---|---|---|"]
     table += [f"| {a} | {runs[a][0]['active_params']:,} | {statistics.fmean(final[a]):.3f} |" for a in p4.QUALITY_ARMS]
     return {"geometry": plan.describe(), "states": [st.describe() for st in v.states.values()], "table": table,
@@ -154,6 +160,7 @@ def section_04(run: ResumableRun, corpus: Any, plan: Any) -> dict[str, Any]:
                          "capacity helps (big dense vs small dense)": v.capacity.describe()},
             "primary": {"verdict": v.primary.verdict, "diff": v.primary.diff, "lo": v.primary.lo, "hi": v.primary.hi},
             "curves": {a: _curves(c) for a, c in curves.items()}, "ylabel": "held-out loss (nats/token)",
+            "rates": {a: rates for a in curves},  # the learning rate at each evaluation (the rule's rates)
             "xlabel": "step", "metric": {"higher_is_better": False, "min_change": p4.MIN_CHANGE}}
 
 
@@ -279,6 +286,8 @@ def section_02(run: ResumableRun, corpus: Any, cfg: Any) -> dict[str, Any]:
                          **{f"secondary {i + 1}": c.describe() for i, c in enumerate(v.schedule_more)}},
             "primary": {"verdict": v.stride.verdict, "diff": v.stride.diff, "lo": v.stride.lo, "hi": v.stride.hi},
             "curves": {k: _curves([r.curve for r in rs]) for k, rs in results.items()},
+            # the learning rate at each evaluation (the rule's rates when the run is judged again)
+            "rates": {k: rates_at([st for st, _ in rs[0].curve], lr.recall_loop(cfg)) for k, rs in results.items()},
             "ylabel": "held-out recall accuracy", "xlabel": "step",
             "metric": {"higher_is_better": True, "min_change": lr.MIN_CHANGE, "chance": lr.chance_of(cfg)}}
 

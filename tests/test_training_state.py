@@ -219,3 +219,29 @@ def test_a_deterministic_plateau_and_a_deterministic_fall():
     assert training_state(_curves(lambda s, k: 2.0), higher_is_better=False, min_change=0.01).bound == pytest.approx(0.0)
     st = training_state(_curves(lambda s, k: 3.0 - s / 1000), higher_is_better=False, min_change=0.01)
     assert st.bound == pytest.approx(0.25) and st.per_seed == pytest.approx((0.25,) * 3)
+
+
+def test_a_flat_tail_at_a_decayed_rate_is_not_a_plateau():
+    """Rule 6, both ways: the same flat curves are trained when their tail ran at the peak rate,
+    and not when the rate had decayed to a thirtieth of it over the tail (a held lr/30 tail, as
+    lesson 04's reference ran: its budget-extension check found such arms still learning)."""
+    from codex_lab.training.loop import LoopConfig, rates_at
+
+    steps = list(range(0, 4001, 250))
+    flat = [[(s, 3.0 + 0.5 * math.exp(-s / 300)) for s in steps] for _ in range(3)]
+    held = rates_at(steps, LoopConfig(steps=4000, lr=1e-2, min_lr=3.3e-4, warmup=100), flat_share=0.25)
+    constant = rates_at(steps, LoopConfig(steps=4000, lr=1e-2, warmup=100))
+    assert held[-1] == pytest.approx(3.3e-4) and max(held) == pytest.approx(1e-2, rel=1e-2)  # the first evaluation, just past the warm-up
+    assert constant[-1] == 1e-2 and len(held) == len(steps)
+    st = training_state(flat, higher_is_better=False, min_change=0.01)
+    assert st.trained and math.isnan(st.rate_share)  # without rates: the curve alone, rule 6 off
+    at_peak = training_state(flat, higher_is_better=False, min_change=0.01, rates=constant)
+    assert at_peak.trained and at_peak.rate_share == pytest.approx(1.0)
+    decayed = training_state(flat, higher_is_better=False, min_change=0.01, rates=held)
+    assert decayed.state == UNDER_TRAINED_STATE and decayed.rate_share < 0.1
+    assert "peak learning rate" in decayed.describe() and "budget-extension" in decayed.describe()
+    # a falling curve stays under-trained with the plain reason; a degrading one stays degrading
+    falling = [[(s, 3.0 - s / 4000) for s in steps] for _ in range(3)]
+    assert training_state(falling, higher_is_better=False, min_change=0.01, rates=held).reason == ""
+    with pytest.raises(ValueError, match="learning rates for"):
+        training_state(flat, higher_is_better=False, min_change=0.01, rates=held[:-1])

@@ -23,7 +23,7 @@ import math
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -83,6 +83,20 @@ def held_tail(cfg: LoopConfig, flat_share: float) -> tuple[LoopConfig, LoopConfi
     decay_end = max(min(cfg.steps, cfg.warmup + 1), round(cfg.steps * (1.0 - flat_share)))
     tail = replace(cfg, lr=cfg.min_lr, min_lr=None, warmup=0) if cfg.steps > decay_end else None
     return replace(cfg, steps=decay_end), tail
+
+
+def rates_at(eval_steps: Sequence[float], cfg: LoopConfig, flat_share: float = 0.0) -> list[float]:
+    """The learning rate of the update before each evaluation step (an evaluation after ``t``
+    updates follows update ``t - 1``; one at step 0 gets the first update's rate), for ``cfg``
+    run as :func:`held_tail` splits it: the training-state rule's ``rates``."""
+    cosine, tail = held_tail(cfg, flat_share)
+
+    def rate(u: int) -> float:
+        if tail is not None and u >= cosine.steps:
+            return float(tail.lr)  # the held tail: min_lr
+        return lr_schedule(u, cosine.lr, cosine.warmup, cosine.steps, cosine.min_lr)
+
+    return [rate(max(0, int(s) - 1)) for s in eval_steps]
 
 
 def lr_schedule(step: int, lr: float, warmup: int, steps: int, min_lr: float | None = None) -> float:

@@ -43,7 +43,7 @@ from codex_lab.nn.model import CodexModel
 from codex_lab.parallel import run_units
 from codex_lab.runtime import get_device
 from codex_lab.stats import HOLDS, NOT_RESOLVED, Comparison, compare, holm, judge_trained, noninferiority
-from codex_lab.training.loop import LoopConfig, adamw, run_loop
+from codex_lab.training.loop import LoopConfig, adamw, rates_at, run_loop
 from codex_lab.training_state import TrainingState, training_state
 # the geometry (arms, sizes per mode, densities) is geometry.py's
 from codex_lab.lessons.l02_sparse_attention.geometry import RecallConfig
@@ -211,7 +211,7 @@ def train_recall(patterns: Sequence[str], cfg: RecallConfig, seed: int) -> Recal
         if far_d:
             far_curve.append((step, sum(acc[str(d)] for d in far_d) / len(far_d)))
 
-    loop = LoopConfig(steps=cfg.steps, lr=cfg.lr, min_lr=cfg.lr / 10, warmup=cfg.warmup, eval_every=cfg.eval_every)
+    loop = recall_loop(cfg)
     run_loop(loss_fn, adamw(model, loop), loop, eval_fn=eval_fn)
     return RecallRun(dict(last), curve, far_curve, time.process_time() - t0)
 
@@ -237,6 +237,11 @@ def chance_of(cfg: RecallConfig) -> float:
     return 1 / len(task_data(cfg.corpus_files, cfg.max_line)[0].pools[0])
 
 
+def recall_loop(cfg: RecallConfig) -> LoopConfig:
+    """The schedule every arm of the recall task trains with: warm-up, then a cosine to a tenth of ``lr``."""
+    return LoopConfig(steps=cfg.steps, lr=cfg.lr, min_lr=cfg.lr / 10, warmup=cfg.warmup, eval_every=cfg.eval_every)
+
+
 def arm_states(results: dict[str, list[RecallRun]], cfg: RecallConfig | None = None) -> dict[str, TrainingState]:
     """The training-state rule (:func:`codex_lab.training_state.training_state`) on each arm's
     held-out accuracy curves (one per seed), with ``MIN_CHANGE`` = 0.02 accuracy; with ``cfg``,
@@ -244,13 +249,18 @@ def arm_states(results: dict[str, list[RecallRun]], cfg: RecallConfig | None = N
     attention, which sees every pair any sparse arm sees, is also held to the ceiling the task
     shows elsewhere (the best other arm's final accuracy): ending less than half-way from chance
     to it is a failed optimisation, not a plateau. The sparse arms are not: falling short of the
-    ceiling is what a design may cost, and the comparisons measure it.
+    ceiling is what a design may cost, and the comparisons measure it. With ``cfg``, the
+    schedule's learning rate at each evaluation too: a flat tail at a decayed rate is not a
+    plateau (the rule's ``rates``).
     """
     chance = chance_of(cfg) if cfg is not None else None
     finals = {k: sum(r.curve[-1][1] for r in runs) / len(runs) for k, runs in results.items() if k != "dense"}
     ceiling = max(finals.values()) if finals and chance is not None else None
+    # with cfg, the schedule's rate at each evaluation: a tail at a decayed rate is not a plateau
+    rates = {name: rates_at([s for s, _ in runs[0].curve], recall_loop(cfg)) for name, runs in results.items()
+             } if cfg is not None else {}
     return {name: training_state([r.curve for r in runs], higher_is_better=True, min_change=MIN_CHANGE, arm=name,
-                                 chance=chance, ceiling=ceiling if name == "dense" else None)
+                                 chance=chance, ceiling=ceiling if name == "dense" else None, rates=rates.get(name))
             for name, runs in results.items()}
 
 

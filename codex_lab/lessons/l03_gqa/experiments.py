@@ -34,6 +34,7 @@ from codex_lab.nn.model import CodexModel
 from codex_lab.nn.surgery import mean_pool_heads, mha_to_gqa
 from codex_lab.stats import Comparison, holm, judge_trained, noninferiority
 from codex_lab.training.evaluate import val_loss
+from codex_lab.training.loop import LoopConfig, rates_at
 from codex_lab.training_state import TrainingState, training_state
 from codex_lab.training.curves import heldout_windows, small_vocab_streams
 from codex_lab.training.curves import train_curve as _train_curve
@@ -43,7 +44,7 @@ __all__ = [
     "MARGIN_NATS", "MIN_CHANGE_NATS", "PROTOCOL_SIZES", "UPTRAIN_SHARE", "UPTRAIN_SHARES", "ProtocolRun", "ProtocolSizes", "ProtocolVerdicts",
     "decode_tokens_per_s", "group_size_experiment", "heldout_sample", "kv_bytes_per_token", "kv_cache_bytes", "kv_saving",
     "mean_pool_heads", "measured_cache_bytes", "mha_to_gqa", "plot_protocol", "protocol_data", "protocol_sizes", "protocol_table",
-    "protocol_states", "protocol_verdicts", "run_protocol_seed", "train_curve", "uptrain", "val_loss",
+    "protocol_rates", "protocol_states", "protocol_verdicts", "run_protocol_seed", "train_curve", "uptrain", "val_loss",
 ]
 
 
@@ -289,21 +290,38 @@ def run_protocol_seed(seed: int, train_tokens: Tensor, val_tokens: Tensor, vocab
     return ProtocolRun(seed, base_curve, scratch, converted, up, time.perf_counter() - t0, base if keep_base else None)
 
 
-def protocol_states(runs: Sequence[ProtocolRun], *, min_change: float = MIN_CHANGE_NATS) -> dict[str, TrainingState]:
+def protocol_rates(sizes: ProtocolSizes, pretrain_steps: Sequence[float], uptrain_steps: Sequence[float]
+                   ) -> tuple[list[float], list[float]]:
+    """The learning rate at each evaluation step of the pre-training (and from-scratch) curves and
+    of the uptraining curves, as :func:`run_protocol_seed` schedules them: the training-state
+    rule's ``rates`` (a tail held at a decayed rate is not a plateau)."""
+    s = sizes
+    pre = LoopConfig(steps=s.pretrain_steps, lr=s.lr, min_lr=s.min_lr, warmup=s.warmup)
+    up = LoopConfig(steps=s.uptrain_steps, lr=s.uptrain_lr, min_lr=s.min_lr, warmup=max(1, s.uptrain_steps // 10))
+    return rates_at(pretrain_steps, pre, s.flat_share), rates_at(uptrain_steps, up, s.flat_share)
+
+
+def protocol_states(runs: Sequence[ProtocolRun], *, min_change: float = MIN_CHANGE_NATS,
+                    sizes: ProtocolSizes | None = None) -> dict[str, TrainingState]:
     """Every arm's training state over the seeds (:func:`codex_lab.training_state.training_state`
     on the held-out loss, lower is better): ``"MHA base"`` (pre-training), ``"uptrained g=G"``
-    and ``"scratch g=G"`` (g = 1 from scratch is the base)."""
+    and ``"scratch g=G"`` (g = 1 from scratch is the base). With ``sizes``, the schedule's rate
+    at each evaluation too (:func:`protocol_rates`)."""
     if not runs:
         raise ValueError("no runs: give one ProtocolRun per seed")
+    pre_rates = up_rates = None
+    if sizes is not None:
+        first_up = runs[0].uptrain[sorted(runs[0].uptrain)[0]]
+        pre_rates, up_rates = protocol_rates(sizes, [st for st, _ in runs[0].base], [st for st, _ in first_up])
     out = {"MHA base": training_state([r.base for r in runs], higher_is_better=False, min_change=min_change,
-                                      arm="MHA base")}
+                                      arm="MHA base", rates=pre_rates)}
     for g in sorted(runs[0].uptrain):
         out[f"uptrained g={g}"] = training_state([r.uptrain[g] for r in runs], higher_is_better=False,
-                                                 min_change=min_change, arm=f"uptrained g={g}")
+                                                 min_change=min_change, arm=f"uptrained g={g}", rates=up_rates)
     for g in sorted(runs[0].scratch):
         if g != 1:
             out[f"scratch g={g}"] = training_state([r.scratch[g] for r in runs], higher_is_better=False,
-                                                   min_change=min_change, arm=f"scratch g={g}")
+                                                   min_change=min_change, arm=f"scratch g={g}", rates=pre_rates)
     return out
 
 
@@ -321,7 +339,7 @@ class ProtocolVerdicts:
 
 
 def protocol_verdicts(runs: Sequence[ProtocolRun], *, margin: float = MARGIN_NATS, min_change: float = MIN_CHANGE_NATS,
-                      primary_g: int = 4) -> ProtocolVerdicts:
+                      primary_g: int = 4, sizes: ProtocolSizes | None = None) -> ProtocolVerdicts:
     """Judge "GQA keeps MHA's quality" on the protocol's runs (one per seed, >= 3).
 
     Every comparison is :func:`codex_lab.stats.noninferiority` of the final held-out losses,
@@ -330,7 +348,7 @@ def protocol_verdicts(runs: Sequence[ProtocolRun], *, margin: float = MARGIN_NAT
     :func:`~codex_lab.stats.judge_trained` with both arms' states (and the base's, for the
     uptrained arms: conversion starts from a plateaued base or not at all).
     """
-    states = protocol_states(runs, min_change=min_change)
+    states = protocol_states(runs, min_change=min_change, sizes=sizes)
     gs = sorted(runs[0].uptrain)
     if 1 not in gs or primary_g not in gs:
         raise ValueError(f"the runs need g = 1 (the MHA control) and g = {primary_g} (the primary comparison); got {gs}")

@@ -56,7 +56,7 @@ def run(ctx: Any) -> str:
     runs = run_units(gqa.run_protocol_seed, [(seed,) for seed in sizes.seeds],
                      common=dict(train_tokens=train_tokens, val_tokens=val_tokens, vocab_size=vocab, sizes=sizes),
                      names=[f"seed {seed}" for seed in sizes.seeds])
-    v = gqa.protocol_verdicts(runs)
+    v = gqa.protocol_verdicts(runs, sizes=sizes)  # sizes: the schedule's rates for the rule
     primary, mqa = v.primary, v.secondary["uptrained g=8"]
 
     out = [

@@ -38,6 +38,7 @@ from codex_lab.parallel import run_units
 from codex_lab.runtime import interleaved_times
 from codex_lab.stats import (FAILS_AS_STATED, UNDER_TRAINED, Comparison, TimingRatio, check_stated, compare, holm,
                              judge_trained, noninferiority, timing_ratio)
+from codex_lab.training.loop import LoopConfig, rates_at
 from codex_lab.training_state import TrainingState, training_state
 
 
@@ -155,18 +156,29 @@ class QualityVerdicts:
     margin: float
 
 
+def plan_rates(plan: "Plan", eval_steps: Sequence[float]) -> list[float]:
+    """The learning rate at each evaluation step of an arm trained by ``plan`` (warm-up, cosine to
+    ``min_lr``, held over the last ``flat_share``): the training-state rule's ``rates``."""
+    cfg = LoopConfig(steps=plan.steps, lr=plan.lr, min_lr=plan.min_lr, warmup=plan.warmup)
+    return rates_at(eval_steps, cfg, plan.flat_share)
+
+
 def judge_quality(final: Mapping[str, Sequence[float]], curves: Mapping[str, Sequence[Sequence[tuple[float, float]]]],
-                  *, min_change: float = MIN_CHANGE, margin: float = NONINF_MARGIN) -> QualityVerdicts:
+                  *, min_change: float = MIN_CHANGE, margin: float = NONINF_MARGIN,
+                  rates: Sequence[float] | None = None) -> QualityVerdicts:
     """Verdicts of the quality claims from each arm's per-seed final held-out loss (nats/token)
     and held-out curves (one per seed), arms named as in :data:`QUALITY_ARMS`.
 
     Every comparison is paired by seed and goes through ``judge_trained``: an arm that has
     not reached a plateau (``training_state`` with ``min_change``) gives "under-trained: no verdict".
+    ``rates``: the learning rate at each evaluation step (:func:`plan_rates`; every arm runs the same
+    schedule), so a tail held at a decayed rate is not called a plateau.
     """
     missing = [a for a in QUALITY_ARMS if a not in final or a not in curves]
     if missing:
         raise ValueError(f"judge_quality needs the arms {QUALITY_ARMS}; missing {missing}")
-    states = {a: training_state(curves[a], higher_is_better=False, min_change=min_change, arm=a) for a in QUALITY_ARMS}
+    states = {a: training_state(curves[a], higher_is_better=False, min_change=min_change, arm=a, rates=rates)
+              for a in QUALITY_ARMS}
     # primary: loss(moe) - loss(dense_active) < 0 claimed (MoE better at equal active compute)
     primary = judge_trained(compare(final["dense_active"], final["moe"], higher_is_better=False, paired=True,
                                     metric="held-out loss, MoE minus dense of equal active compute (nats/token)"),

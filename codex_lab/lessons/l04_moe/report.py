@@ -34,7 +34,8 @@ def run(ctx: Any) -> str:
                                                        shuffled_mutual_information, token_categories)
     from codex_lab.lessons.l04_moe.protocol import (
         BALANCE_ARMS, LOAD_LIMIT, MIN_CHANGE, QUALITY_ARMS, STEP_LIMIT, arm_configs, balance_claim, cost_claim,
-        eval_sample, held_out_curve, held_out_load, judge_quality, protocol_data, protocol_plan, step_times, train_arms)
+        eval_sample, held_out_curve, held_out_load, judge_quality, plan_rates, protocol_data, protocol_plan, step_times,
+        train_arms)
     from codex_lab.nn.model import CodexModel
     from codex_lab.nn.moe import ffn_param_counts, moe_layers_of
     from codex_lab.stats import NONINFERIORITY_RULE, VERDICT_RULE
@@ -59,7 +60,9 @@ def run(ctx: Any) -> str:
                               eval_every=plan.eval_every, **common)
         final = {a: [r.val_loss for r in runs[a]] for a in QUALITY_ARMS}
         curves = {a: [held_out_curve(r) for r in runs[a]] for a in QUALITY_ARMS}
-        verdicts = judge_quality(final, curves)
+        # the schedule's rate at each evaluation: a flat tail at a decayed rate is not a plateau
+        rates = plan_rates(plan, [s for s, _ in curves[QUALITY_ARMS[0]][0]])
+        verdicts = judge_quality(final, curves, rates=rates)
         quality = verdicts.primary  # the primary comparison: MoE vs dense of equal active compute
 
         # the busiest expert's load on each seed's evaluation sample
@@ -72,7 +75,7 @@ def run(ctx: Any) -> str:
                 "moe_bias": loads(bal_runs["moe_bias"], plan.seeds),
                 "moe": loads(runs["moe"], plan.seeds)}
         bal_states = {a: training_state([held_out_curve(r) for r in rs], higher_is_better=False, min_change=MIN_CHANGE,
-                                        arm=a) for a, rs in (("moe_none", bal_runs["moe_none"]),
+                                        arm=a, rates=rates) for a, rs in (("moe_none", bal_runs["moe_none"]),
                                                              ("moe_bias", bal_runs["moe_bias"]), ("moe", runs["moe"]))}
         balance_verdict, balance_text = balance_claim(load, states=bal_states)
 
