@@ -452,7 +452,7 @@ def my_state(curves, min_change):
     return "trained" if bound <= min_change and change.max() <= min_change else "under-trained"
 
 
-states = lr.arm_states(results, rcfg)  # the rule with chance=1/8 and dense's ceiling
+states = lr.arm_states(results, rcfg)  # the rule with chance=1/8, dense's ceiling and the schedule's rates
 fig, ax = plt.subplots(figsize=(8, 3.5))
 for name, runs in results.items():
     assert my_state([r.curve for r in runs], lr.MIN_CHANGE) == lr.arm_states({name: runs})[name].state
