@@ -268,9 +268,10 @@ def article_reference_lines(section: str, *, directory: str | Path = REFERENCE_D
     if moving:
         verdict_head = (f"Verdicts as the run printed them. By today's rule {len(moving)} of {len(states)} arms "
                         f"({', '.join(s.arm for s in moving)}) have not reached a plateau, so these are measurements "
-                        f"of the run's budget, **not verdicts**; a longer run (`{command}` with more steps) settles them"
+                        f"of the run's budget, **not verdicts**; a rerun (`{command}` with more steps, or a schedule "
+                        "that holds the learning rate over the judged tail) settles them"
                         + (f" (and the budget-extension check found {', '.join(unconfirmed)} still learning, though the "
-                           "rule called them trained)" if unconfirmed else "") + ":")
+                           "rule as the run applied it called them trained)" if unconfirmed else "") + ":")
     elif unconfirmed:
         verdict_head = (f"Verdicts as the run printed them, **not verdicts**: the budget-extension check found "
                         f"{', '.join(unconfirmed)} still learning, though the rule called every arm trained:")
@@ -281,6 +282,8 @@ def article_reference_lines(section: str, *, directory: str | Path = REFERENCE_D
         verdict_head = ("Verdicts as the run printed them (they stand: every arm is at a plateau by today's rule, and "
                         "the budget-extension check confirmed each):")
     refuted = [a for a in unconfirmed if any(s.arm == a and s.trained for s in states)]
+    # arms the run's own rule called trained that today's rule does not (the check judged them as the run did)
+    demoted = [a for a, e in (ext or {}).items() if e.get("trained") and any(s.arm == a and not s.trained for s in states)]
     ext_lines = [] if ext is None else [
         "Budget-extension check (each arm's steps at the stopping point, then with the larger budget; gain in the "
         "better direction):", "",
@@ -288,7 +291,10 @@ def article_reference_lines(section: str, *, directory: str | Path = REFERENCE_D
         *([f"The check refutes the rule here: it called {', '.join(refuted)} trained, and a larger budget on the same "
            "schedule still improved them by more than the claim's smallest change. A tail held flat at a decayed "
            "learning rate does not establish a plateau: where a live run judges its arms by the rule alone on such "
-           "a schedule, its verdicts are measurements of its budget as well.", ""] if refuted else [])]
+           "a schedule, its verdicts are measurements of its budget as well.", ""] if refuted else []),
+        *([f"The check judged {', '.join(demoted)} as the run's rule did (trained); today's rule does not call "
+           "them trained (each state above says why), so the check's lines are the run's, kept as evidence.", ""]
+          if demoted else [])]
     return head + ["Training state of every arm, judged from the shipped curves by today's rule "
                    "(`codex_lab.training_state`):", "", *[f"- {s.describe()}" for s in states], "", *ext_lines,
                    *d["table"], "", verdict_head, "", *[f"- {k}: {v}" for k, v in d["verdicts"].items()], ""]

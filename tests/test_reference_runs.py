@@ -140,6 +140,15 @@ def test_budget_extension_confirms_a_levelled_arm_and_flips_when_the_larger_budg
         # the refutation of the rule is stated only where the check contradicts a "trained" call
         assert ("The check refutes the rule here" in text) == (ext is better), text
     assert "**not verdicts**" in text and "**not confirmed**" in text
+    # the same run with its learning rates recorded, decayed over the tail: today's rule (rule 6) no
+    # longer calls the arm trained, and the block says the check's lines are the run's own judgement
+    steps = [s for s, _ in data["curves"]["arm"][0]]
+    decayed = [1.0 if s < 900 else 0.03 for s in steps]
+    ext = budget_extension(data, better)
+    save_reference("l04_article", {**data, "rates": {"arm": decayed}, "extension": ext},
+                   provenance("python scripts/reference_article.py --section 04", 60.0, "article"), directory=tmp_path)
+    text = "\n".join(article_reference_lines("04", directory=tmp_path))
+    assert "peak learning rate" in text and "as the run's rule did" in text and "refutes the rule here" not in text
     # an arm the rule does not call trained is reported, never confirmed
     rising = {**data, "curves": {"arm": [[[float(i * 100), 3.0 - 0.1 * i] for i in range(13)] for _ in range(3)]}}
     assert budget_extension(rising, better)["arm"]["confirmed"] is None
