@@ -41,9 +41,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from codex_lab.nn.model import CodexModel
+from codex_lab.training.loop import LoopConfig
 
 DRAFT_DIR = Path(__file__).resolve().parents[2] / "assets" / "l06_draft"  # codex_lab/assets/l06_draft
 
+
+
+def distill_loop(steps: int, lr: float, warmup: int, eval_every: int = 0) -> LoopConfig:
+    """The distillation's schedule: warm-up to ``lr``, then a cosine to a tenth of it at ``steps``."""
+    return LoopConfig(steps=steps, lr=lr, min_lr=lr / 10, warmup=warmup, eval_every=eval_every)
 
 def make_draft(target: CodexModel, n_layer: int = 1) -> CodexModel:
     """A ``n_layer``-block draft of ``target``'s width sharing its embedding and head.
@@ -191,7 +197,7 @@ def distill(target: CodexModel, tok: Any, cfg: DistillConfig | None = None, *,
     grad mode is restored. Returns the draft (eval mode) and its curves.
     """
     from codex_lab.data.batches import fixed_batches, random_batch
-    from codex_lab.training.loop import LoopConfig, adamw, run_loop
+    from codex_lab.training.loop import adamw, run_loop
 
     cfg = cfg or DistillConfig()
     if cfg.loss not in ("kl", "greedy"):
@@ -242,7 +248,7 @@ def distill(target: CodexModel, tok: Any, cfg: DistillConfig | None = None, *,
             if log:
                 log(f"step {step}: held-out agreement {a:.3f}, KL {k:.3f} nats, train KL {row.get('loss', math.nan):.3f}")
 
-        loop = LoopConfig(steps=cfg.steps, lr=cfg.lr, min_lr=cfg.lr / 10, warmup=cfg.warmup, eval_every=cfg.eval_every)
+        loop = distill_loop(cfg.steps, cfg.lr, cfg.warmup, cfg.eval_every)
         run_loop(loss_fn, adamw(trainable_parameters(draft), loop), loop, eval_fn=eval_fn)
     finally:
         torch.set_grad_enabled(grad)

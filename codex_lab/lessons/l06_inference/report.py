@@ -283,14 +283,18 @@ def speculative_section(ctx: Any) -> str:
     prompt type (beside prompt lookup's), the costs c and v, gamma chosen by the formula, and the
     measured speed ratio over plain decoding (eager and compiled) in interleaved rounds."""
     from codex_lab.course.benches import run_bench
-    from codex_lab.lessons.l06_inference.draft import draft_meta
+    from codex_lab.lessons.l06_inference.draft import distill_loop, draft_meta
+    from codex_lab.training.loop import rates_at
     from codex_lab.training_state import training_state
 
     meta = draft_meta()
     dc = meta["config"]
     curve = [(s, a) for s, a, _ in meta["curve"]]
-    # min_change 0.01: one point of held-out agreement, about 0.01 of acceptance
-    state = training_state([curve], higher_is_better=True, min_change=0.01, arm="distilled draft")
+    # min_change 0.01: one point of held-out agreement, about 0.01 of acceptance; the rates are the
+    # distillation's schedule (warm-up, cosine to a tenth of lr: draft.py) at each evaluation
+    sched = distill_loop(dc["steps"], dc["lr"], dc["warmup"])
+    state = training_state([curve], higher_is_better=True, min_change=0.01, arm="distilled draft",
+                           rates=rates_at([s for s, _ in curve], sched))
     # the scenario exactly as a learner reruns it (sizes by mode; the compiled FastDecoder beside it except in fast mode)
     argv = ["--scenarios", "speculative", "--threads", "1"] + (["--no-compile"] if ctx.mode == "fast" else [])
     rows = run_bench("inference", argv, ctx.run_mode)
