@@ -114,6 +114,34 @@ def test_the_scenario_compares_tokens_and_reports_both_engines(stand_in, small_t
 
 
 @needs_node
+def test_q8_0_runs_the_int8_copy_against_the_q8_0_export_and_says_so(stand_in, small_tokenizer, monkeypatch):
+    """--peer-precision q8_0: the exported file is Q8_0, FastDecoder decodes the weight-only int8 copy
+    (its tokens are that copy's, not the float model's), and each row names its weights' format."""
+    import codex_lab.hf.gguf_export as ge
+    from codex_lab.infer.fast_decode import FastDecoder
+    from codex_lab.nn.int8 import quantize_int8
+
+    asked = []
+    real = ge.export_gguf
+    monkeypatch.setattr(ge, "export_gguf", lambda *a, **kw: (asked.append(kw.get("gguf_type")), real(*a, **kw))[1])
+    model = seeded_model(small_tokenizer)
+    rows = peer.bench_llama_cpp(model, small_tokenizer, prompt_lens=(16,), new_tokens=8, rounds=1, compile=False,
+                                precision="q8_0")
+    assert asked == ["q8_0"]
+    ours = next(r for r in rows if r["impl"] == "codex_lab_fast_decode")
+    theirs = next(r for r in rows if r["impl"] == "llama_cpp")
+    assert ours["precision"].startswith("int8") and theirs["precision"].startswith("Q8_0")
+    prompt = peer.corpus_prompts(small_tokenizer, (16,))[16]
+    int8_tokens = FastDecoder(quantize_int8(model)[0], max_len=24, compile=False).generate(prompt, 8)[0]
+    # llama.cpp's tokens are compared with the int8 copy's (the stand-in's rule against what the copy decodes)
+    assert theirs["same_tokens"] == (int8_tokens == _rule(prompt, 8))
+    assert theirs["common_prefix"] == next((i for i, (a, b) in enumerate(zip(int8_tokens, _rule(prompt, 8))) if a != b), 8)
+    with pytest.raises(ValueError, match="precision='f16'"):
+        peer.bench_llama_cpp(model, small_tokenizer, prompt_lens=(16,), new_tokens=8, rounds=1, compile=False,
+                             precision="f16")
+
+
+@needs_node
 def test_streams_run_one_prompt_per_sequence_and_refuse_more_than_the_slots(stand_in):
     prompts = [[5, 9, 11], [2], [40, 41], [7]]
     with peer.LlamaCppPeer(stand_in / "any.gguf", threads=1, context=64, sequences=4) as p:

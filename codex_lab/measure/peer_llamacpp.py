@@ -42,6 +42,7 @@ import torch
 
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.fast_decode import FastDecoder
+from codex_lab.nn.int8 import quantize_int8
 from codex_lab.nn.model import CodexModel
 from codex_lab.measure.llama_native import (SERVER_HINT, LlamaServer, find_llama_bench, find_llama_server,
                                                           home_relative, install_dir, llama_bench)
@@ -52,6 +53,8 @@ INSTALL_HINT = ("llama.cpp is not installed: run `bash scripts/get_llama_cpp.sh`
 # each engine's KV-cache precision as the peer bench runs it: codex_lab's caches hold the model's
 # float32; llama.cpp's contexts keep an f16 cache unless told otherwise (llama-bench's rows read
 # theirs from its own JSON record, type_k / type_v); the weights are float32 on both (the F32 GGUF)
+# the weights' format per --precision: (codex_lab's, llama.cpp's)
+PRECISIONS = {"f32": ("f32", "f32"), "q8_0": ("int8, a scale per output row", "Q8_0, a scale per 32 weights")}
 KV_CACHE = {"llama_cpp": "f16 (node-llama-cpp's default)", "llama_cpp_native": "f16 (llama-bench's default)"}
 
 PEER_JS = r"""
@@ -196,30 +199,37 @@ def _ours(dec: FastDecoder, prompt: list[int], n: int) -> tuple[list[int], float
 
 def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Sequence[int] = (128, 512),
                     new_tokens: int = 128, rounds: int = 5, threads: int | None = None,
-                    compile: bool = True) -> list[dict[str, Any]]:
+                    compile: bool = True, precision: str = "f32") -> list[dict[str, Any]]:
     """Interleaved rounds (module docstring): in every round, for every prompt length, codex_lab's
     FastDecoder (compiled) then llama.cpp. Rows per engine and length: prefill and decode tokens/s
     (median, min, max over rounds), ``same_tokens``, ``common_prefix``, and llama.cpp's release.
+    ``precision``: ``"f32"`` (both engines on float32 weights), or ``"q8_0"``: llama.cpp on the
+    model's Q8_0 GGUF export and FastDecoder on its weight-only int8 copy
+    (:func:`~codex_lab.nn.int8.quantize_int8`): two 8-bit formats (Q8_0: a scale per 32 weights;
+    ours: a scale per output row), so their tokens are compared but need not agree.
     Without llama.cpp: one row that says how to install it."""
     from codex_lab.hf.gguf_export import export_gguf
     from codex_lab.runtime import compute_threads
 
     if find_node_llama_cpp() is None:
         return [{"scenario": "llama_cpp", "skipped": INSTALL_HINT}]
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     threads = threads or compute_threads()
     torch.set_num_threads(threads)
     model = model.eval()
+    ours_model = quantize_int8(model)[0] if precision == "q8_0" else model
     prompts = corpus_prompts(tok, prompt_lens)
     # every engine's cache holds the run's tokens, prompt + new (llama-bench sizes its context so:
     # n_prompt + n_gen + n_depth): one decoder and one llama.cpp context per prompt length. A cache
     # of the longest run's size for every length made FastDecoder's attention read 640 slots where
     # llama-bench's read 256 after a 128-token prompt (the record of 2026-12-03 was measured so)
-    decs = {L: FastDecoder(model, max_len=L + new_tokens, compile=compile) for L in prompts}
+    decs = {L: FastDecoder(ours_model, max_len=L + new_tokens, compile=compile) for L in prompts}
     times: dict[tuple[str, int], dict[str, list[float]]] = {}
     toks: dict[tuple[str, int], list[int]] = {}
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), contextlib.ExitStack() as stack:
-        gguf = Path(tmp) / "model-f32.gguf"
-        export_gguf(model, tok, gguf, gguf_type="f32")
+        gguf = Path(tmp) / f"model-{precision}.gguf"
+        export_gguf(model, tok, gguf, gguf_type=precision)
         peers = {L: stack.enter_context(LlamaCppPeer(gguf, threads=threads, context=L + new_tokens)) for L in prompts}
         native = find_llama_bench()
         for L, p in prompts.items():  # warm-up (and compilation) outside the timed rounds
@@ -255,7 +265,8 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
         prefix = _prefix(ref, mine) if mine is not None else None
         row: dict[str, Any] = {
             "scenario": "llama_cpp", "impl": impl, "batch": 1, "prompt_len": L, "new_tokens": new_tokens,
-            "precision": "f32", "kv_cache": KV_CACHE.get(impl, "f32"), "rounds": rounds, "threads": threads,
+            "precision": PRECISIONS[precision][impl != "codex_lab_fast_decode"], "kv_cache": KV_CACHE.get(impl, "f32"),
+            "rounds": rounds, "threads": threads,
             "decode_tokens_per_s": statistics.median(t["decode"]), "decode_min": min(t["decode"]),
             "decode_max": max(t["decode"]), "prefill_tokens_per_s": statistics.median(t["prefill"]),
             "prefill_min": min(t["prefill"]), "prefill_max": max(t["prefill"]),

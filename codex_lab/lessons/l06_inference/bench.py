@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run only the peer comparisons: llama.cpp (npm's node-llama-cpp prebuilt binaries; "
                         "scripts/get_llama_cpp.sh installs them) against FastDecoder at batch 1 and against the "
                         "serving engine with 8 streams at once, interleaved rounds")
+    p.add_argument("--peer-precision", default="f32", choices=["f32", "q8_0"],
+                   help="the batch-1 peer comparison's weights: f32 on both, or q8_0: llama.cpp on the Q8_0 GGUF "
+                        "export and FastDecoder on the weight-only int8 copy (codex_lab.quantize_int8)")
     p.add_argument("--no-hf-compile", action="store_true", help="decode scenario: skip HF generate static cache + torch.compile")
     p.add_argument("--slots", type=int, default=None,
                    help="batching scenario: engine slots (default 16 fast / 8 full)")
@@ -306,12 +309,13 @@ def bench_compile(model: CodexModel, batch: int = 4, prompt_len: int = 64, new_t
     return rows
 
 
-def _peer(model: CodexModel, tok: CodeTokenizer, threads: int | None, mode: Mode) -> list[dict[str, Any]]:
+def _peer(model: CodexModel, tok: CodeTokenizer, threads: int | None, mode: Mode,
+          precision: str = "f32") -> list[dict[str, Any]]:
     from codex_lab.measure.peer_llamacpp import bench_llama_cpp
 
     # 128- and 512-token prompts, 128 new tokens; rounds interleaved (5 fast, 11 full)
     return bench_llama_cpp(model, tok, prompt_lens=(128, 512), new_tokens=128, rounds=mode.pick(fast=5, full=11),
-                           threads=threads)
+                           threads=threads, precision=precision)
 
 
 def _single_stream(model: CodexModel, tok: CodeTokenizer, compile: bool, mode: Mode) -> list[dict[str, Any]]:
@@ -376,7 +380,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "decode": lambda: bench_decode(model, 64, args.mode.pick(fast=64, full=128), hf_compile=not getattr(args, "no_hf_compile", False),
                                        repeats=args.mode.pick(fast=5, full=11), variants=not getattr(args, "no_compile", False)),
         "code_edit": lambda: bench_code_edit(model, tok, args.mode.pick(fast=4, full=12), args.mode.pick(fast=64, full=128)),
-        "llama_cpp": lambda: _peer(model, tok, getattr(args, "threads", None), args.mode),
+        "llama_cpp": lambda: _peer(model, tok, getattr(args, "threads", None), args.mode,
+                                   getattr(args, "peer_precision", "f32")),
         "llama_cpp_streams": lambda: _peer_streams(model, tok, getattr(args, "threads", None), args.mode),
         # one stream: FastDecoder vs the serving engine with and without its one-row shape (5 rounds, 11 full)
         "single_stream": lambda: _single_stream(model, tok, compile=not getattr(args, "no_compile", False), mode=args.mode),
