@@ -235,21 +235,28 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
         for L, p in prompts.items():  # warm-up (and compilation) outside the timed rounds
             _ours(decs[L], p, new_tokens)
             peers[L].generate(p, new_tokens)
-        for _ in range(rounds):
+        native_info: dict[str, Any] = {}
+        for rnd in range(rounds):
             for L, p in prompts.items():
                 dec, peer = decs[L], peers[L]
-                out, pre, gen = _ours(dec, p, new_tokens)
-                t = times.setdefault(("codex_lab_fast_decode", L), {"prefill": [], "decode": []})
-                t["prefill"].append(L / pre)
-                t["decode"].append((new_tokens - 1) / max(gen - pre, 1e-9))
-                toks[("codex_lab_fast_decode", L)] = out
-                pre_l = peer.prefill(p)
-                out_l, gen_l = peer.generate(p, new_tokens)
-                t = times.setdefault(("llama_cpp", L), {"prefill": [], "decode": []})
-                t["prefill"].append(L / pre_l)
-                t["decode"].append((new_tokens - 1) / max(gen_l - pre_l, 1e-9))
-                toks[("llama_cpp", L)] = out_l
-                if native is not None:  # llama.cpp built from source for this CPU: speed only, no tokens
+
+                def ours() -> None:
+                    out, pre, gen = _ours(dec, p, new_tokens)
+                    t = times.setdefault(("codex_lab_fast_decode", L), {"prefill": [], "decode": []})
+                    t["prefill"].append(L / pre)
+                    t["decode"].append((new_tokens - 1) / max(gen - pre, 1e-9))
+                    toks[("codex_lab_fast_decode", L)] = out
+
+                def theirs() -> None:
+                    pre_l = peer.prefill(p)
+                    out_l, gen_l = peer.generate(p, new_tokens)
+                    t = times.setdefault(("llama_cpp", L), {"prefill": [], "decode": []})
+                    t["prefill"].append(L / pre_l)
+                    t["decode"].append((new_tokens - 1) / max(gen_l - pre_l, 1e-9))
+                    toks[("llama_cpp", L)] = out_l
+
+                def native_bench() -> None:  # llama.cpp built from source for this CPU: speed only, no tokens
+                    nonlocal native_info
                     pp = llama_bench(native, gguf, prompt=L, gen=0, depth=0, threads=threads)
                     tg = llama_bench(native, gguf, prompt=0, gen=new_tokens, depth=L, threads=threads)
                     t = times.setdefault(("llama_cpp_native", L), {"prefill": [], "decode": []})
@@ -258,6 +265,11 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
                     native_info = {"build_commit": tg.get("build_commit"), "cpu_info": tg.get("cpu_info"),
                                    "binary": home_relative(native), "type_k": tg.get("type_k"),
                                    "type_v": tg.get("type_v")}
+
+                engines = [ours, theirs] + ([native_bench] if native is not None else [])
+                # the order rotates from round to round: no engine always runs first (a cold cache) or last
+                for fn in engines[rnd % len(engines):] + engines[:rnd % len(engines)]:
+                    fn()
         info = dict(peers[max(prompts)].info)
     rows = []
     for (impl, L), t in times.items():
@@ -357,13 +369,14 @@ def bench_llama_cpp_streams(model: CodexModel, tok: CodeTokenizer, *, streams: i
                 raise RuntimeError("the engine's decode step took over 600 s to compile")
             ours()
             peer.streams(prompts, new_tokens)
-            for _ in range(rounds):
-                toks, wall = ours()
-                rates["codex_lab_engine"].append(streams * new_tokens / wall)
-                out["codex_lab_engine"] = toks
-                toks, wall = peer.streams(prompts, new_tokens)
-                rates["llama_cpp"].append(streams * new_tokens / wall)
-                out["llama_cpp"] = toks
+            runners = {"codex_lab_engine": ours, "llama_cpp": lambda: peer.streams(prompts, new_tokens)}
+            order = list(runners)
+            for rnd in range(rounds):
+                # the order alternates from round to round: neither engine always runs first
+                for impl in (order if rnd % 2 == 0 else order[::-1]):
+                    toks, wall = runners[impl]()
+                    rates[impl].append(streams * new_tokens / wall)
+                    out[impl] = toks
             info = dict(peer.info)
     same = sum(a == b for a, b in zip(out["codex_lab_engine"], out["llama_cpp"]))
     prefix = min(_prefix(a, b) for a, b in zip(out["codex_lab_engine"], out["llama_cpp"]))

@@ -101,10 +101,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             if "skipped" in peer_info:
                 rows.append({"impl": "llama_server", **peer_info})
         samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        for _ in range(rounds):  # interleaved: every level on every server, then the next round
+        for rnd in range(rounds):  # interleaved: every level on every server, then the next round
             for c in levels:
                 n = args.requests or c * args.mode.pick(fast=4, full=16)
-                for impl, url in targets.items():
+                # the servers' order alternates from round to round: neither always runs first
+                for impl, url in (list(targets.items()) if rnd % 2 == 0 else list(targets.items())[::-1]):
                     # with a peer, one connection per request on both servers (llama-server drops kept-alive
                     # ones), and every answer runs to max_tokens on both (ignore_eos: the same work; without
                     # it, of 16 answers at 1 client codex-lab's ended at end-of-text 8 times and llama-server's
