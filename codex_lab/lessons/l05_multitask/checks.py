@@ -57,39 +57,53 @@ def _nll(logits: Tensor, targets: Tensor) -> Tensor:
 def check_masked_token_loss(fn: Callable[..., Any]) -> None:
     """fn(logits (B, T, V), targets (B, T)) -> mean cross-entropy over targets != -100."""
     g = rng("05.masked_token_loss")
-    B, T, V = 3, 6, 11
-    logits = (torch.randn(B, T, V, generator=g) * 2).requires_grad_(True)
-    targets = torch.randint(0, V, (B, T), generator=g)
-    targets[0, :4] = -100  # a prompt
-    targets[2, 1:] = -100  # padding after one answer token
-    # token id 0 is a real token (a tokenizer's first id): two real targets are 0, so an answer
-    # that treats 0 as padding (targets > 0) sees a different loss
-    targets[1, 2], targets[0, 5] = 0, 0
-    valid = (targets != -100).float()  # (B, T)
-    nll = _nll(logits.detach(), targets)  # (B, T)
-    want = (nll * valid).sum() / valid.sum()
-    pos = (targets > 0).float()
-    p = torch.softmax(logits.detach(), dim=-1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    mistakes = {
-        "masked positions (target -100) carry loss: they must be left out of the sum and of the count":
-            nll.mean(),
-        "you summed the valid-token losses but divided by all B*T positions; divide by the number of valid tokens":
-            (nll * valid).sum() / (B * T),
-        "that is the mean of per-row means (each sample counts the same); pool all valid tokens of the batch into one mean":
-            ((nll * valid).sum(1) / valid.sum(1)).mean(),
-        "that is the sum of the valid-token losses; divide it by the number of valid tokens":
-            (nll * valid).sum(),
-        "the loss must be -log softmax(logits)[target], not -logits[target] (apply log_softmax first)":
-            (-logits.detach().gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1) * valid).sum() / valid.sum(),
-        "the loss is -log p(target); you used -p (the probability, not its log)":
-            (-p * valid).sum() / valid.sum(),
-        "token id 0 is a real token: only -100 marks a masked position (you treated target 0 as padding)":
-            (nll * pos).sum() / pos.sum(),
-    }
-    if T > 1:  # the targets are already the next tokens: shifting again is a bug
-        sh = _nll(logits.detach()[:, :-1], targets[:, 1:])
-        vs = valid[:, 1:]
-        mistakes["targets are already the next tokens (y = x shifted by one): do not shift logits and targets again"] = (sh * vs).sum() / vs.sum()
+
+    def draw() -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
+        """One draw of the inputs, the reference and the value of every known mistake."""
+        B, T, V = 3, 6, 11
+        logits = (torch.randn(B, T, V, generator=g) * 2).requires_grad_(True)
+        targets = torch.randint(0, V, (B, T), generator=g)
+        targets[0, :4] = -100  # a prompt
+        targets[2, 1:] = -100  # padding after one answer token
+        # token id 0 is a real token (a tokenizer's first id): two real targets are 0, so an answer
+        # that treats 0 as padding (targets > 0) sees a different loss
+        targets[1, 2], targets[0, 5] = 0, 0
+        valid = (targets != -100).float()  # (B, T)
+        nll = _nll(logits.detach(), targets)  # (B, T)
+        want = (nll * valid).sum() / valid.sum()
+        pos = (targets > 0).float()
+        p = torch.softmax(logits.detach(), dim=-1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        mistakes = {
+            "masked positions (target -100) carry loss: they must be left out of the sum and of the count":
+                nll.mean(),
+            "you summed the valid-token losses but divided by all B*T positions; divide by the number of valid tokens":
+                (nll * valid).sum() / (B * T),
+            "that is the mean of per-row means (each sample counts the same); pool all valid tokens of the batch into one mean":
+                ((nll * valid).sum(1) / valid.sum(1)).mean(),
+            "that is the sum of the valid-token losses; divide it by the number of valid tokens":
+                (nll * valid).sum(),
+            "the loss must be -log softmax(logits)[target], not -logits[target] (apply log_softmax first)":
+                (-logits.detach().gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1) * valid).sum() / valid.sum(),
+            "the loss is -log p(target); you used -p (the probability, not its log)":
+                (-p * valid).sum() / valid.sum(),
+            "token id 0 is a real token: only -100 marks a masked position (you treated target 0 as padding)":
+                (nll * pos).sum() / pos.sum(),
+        }
+        if T > 1:  # the targets are already the next tokens: shifting again is a bug
+            sh = _nll(logits.detach()[:, :-1], targets[:, 1:])
+            vs = valid[:, 1:]
+            mistakes["targets are already the next tokens (y = x shifted by one): do not shift logits and targets again"] = (sh * vs).sum() / vs.sum()
+        return logits, targets, want, mistakes
+
+    # the inputs are drawn until the reference and every mistake differ by more than the tolerance
+    # many times over: two values that coincide by chance would name the wrong mistake (a shifted
+    # answer was once diagnosed as treating token 0 as padding)
+    for _ in range(50):
+        logits, targets, want, mistakes = draw()
+        values = [want, *mistakes.values()]
+        if all(abs(float(a) - float(b)) > 100 * TOL for i, a in enumerate(values) for b in values[i + 1:]):
+            break
+    B, T, V = logits.shape
     full = torch.randint(0, V, (B, T), generator=g)
     with case(2, "prompt and padding masked"):
         got = _scalar(pure_call(fn, ("logits", "targets"), logits, targets), "masked_token_loss")
