@@ -74,3 +74,15 @@ def test_standard_timings_fall_back_to_fast_per_section(clean_mode, monkeypatch)
     table, _ = runtime.timing_table("report", "standard", "cpu")
     # section 00 runs its fast sizes in standard mode; section 03 has its own standard time
     assert table == {"00": 10.0, "03": 200.0}
+
+
+def test_round_order_rotates_so_each_entry_leads_once_per_cycle():
+    """Interleaved benches take each round's order from round_order: over len(names) rounds every
+    entry runs first exactly once and keeps its neighbours' cyclic order; interleaved_times follows it."""
+    names = ["a", "b", "c"]
+    orders = [runtime.round_order(names, r) for r in range(4)]
+    assert orders[:3] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]] and orders[3] == orders[0]
+    assert runtime.round_order([], 5) == [] and names == ["a", "b", "c"]  # the input is not changed
+    seen: list[str] = []
+    runtime.interleaved_times({n: (lambda n=n: seen.append(n)) for n in names}, 2)
+    assert seen == orders[0] + orders[1]

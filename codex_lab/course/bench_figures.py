@@ -285,7 +285,7 @@ def _native_profile(key: str) -> list[BenchFigure]:
         return fn
 
     out += [
-        BenchFigure(key, rf"(under perf, FastDecoder's matmuls take\s+\*\*){NUM}(x\*\* llama\.cpp's)", (), "",
+        BenchFigure(key, rf"([Uu]nder perf, FastDecoder's matmuls take\s+\*\*){NUM}(x\*\* llama\.cpp's)", (), "",
                     2, fn=ratio("matmul_ms_per_token")),
         BenchFigure(key, rf"(Its attention takes \*\*){NUM}(x\*\* llama\.cpp's)", (), "", 2,
                     fn=ratio("attention_ms_per_token")),

@@ -6,12 +6,14 @@
 - **held-out loss**, non-inferiority at a declared margin (:data:`LOSS_MARGIN_NATS`): the int8
   copy keeps the quality when the one-sided 95% bound of its extra loss, paired window by
   window, is below the margin; "fails" when the lower bound is above it;
-- **greedy tokens kept**: over the prompts, the share of generated tokens before the first one
-  that differs from float32's (a prompt that never diverges keeps all its tokens), against
-  :data:`TOKENS_KEPT_GOAL`.
+- **greedy tokens kept**: per prompt, the share of float32's greedy tokens the copy reproduces
+  before its first differing one (a prompt that never diverges keeps all), judged by
+  :func:`tokens_verdict`: non-inferiority against float32 (which keeps all of its own) at a
+  margin of ``1 - TOKENS_KEPT_GOAL``, paired by prompt, so it holds only when the share's lower
+  bound clears the goal.
 
-Both verdicts can come out either way: tests give a copy with the codes perturbed, which fails
-both, and the faithful copy of a small model, which holds.
+Both verdicts come from :mod:`codex_lab.stats` and can come out either way (tests: a copy with its
+codes perturbed fails both; synthetic shares hold, fail and stay unresolved).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from torch import Tensor
 
 from codex_lab.infer.generate import generate_ids_cached
 from codex_lab.nn.model import CodexModel
-from codex_lab.stats import noninferiority
+from codex_lab.stats import Comparison, noninferiority
 from codex_lab.training.evaluate import heldout_window_losses
 
 # the largest extra held-out loss of the int8 copy that still counts as "kept", nats/token,
@@ -45,6 +47,16 @@ def tokens_kept(ref: Sequence[int], new: Sequence[int]) -> int:
     return n
 
 
+def tokens_verdict(kept: Sequence[float], *, goal: float = TOKENS_KEPT_GOAL) -> Comparison:
+    """Per prompt, the share of float32's greedy tokens a copy kept (0..1): does the copy keep at
+    least ``goal`` of them? Non-inferiority of the copy against float32 (1.0 on every prompt),
+    paired, margin ``1 - goal``: holds when the one-sided 95% upper bound of the tokens lost is
+    under the margin, fails when its lower bound is over it, else not resolved (also when every
+    prompt kept everything: no variance is measured, and the package never gives a zero-width holds)."""
+    return noninferiority([1.0] * len(kept), list(kept), margin=1.0 - goal, higher_is_better=True, paired=True,
+                          metric="share of float32's greedy tokens kept")
+
+
 @torch.no_grad()
 def int8_fidelity(model: CodexModel, qmodel: CodexModel, tokens: Tensor, prompts: Sequence[Sequence[int]], *,
                   seq_len: int = 256, batch_size: int = 16, new_tokens: int = 32,
@@ -56,16 +68,18 @@ def int8_fidelity(model: CodexModel, qmodel: CodexModel, tokens: Tensor, prompts
     a = heldout_window_losses(model, tokens, seq_len=T, batch_size=batch_size).double().tolist()  # (n_win,)
     b = heldout_window_losses(qmodel, tokens, seq_len=T, batch_size=batch_size).double().tolist()
     c = noninferiority(a, b, margin=margin, metric="held-out loss (nats/token)", higher_is_better=False, paired=True)
-    kept = total = same = 0
+    shares, same = [], 0
     for p in prompts:
         ref = generate_ids_cached(model, list(p), max_new_tokens=new_tokens)[0]
         new = generate_ids_cached(qmodel, list(p), max_new_tokens=new_tokens)[0]
-        k = tokens_kept(ref, new)
-        kept, total, same = kept + k, total + len(ref), same + int(new == ref)
-    share = kept / total if total else float("nan")
+        shares.append(tokens_kept(ref, new) / len(ref) if ref else 1.0)
+        same += int(new == ref)
+    t = tokens_verdict(shares)
     return {"windows": len(a), "loss_f32": sum(a) / len(a), "loss_int8": sum(b) / len(b),
             # extra loss of int8 = mean over windows of (int8 - f32), paired
             "loss_diff": c.diff, "loss_diff_lo": c.lo, "loss_diff_hi": c.hi, "margin": margin,
             "loss_verdict": c.verdict, "prompts": len(prompts), "new_tokens": new_tokens,
-            "tokens_kept": share, "prompts_identical": same, "tokens_goal": TOKENS_KEPT_GOAL,
-            "tokens_verdict": "holds" if share >= TOKENS_KEPT_GOAL else "fails"}
+            # the kept share's interval = 1 + the interval of (kept - 1)
+            "tokens_kept": 1.0 + t.diff, "tokens_kept_lo": 1.0 + t.lo, "tokens_kept_hi": 1.0 + t.hi,
+            "prompts_identical": same, "tokens_goal": TOKENS_KEPT_GOAL, "tokens_verdict": t.verdict,
+            "tokens_note": t.note}

@@ -44,6 +44,7 @@ from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.nn.int8 import quantize_int8
 from codex_lab.nn.model import CodexModel
+from codex_lab.runtime.timing import round_order
 from codex_lab.measure.llama_native import (SERVER_HINT, LlamaServer, find_llama_bench, find_llama_server,
                                                           home_relative, install_dir, llama_bench)
 
@@ -266,9 +267,8 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
                                    "binary": home_relative(native), "type_k": tg.get("type_k"),
                                    "type_v": tg.get("type_v")}
 
-                engines = [ours, theirs] + ([native_bench] if native is not None else [])
                 # the order rotates from round to round: no engine always runs first (a cold cache) or last
-                for fn in engines[rnd % len(engines):] + engines[:rnd % len(engines)]:
+                for fn in round_order([ours, theirs] + ([native_bench] if native is not None else []), rnd):
                     fn()
         info = dict(peers[max(prompts)].info)
     rows = []
@@ -370,10 +370,9 @@ def bench_llama_cpp_streams(model: CodexModel, tok: CodeTokenizer, *, streams: i
             ours()
             peer.streams(prompts, new_tokens)
             runners = {"codex_lab_engine": ours, "llama_cpp": lambda: peer.streams(prompts, new_tokens)}
-            order = list(runners)
             for rnd in range(rounds):
                 # the order alternates from round to round: neither engine always runs first
-                for impl in (order if rnd % 2 == 0 else order[::-1]):
+                for impl in round_order(list(runners), rnd):
                     toks, wall = runners[impl]()
                     rates[impl].append(streams * new_tokens / wall)
                     out[impl] = toks

@@ -27,7 +27,7 @@ import torch
 
 from codex_lab.runtime.mode import MODES, Mode, resolve_mode
 from codex_lab.runtime.threads import compute_threads, use_compute_threads
-from codex_lab.runtime.timing import interleaved_times, median_ms
+from codex_lab.runtime.timing import interleaved_times, median_ms, round_order
 
 T = TypeVar("T")
 
@@ -217,7 +217,7 @@ def progress(iterable: Iterable[T] | None = None, *, desc: str = "", total: int 
 
 __all__ = [
     "MODES", "TIMINGS_PATH", "Estimate", "Mode", "calibrate_ms", "compute_threads", "describe_environment",
-    "expected_seconds", "format_seconds", "get_device", "interleaved_times", "lesson_header", "median_ms",
+    "expected_seconds", "format_seconds", "get_device", "interleaved_times", "lesson_header", "median_ms", "round_order",
     "progress", "recorded_timings", "resolve_mode", "seed_everything", "speed_factor", "timing_table",
     "use_compute_threads",
 ]

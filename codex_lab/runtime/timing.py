@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 def median_ms(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1, sync: Callable[[], None] | None = None) -> float:
@@ -26,6 +28,13 @@ def median_ms(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1, sy
     return statistics.median(times)
 
 
+def round_order(names: Sequence[T], rnd: int) -> list[T]:
+    """``names`` rotated by ``rnd``: the order of round ``rnd`` of an interleaved run, so no entry
+    always runs first (a cold cache) or right after the same other one (whose caches it inherits)."""
+    k = rnd % len(names) if names else 0
+    return list(names[k:]) + list(names[:k])
+
+
 def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int, sync: Callable[[], None] | None = None,
                       ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Wall and process-CPU milliseconds of each fn, ``repeats`` rounds, one call per fn per round.
@@ -40,7 +49,7 @@ def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int, sync: 
     cpu: dict[str, list[float]] = {n: [] for n in fns}
     names = list(fns)
     for i in range(repeats if names else 0):
-        for name in names[i % len(names):] + names[: i % len(names)]:
+        for name in round_order(names, i):
             if sync:
                 sync()
             w0, c0 = time.perf_counter(), time.process_time()

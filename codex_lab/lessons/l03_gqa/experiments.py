@@ -44,7 +44,7 @@ __all__ = [
     "MARGIN_NATS", "MIN_CHANGE_NATS", "PROTOCOL_SIZES", "UPTRAIN_SHARE", "UPTRAIN_SHARES", "ProtocolRun", "ProtocolSizes", "ProtocolVerdicts",
     "decode_tokens_per_s", "group_size_experiment", "heldout_sample", "kv_bytes_per_token", "kv_cache_bytes", "kv_saving",
     "mean_pool_heads", "measured_cache_bytes", "mha_to_gqa", "plot_protocol", "protocol_data", "protocol_sizes", "protocol_table",
-    "protocol_rates", "protocol_states", "protocol_verdicts", "run_protocol_seed", "train_curve", "uptrain", "val_loss",
+    "protocol_rates", "protocol_states", "schedule", "protocol_verdicts", "run_protocol_seed", "train_curve", "uptrain", "val_loss",
 ]
 
 
@@ -268,9 +268,8 @@ def run_protocol_seed(seed: int, train_tokens: Tensor, val_tokens: Tensor, vocab
         return CodexModel(cfg).to(dev)
 
     def pretrain(model: CodexModel) -> list[tuple[float, float]]:
-        return train_curve(model, train_tokens, evals, steps=s.pretrain_steps, lr=s.lr, min_lr=s.min_lr, warmup=s.warmup,
-                           batch_size=s.batch_size, seq_len=s.seq_len, seed=seed, eval_every=s.eval_every,
-                           weight_decay=s.weight_decay, flat_share=s.flat_share)
+        return train_curve(model, train_tokens, evals, **schedule(s, "pretrain"), batch_size=s.batch_size,
+                           seq_len=s.seq_len, seed=seed, eval_every=s.eval_every, weight_decay=s.weight_decay)
 
     base = build(1)
     base_curve = pretrain(base)
@@ -278,11 +277,10 @@ def run_protocol_seed(seed: int, train_tokens: Tensor, val_tokens: Tensor, vocab
     for g in group_sizes:
         model = mha_to_gqa(base, s.n_head // g)  # a copy; g = 1 copies the base unchanged
         converted[g] = val_loss(model, evals)
-        # uptraining: warm-up over a tenth of its steps, cosine back to min_lr, flat tail; one data stream per seed
-        up[g] = train_curve(model, train_tokens, evals, steps=s.uptrain_steps, lr=s.uptrain_lr, min_lr=s.min_lr,
-                            warmup=max(1, s.uptrain_steps // 10), batch_size=s.batch_size, seq_len=s.seq_len,
-                            seed=seed + 1_000_003, eval_every=s.uptrain_eval_every, weight_decay=s.weight_decay,
-                            flat_share=s.flat_share)
+        # uptraining: its own schedule (schedule(s, "uptrain")); one data stream per seed
+        up[g] = train_curve(model, train_tokens, evals, **schedule(s, "uptrain"), batch_size=s.batch_size,
+                            seq_len=s.seq_len, seed=seed + 1_000_003, eval_every=s.uptrain_eval_every,
+                            weight_decay=s.weight_decay)
     scratch = {1: base_curve}
     for g in group_sizes:
         if g != 1:
@@ -290,15 +288,31 @@ def run_protocol_seed(seed: int, train_tokens: Tensor, val_tokens: Tensor, vocab
     return ProtocolRun(seed, base_curve, scratch, converted, up, time.perf_counter() - t0, base if keep_base else None)
 
 
+def schedule(sizes: ProtocolSizes, phase: str) -> dict[str, Any]:
+    """The learning-rate schedule of ``phase`` ("pretrain": the base and the from-scratch arms;
+    "uptrain": warm-up over a tenth of its steps, cosine back to ``min_lr``, the same held tail):
+    ``steps, lr, min_lr, warmup, flat_share``, what :func:`train_curve` takes and
+    :func:`protocol_rates` reads."""
+    s = sizes
+    if phase == "pretrain":
+        return dict(steps=s.pretrain_steps, lr=s.lr, min_lr=s.min_lr, warmup=s.warmup, flat_share=s.flat_share)
+    if phase == "uptrain":
+        return dict(steps=s.uptrain_steps, lr=s.uptrain_lr, min_lr=s.min_lr, warmup=max(1, s.uptrain_steps // 10),
+                    flat_share=s.flat_share)
+    raise ValueError(f"phase={phase!r}: choose 'pretrain' or 'uptrain'")
+
+
 def protocol_rates(sizes: ProtocolSizes, pretrain_steps: Sequence[float], uptrain_steps: Sequence[float]
                    ) -> tuple[list[float], list[float]]:
     """The learning rate at each evaluation step of the pre-training (and from-scratch) curves and
-    of the uptraining curves, as :func:`run_protocol_seed` schedules them: the training-state
-    rule's ``rates`` (a tail held at a decayed rate is not a plateau)."""
-    s = sizes
-    pre = LoopConfig(steps=s.pretrain_steps, lr=s.lr, min_lr=s.min_lr, warmup=s.warmup)
-    up = LoopConfig(steps=s.uptrain_steps, lr=s.uptrain_lr, min_lr=s.min_lr, warmup=max(1, s.uptrain_steps // 10))
-    return rates_at(pretrain_steps, pre, s.flat_share), rates_at(uptrain_steps, up, s.flat_share)
+    of the uptraining curves, from :func:`schedule`: the training-state rule's ``rates`` (a tail
+    held at a decayed rate is not a plateau)."""
+    def rates(phase: str, steps: Sequence[float]) -> list[float]:
+        sch = schedule(sizes, phase)
+        flat = sch.pop("flat_share")
+        return rates_at(steps, LoopConfig(**sch), flat)
+
+    return rates("pretrain", pretrain_steps), rates("uptrain", uptrain_steps)
 
 
 def protocol_states(runs: Sequence[ProtocolRun], *, min_change: float = MIN_CHANGE_NATS,

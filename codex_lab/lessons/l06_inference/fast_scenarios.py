@@ -159,38 +159,35 @@ def code_edit_prompts(tok: CodeTokenizer, n: int, *, max_prompt: int = 400, seed
 def bench_code_edit(model: CodexModel, tok: CodeTokenizer, n_prompts: int = 4, new_tokens: int = 96,
                     num_draft: int = 16, min_ngram: int = 2, max_ngram: int = 4, rounds: int = 3) -> list[dict[str, Any]]:
     """Prompt-lookup decoding vs plain static-cache greedy decoding on code edits (same tokens, per
-    prompt). Interleaved: in every round each prompt runs both ways, the order alternating by round
-    and prompt, so a slow spell of the machine falls on both; ``speedup_vs_plain`` is the median of
-    the rounds' ratios (every round's kept in ``speedup_rounds``), tokens/s the median round's."""
+    prompt). Interleaved (:func:`codex_lab.runtime.interleaved_times`): every round decodes all
+    prompts both ways, the order rotating by round, so a slow spell of the machine falls on both;
+    ``speedup_vs_plain`` is the median of the rounds' ratios (every round's kept in
+    ``speedup_rounds``), tokens/s the median round's."""
     limit = model.cfg.max_seq_len - new_tokens
     prompts = code_edit_prompts(tok, n_prompts, max_prompt=limit)
     generate_ids_cached(model, prompts[0], max_new_tokens=4)  # warm-up
-    plain: list[list[int]] = [[] for _ in prompts]
-    res: list[Any] = [None] * len(prompts)
-    t_plain, t_look = [], []
-    for rnd in range(rounds):
-        tp = tl = 0.0
-        for i, p in enumerate(prompts):
-            for which in (("plain", "lookup") if (rnd + i) % 2 == 0 else ("lookup", "plain")):
-                t0 = time.perf_counter()
-                if which == "plain":
-                    plain[i] = generate_ids_cached(model, p, max_new_tokens=new_tokens)[0]
-                    tp += time.perf_counter() - t0
-                else:
-                    res[i] = prompt_lookup_generate(model, p, max_new_tokens=new_tokens, num_draft=num_draft,
-                                                    min_ngram=min_ngram, max_ngram=max_ngram)
-                    tl += time.perf_counter() - t0
-        t_plain.append(tp)
-        t_look.append(tl)
+    out: dict[str, list[Any]] = {}
+
+    def plain_all() -> None:
+        out["plain"] = [generate_ids_cached(model, p, max_new_tokens=new_tokens)[0] for p in prompts]
+
+    def lookup_all() -> None:
+        out["lookup"] = [prompt_lookup_generate(model, p, max_new_tokens=new_tokens, num_draft=num_draft,
+                                                min_ngram=min_ngram, max_ngram=max_ngram) for p in prompts]
+
+    runs = {"plain": plain_all, "lookup": lookup_all}
+    wall, _ = interleaved_times(runs, rounds)  # ms per round, per way
+    t_plain, t_look = wall["plain"], wall["lookup"]
+    plain, res = out["plain"], out["lookup"]
     n = sum(map(len, plain))
     acc = sum(r[2].accepted for r in res) / max(1, sum(r[2].accepted + r[2].rejections for r in res))
-    ratios = [a / b for a, b in zip(t_plain, t_look)]  # per round: plain seconds / lookup seconds
+    ratios = [a / b for a, b in zip(t_plain, t_look)]  # per round: plain time / lookup time
     base = {"scenario": "code_edit", "prompts": len(prompts), "new_tokens": new_tokens, "rounds": rounds,
             "mean_prompt_len": float(np.mean([len(p) for p in prompts]))}
     return [
-        {**base, "impl": "plain_static_cache", "tokens_per_s": n / float(np.median(t_plain)), "target_calls": n},
+        {**base, "impl": "plain_static_cache", "tokens_per_s": n * 1000.0 / float(np.median(t_plain)), "target_calls": n},
         {**base, "impl": f"prompt_lookup_d{num_draft}", "ngram": f"{min_ngram}..{max_ngram}",
-         "tokens_per_s": n / float(np.median(t_look)), "acceptance_rate": acc,
+         "tokens_per_s": n * 1000.0 / float(np.median(t_look)), "acceptance_rate": acc,
          "target_calls": sum(r[2].target_calls for r in res), "tokens_per_target_call": n / max(1, sum(r[2].target_calls for r in res)),
          "speedup_vs_plain": float(np.median(ratios)), "speedup_rounds": ratios,
          # per prompt, in order: prompt i's tokens must be plain decoding's prompt i's

@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from codex_lab.training.checkpoint import load_checkpoint, load_pretrained
-    from codex_lab.runtime import compute_threads
+    from codex_lab.runtime import compute_threads, round_order
     from codex_lab.serve.loadtest import run_load, run_load_in_process
     from codex_lab.infer.engine.runner.options import freeze_long_lived
     from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             for c in levels:
                 n = args.requests or c * args.mode.pick(fast=4, full=16)
                 # the servers' order alternates from round to round: neither always runs first
-                for impl, url in (list(targets.items()) if rnd % 2 == 0 else list(targets.items())[::-1]):
+                for impl, url in round_order(list(targets.items()), rnd):
                     # with a peer, one connection per request on both servers (llama-server drops kept-alive
                     # ones), and every answer runs to max_tokens on both (ignore_eos: the same work; without
                     # it, of 16 answers at 1 client codex-lab's ended at end-of-text 8 times and llama-server's
