@@ -62,7 +62,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "stats": ('Comparison', 'DID_NOT_LEARN', 'FAILS_AS_STATED', 'MIN_SEEDS', 'NONINFERIORITY_RULE', 'NO_VERDICT', 'UNDER_TRAINED', 'VERDICTS', 'VERDICT_RULE', 'check_stated', 'compare', 'holm', 'judge_trained', 'noninferiority', 'verdict_from_interval'),
     "stats.proportion": ('Proportion', 'wilson_interval'),
     "stats.speedup": ('TimingRatio', 'timing_ratio'),
-    "training_state": ('TrainingState', 'all_trained', 'states_text', 'threshold_for', 'training_state'),
+    "training_state": ('TrainingState', 'all_trained', 'held_floor', 'states_text', 'threshold_for', 'training_state'),
     "parallel": ('cpu_seconds', 'run_units', 'unit_workers'),
     "runtime": ('describe_environment', 'expected_seconds', 'get_device', 'lesson_header', 'seed_everything'),
     "runtime.mode": ('MODES', 'Mode', 'resolve_mode'),

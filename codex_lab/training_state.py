@@ -40,7 +40,8 @@ per seed, evaluated at the same steps:
    the model has learned what it can. Lesson 04's reference showed it: both arms the rule
    called trained over a tail held at 1/30 of the peak rate gained 0.06-0.08 nats/token when
    the same schedule was stretched to 1.5x the steps (its budget-extension check). Hold the
-   rate over the judged tail at half the peak or more, or confirm the plateau by that check.
+   rate over the judged tail at half the peak or more (the fixed-budget lessons' schedules decay
+   to exactly that share and hold it: :func:`held_floor`), or confirm the plateau by that check.
 
 Why a bound on the trend and not the seeds' level spread: the level spread is mostly each
 seed's own evaluation sample, which cancels in a paired comparison; it says nothing about
@@ -64,6 +65,10 @@ TAIL = 0.25  # the last quarter of the evaluations (more when the quarter holds 
 LEARN_SHARE = 0.5  # an arm must end at least half-way from chance to the ceiling the task shows elsewhere
 LEVEL = 0.95  # the one-sided bound's level
 ANNEALED_SHARE = 0.5  # a tail run below half the peak learning rate cannot show a plateau
+# A schedule may hold its tail at exactly ANNEALED_SHARE of the peak (the lessons' schedules do):
+# the tail's mean rate is a float sum, which can land a few ulps below the share; 1e-9 relative
+# is far above that rounding and far below any schedule that actually decays past the share.
+_RATE_ROUNDING = 1e-9
 
 Curve = Sequence[tuple[float, float]]  # (step, metric value), one per evaluation
 
@@ -112,6 +117,17 @@ class TrainingState:
         if self.reason:
             return self.state
         return f"{self.state} ({self.change:+.3g})"
+
+
+def held_floor(peak_lr: float) -> float:
+    """The lowest rate a fixed-budget schedule may decay to and hold over the tail it is judged
+    on, for a peak of ``peak_lr``: ``ANNEALED_SHARE x peak_lr`` (rule 6's share). Lessons 02, 03
+    and 04 decay their cosine to this floor, so a flat tail there is flat at a rate that can
+    still move the model, and the rule can call the arm trained."""
+    if not peak_lr > 0:
+        raise ValueError(f"peak_lr must be > 0 (the schedule's peak learning rate); got {peak_lr}")
+    # floor = ANNEALED_SHARE x peak
+    return ANNEALED_SHARE * peak_lr
 
 
 def _as_curves(curves: Sequence[Curve] | Sequence[Sequence[float]]) -> list[list[tuple[float, float]]]:
@@ -249,7 +265,7 @@ def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, highe
     if mean_c < -thr:
         state = DEGRADING
     elif bound <= thr and max(per_seed) <= thr:
-        if rate_share < ANNEALED_SHARE:  # (nan compares False: no rates, no rule 6)
+        if rate_share < ANNEALED_SHARE * (1.0 - _RATE_ROUNDING):  # (nan compares False: no rates, no rule 6)
             return TrainingState(arm, UNDER_TRAINED_STATE, mean_c, **common,
                                  reason=f"flat (projected change over another quarter {mean_c:+.3g}, 95% bound "
                                         f"{bound:+.3g} against {thr:.3g}), but its fitted tail ran at "

@@ -197,15 +197,17 @@ assert bool(capacity_keep_mask(idx, 4, None).all())  # dropless keeps everything
 #
 # **Converged before compared.** A comparison of arms that are still improving measures the
 # step budget, not the mechanism. So the geometry is shrunk until every arm reaches a plateau
-# on one CPU core: 2 layers of width 32, 64-token sequences, a 512-token BPE vocabulary
-# trained on the course corpus, more steps rather than a bigger model (the article's sizes
-# are full mode's, on a GPU). Every arm's held-out loss is recorded along the way, and the
-# training-state rule (`codex_lab.training_state`) calls an arm *trained* only when another quarter
-# of its run would move it by less than 0.01 nats/token (a one-sided 95% bound over the seeds' projected
-# changes, every seed included). Seeds vary the
-# initial weights, the order of the training windows and the held-out sample; the arms of one
-# seed share them (paired). In fast mode (CI) the runs are a tenth as long, and the verdicts
-# are expected to say "under-trained: no verdict".
+# on one CPU core: in standard mode one layer of width 32, 32-token sequences, a 512-token BPE
+# vocabulary trained on the course corpus, more steps rather than a bigger model (the article's
+# sizes are full mode's, on a GPU; `plan.describe()` below prints this mode's). The rate warms
+# up, decays by a cosine to half its peak at 75% of the run and holds it over the last quarter.
+# Every arm's held-out loss is recorded along the way, and the training-state rule
+# (`codex_lab.training_state`) calls an arm *trained* only when another quarter of its run, at that
+# held rate, would move it by less than 0.01 nats/token (a one-sided 95% bound over the seeds'
+# projected changes, every seed included). Seeds vary the initial weights, the order of the
+# training windows and the held-out sample; the arms of one seed share them (paired), and they are
+# not the seeds the sizes were tuned on (`plan.preregistration`). In fast mode (CI) the runs are
+# 80 steps, and the verdicts are expected to say "under-trained: no verdict".
 
 # %% [markdown]
 # The Switch loss in numbers: `f_e` (share of assignments, a count: no gradient) and `P_e`
@@ -231,6 +233,7 @@ assert abs(lb_even - 1.0) < 1e-6 and abs(lb_collapsed - 8.0) < 1e-6
 # %%
 plan = protocol_plan(MODE.name)  # this mode's sizes (fast: CI's short runs; standard: converged; full: GPU)
 print(plan.describe())
+print(plan.preregistration)
 corpus = cl.load_corpus()
 tok, train_tokens, val_tokens = protocol_data(corpus.files, plan)
 configs = arm_configs(tok.vocab_size, d_model=plan.d_model, n_layer=plan.n_layer, n_head=plan.n_head,
@@ -248,7 +251,7 @@ runs.update(train_arms(configs, BALANCE_ARMS, plan.seeds, train_tokens, val_toke
 for name, rs in runs.items():
     r = rs[0]
     print(f"{name:>12}: held-out loss per seed " + ", ".join(f"{x.val_loss:.3f}" for x in rs)
-          + f"; FFN params active {r.active_ffn_params:,} / total {r.total_ffn_params:,}; seed 0 trained in "
+          + f"; FFN params active {r.active_ffn_params:,} / total {r.total_ffn_params:,}; seed {plan.seeds[0]} trained in "
           f"{r.train_time_s:.1f} s")
 
 # %% [markdown]
@@ -342,7 +345,7 @@ plt.show()
 
 # %% [markdown]
 # ## 6. Capacity 1.0 vs dropless on trained routers
-# The same trained models (seed 0) are evaluated with a capacity limit switched on. A dropped
+# The same trained models (the first seed) are evaluated with a capacity limit switched on. A dropped
 # assignment loses that expert's contribution for that token.
 
 # %%

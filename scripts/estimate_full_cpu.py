@@ -29,7 +29,7 @@ TIMINGS = Path(__file__).resolve().parents[1] / "codex_lab" / "assets" / "timing
 def plans() -> dict[str, dict[str, Any]]:
     """Per section: the model config of its full mode, the batch shape, and the training steps of its plan."""
     from codex_lab.lessons.l02_sparse_attention.geometry import arms_for, config_for
-    from codex_lab.lessons.l03_gqa.experiments import PROTOCOL_SIZES
+    from codex_lab.lessons.l03_gqa.sizes import PROTOCOL_SIZES
     from codex_lab.lessons.l04_moe import protocol as l04
     from codex_lab.lessons.l05_multitask import experiments as l05
     from codex_lab.lessons.l08_capstone import trade as l08

@@ -96,7 +96,7 @@ def _curves(points: Sequence[Sequence[tuple[float, float]]], offset: float = 0.0
 # --- lesson 03 -------------------------------------------------------------------------------
 
 def sizes_03() -> Any:
-    from codex_lab.lessons.l03_gqa.experiments import PROTOCOL_SIZES
+    from codex_lab.lessons.l03_gqa.sizes import PROTOCOL_SIZES
 
     # heads of width 8 (the standard run's 4 are far narrower than real models') on 64 tokens
     return dataclasses.replace(PROTOCOL_SIZES["standard"], d_model=64, seq_len=64)
@@ -104,12 +104,13 @@ def sizes_03() -> Any:
 
 def section_03(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
     from codex_lab.lessons.l03_gqa import experiments as gqa
+    from codex_lab.lessons.l03_gqa.sizes import protocol_rates
 
     runs = seed_runs(run, gqa.run_protocol_seed, s, *gqa.protocol_data(corpus, s))
     v = gqa.protocol_verdicts(runs, sizes=s)
     table = gqa.protocol_table(runs)
     up_steps = [st for st, _ in runs[0].uptrain[sorted(runs[0].uptrain)[0]]]
-    pre_rates, up_rates = gqa.protocol_rates(s, [st for st, _ in runs[0].base], up_steps)
+    pre_rates, up_rates = protocol_rates(s, [st for st, _ in runs[0].base], up_steps)
     curves = {"MHA pre-training": _curves([r.base for r in runs])}
     for g in sorted(runs[0].uptrain):
         curves[f"uptrained g={g}"] = _curves([r.uptrain[g] for r in runs], offset=s.pretrain_steps)

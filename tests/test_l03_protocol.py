@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from codex_lab.lessons.l03_gqa.experiments import (
-    MARGIN_NATS, MIN_CHANGE_NATS, PROTOCOL_SIZES, ProtocolRun, heldout_sample, protocol_verdicts, run_protocol_seed,
+    MARGIN_NATS, MIN_CHANGE_NATS, ProtocolRun, heldout_sample, protocol_verdicts, run_protocol_seed,
     train_curve)
+from codex_lab.lessons.l03_gqa.sizes import PROTOCOL_SIZES
 from codex_lab.nn.accounting import kv_saving
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.nn.surgery import mha_to_gqa
 from codex_lab.stats import FAILS, FAILS_AS_STATED, HOLDS, UNDER_TRAINED, check_stated
-from codex_lab.training.pretrain import uptrain
 from codex_lab.training_state import TRAINED, UNDER_TRAINED_STATE, training_state
 
 
@@ -154,7 +154,7 @@ def test_protocol_sizes_follow_the_paper(mode: str) -> None:
     """Uptraining is 5% of pre-training (Ainslie et al.'s alpha) at the article's sizes and 10% in
     standard mode (declared, inside the paper's studied 0-20%), the pre-training curve has an
     evaluation every ~5% of its run, uptraining has its own curve, both schedules end flat, >= 3 seeds."""
-    from codex_lab.lessons.l03_gqa.experiments import UPTRAIN_SHARE, UPTRAIN_SHARES
+    from codex_lab.lessons.l03_gqa.sizes import UPTRAIN_SHARE, UPTRAIN_SHARES
 
     s = PROTOCOL_SIZES[mode]
     assert UPTRAIN_SHARES["full"] == UPTRAIN_SHARE == 0.05 and 0.05 <= UPTRAIN_SHARES[mode] <= 0.2

@@ -94,8 +94,9 @@ def test_cpu_seconds_counts_the_workers_time():
 def gqa_inputs():
     import codex_lab as cl
     from codex_lab.lessons.l03_gqa import experiments as gqa
+    from codex_lab.lessons.l03_gqa.sizes import protocol_sizes
 
-    sizes = dataclasses.replace(gqa.protocol_sizes("fast"), pretrain_steps=12, uptrain_steps=2, eval_every=4,
+    sizes = dataclasses.replace(protocol_sizes("fast"), pretrain_steps=12, uptrain_steps=2, eval_every=4,
                                 uptrain_eval_every=1, eval_windows=8, max_files=20, warmup=2)
     train, val, vocab = gqa.protocol_data(cl.load_corpus(max_files=sizes.max_files), sizes)
     return gqa, sizes, train, val, vocab

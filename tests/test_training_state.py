@@ -245,3 +245,53 @@ def test_a_flat_tail_at_a_decayed_rate_is_not_a_plateau():
     assert training_state(falling, higher_is_better=False, min_change=0.01, rates=held).reason == ""
     with pytest.raises(ValueError, match="learning rates for"):
         training_state(flat, higher_is_better=False, min_change=0.01, rates=held[:-1])
+
+
+@pytest.mark.parametrize("lr", [1e-2, 3e-3, 1e-3, 3e-4, 7e-4])
+def test_a_tail_held_at_the_floor_passes_rule_6_and_one_just_below_does_not(lr):
+    """The lessons' fixed-budget schedules decay to ``held_floor(lr)`` (half the peak) and hold it:
+    a flat curve there is trained, whatever rounding the tail's mean rate picks up; the same curve
+    on a schedule whose floor sits 10% lower is not (the rule reads the rate, not the schedule's name)."""
+    from codex_lab.training.loop import LoopConfig, rates_at
+    from codex_lab.training_state import ANNEALED_SHARE, held_floor
+
+    assert held_floor(lr) == pytest.approx(ANNEALED_SHARE * lr)
+    steps = list(range(0, 3001, 150))
+    flat = [[(s, 3.0 + 0.5 * math.exp(-s / 300)) for s in steps] for _ in range(3)]
+    at_floor = rates_at(steps, LoopConfig(steps=3000, lr=lr, min_lr=held_floor(lr), warmup=100), flat_share=0.25)
+    st = training_state(flat, higher_is_better=False, min_change=0.01, rates=at_floor)
+    assert st.trained and st.rate_share >= ANNEALED_SHARE
+    # the boundary itself: an evaluation at the peak, then every evaluation of the fitted tail (the last 6) on
+    # the floor: the tail's mean rate over the peak is 0.5 up to the float sum's rounding, and it passes
+    exact = [lr] * (len(steps) - 6) + [held_floor(lr)] * 6
+    st = training_state(flat, higher_is_better=False, min_change=0.01, rates=exact)
+    assert st.trained and st.rate_share == pytest.approx(0.5, rel=1e-12)
+    below = rates_at(steps, LoopConfig(steps=3000, lr=lr, min_lr=0.9 * held_floor(lr), warmup=100), flat_share=0.5)
+    assert training_state(flat, higher_is_better=False, min_change=0.01, rates=below).state == UNDER_TRAINED_STATE
+    with pytest.raises(ValueError, match="peak_lr"):
+        held_floor(0.0)
+
+
+def test_the_fixed_budget_lessons_hold_half_the_peak_and_judge_on_untuned_seeds():
+    """Lessons 02, 03 and 04 decay to half their peak rate in every mode, and their verdict seeds
+    never include the seeds their sizes were tuned on (a sizes object that mixes them is refused)."""
+    import dataclasses
+
+    from codex_lab.lessons.l02_sparse_attention.experiments import recall_loop
+    from codex_lab.lessons.l02_sparse_attention.geometry import config_for
+    from codex_lab.lessons.l03_gqa.sizes import protocol_sizes, schedule
+    from codex_lab.lessons.l04_moe.protocol import protocol_plan
+
+    for mode in ("fast", "standard", "full"):
+        loop = recall_loop(config_for(mode))
+        assert loop.min_lr == pytest.approx(loop.lr / 2)
+        s = protocol_sizes(mode)
+        for phase in ("pretrain", "uptrain"):
+            sch = schedule(s, phase)
+            assert sch["min_lr"] == pytest.approx(sch["lr"] / 2)
+        p = protocol_plan(mode)
+        assert p.min_lr == pytest.approx(p.lr / 2)
+        for sizes in (config_for(mode), s, p):
+            assert not set(sizes.seeds) & set(sizes.tuning_seeds)
+            with pytest.raises(ValueError, match="tuned the sizes"):
+                dataclasses.replace(sizes, seeds=sizes.tuning_seeds[:1] + tuple(sizes.seeds))

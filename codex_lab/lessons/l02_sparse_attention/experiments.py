@@ -44,7 +44,7 @@ from codex_lab.parallel import run_units
 from codex_lab.runtime import get_device
 from codex_lab.stats import HOLDS, NOT_RESOLVED, Comparison, compare, holm, judge_trained, noninferiority
 from codex_lab.training.loop import LoopConfig, adamw, rates_at, run_loop
-from codex_lab.training_state import TrainingState, training_state
+from codex_lab.training_state import TrainingState, held_floor, training_state
 # the geometry (arms, sizes per mode, densities) is geometry.py's
 from codex_lab.lessons.l02_sparse_attention.geometry import RecallConfig
 
@@ -238,8 +238,10 @@ def chance_of(cfg: RecallConfig) -> float:
 
 
 def recall_loop(cfg: RecallConfig) -> LoopConfig:
-    """The schedule every arm of the recall task trains with: warm-up, then a cosine to a tenth of ``lr``."""
-    return LoopConfig(steps=cfg.steps, lr=cfg.lr, min_lr=cfg.lr / 10, warmup=cfg.warmup, eval_every=cfg.eval_every)
+    """The schedule every arm of the recall task trains with: warm-up, then a cosine to half of
+    ``lr`` (:func:`codex_lab.training_state.held_floor`): the tail the training-state rule judges
+    runs at half the peak rate or more, so a flat curve there is a plateau, not a decayed rate."""
+    return LoopConfig(steps=cfg.steps, lr=cfg.lr, min_lr=held_floor(cfg.lr), warmup=cfg.warmup, eval_every=cfg.eval_every)
 
 
 def arm_states(results: dict[str, list[RecallRun]], cfg: RecallConfig | None = None) -> dict[str, TrainingState]:

@@ -26,6 +26,7 @@ def run(ctx: Any) -> str:
     """Measure KV-cache bytes against the formula for g = 1..8, turn real models' head counts
     into bytes at 32k context, and judge "GQA keeps quality" by the paper's protocol."""
     from codex_lab.lessons.l03_gqa import experiments as gqa
+    from codex_lab.lessons.l03_gqa.sizes import UPTRAIN_SHARE, UPTRAIN_SHARES, protocol_sizes
     from codex_lab.nn.accounting import kv_cache_bytes, measured_cache_bytes
     from codex_lab.nn.surgery import mha_to_gqa
     from codex_lab.nn.config import ModelConfig
@@ -50,7 +51,7 @@ def run(ctx: Any) -> str:
     saving = {g: s for h, g, _, _, _, s in byte_rows if h == 8}
 
     # quality: the protocol (experiments.py), sized by the mode
-    sizes = gqa.protocol_sizes(ctx.mode)
+    sizes = protocol_sizes(ctx.mode)
     train_tokens, val_tokens, vocab = gqa.protocol_data(ctx.corpus(), sizes)
     # one seed per worker process where cores allow (codex_lab.parallel: the same numbers as a loop)
     runs = run_units(gqa.run_protocol_seed, [(seed,) for seed in sizes.seeds],
@@ -80,19 +81,19 @@ def run(ctx: Any) -> str:
             "would help), mean-pooled to g = 2, 4, 8 and uptrained for "
             f"{sizes.uptrain_steps / sizes.pretrain_steps:.0%} of its pre-training steps (g = 1, the control, is the base "
             "trained equally long; the paper's alpha is 5%"
-            + ("" if abs(sizes.uptrain_steps / sizes.pretrain_steps - gqa.UPTRAIN_SHARE) < 1e-9 else
+            + ("" if abs(sizes.uptrain_steps / sizes.pretrain_steps - UPTRAIN_SHARE) < 1e-9 else
                ": at 5% this geometry's uptrained arms were still improving when measured, so this mode uses "
-               f"{gqa.UPTRAIN_SHARES.get(ctx.mode, 0):.0%}, inside the 0-20% the paper studies (its Fig. 6)")
+               f"{UPTRAIN_SHARES.get(ctx.mode, 0):.0%}, inside the 0-20% the paper studies (its Fig. 6)")
             + "); beside it every g trained from scratch for as many steps as the base. "
             f"Geometry ({ctx.mode} mode; the model and sequence shrunk, not the steps, so it can converge on a laptop): "
             f"{sizes.describe()}. Heads of width {sizes.d_model // sizes.n_head} are far narrower than a real model's "
             "64-128, so pooling them may cost more here than at scale. A seed draws the "
-            "initialisation, the data order and the held-out windows. Margin declared before the run: "
+            f"initialisation, the data order and the held-out windows ({sizes.preregistration}). Margin declared before the run: "
             f"{v.margin} nats/token ({NONINFERIORITY_RULE}). Primary comparison: g = 4 uptrained vs the MHA control; "
             "the others are secondary (Holm).", "",
             "Training state of every arm (the rule of `codex_lab.training_state` on its held-out curve; 'trained' means "
-            "the schedule has run its course: at its final rate another quarter of the run would move the loss by less "
-            "than 0.01 nats/token at a one-sided 95% bound over the seeds; a longer schedule could still go lower, for every arm alike):", ""]
+            "at the held rate, half the peak, another quarter of the run would move the loss by less "
+            "than 0.01 nats/token at a one-sided 95% bound over the seeds; an annealed schedule could still go lower, for every arm alike):", ""]
     out += [f"- {st.describe()}" for st in v.states.values()]
     out += ["", *gqa.protocol_table(runs), "", f"- primary, g = 4 uptrained: {primary.describe()}"]
     out += [f"- {name}: {c.describe()}" for name, c in v.secondary.items()]

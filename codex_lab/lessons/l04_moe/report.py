@@ -145,7 +145,7 @@ def run(ctx: Any) -> str:
     lines = [
         f"Geometry ({ctx.mode} mode), shrunk from the article's sizes so every arm can reach a plateau on one CPU "
         f"core: {plan.describe()}. Seeds vary the initial weights, the order of the training windows and the "
-        f"held-out sample (every arm of one seed sees the same ones: paired). The balance arms train as long, "
+        f"held-out sample (every arm of one seed sees the same ones: paired; {plan.preregistration}). The balance arms train as long, "
         f"over the same seeds, as the MoE arm they are compared with.",
         "",
         "| arm | FFN hidden | FFN params stored / active | held-out loss (per seed) | training state | train time (s, seed 0) |",
