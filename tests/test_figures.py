@@ -144,3 +144,34 @@ def test_the_standard_mode_figures_follow_the_record(tmp_path):
     assert any("03_gqa.py" in b for b in bad) and any("docs/RESULTS.md" in b for b in bad), bad
     figures.apply(rec, root)
     assert figures.mismatches(rec, root) == []
+
+
+def test_a_unitless_measurement_must_be_one_its_records_hold(tmp_path):
+    """The counterfactual for numbers without a unit: on a page bound to records, a pass@1 or an
+    interval that the record holds passes, and the same figure nudged by one unit of its last digit
+    is listed; on a page bound to none, any such decimal is listed unless declared."""
+    import json as _json
+
+    from codex_lab.course.figure_audit import PAGE_RECORDS, VALUE_DECLARED, record_values
+
+    assets = tmp_path / "assets"
+    (assets / "cb2_tuned").mkdir(parents=True)
+    (assets / "cb2_tuned" / "meta.json").write_text(_json.dumps(
+        {"pass_at_1": {"completion": 0.3541666, "curve": [0.1, 0.2, 0.3, 0.4, 0.51234]},
+         "verdict": "difference -0.2800 (95% CI [-0.2841, -0.2759])"}))
+    assert "docs/CODEBENCH2.md" in PAGE_RECORDS
+    values = record_values([assets / "cb2_tuned" / "meta.json"])
+    assert 0.3541666 in values and -0.2841 in values and 0.51234 not in values  # a long list is not quoted from
+    (tmp_path / "root").mkdir()
+    root = _copy_texts(tmp_path / "root")
+    for name in ("CODEBENCH2.md", "SERVER_API.md"):
+        (root / "docs" / name).write_text("placeholder\n")
+    page = root / "docs" / "CODEBENCH2.md"
+    page.write_text("completion 0.354, gap -0.2800 [-0.2841, -0.2759], floor 0.10.\n"
+                    "completion 0.355, and a curve point 0.512.\n")
+    (root / "docs" / "SERVER_API.md").write_text("style 0.984; version 0.3.36; margin 0.05.\n")
+    bad = [b for b in figure_audit.unchecked(root=root, assets=assets)
+           if b.startswith(("docs/CODEBENCH2.md", "docs/SERVER_API.md"))]
+    assert sorted(bad) == ["docs/CODEBENCH2.md:2: 0.355", "docs/CODEBENCH2.md:2: 0.512",
+                           "docs/SERVER_API.md:1: 0.984 (no record bound to this page)"], bad
+    assert "0.10" in VALUE_DECLARED and "0.05" in VALUE_DECLARED
