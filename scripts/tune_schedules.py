@@ -9,6 +9,7 @@ learning rate at each evaluation, so a tail at a decayed rate is not called a pl
 schedule is kept only when every arm is trained here.
 
     python scripts/tune_schedules.py --section 04        # 02, 03 or 04; --json FILE to keep the states
+    python scripts/tune_schedules.py --section 04 --set lr=3e-3 --set steps=6000   # a candidate's sizes
 
 It takes what the lesson's standard section takes on the same number of seeds (minutes).
 """
@@ -23,25 +24,47 @@ import time
 from typing import Any
 
 
-def states_02(corpus: Any) -> tuple[str, dict[str, Any]]:
+def overridden(sizes: Any, sets: list[str]) -> Any:
+    """``sizes`` with each ``key=value`` of ``sets`` replaced (the value parsed as the field's
+    current type: int, float or a tuple of ints); an unknown key is refused with the known ones."""
+    changes: dict[str, Any] = {}
+    for item in sets:
+        key, sep, text = item.partition("=")
+        if not sep or not hasattr(sizes, key):
+            known = ", ".join(f.name for f in dataclasses.fields(sizes))
+            raise SystemExit(f"--set {item!r}: give key=value with a key of {type(sizes).__name__} ({known})")
+        if key in ("seeds", "tuning_seeds"):
+            raise SystemExit(f"--set {key}: this script runs the tuning seeds only (a verdict seed tuned would "
+                             "no longer be pre-registered); change the sizes' tuning_seeds in the package instead")
+        cur = getattr(sizes, key)
+        if isinstance(cur, tuple):
+            changes[key] = tuple(int(x) for x in text.split(",") if x)
+        elif isinstance(cur, bool) or not isinstance(cur, (int, float)):
+            raise SystemExit(f"--set {key}: only numbers and tuples of ints can be set here")
+        else:
+            changes[key] = type(cur)(float(text)) if isinstance(cur, int) else float(text)
+    return dataclasses.replace(sizes, **changes)
+
+
+def states_02(corpus: Any, sets: list[str]) -> tuple[str, dict[str, Any]]:
     from codex_lab.lessons.l02_sparse_attention import experiments as lr
     from codex_lab.lessons.l02_sparse_attention.geometry import arms_for, config_for
 
     std = config_for("standard")
-    cfg = dataclasses.replace(std, seeds=std.tuning_seeds, tuning_seeds=())
+    cfg = overridden(dataclasses.replace(std, seeds=std.tuning_seeds, tuning_seeds=()), sets)
     res = lr.run_arms(arms_for("standard", cfg=cfg), cfg)
     loop = lr.recall_loop(cfg)
     return (f"{cfg.steps} steps of {cfg.batch}, lr {loop.lr:g} after {loop.warmup} warm-up steps, cosine to "
             f"{loop.min_lr:g}; {len(cfg.seeds)} seeds", lr.arm_states(res, cfg))
 
 
-def states_03(corpus: Any) -> tuple[str, dict[str, Any]]:
+def states_03(corpus: Any, sets: list[str]) -> tuple[str, dict[str, Any]]:
     from codex_lab.lessons.l03_gqa import experiments as gqa
     from codex_lab.lessons.l03_gqa.sizes import protocol_sizes
     from codex_lab.parallel import run_units
 
     std = protocol_sizes("standard")
-    sizes = dataclasses.replace(std, seeds=std.tuning_seeds, tuning_seeds=())
+    sizes = overridden(dataclasses.replace(std, seeds=std.tuning_seeds, tuning_seeds=()), sets)
     train, val, vocab = gqa.protocol_data(corpus, sizes)
     runs = run_units(gqa.run_protocol_seed, [(seed,) for seed in sizes.seeds],
                      common=dict(train_tokens=train, val_tokens=val, vocab_size=vocab, sizes=sizes),
@@ -49,12 +72,12 @@ def states_03(corpus: Any) -> tuple[str, dict[str, Any]]:
     return sizes.describe(), gqa.protocol_states(runs, sizes=sizes)
 
 
-def states_04(corpus: Any) -> tuple[str, dict[str, Any]]:
+def states_04(corpus: Any, sets: list[str]) -> tuple[str, dict[str, Any]]:
     from codex_lab.lessons.l04_moe import protocol as p4
     from codex_lab.training_state import training_state
 
     std = p4.protocol_plan("standard")
-    plan = dataclasses.replace(std, seeds=std.tuning_seeds, tuning_seeds=())
+    plan = overridden(dataclasses.replace(std, seeds=std.tuning_seeds, tuning_seeds=()), sets)
     tok, train, val = p4.protocol_data(corpus.files, plan)
     configs = p4.arm_configs(tok.vocab_size, d_model=plan.d_model, n_layer=plan.n_layer, n_head=plan.n_head,
                              n_experts=plan.n_experts, top_k=plan.top_k, expert_hidden=plan.expert_hidden,
@@ -73,21 +96,24 @@ def states_04(corpus: Any) -> tuple[str, dict[str, Any]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--section", required=True, choices=("02", "03", "04"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="change one of the standard sizes (repeatable): a candidate to try on the tuning seeds")
     ap.add_argument("--json", metavar="FILE", help="also write the states (and the command's duration) to FILE")
     args = ap.parse_args()
     from codex_lab.data.corpus import load_corpus
 
     t0 = time.perf_counter()
-    geometry, states = {"02": states_02, "03": states_03, "04": states_04}[args.section](load_corpus())
+    geometry, states = {"02": states_02, "03": states_03, "04": states_04}[args.section](load_corpus(), args.set)
     took = time.perf_counter() - t0
-    print(f"lesson {args.section}, standard sizes on the tuning seeds: {geometry}")
+    changed = f" with {', '.join(args.set)}" if args.set else ""
+    print(f"lesson {args.section}, standard sizes{changed} on the tuning seeds: {geometry}")
     for st in states.values():
         print(" ", st.describe())
     trained = all(st.trained for st in states.values())
     print(f"every arm trained: {trained} ({took:.0f} s)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"section": args.section, "geometry": geometry, "seconds": round(took, 1), "all_trained": trained,
+            json.dump({"section": args.section, "set": args.set, "geometry": geometry, "seconds": round(took, 1), "all_trained": trained,
                        "states": {k: st.describe() for k, st in states.items()}}, f, indent=1)
     return 0 if trained else 1
 
