@@ -196,8 +196,8 @@ assert bool(capacity_keep_mask(idx, 4, None).all())  # dropless keeps everything
 # *selection*, moved by `rate * sign(mean load - load_e)` after each step).
 #
 # **Converged before compared.** A comparison of arms that are still improving measures the
-# step budget, not the mechanism. So the geometry is shrunk until every arm reaches a plateau
-# on one CPU core: in standard mode one layer of width 32, 32-token sequences, a 512-token BPE
+# step budget, not the mechanism. So the geometry is shrunk to aim for every arm's plateau
+# on one CPU core (the training-state rule below says whether each got there): in standard mode one layer of width 32, 32-token sequences, a 512-token BPE
 # vocabulary trained on the course corpus, more steps rather than a bigger model (the article's
 # sizes are full mode's, on a GPU; `plan.describe()` below prints this mode's). The rate warms
 # up, decays by a cosine to half its peak at 75% of the run and holds it over the last quarter.

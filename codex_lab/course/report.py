@@ -189,8 +189,9 @@ def header_lines(info: Mode, plan: dict[str, str]) -> list[str]:
     est = f"about {format_seconds(secs)}" if secs is not None else "unknown"
     what = {"fast": "fast mode (CI's sizes: the quality experiments are too short to converge, so their verdicts "
                     "may read \"under-trained: no verdict\")",
-            "standard": "standard mode (fast sizes; the quality experiments sized to reach a plateau on a laptop "
-                        "CPU, so their verdicts stand)",
+            "standard": "standard mode (fast sizes; the quality experiments sized for a laptop CPU's budget, each "
+                        "arm's training state saying whether it reached its plateau there: one that did not gives no "
+                        "verdict)",
             "full": "full mode (the article's sizes"
                     + (": weeks on a 2-core CPU, by the lower bound below" if info.device != "cuda" else "") + ")"}[info.name]
     lines = [f"Mode: {what}, because {info.reason}.",

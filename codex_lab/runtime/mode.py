@@ -7,8 +7,9 @@ Three modes:
   and the training-state rule (:mod:`codex_lab.training_state`) says so: "under-trained: no
   verdict".
 - **standard** (the default on a CPU): the fast sizes, except the quality experiments, which
-  are sized (smaller models, shorter sequences, more steps and seeds) to reach a plateau on
-  2 CPU cores, so their verdicts stand.
+  are sized (smaller models, shorter sequences, more steps and seeds) for 2 CPU cores; the
+  training-state rule says whether each arm reached its plateau, and one that did not gives no
+  verdict.
 - **full** is the course at the article's sizes, meant for a CUDA GPU (weeks on a 2-core CPU:
   ``scripts/estimate_full_cpu.py``).
 
@@ -60,7 +61,7 @@ class Mode:
 
     @property
     def converge(self) -> bool:
-        """The quality experiments are sized to reach a plateau (standard and full mode)."""
+        """The quality experiments are sized to aim for a plateau (standard and full mode), not CI's smoke sizes."""
         return self.name != "fast"
 
     def pick(self, fast: T, full: T, *, standard: T = _MISSING) -> T:

@@ -65,7 +65,7 @@ def all_arms(with_moba: bool = True, n_layer: int | None = None, cfg: "RecallCon
 
 def config_for(mode: str) -> "RecallConfig":
     """The recall experiment's sizes for a mode: fast (CI, too short to converge), standard (a
-    laptop, converged), full (a GPU: the article's window and stride)."""
+    laptop's budget), full (a GPU: the article's window and stride)."""
     if mode not in ("fast", "standard", "full"):
         raise ValueError(f"unknown mode {mode!r}; choose fast, standard or full")
     return {"fast": fast_config, "standard": standard_config, "full": full_config}[mode]()
@@ -88,9 +88,10 @@ class RecallConfig:
     """One experiment's sizes: model, task, training, evaluation, seeds.
 
     ``fast_config()`` (CI: too short to converge; the training-state rule says so),
-    ``standard_config()`` (a laptop: every arm reaches a plateau) and ``full_config()`` (a GPU:
-    longer files, the article's window and stride) are the modes. ``steps`` optimiser steps of
-    ``batch`` sequences, AdamW with ``lr`` after ``warmup`` steps, cosine decay to ``lr / 10``;
+    ``standard_config()`` (a laptop's budget; the training-state rule says whether each arm
+    reached its plateau) and ``full_config()`` (a GPU: longer files, the article's window and
+    stride) are the modes. ``steps`` optimiser steps of ``batch`` sequences, AdamW with ``lr``
+    after ``warmup`` steps, cosine decay to ``lr / 2`` (``held_floor``);
     an evaluation on ``eval_sequences`` held-out sequences every ``eval_every`` steps.
     """
 
@@ -146,7 +147,7 @@ class RecallConfig:
 
 
 def standard_config() -> RecallConfig:
-    """A laptop's run sized to converge (standard mode): 128 tokens, 3 layers, d=64, 1200 steps, 3 seeds."""
+    """A laptop's run (standard mode): 128 tokens, 3 layers, d=64, 1200 steps, 3 seeds."""
     return RecallConfig()
 
 

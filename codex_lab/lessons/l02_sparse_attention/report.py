@@ -111,7 +111,7 @@ def run(ctx: Any) -> str:
 
 def recall_config(mode: str) -> Any:
     """The recall experiment's sizes for a mode: fast (CI, too short to converge), standard (a
-    laptop, converged), full (a GPU)."""
+    laptop's budget), full (a GPU)."""
     from codex_lab.lessons.l02_sparse_attention.geometry import config_for
 
     return config_for(mode)

@@ -85,7 +85,7 @@ def run(ctx: Any) -> str:
                ": at 5% this geometry's uptrained arms were still improving when measured, so this mode uses "
                f"{UPTRAIN_SHARES.get(ctx.mode, 0):.0%}, inside the 0-20% the paper studies (its Fig. 6)")
             + "); beside it every g trained from scratch for as many steps as the base. "
-            f"Geometry ({ctx.mode} mode; the model and sequence shrunk, not the steps, so it can converge on a laptop): "
+            f"Geometry ({ctx.mode} mode; the model and sequence shrunk, not the steps, to fit a laptop's budget): "
             f"{sizes.describe()}. Heads of width {sizes.d_model // sizes.n_head} are far narrower than a real model's "
             "64-128, so pooling them may cost more here than at scale. A seed draws the "
             f"initialisation, the data order and the held-out windows ({sizes.preregistration}). Margin declared before the run: "

@@ -143,7 +143,7 @@ def run(ctx: Any) -> str:
     speed = {r["impl"]: r for r in recs if not r.get("error")}
     st = verdicts.states
     lines = [
-        f"Geometry ({ctx.mode} mode), shrunk from the article's sizes so every arm can reach a plateau on one CPU "
+        f"Geometry ({ctx.mode} mode), shrunk from the article's sizes to aim for every arm's plateau on one CPU "
         f"core: {plan.describe()}. Seeds vary the initial weights, the order of the training windows and the "
         f"held-out sample (every arm of one seed sees the same ones: paired; {plan.preregistration}). The balance arms train as long, "
         f"over the same seeds, as the MoE arm they are compared with.",
