@@ -144,6 +144,33 @@ else:
     print("skipped: the layer table needs design_to_config and a valid design")
 
 # %% [markdown]
+# ## Part 2b (derive it): the weights one decode step reads (2 points)
+# At batch 1 a decode step is memory-bound: its time is mostly reading the weights it uses,
+# once per token. Derive, from the config alone, how many parameters (numbers, not bytes) one
+# step reads: every matrix, bias and norm gain of the layers it runs; in a MoE layer the router,
+# the `moe_top_k` routed experts a token goes to (not all `n_experts`) and any shared experts;
+# at the ends the final norm and the output layer (vocab x d). The input embedding is a lookup:
+# one row of d. With `tie_embeddings` the output layer *is* that matrix: count it once.
+# Return an int. Then compare your design with the baseline: which choice changes what a step
+# reads, and by how much? (Sparse attention reads the same weights; what it saves is work over
+# the cache.) The package's answer is not given: derive it.
+
+# %%
+def weights_read_per_token(cfg):
+    """A ModelConfig -> parameters one batch-1 decode step reads (int)."""
+    raise NotImplementedError("exercise weights_read_per_token: not yet done")
+
+
+# %%
+if check(weights_read_per_token).status == "passed" and design is not None and not sc.validate_design(design, base_cfg):
+    cand = design_to_config(base_cfg, design)
+    w_base, w_cand = weights_read_per_token(base_cfg), weights_read_per_token(cand)
+    print(f"read per token: baseline {w_base:,}, your design {w_cand:,} parameters ({w_cand / w_base:.2f}x): "
+          f"a memory-bound step would run at about {w_base / w_cand:.2f}x the baseline's speed from this alone")
+else:
+    print("Part 2b not yet done (or no valid design): the comparison runs once check(weights_read_per_token) passes")
+
+# %% [markdown]
 # ## Part 3: the scorecard, then the whole pipeline
 # **Scored.** Your candidate is converted from the shipped model and given the same
 # pre-training as the plain baseline (same batches: brief in fast mode, each model to its

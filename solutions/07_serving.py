@@ -8,7 +8,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -137,3 +137,46 @@ if check(passes_gates).status == "passed":
 else:
     print("skipped: the examples need passes_gates")
 bg.stop()
+
+# %% [markdown]
+# ## Exercise 4 (derive it): the largest batch that still meets the TBT target
+# A continuous-batching engine gives every running stream one token per decode step, so each
+# stream's time between tokens *is* the step time. On a CPU the step time grows with the batch
+# B: model it as $t(B) = a + bB$ milliseconds, where $a$ is what a step pays once (reading the
+# weights) and $b$ what each row adds. Derive, on paper first, the largest batch whose streams
+# all meet a TBT target of $T$ ms ($t(B) \le T$), and the tokens per second the engine then
+# produces. Return `(B, tokens_per_s)`: an int and a float; `(0, 0.0)` when even one stream
+# misses the target. ($a \ge 0$, $b > 0$.)
+#
+# Hints: how many tokens does one step produce, and how long does it take? Which way do you
+# round, and is a step time exactly at the target a hit? The cell under the check runs a toy
+# engine whose step takes $a + bB$ and measures what your formula predicts.
+
+# %%
+def max_batch_under_tbt(a_ms, b_ms, tbt_ms):
+    """Step time a + b B (ms) and a TBT target (ms) -> (largest batch meeting it, tokens/s there)."""
+    ### BEGIN SOLUTION
+    # a + b B <= T  <=>  B <= (T - a) / b; the largest whole B, none when even B = 1 misses
+    batch = max(0, math.floor((tbt_ms - a_ms) / b_ms + 1e-9))
+    if batch == 0:
+        return 0, 0.0
+    # tokens/s = B tokens per step / (a + b B) ms per step, x 1000 ms/s
+    return batch, batch * 1000.0 / (a_ms + b_ms * batch)
+    ### END SOLUTION
+
+
+# %%
+if check(max_batch_under_tbt).status == "passed":
+    a, b, target = 6.0, 1.5, 20.0  # an illustration, not a measurement
+    batch, tps = max_batch_under_tbt(a, b, target)
+    # a toy engine: each step serves every stream one token and takes a + b B milliseconds
+    clock, gaps, tokens = 0.0, [], 0
+    for _ in range(50):
+        step = a + b * batch
+        clock += step
+        gaps.append(step)
+        tokens += batch
+    print(f"B = {batch}: every gap {max(gaps):.1f} ms <= {target} ms; {tokens / clock * 1000:.0f} tokens/s simulated, "
+          f"{tps:.0f} by your formula; one more stream: {a + b * (batch + 1):.1f} ms per token")
+else:
+    print("exercise 4 not yet done: the toy engine runs once check(max_batch_under_tbt) passes")

@@ -161,6 +161,50 @@ else:
     print("skipped: the layer table needs design_to_config and a valid design")
 
 # %% [markdown]
+# ## Part 2b (derive it): the weights one decode step reads (2 points)
+# At batch 1 a decode step is memory-bound: its time is mostly reading the weights it uses,
+# once per token. Derive, from the config alone, how many parameters (numbers, not bytes) one
+# step reads: every matrix, bias and norm gain of the layers it runs; in a MoE layer the router,
+# the `moe_top_k` routed experts a token goes to (not all `n_experts`) and any shared experts;
+# at the ends the final norm and the output layer (vocab x d). The input embedding is a lookup:
+# one row of d. With `tie_embeddings` the output layer *is* that matrix: count it once.
+# Return an int. Then compare your design with the baseline: which choice changes what a step
+# reads, and by how much? (Sparse attention reads the same weights; what it saves is work over
+# the cache.) The package's answer is not given: derive it.
+
+# %%
+def weights_read_per_token(cfg):
+    """A ModelConfig -> parameters one batch-1 decode step reads (int)."""
+    ### BEGIN SOLUTION
+    d, hd = cfg.d_model, cfg.d_model // cfg.n_head
+    kv = (cfg.n_kv_head or cfg.n_head) * hd  # K/V width: n_kv_head heads of head_dim
+    # attention: q and o are d x d, k and v d x kv (+ their biases), and two norm gains per layer
+    attn = 2 * d * d + 2 * d * kv + (d + 2 * kv if cfg.qkv_bias else 0)
+    total = 0
+    for i in range(cfg.n_layer):
+        total += attn + 2 * d
+        if i in cfg.moe_layers:
+            h = cfg.moe_ffn_hidden or cfg.ffn_hidden
+            # router d x E, then (top-k routed + shared) experts of 3 d h each
+            total += d * cfg.n_experts + (cfg.moe_top_k + cfg.n_shared_experts) * 3 * d * h
+        else:
+            total += 3 * d * cfg.ffn_hidden  # SwiGLU: gate, up (d -> h) and down (h -> d)
+    # final norm, the output layer V x d, and one embedding row unless it is the same matrix
+    total += d + cfg.vocab_size * d + (0 if cfg.tie_embeddings else d)
+    return total
+    ### END SOLUTION
+
+
+# %%
+if check(weights_read_per_token).status == "passed" and design is not None and not sc.validate_design(design, base_cfg):
+    cand = design_to_config(base_cfg, design)
+    w_base, w_cand = weights_read_per_token(base_cfg), weights_read_per_token(cand)
+    print(f"read per token: baseline {w_base:,}, your design {w_cand:,} parameters ({w_cand / w_base:.2f}x): "
+          f"a memory-bound step would run at about {w_base / w_cand:.2f}x the baseline's speed from this alone")
+else:
+    print("Part 2b not yet done (or no valid design): the comparison runs once check(weights_read_per_token) passes")
+
+# %% [markdown]
 # ## Part 3: the scorecard, then the whole pipeline
 # **Scored.** Your candidate is converted from the shipped model and given the same
 # pre-training as the plain baseline (same batches: brief in fast mode, each model to its

@@ -160,6 +160,51 @@ def test_passes_gates_wrong_answers():
     })
 
 
+def test_max_batch_under_tbt_wrong_answers():
+    """The derivation exercise: each plausible slip in B = floor((T - a) / b) and B x 1000 / (a + b B)
+    is named; a table of answers for the fixed cases fails on the cases drawn for the run."""
+    def strict(a, b, t):  # a step time equal to the target counted as a miss
+        n = max(0, math.ceil((t - a) / b) - 1)
+        return (n, n * 1000.0 / (a + b * n)) if n else (0, 0.0)
+
+    def no_base(a, b, t):
+        n = max(0, math.floor(t / b))
+        return (n, n * 1000.0 / (a + b * n)) if n else (0, 0.0)
+
+    def rounds_up(a, b, t):
+        n = max(0, math.ceil((t - a) / b))
+        return (n, n * 1000.0 / (a + b * n)) if n else (0, 0.0)
+
+    def at_target(a, b, t):
+        n = max(0, math.floor((t - a) / b))
+        return (n, n * 1000.0 / t) if n else (0, 0.0)
+
+    def per_ms(a, b, t):
+        n = max(0, math.floor((t - a) / b))
+        return (n, n / (a + b * n)) if n else (0, 0.0)
+
+    def float_batch(a, b, t):
+        return max(0.0, (t - a) / b), 0.0
+
+    def loop(a, b, t):  # a correct answer by search instead of the closed form
+        n = 0
+        while a + b * (n + 1) <= t:
+            n += 1
+        return (n, n * 1000.0 / (a + b * n)) if n else (0, 0.0)
+
+    table = {(10.0, 2.0, 31.0): (10, 10 * 1000.0 / 30.0)}
+    _assert_wrong("07", "max_batch_under_tbt", {
+        "strict <": (strict, "at most T"),
+        "no fixed part": (no_base, "fixed part"),
+        "rounded up": (rounds_up, "round down"),
+        "tokens/s at the target": (at_target, "step time at that batch"),
+        "per millisecond": (per_ms, "milliseconds"),
+        "a fractional batch": (float_batch, "whole number"),
+        "a table": (lambda a, b, t: table.get((a, b, t), (0, 0.0)), "returned"),
+    })
+    assert _grade("07", "max_batch_under_tbt", loop).status == PASSED
+
+
 # ====================================================================== lesson 08 (the project)
 REF = {"sparse_layers": [3], "pattern": "window:128+blockstride:64:2", "n_kv_head": 2, "moe_layers": [3],
        "n_experts": 4, "top_k": 2, "balance": "coba"}
@@ -284,3 +329,48 @@ def test_scorecard_gates_follow_the_release_rule():
                                     {g: m["baseline"]["gates"][g] for g in sc.QUALITY_GATES})
         gates = next(r for r in sc.score(m) if r.key == "gates")
         assert gates.passed == released, (syntax, gates.detail)  # refused by the release: no gate points
+
+
+def test_weights_read_per_token_wrong_answers():
+    """The capstone's derivation: the reference solution passes, and each plausible slip in what a
+    batch-1 decode step reads is named; a solution that sizes layers by the package's own MoE
+    accounting (ffn_param_counts) agrees with the check's parameter walk."""
+    sol = _solution("08").weights_read_per_token
+
+    def all_experts(cfg):
+        return sol(cfg) + sum(1 for i in range(cfg.n_layer) if i in cfg.moe_layers) * (
+            (cfg.n_experts - cfg.moe_top_k) * 3 * cfg.d_model * (cfg.moe_ffn_hidden or cfg.ffn_hidden))
+
+    def no_router(cfg):
+        return sol(cfg) - len(cfg.moe_layers) * cfg.d_model * cfg.n_experts
+
+    def embed_twice(cfg):
+        return sol(cfg) + (cfg.d_model if cfg.tie_embeddings else 0)
+
+    def no_norms(cfg):
+        return sol(cfg) - (2 * cfg.n_layer + 1) * cfg.d_model
+
+    def full_kv(cfg):
+        kv = (cfg.n_kv_head or cfg.n_head) * (cfg.d_model // cfg.n_head)
+        return sol(cfg) + cfg.n_layer * 2 * cfg.d_model * (cfg.d_model - kv)
+
+    def by_package(cfg):  # the same count from the package's MoE accounting
+        from codex_lab.nn.moe import ffn_param_counts
+
+        d = cfg.d_model
+        kv = (cfg.n_kv_head or cfg.n_head) * (d // cfg.n_head)
+        attn = 2 * d * d + 2 * d * kv + (d + 2 * kv if cfg.qkv_bias else 0) + 2 * d
+        ffn = [ffn_param_counts(cfg)["active"] if i in cfg.moe_layers else 3 * d * cfg.ffn_hidden
+               for i in range(cfg.n_layer)]
+        return cfg.n_layer * attn + sum(ffn) + d + cfg.vocab_size * d + (0 if cfg.tie_embeddings else d)
+
+    _assert_wrong("08", "weights_read_per_token", {
+        "all experts": (all_experts, "top-k"),
+        "no router": (no_router, "router"),
+        "tied embedding twice": (embed_twice, "count it once"),
+        "no norms": (no_norms, "norms"),
+        "K/V at full width": (full_kv, "n_kv_head"),
+        "a float": (lambda cfg: float(sol(cfg)), "whole number"),
+        "off by one": (lambda cfg: sol(cfg) + 1, "expected"),
+    })
+    assert _grade("08", "weights_read_per_token", by_package).status == PASSED

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from codex_lab.course.check_tools import as_bool, as_float, pyrng
+from codex_lab.course.check_tools import as_bool, as_float, as_int, pyrng
 from codex_lab.course.checks import case, exercise
 
 
@@ -156,3 +156,70 @@ def check_passes_gates(fn: Callable[..., Any]) -> None:
                 got = as_bool(fn(dict(cand), dict(bl), dict(tl)))
                 assert isinstance(got, bool), f"return True or False, got {got!r}"
                 assert got == want, f"candidate {cand} vs baseline {bl} (tolerance {tl}): expected {want}, got {got}: {why}"
+
+
+# ------------------------------------------------------------------ exercise 4 (derive it)
+def _max_batch(a_ms: float, b_ms: float, tbt_ms: float, *, strict: bool = False, no_base: bool = False,
+               ceil: bool = False, at_target: bool = False, per_ms: bool = False) -> tuple[int, float]:
+    """The reference: the largest B with t(B) = a + b B <= T, and B x 1000 / t(B) tokens/s; each
+    keyword switches on one plausible mistake."""
+    a = 0.0 if no_base else a_ms
+    # B = floor((T - a) / b), the largest batch whose step time a + b B is at most T (1e-9: slack
+    # for the division; the grader's boundary cases are exact in binary, 20 = 4 + 2 x 8, and its
+    # drawn cases stay 1e-3 of a row away from a boundary, so a loop over B agrees with the floor)
+    x = (tbt_ms - a) / b_ms
+    n = math.ceil(x - 1e-9) if ceil else math.floor(x + 1e-9)
+    if strict and abs(x - round(x)) < 1e-9:
+        n -= 1
+    n = max(0, n)
+    if n == 0:
+        return 0, 0.0
+    # tokens/s = B tokens per step / step time: B x 1000 / (a + b B) (the real a, whatever the mistake)
+    step = tbt_ms if at_target else a_ms + b_ms * n
+    return n, n * (1.0 if per_ms else 1000.0) / step
+
+
+@exercise("07", "max_batch_under_tbt", points=3)
+def check_max_batch_under_tbt(fn: Callable[..., Any]) -> None:
+    """fn(a_ms, b_ms, tbt_ms) -> (largest batch meeting the TBT target, tokens/s at that batch)."""
+    r = pyrng("07.max_batch_under_tbt")  # step costs drawn for this run: a table of answers fails
+    drawn = []
+    while len(drawn) < 6:
+        a, b, t = round(r.uniform(2, 40), 3), round(r.uniform(0.2, 6), 3), round(r.uniform(10, 120), 3)
+        x = (t - a) / b
+        if abs(x - round(x)) > 1e-3:  # no drawn case sits on a boundary (those are the fixed cases below)
+            drawn.append((a, b, t))
+    groups = [
+        (2, "the largest batch and its tokens/s", [(10.0, 2.0, 31.0), (4.0, 0.5, 20.25), *drawn]),
+        (1, "a batch exactly at the target, and a target no batch meets",
+         [(4.0, 2.0, 20.0), (0.5, 0.25, 2.0), (25.0, 3.0, 27.0), (30.0, 1.0, 20.0)]),
+    ]
+    mistakes = {
+        "a stream whose time between tokens equals the target meets it (at most T, not under T)": dict(strict=True),
+        "every step also pays the fixed part a (the weights read once per step): B = floor((T - a) / b)": dict(no_base=True),
+        "round down: the batch one above the largest that fits has a step time over the target": dict(ceil=True),
+        "tokens/s comes from the step time at that batch, a + b B, not from the target": dict(at_target=True),
+        "the times are in milliseconds: tokens per second is B x 1000 / (a + b B)": dict(per_ms=True),
+    }
+    for points, label, cases in groups:
+        with case(points, label):
+            for a, b, t in cases:
+                out = fn(a, b, t)
+                assert isinstance(out, tuple) and len(out) == 2, (
+                    f"return a pair (batch, tokens_per_s), got {type(out).__name__}")
+                n, tps = as_int(out[0]), out[1]
+                assert isinstance(n, int) and not isinstance(n, bool), f"the batch is a whole number (int), got {n!r}"
+                want = _max_batch(a, b, t)
+                tps_f = as_float(tps)
+                tps_f = float(tps_f) if isinstance(tps_f, int) and not isinstance(tps_f, bool) else tps_f
+                # 1e-6 relative: a float64 division; the reference and any closed form agree far closer
+                if n == want[0] and isinstance(tps_f, float) and math.isclose(tps_f, want[1], rel_tol=1e-6, abs_tol=1e-9):
+                    continue
+                for msg, kw in mistakes.items():
+                    bad = _max_batch(a, b, t, **kw)
+                    if bad != want and n == bad[0] and isinstance(tps_f, float) and math.isclose(
+                            tps_f, bad[1], rel_tol=1e-6, abs_tol=1e-9):
+                        raise AssertionError(f"max_batch_under_tbt({a}, {b}, {t}): {msg}")
+                raise AssertionError(f"max_batch_under_tbt(a={a}, b={b}, tbt={t}) returned {out!r}, expected "
+                                     f"({want[0]}, {want[1]:.4f}): the largest B with a + b B <= T, and B x 1000 / "
+                                     "(a + b B) tokens/s (0 and 0.0 when even one stream misses)")

@@ -86,3 +86,85 @@ def check_design_to_config(fn: Callable[..., Any]) -> None:
                 "(start from base_cfg.to_dict())")
         assert (got.moe_ffn_hidden or got.ffn_hidden) == base.ffn_hidden, (
             "the experts are copies of the dense FFN (upcycling): leave moe_ffn_hidden unset")
+
+
+# ------------------------------------------------------------------ Part 2b (derive it)
+def _weights_read(cfg: Any, *, all_experts: bool = False, no_router: bool = False, embed_twice: bool = False,
+                  no_norms: bool = False, full_kv: bool = False) -> int:
+    """The reference, read off the model's own parameters: what one decode step at batch 1 reads
+    (every weight it uses once: a MoE layer's router, its top-k routed experts and its shared
+    experts; the tied embedding once, as the output layer, or one embedding row plus the output
+    layer when untied). Each keyword switches on one plausible mistake."""
+    import torch
+
+    from codex_lab.nn.model import CodexModel
+
+    with torch.device("meta"):  # shapes only: nothing allocated
+        model = CodexModel(cfg)
+    d, total = cfg.d_model, 0
+    kv_dim = (cfg.n_kv_head or cfg.n_head) * (d // cfg.n_head)
+    for name, p in model.named_parameters():
+        n = p.numel()
+        if name == "embed.weight":
+            # tied: the output layer reads all V x d (and the lookup's row is one of them); untied: one row, d
+            total += n + (d if embed_twice else 0) if cfg.tie_embeddings else d
+        elif ".experts." in name and ".shared_experts." not in name:
+            # routed experts: k of the E alike, so k / E of their weights (exact: E equal blocks)
+            total += n if all_experts else n * cfg.moe_top_k // cfg.n_experts
+        elif name.endswith("router.weight"):
+            total += 0 if no_router else n
+        elif "norm" in name:
+            total += 0 if no_norms else n
+        elif full_kv and (".k_proj." in name or ".v_proj." in name):
+            total += n * d // kv_dim  # as if every query head kept its own K/V head
+        else:
+            total += n
+    return total
+
+
+def _derive_cfgs(r: Any) -> list[Any]:
+    """Small configs drawn for this run, each with a grouped-query layer and a MoE layer."""
+    from codex_lab.nn.config import ModelConfig
+
+    out = []
+    for i in range(4):
+        n_head = r.choice((4, 8))
+        d = n_head * r.choice((4, 8))
+        n_layer = r.choice((2, 3, 4))
+        n_experts = r.choice((4, 8))
+        out.append(ModelConfig(vocab_size=r.randrange(50, 300), d_model=d, n_layer=n_layer, n_head=n_head,
+                               n_kv_head=n_head // r.choice((2, 4)), ffn_hidden=r.choice((2, 3, 4)) * d,
+                               moe_layers=sorted(r.sample(range(n_layer), r.randrange(1, n_layer))), n_experts=n_experts,
+                               moe_top_k=r.choice((1, 2)), n_shared_experts=r.choice((0, 1)),
+                               moe_ffn_hidden=r.choice((None, d)), tie_embeddings=i % 2 == 0, qkv_bias=i == 3))
+    return out
+
+
+@exercise("08", "weights_read_per_token", points=2)
+def check_weights_read_per_token(fn: Callable[..., Any]) -> None:
+    """fn(cfg: ModelConfig) -> parameters one batch-1 decode step reads (int)."""
+    from codex_lab.course.check_tools import pyrng
+
+    cfgs = _derive_cfgs(pyrng("08.weights_read_per_token"))  # drawn for this run: a table of answers fails
+    mistakes = {
+        "a MoE layer reads only the top-k routed experts a token is sent to (and its shared experts), not all of "
+        "them": dict(all_experts=True),
+        "the router is read too: one d x n_experts matrix per MoE layer": dict(no_router=True),
+        "a tied embedding is one matrix: the output layer reads it all, and the token's row is one of its rows "
+        "(count it once)": dict(embed_twice=True),
+        "the norms' gains are weights too (d per norm)": dict(no_norms=True),
+        "with grouped-query attention k_proj and v_proj have n_kv_head x head_dim outputs, not d_model": dict(full_kv=True),
+    }
+    for cfg in cfgs:
+        got = fn(cfg)
+        assert isinstance(got, int) and not isinstance(got, bool), (
+            f"return a whole number of parameters (int), got {type(got).__name__}")
+        want = _weights_read(cfg)
+        if got == want:
+            continue
+        for msg, kw in mistakes.items():
+            if got == _weights_read(cfg, **kw) != want:
+                raise AssertionError(f"weights_read_per_token: {msg}")
+        raise AssertionError(f"weights_read_per_token on {cfg.n_layer} layers, d={cfg.d_model}, moe_layers "
+                             f"{cfg.moe_layers} (top-{cfg.moe_top_k} of {cfg.n_experts}), tied={cfg.tie_embeddings}: "
+                             f"returned {got}, expected {want}")
