@@ -411,13 +411,14 @@ for n_, c_, k_ in [(10, 3, 1), (10, 3, 5), (20, 7, 10), (5, 5, 2)]:
 
 # %%
 from codex_lab.lessons.l05_multitask import pretrained as pt
+from codex_lab.lessons.l05_multitask import finetune_setup as fs
 from codex_lab.stats import t_quantile
 
-psetup = pt.setup_for(MODE.name)
+psetup = fs.setup_for(MODE.name)
 print(psetup.describe())
 mde = pt.detectable_effect(psetup)
 print(f"smallest detectable pass@1 difference: {mde['absolute']:.3f} ({mde['relative']:.0%} relative at pass@1 "
-      f"{mde['p']}); the claim: +{pt.STATED[0]:.0%} to +{pt.STATED[1]:.0%}")
+      f"{mde['p']}); the claim: +{fs.STATED[0]:.0%} to +{fs.STATED[1]:.0%}")
 ts8 = pt.sized_taskset(psetup)
 progs = {f: {e.func for e in d["train"]} for f, d in ts8.examples.items()}  # each example's program
 fams8 = list(progs)

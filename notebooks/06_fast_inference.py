@@ -70,7 +70,8 @@ import torch
 import codex_lab as cl
 from codex_lab.lessons.l06_inference import bench as bench
 from codex_lab.infer.generate import generate_ids_cached
-from codex_lab.infer.engine.loop import Engine, SamplingParams
+from codex_lab.infer.engine.loop import Engine
+from codex_lab.infer.sampling import SamplingParams
 from codex_lab.nn.accounting import kv_bytes_per_token
 from codex_lab.nn.kv_cache import make_static_caches
 import codex_lab.infer.speculative as cl_spec

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from codex_lab.lessons.l05_multitask import pretrained as pt  # noqa: E402
+from codex_lab.lessons.l05_multitask import finetune_setup as fs
 from codex_lab.parallel import run_units, unit_workers  # noqa: E402
 from codex_lab.reference import ResumableRun, provenance, save_reference  # noqa: E402
 from codex_lab.runtime import use_compute_threads  # noqa: E402
@@ -59,7 +60,7 @@ def main() -> int:
                     "(the small corpus base) or fast (a smoke run)")
     args = ap.parse_args()
     name = f"l05_plateau_{args.split}" + ("" if args.mode == "reference" else f"_{args.mode}")
-    setup = pt.setup_for(args.mode, args.split)
+    setup = fs.setup_for(args.mode, args.split)
     # the state file names the base: a run from another base never resumes this one
     args.state = args.state or str(Path.home() / ".cache" / "codex_lab" / "runs" / f"{name}_{setup.base}.json")
     run = ResumableRun(args.state, {"setup": dataclasses.asdict(setup)})

@@ -18,7 +18,8 @@ from codex_lab.infer.generate import generate_ids
 from codex_lab.infer.sampling import SamplingParams, apply_penalties, token_logprobs
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
-from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+from codex_lab.serve.app import serve_in_background
+from codex_lab.serve.router import ModelServer, ServerConfig
 
 NAME = "tiny"
 # float32 logits of one prompt computed two ways (the engine's cached decode vs one full forward)

@@ -10,7 +10,8 @@ import threading
 import pytest
 import torch
 
-from codex_lab.infer.engine.loop import Engine, SamplingParams
+from codex_lab.infer.engine.loop import Engine
+from codex_lab.infer.sampling import SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.model import CodexModel
 

@@ -6,7 +6,8 @@ attention patterns (window, strided, MoBA) and the fallback when the batched for
 import pytest
 import torch
 
-from codex_lab.infer.engine.loop import Engine, SamplingParams
+from codex_lab.infer.engine.loop import Engine
+from codex_lab.infer.sampling import SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.infer.engine.runner.eager import prefill_batch, prefill_one
 from codex_lab.infer.engine.scheduler import grow

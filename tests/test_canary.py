@@ -13,7 +13,8 @@ from codex_lab.nn.config import ModelConfig
 from codex_lab.serve.loadtest import run_load
 from codex_lab.nn.model import CodexModel
 from codex_lab.serve.registry import Registry
-from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+from codex_lab.serve.app import serve_in_background
+from codex_lab.serve.router import ModelServer, ServerConfig
 
 # TBT target 0.1 s (a bucket edge) rather than the seed's 0.02 s: this test must hold on a
 # loaded shared machine, where even the healthy model may miss 20 ms; the injected delay

@@ -11,7 +11,8 @@ import random
 import pytest
 import torch
 
-from codex_lab.infer.engine.loop import Engine, SamplingParams
+from codex_lab.infer.engine.loop import Engine
+from codex_lab.infer.sampling import SamplingParams
 from codex_lab.infer.engine.output import IncrementalText
 from codex_lab.nn.model import CodexModel
 

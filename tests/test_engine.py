@@ -6,7 +6,9 @@ import threading
 import pytest
 import torch
 
-from codex_lab.infer.engine.loop import Engine, Finished, SamplingParams
+from codex_lab.infer.engine.loop import Engine
+from codex_lab.infer.engine.scheduler import Finished
+from codex_lab.infer.sampling import SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.model import CodexModel
 

@@ -103,7 +103,8 @@ def test_transformers_stops_where_codex_lab_stops_because_of_the_export(exported
 def test_server_stops_there_too(exported):
     import httpx
 
-    from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+    from codex_lab.serve.app import serve_in_background
+    from codex_lab.serve.router import ModelServer, ServerConfig
 
     _, ck = exported
     srv = ModelServer(ck.tokenizer, ServerConfig(model_name="shipped", max_batch_size=2, max_waiting=4))
@@ -278,7 +279,8 @@ def test_llama_cpp_server_runs_the_gguf(exported):
 
     import httpx
 
-    from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+    from codex_lab.serve.app import serve_in_background
+    from codex_lab.serve.router import ModelServer, ServerConfig
     from codex_lab.serve.canary import CanaryPolicy, client_window, decide
     from codex_lab.serve.gates import run_gates
     from codex_lab.serve.loadtest import run_load

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from codex_lab.lessons.l04_moe.experiments import ffn_counts
+from codex_lab.nn.accounting import ffn_counts
 from codex_lab.lessons.l04_moe.protocol import (
     LOAD_LIMIT, NONINF_MARGIN, QUALITY_ARMS, STEP_LIMIT, arm_configs, balance_claim, cost_claim, eval_sample,
     held_out_curve, held_out_load, judge_quality, protocol_data, protocol_plan, train_arms)

@@ -7,30 +7,31 @@ import math
 import pytest
 
 from codex_lab.lessons.l05_multitask import pretrained as pt
+from codex_lab.lessons.l05_multitask import finetune_setup as fs
 from codex_lab.stats import FAILS, FAILS_AS_STATED, HOLDS, NOT_RESOLVED, UNDER_TRAINED, compare
 
-TINY = pt.PlateauSetup(large_n=12, small_n=3, d_model=16, n_layer=1, n_head=2, vocab=384, max_len=160, base_steps=4,
+TINY = fs.PlateauSetup(large_n=12, small_n=3, d_model=16, n_layer=1, n_head=2, vocab=384, max_len=160, base_steps=4,
                        base_batch=2, base_seq=32, base_files=3, batch_size=2, eval_every=2, chunk=4, min_steps=4,
                        max_steps=8, per_family=1, val_per_task=2, max_new_tokens=8, extend=0.5)
 
 
 def test_families_render_disjoint_programs_of_the_declared_sizes():
-    ts = pt.sized_taskset(pt.setup_for("fast"))
-    s = pt.setup_for("fast")
+    ts = pt.sized_taskset(fs.setup_for("fast"))
+    s = fs.setup_for("fast")
     uids = {f: {e.func for e in d["train"]} for f, d in ts.examples.items()}  # func: the program's uid
     assert {f: len(u) for f, u in uids.items()} == s.sizes() and s.sizes()["completion"] > s.sizes()["bugfix"]
     fams = list(uids)
     assert all(not uids[a] & uids[b] for i, a in enumerate(fams) for b in fams[i + 1:]), "a program is shared"
     with pytest.raises(ValueError, match="training programs"):
-        pt.sized_taskset(pt.PlateauSetup(large_n=10_000))
+        pt.sized_taskset(fs.PlateauSetup(large_n=10_000))
 
 
 def test_verdict_seeds_are_not_the_tuning_seeds():
     for mode in ("fast", "standard", "reference", "full"):
-        s = pt.setup_for(mode)
+        s = fs.setup_for(mode)
         assert not set(s.seeds) & set(s.tuning_seeds) and len(s.seeds) >= 3
     with pytest.raises(ValueError, match="tune and judge"):
-        pt.PlateauSetup(seeds=(0, 5, 6))
+        fs.PlateauSetup(seeds=(0, 5, 6))
 
 
 def test_the_size_verdict_flips_with_the_gain():
@@ -56,14 +57,14 @@ def test_the_size_verdict_flips_with_the_gain():
 
 
 def test_the_smallest_detectable_effect_shrinks_with_problems_and_seeds():
-    small = pt.detectable_effect(pt.setup_for("fast"))
-    big = pt.detectable_effect(pt.setup_for("reference"))
+    small = pt.detectable_effect(fs.setup_for("fast"))
+    big = pt.detectable_effect(fs.setup_for("reference"))
     # the reference scores every test problem of the split: 200 per family, 5 families, 3 seeds
     assert big["absolute"] < small["absolute"] and big["problems"] == 200 * 5 and math.isclose(big["p"], 0.3)
     # two-sided 5%, 80% power, paired over 3 seeds: (t_.975,2 + t_.80,2) x sqrt(2 x 0.3 x 0.7 / 1000) / sqrt(3)
     assert math.isclose(big["absolute"], (4.3027 + 1.0607) * math.sqrt(2 * 0.21 / 1000) / math.sqrt(3), rel_tol=1e-3)
     # the corpus base's first reference scored 48 problems per family: a wider detectable effect
-    assert pt.detectable_effect(pt.setup_for("reference-corpus"))["absolute"] > big["absolute"]
+    assert pt.detectable_effect(fs.setup_for("reference-corpus"))["absolute"] > big["absolute"]
 
 
 def test_a_tiny_protocol_runs_every_arm_and_withholds_the_verdicts(tmp_path, monkeypatch):

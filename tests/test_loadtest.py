@@ -12,7 +12,8 @@ from codex_lab.cli import main as cli_main
 from codex_lab.nn.config import ModelConfig
 from codex_lab.serve.loadtest import LoadReport, check_url, malformed_bodies
 from codex_lab.nn.model import CodexModel
-from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+from codex_lab.serve.app import serve_in_background
+from codex_lab.serve.router import ModelServer, ServerConfig
 
 
 

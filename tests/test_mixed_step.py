@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codex_lab.infer.engine.loop import Engine, SamplingParams
+from codex_lab.infer.engine.loop import Engine
+from codex_lab.infer.sampling import SamplingParams
 from codex_lab.infer.generate import decode_step, generate_ids
 from codex_lab.infer.engine.runner.compiled import CompiledPagedStep
 from codex_lab.nn.kv_cache import PagedKVPool

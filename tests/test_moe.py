@@ -293,7 +293,8 @@ def test_code_token_categories_and_mutual_information(small_tokenizer) -> None:
 
 def test_train_run_logs_routing_stats() -> None:
     from codex_lab.data.batches import fixed_batches
-    from codex_lab.lessons.l04_moe.experiments import ffn_counts, train_run
+    from codex_lab.lessons.l04_moe.experiments import train_run
+    from codex_lab.nn.accounting import ffn_counts
 
     tokens = torch.randint(0, 128, (2000,), generator=torch.Generator().manual_seed(0))
     cfg = small_cfg(moe_router_bias=True, moe_aux_loss_coef=0.0)

@@ -18,7 +18,8 @@ import pytest
 
 from codex_lab.infer.engine.loop import Engine
 from codex_lab.infer.engine.runner.options import served_step_options
-from codex_lab.serve.app import BackgroundServer, ModelServer, ServerConfig, create_app
+from codex_lab.serve.app import BackgroundServer, create_app
+from codex_lab.serve.router import ModelServer, ServerConfig
 from codex_lab.serve.metrics import PHASES, parse_metrics
 from codex_lab.serve.worker import COMPILE_CACHE_ENV, compile_cache_dir, use_compile_cache
 

@@ -19,8 +19,10 @@ from codex_lab.infer.generate import generate, output_text
 from codex_lab.infer.sampling import (SamplingParams, apply_repetition_penalty, min_p_filter)
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
-from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
-from codex_lab.serve.protocol import COMPLETION_FIELDS, NO_TOKEN_CAP, Limits
+from codex_lab.serve.app import serve_in_background
+from codex_lab.serve.router import ModelServer, ServerConfig
+from codex_lab.serve.protocol import COMPLETION_FIELDS
+from codex_lab.serve.api_errors import NO_TOKEN_CAP, Limits
 
 NAME = "tiny"
 CTX = 128

@@ -12,12 +12,15 @@ import pytest
 import torch
 
 from codex_lab.nn.config import ModelConfig
-from codex_lab.infer.engine.loop import Engine, SamplingParams
+from codex_lab.infer.engine.loop import Engine
+from codex_lab.infer.sampling import SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.serve.loadtest import malformed_bodies, malformed_storm, run_load
 from codex_lab.serve.metrics import parse_metrics
 from codex_lab.nn.model import CodexModel
-from codex_lab.serve.app import ModelServer, ServerConfig, check_loopback, serve_in_background
+from codex_lab.serve.app import serve_in_background
+from codex_lab.serve.router import ModelServer, ServerConfig
+from codex_lab.serve.security import check_loopback
 
 NAME = "tiny"
 

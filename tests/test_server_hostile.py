@@ -20,7 +20,8 @@ import torch
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
-from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+from codex_lab.serve.app import serve_in_background
+from codex_lab.serve.router import ModelServer, ServerConfig
 from codex_lab.serve.loadtest import malformed_bodies
 
 NAME = "tiny"

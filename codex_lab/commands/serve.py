@@ -141,7 +141,7 @@ def scrub_argv(secret: str) -> bool:
 def build_config(args: argparse.Namespace) -> "ServerConfig":  # noqa: F821
     """The :class:`~codex_lab.serve.router.ServerConfig` of the flags; InputError on a bad value."""
     from codex_lab.errors import InputError
-    from codex_lab.serve.protocol import NO_TOKEN_CAP, Limits
+    from codex_lab.serve.api_errors import NO_TOKEN_CAP, Limits
     from codex_lab.serve.router import LOOPBACK, ServerConfig
 
     if not 0 <= args.port <= 65535:
@@ -189,8 +189,9 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from codex_lab.runtime import compute_threads, get_device
-    from codex_lab.serve.app import ModelServer, check_loopback, create_app
-    from codex_lab.serve.security import uvicorn_config
+    from codex_lab.serve.app import create_app
+    from codex_lab.serve.router import ModelServer
+    from codex_lab.serve.security import check_loopback, uvicorn_config
     from codex_lab.serve.worker import use_compile_cache
 
     check_loopback(args.host)

@@ -425,5 +425,5 @@ def _write_timings(out: Path, done: list[tuple[str, str, float, str]], info: Mod
     _write_atomic(out / "timings.json", json.dumps(data, indent=2) + "\n")
 
 
-__all__ = ["ReportContext", "ReportInterrupted", "VERDICTS", "discover_sections", "plan_modes", "run_report",
-           "section_key", "select_sections", "timing_table"]
+__all__ = ["ReportContext", "ReportInterrupted", "discover_sections", "plan_modes", "run_report",
+    "section_key", "select_sections"]

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from codex_lab.data.fim import stop_token_ids
-from codex_lab.data.tokenizer import EOT, PAD, SPECIAL_TOKENS, CodeTokenizer
+from codex_lab.data.tokenizer import SPECIAL_TOKENS, CodeTokenizer
 from codex_lab.hf.llama import to_hf
 from codex_lab.nn.model import CodexModel
 
@@ -126,4 +126,4 @@ WRITTEN = ("config.json", "generation_config.json", "model.safetensors", "model.
            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "codex_lab_meta.json")
 
 
-__all__ = ["EOT", "PAD", "export_hf_folder", "special_tokens_of", "tokenizer_files"]
+__all__ = ["export_hf_folder", "special_tokens_of", "tokenizer_files"]

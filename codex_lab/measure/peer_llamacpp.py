@@ -45,8 +45,7 @@ from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.nn.int8 import quantize_int8
 from codex_lab.nn.model import CodexModel
 from codex_lab.runtime.timing import round_order
-from codex_lab.measure.llama_native import (SERVER_HINT, LlamaServer, find_llama_bench, find_llama_server,
-                                                          home_relative, install_dir, llama_bench)
+from codex_lab.measure.llama_native import find_llama_bench, home_relative, install_dir, llama_bench
 
 INSTALL_HINT = ("llama.cpp is not installed: run `bash scripts/get_llama_cpp.sh` (npm's node-llama-cpp prebuilt "
                 "binaries into ~/.cache/codex_lab/llama.cpp, a few minutes; needs Node.js >= 18 and npm)")
@@ -397,5 +396,5 @@ def bench_llama_cpp_streams(model: CodexModel, tok: CodeTokenizer, *, streams: i
     return rows
 
 
-__all__ = ["INSTALL_HINT", "LlamaCppPeer", "LlamaServer", "PEER_JS", "SERVER_HINT", "find_llama_server", "bench_llama_cpp", "bench_llama_cpp_streams", "corpus_prompts",
-           "find_node_llama_cpp", "install_dir", "stream_prompts"]
+__all__ = ["INSTALL_HINT", "LlamaCppPeer", "PEER_JS", "bench_llama_cpp", "bench_llama_cpp_streams",
+    "corpus_prompts", "find_node_llama_cpp", "stream_prompts"]

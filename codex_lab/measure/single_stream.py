@@ -143,7 +143,8 @@ class _Served:
     def __init__(self, model: CodexModel, tok: CodeTokenizer, slots: int, compile: bool, prompt: list[int],
                  n: int) -> None:
         from codex_lab.infer.engine.loop import Engine
-        from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+        from codex_lab.serve.app import serve_in_background
+        from codex_lab.serve.router import ModelServer, ServerConfig
         from codex_lab.serve.compiled import compiled_engine
 
         def factory(m: Any, t: Any, **kw: Any) -> Any:

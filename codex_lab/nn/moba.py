@@ -36,7 +36,7 @@ from torch import Tensor
 from codex_lab.nn.attention import attention_reference
 from codex_lab.nn.patterns import MoBA, parse_pattern
 
-__all__ = ["MoBA", "moba_select", "moba_mask", "moba_attention", "moba_density", "moba_top_k_for_density"]
+__all__ = ["moba_select", "moba_mask", "moba_attention", "moba_density", "moba_top_k_for_density"]
 
 IMPLS = ("reference", "fast")
 

@@ -58,7 +58,7 @@ from codex_lab.nn.sparse_native import NativeTable, native_backward, native_forw
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
-__all__ = ["fast_available", "fast_plan", "sparse_fast", "fast_pairs"]
+__all__ = ["fast_available", "sparse_fast", "fast_pairs"]
 
 
 # temporaries of one flash call (its gathered keys, its outputs and gradients) stay under

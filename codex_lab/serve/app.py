@@ -55,14 +55,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from codex_lab.serve.batch import serve_completion
 from codex_lab.serve.completion import AsciiJSONResponse
-from codex_lab.serve.protocol import (TOKENIZE_FIELDS, ApiError, check_capacity, check_fields, parse_completion,
-                                     parse_json, valid_text)
+from codex_lab.serve.protocol import TOKENIZE_FIELDS, check_capacity, parse_completion
+from codex_lab.serve.api_errors import ApiError, check_fields, parse_json, valid_text
 from codex_lab.serve.router import ModelServer, ServerConfig
-from codex_lab.serve.security import LOOPBACK, Guard, check_loopback, read_body, uvicorn_config
-from codex_lab.serve.worker import EngineWorker, WorkerClosed
+from codex_lab.serve.security import Guard, check_loopback, read_body, uvicorn_config
 
-__all__ = ["BackgroundServer", "EngineWorker", "LOOPBACK", "ModelServer", "ServerConfig", "WorkerClosed",
-           "check_loopback", "create_app", "readiness", "serve_in_background"]
+__all__ = ["BackgroundServer", "create_app", "readiness", "serve_in_background"]
 
 
 def readiness(server: ModelServer) -> dict[str, Any]:

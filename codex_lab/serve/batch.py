@@ -26,7 +26,8 @@ from fastapi.responses import StreamingResponse
 
 from codex_lab.serve.completion import AsciiJSONResponse, Run, _dumps, start
 from codex_lab.serve.logprobs import merge_wire, prompt_logprobs, wire_logprobs
-from codex_lab.serve.protocol import ApiError, CompletionRequest
+from codex_lab.serve.protocol import CompletionRequest
+from codex_lab.serve.api_errors import ApiError
 from codex_lab.serve.router import ModelServer
 
 

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from codex_lab.serve.app import ModelServer
+from codex_lab.serve.router import ModelServer
 
 
 @dataclass

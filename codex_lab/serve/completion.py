@@ -37,7 +37,9 @@ from codex_lab.infer.generate import answer_end_ids, output_text
 from codex_lab.infer.sampling import SamplingParams
 from codex_lab.infer.engine.output import IncrementalText
 from codex_lab.serve.logprobs import _SCORE_LOCK, cumulative_logprob, wire_logprobs
-from codex_lab.serve.protocol import ApiError, CompletionRequest, safe_text, wire_finish
+from codex_lab.serve.protocol import CompletionRequest
+from codex_lab.serve.api_errors import ApiError
+from codex_lab.serve.output_text import safe_text, wire_finish
 from codex_lab.serve.router import ModelServer
 from codex_lab.serve.worker import EngineWorker, Live, WorkerClosed
 

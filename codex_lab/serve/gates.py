@@ -361,7 +361,8 @@ def engine_completer(model, tokenizer, *, max_batch_size: int = 8, step_delay_s:
     deliberately slow candidate for demonstrations and tests)."""
     import time
 
-    from codex_lab.infer.engine.loop import Engine, SamplingParams
+    from codex_lab.infer.engine.loop import Engine
+    from codex_lab.infer.sampling import SamplingParams
 
     def complete(prompts: Sequence[str], max_tokens: int) -> list[Sample]:
         eng = Engine(model, tokenizer, max_batch_size=max_batch_size)

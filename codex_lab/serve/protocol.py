@@ -20,9 +20,7 @@ from typing import Any
 
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.sampling import MAX_LOGPROBS, REPETITION_PENALTY_RANGE, SamplingParams
-from codex_lab.serve.api_errors import (NO_TOKEN_CAP, ApiError, Limits, _brief, _number, _typed, check_fields, parse_json,
-                                       valid_text)
-from codex_lab.serve.output_text import safe_text, wire_finish
+from codex_lab.serve.api_errors import NO_TOKEN_CAP, ApiError, Limits, _brief, _number, _typed, check_fields, valid_text
 
 # the body fields of POST /v1/completions: OpenAI's, then vLLM's sampling extensions served here
 COMPLETION_FIELDS = (
@@ -336,8 +334,5 @@ def _fim_prompts(body: dict[str, Any], prompts: list[list[int]], suffix: Any, to
         raise ApiError(400, f"'prompt' or 'suffix': {exc}", param="suffix") from None
 
 
-__all__ = [
-    "COMPLETION_FIELDS", "MAX_STOP_TOKEN_IDS", "NO_TOKEN_CAP", "SEED_MAX", "SEED_MIN", "TOKENIZE_FIELDS", "ApiError",
-    "CompletionRequest", "Limits", "check_capacity", "check_fields", "parse_completion", "parse_json", "safe_text",
-    "valid_text", "wire_finish",
-]
+__all__ = ["COMPLETION_FIELDS", "MAX_STOP_TOKEN_IDS", "SEED_MAX", "SEED_MIN", "TOKENIZE_FIELDS",
+    "CompletionRequest", "check_capacity", "parse_completion"]

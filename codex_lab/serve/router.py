@@ -14,7 +14,7 @@ from typing import Any, Callable
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.errors import InputError
 from codex_lab.serve.metrics import ServerMetrics
-from codex_lab.serve.protocol import ApiError, Limits
+from codex_lab.serve.api_errors import ApiError, Limits
 from codex_lab.serve.security import LOOPBACK
 from codex_lab.serve.worker import EngineWorker
 

@@ -26,7 +26,7 @@ import asyncio
 import hmac
 from typing import Any, Awaitable, Callable, Iterable
 
-from codex_lab.serve.protocol import ApiError
+from codex_lab.serve.api_errors import ApiError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 Scope = dict[str, Any]

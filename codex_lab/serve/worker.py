@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.sampling import SamplingParams
-from codex_lab.serve.protocol import ApiError, CompletionRequest
+from codex_lab.serve.protocol import CompletionRequest
+from codex_lab.serve.api_errors import ApiError
 
 
 # the compiled decode graphs' on-disk cache (Inductor's FX graph cache and its kernels)

@@ -32,7 +32,7 @@ from codex_lab.data.tokenizer import ANSWER, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX,
 from codex_lab.evals.codebench2.dsl import Program
 from codex_lab.evals.codebench2.inputs import example_inputs
 from codex_lab.evals.codebench2.oracle import hidden_tests, killing_input, mutants
-from codex_lab.evals.codebench2.splits import PARTS, PROGRAM_SPLITS, SPLITS, bucket, check_split, programs
+from codex_lab.evals.codebench2.splits import PARTS, PROGRAM_SPLITS, bucket, check_split, programs
 
 FAMILIES: tuple[str, ...] = ("completion", "bugfix", "testgen", "translate", "fim")
 LEGACY_FAMILIES: tuple[str, ...] = ("completion", "bugfix", "testgen", "fim")
@@ -304,6 +304,6 @@ def sizes() -> dict[str, dict[str, int]]:
     return out
 
 
-__all__ = ["FAMILIES", "LEGACY_FAMILIES", "SPLITS", "Problem", "make_problem", "load_problems", "canonical_completions",
-           "wrong_completions", "task_example", "training_tasks", "sizes", "check_families", "python_tests",
-           "js_harness", "shown_mutant"]
+__all__ = ["FAMILIES", "LEGACY_FAMILIES", "Problem", "make_problem", "load_problems", "canonical_completions",
+    "wrong_completions", "task_example", "training_tasks", "sizes", "check_families", "python_tests",
+    "js_harness", "shown_mutant"]

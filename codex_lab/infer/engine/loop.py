@@ -47,13 +47,12 @@ from codex_lab.infer.engine.runner.mixed import mixed_step
 from codex_lab.infer.engine.runner.compiled import CompiledPagedStep
 from codex_lab.infer.engine.runner.eager import decode_next, prefill_batch, prefill_one
 from codex_lab.infer.sampling import GREEDY_BELOW, SamplingParams, batched_probs, sample_next, token_logprobs
-from codex_lab.infer.engine.scheduler import (FINISH_REASONS, Finished, Request, TokenCallback, admit, expired, grow,
-                                              kv_stats)
+from codex_lab.infer.engine.scheduler import Finished, Request, TokenCallback, admit, expired, grow, kv_stats
 from codex_lab.infer.engine.output import IncrementalText, cut_at_stop, streamable
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
 
-__all__ = ["Engine", "Finished", "SamplingParams", "FINISH_REASONS", "TokenCallback"]
+__all__ = ["Engine"]
 
 
 class Engine:

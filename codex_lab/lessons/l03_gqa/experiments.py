@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 
 from codex_lab.lessons.l03_gqa.bench import decode_tokens_per_s
-from codex_lab.nn.accounting import kv_bytes_per_token, kv_cache_bytes, kv_saving, measured_cache_bytes
+from codex_lab.nn.accounting import kv_bytes_per_token
 from codex_lab.nn.model import CodexModel
-from codex_lab.nn.surgery import mean_pool_heads, mha_to_gqa
+from codex_lab.nn.surgery import mha_to_gqa
 from codex_lab.stats import Comparison, holm, judge_trained, noninferiority
 from codex_lab.training.evaluate import val_loss
 from codex_lab.lessons.l03_gqa.sizes import ProtocolSizes, protocol_rates, schedule
@@ -40,12 +40,9 @@ from codex_lab.training.curves import heldout_windows, small_vocab_streams
 from codex_lab.training.curves import train_curve as _train_curve
 from codex_lab.training.pretrain import uptrain
 
-__all__ = [
-    "MARGIN_NATS", "MIN_CHANGE_NATS", "ProtocolRun", "ProtocolVerdicts",
-    "decode_tokens_per_s", "group_size_experiment", "heldout_sample", "kv_bytes_per_token", "kv_cache_bytes", "kv_saving",
-    "mean_pool_heads", "measured_cache_bytes", "mha_to_gqa", "plot_protocol", "protocol_data", "protocol_table",
-    "protocol_states", "protocol_verdicts", "run_protocol_seed", "train_curve", "uptrain", "val_loss",
-]
+__all__ = ["MARGIN_NATS", "MIN_CHANGE_NATS", "ProtocolRun", "ProtocolVerdicts", "group_size_experiment",
+    "heldout_sample", "plot_protocol", "protocol_data", "protocol_table", "protocol_states",
+    "protocol_verdicts", "run_protocol_seed", "train_curve"]
 
 
 def group_size_experiment(

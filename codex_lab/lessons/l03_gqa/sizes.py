@@ -108,7 +108,12 @@ PROTOCOL_SIZES: dict[str, ProtocolSizes] = {
     # flat (+0.002 to +0.003). Uptraining: the paper's alpha = 0.05 (150 steps) left the g = 2 and 4 arms still
     # falling 0.014-0.018 per quarter at uptraining rates of 3e-4, 5e-4 and 1e-3, so standard mode uptrains
     # alpha = 0.1 (300 steps), inside the range the paper studies (Ainslie et al. 2023, Fig. 6: 0 to 0.2);
-    # there g = 1, 2, 4 were flat (+0.004 to +0.010) and g = 8 nearly (+0.012). 4 seeds: two rounds of two
+    # there g = 1, 2, 4 were flat (+0.004 to +0.010) and g = 8 nearly (+0.012). Those measurements held the
+    # tails at lr / 30 (pre-training) and lr / 10 (uptraining), where a curve flattens because the rate has
+    # decayed (rule 6). At half the peak, on the tuning seeds 0-2 (`python scripts/tune_schedules.py --section
+    # 03`, 2026-12-07, under load) every arm is still learning: projected change +0.008 to +0.049 nats per
+    # quarter (the base +0.026, uptrained g = 4 +0.038), 95% bounds +0.038 to +0.075 against 0.01; so this
+    # mode gives "under-trained: no verdict" until a budget passes that check. 4 seeds: two rounds of two
     # worker processes, the same wall time as 3.
     "standard": ProtocolSizes(d_model=32, n_layer=2, n_head=8, seq_len=32, batch_size=16, pretrain_steps=3000,
                               uptrain_steps=300, lr=3e-3, uptrain_lr=1e-3, warmup=100, eval_every=150,

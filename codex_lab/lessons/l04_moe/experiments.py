@@ -212,7 +212,5 @@ def shuffled_mutual_information(counts: Tensor, seed: int = 0) -> float:
     return mutual_information(shuffled)
 
 
-__all__ = [
-    "CATEGORIES", "RunResult", "char_categories", "expert_by_category", "ffn_counts",
-    "mutual_information", "shuffled_mutual_information", "token_categories", "train_run", "val_loss",
-]
+__all__ = ["CATEGORIES", "RunResult", "char_categories", "expert_by_category", "mutual_information",
+    "shuffled_mutual_information", "token_categories", "train_run"]

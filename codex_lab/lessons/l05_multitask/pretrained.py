@@ -36,8 +36,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from codex_lab.lessons.l05_multitask.finetune_setup import (ARMS, BALANCED, FLOOR, STATED, PlateauSetup, pretrain_base,
-                                                           setup_for, sized_taskset, test_problems, tokenizer)
+from codex_lab.lessons.l05_multitask.finetune_setup import (ARMS, FLOOR, STATED, PlateauSetup, pretrain_base, sized_taskset,
+                                                           test_problems, tokenizer)
 from codex_lab.parallel import run_units
 from codex_lab.stats import (DID_NOT_LEARN, FAILS, FAILS_AS_STATED, HOLDS, NO_VERDICT, NOT_RESOLVED, Comparison,
                              compare, judge_trained, t_quantile)
@@ -275,5 +275,5 @@ def run_protocol(setup: PlateauSetup, *, log: Callable[[str], None] | None = Non
     return res
 
 
-__all__ = ["ARMS", "BALANCED", "FLOOR", "STATED", "PlateauResults", "floor_verdict", "PlateauSetup", "detectable_effect", "relative_gain_verdict",
-           "run_arm", "run_protocol", "setup_for", "size_position"]
+__all__ = ["PlateauResults", "floor_verdict", "detectable_effect", "relative_gain_verdict", "run_arm",
+    "run_protocol", "size_position"]

@@ -69,16 +69,17 @@ def plateau_lines(ctx: Any) -> list[str]:
     claims' verdicts, labelled with their provenance, and the report says whether the live run
     agrees."""
     from codex_lab.lessons.l05_multitask import pretrained as pt
+    from codex_lab.lessons.l05_multitask import finetune_setup as fs
     from codex_lab.reference import describe_provenance, load_reference
     from codex_lab.training_state import states_text
 
-    setup = pt.setup_for("fast" if ctx.mode == "fast" else ("full" if ctx.mode == "full" else "standard"))
+    setup = fs.setup_for("fast" if ctx.mode == "fast" else ("full" if ctx.mode == "full" else "standard"))
     mde = pt.detectable_effect(setup)
     out = ["### The claims as stated: one pretrained model, fine-tuned per arm to its plateau", "",
            f"Design ({ctx.mode} mode): {setup.describe()}.", "",
            f"Before the run: the smallest pass@1 difference this design detects (two-sided 5%, 80% power, paired by "
            f"seed, no shared noise assumed: an upper bound) is {mde['absolute']:.3f}, {mde['relative']:.0%} relative at "
-           f"pass@1 {mde['p']:g}; the claim is +{pt.STATED[0]:.0%} to +{pt.STATED[1]:.0%}.", ""]
+           f"pass@1 {mde['p']:g}; the claim is +{fs.STATED[0]:.0%} to +{fs.STATED[1]:.0%}.", ""]
     res = pt.run_protocol(setup)
     size, gain, size_v = res.size_claim()
     small = res.small_claim()
@@ -127,9 +128,10 @@ def reference_results(d: dict[str, Any]) -> Any:
     """The shipped plateau reference's arms as :class:`~codex_lab.lessons.l05_multitask.pretrained.PlateauResults`
     (its states re-judged by today's rule), at the reference sizes it states."""
     from codex_lab.lessons.l05_multitask import pretrained as pt
+    from codex_lab.lessons.l05_multitask import finetune_setup as fs
 
     for mode in ("reference", "reference-corpus"):  # the shipped base's sizes, or the first run's corpus base
-        setup = pt.setup_for(mode, d["split"])
+        setup = fs.setup_for(mode, d["split"])
         if setup.describe() == d["setup"]:
             return pt.PlateauResults(setup, d["arms"])
     raise ValueError(f"the shipped l05_plateau_{d['split']} reference was run at other sizes ({d['setup']}); "

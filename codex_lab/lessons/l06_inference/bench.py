@@ -15,7 +15,9 @@ import numpy as np
 import torch
 
 from codex_lab.infer.generate import compiled_forward, generate_batch_cached, generate_ids_cached
-from codex_lab.infer.engine.loop import Engine, Finished, SamplingParams
+from codex_lab.infer.engine.loop import Engine
+from codex_lab.infer.engine.scheduler import Finished
+from codex_lab.infer.sampling import SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.infer.engine.runner.options import freeze_long_lived, served_step_options
 from codex_lab.nn.model import CodexModel

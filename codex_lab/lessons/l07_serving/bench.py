@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from codex_lab.runtime import compute_threads, round_order
     from codex_lab.serve.loadtest import run_load, run_load_in_process
     from codex_lab.infer.engine.runner.options import freeze_long_lived
-    from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+    from codex_lab.serve.app import serve_in_background
+    from codex_lab.serve.router import ModelServer, ServerConfig
 
     compiled = bool(getattr(args, "compiled", False))
     prefill = getattr(args, "prefill", "step")

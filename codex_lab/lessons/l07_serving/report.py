@@ -32,7 +32,8 @@ def run(ctx) -> str:  # noqa: ANN001
     from codex_lab.serve.metrics import peak_memory_bytes
     from codex_lab.serve.registry import Registry
     pick = ctx.pick  # sizes for the run's mode
-    from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+    from codex_lab.serve.app import serve_in_background
+    from codex_lab.serve.router import ModelServer, ServerConfig
 
     threads = torch.get_num_threads()
     # the math threads are the report's (course.report runs each section under

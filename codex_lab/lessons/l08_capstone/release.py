@@ -40,7 +40,8 @@ def canary_release(
     from codex_lab.serve.canary import CanaryController, CanaryPolicy
     from codex_lab.serve.loadtest import run_load
     from codex_lab.serve.registry import Registry
-    from codex_lab.serve.app import ModelServer, ServerConfig, serve_in_background
+    from codex_lab.serve.app import serve_in_background
+    from codex_lab.serve.router import ModelServer, ServerConfig
 
     reg = Registry(registry_root)
     v_base = reg.add(baseline, tokenizer, note="capstone baseline: plain dense MHA, same training budget")
