@@ -95,3 +95,34 @@ def test_every_public_name_resolves():
         importlib.import_module(f"codex_lab.{m.name}")
     shadowed = [n for n in codex_lab.__all__ if isinstance(getattr(codex_lab, n), types.ModuleType)]
     assert not shadowed, f"public names shadowed by a submodule of the same name: {shadowed}"
+
+
+def test_a_module_exports_only_what_it_defines():
+    """No module but a package's __init__ re-exports: every name in a module's __all__ is defined
+    there (a function, class or assignment), so a name has one import path, its home. The
+    counterfactual: a module listing an imported name is named with its home."""
+    import ast
+
+    def reexports(source: str) -> list[tuple[str, str]]:
+        tree = ast.parse(source)
+        defined, imported, names = set(), {}, []
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for tg in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(tg, ast.Name):
+                        defined.add(tg.id)
+                        if tg.id == "__all__":
+                            names = [e.value for e in node.value.elts]
+            elif isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    imported[a.asname or a.name] = node.module
+        return [(n, imported[n]) for n in names if n not in defined and n in imported]
+
+    assert reexports("from a.b import x\n__all__ = ['x', 'y']\ny = 1\n") == [("x", "a.b")]
+    pkg = ROOT / "codex_lab"
+    bad = [f"{p.relative_to(pkg.parent)}: {n} (defined in {home})" for p in sorted(pkg.rglob("*.py"))
+           if p.name != "__init__.py" for n, home in reexports(p.read_text(encoding="utf-8"))]
+    assert not bad, "re-exported names: import them from where they are defined, and drop them from __all__:\n" + \
+        "\n".join(bad)
