@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from codex_lab.data.longrange import RecallTask
 from codex_lab.nn.patterns import parse_pattern
+from codex_lab.training.preregistration import Preregistered
 
 
 # the sparse arms' window and far-link spacing at N = 128 (the article's 64-128 / 16-32 at 1-2k tokens,
@@ -84,7 +85,7 @@ def arms_for(mode: str, n_layer: int | None = None, cfg: "RecallConfig | None" =
 
 
 @dataclass(frozen=True)
-class RecallConfig:
+class RecallConfig(Preregistered):
     """One experiment's sizes: model, task, training, evaluation, seeds.
 
     ``fast_config()`` (CI: too short to converge; the training-state rule says so),
@@ -120,18 +121,6 @@ class RecallConfig:
     window: int = WINDOW  # the sparse arms' window (tokens)
     stride: int = STRIDE  # their far links' spacing (tokens)
     wide_window: int = WIDE  # the window-only arm's window: the density of window + stride
-
-    def __post_init__(self) -> None:
-        both = sorted(set(self.seeds) & set(self.tuning_seeds))
-        if both:
-            raise ValueError(f"seeds {both} tuned the sizes and would judge the verdict too: choose verdict seeds "
-                             f"outside the tuning seeds {self.tuning_seeds}")
-
-    @property
-    def preregistration(self) -> str:
-        """Which seeds tuned the sizes and which judge the verdicts, for the report."""
-        return (f"sizes, rate and warm-up tuned on seeds {', '.join(map(str, self.tuning_seeds))}; verdicts judged on "
-                f"seeds {', '.join(map(str, self.seeds))}")
 
     @property
     def specs(self) -> dict[str, str]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from codex_lab.training.loop import LoopConfig, rates_at
+from codex_lab.training.preregistration import Preregistered
 from codex_lab.training_state import held_floor
 
 UPTRAIN_SHARE = 0.05  # uptraining steps / pre-training steps (Ainslie et al.: alpha = 0.05)
@@ -23,7 +24,7 @@ UPTRAIN_SHARES = {"fast": 0.05, "standard": 0.1, "full": UPTRAIN_SHARE}
 
 
 @dataclass(frozen=True)
-class ProtocolSizes:
+class ProtocolSizes(Preregistered):
     """The geometry and budget of the GQA quality protocol in one mode.
 
     Model: ``n_layer`` layers of width ``d_model`` with ``n_head`` query heads (8, so g = 8 is
@@ -62,12 +63,6 @@ class ProtocolSizes:
     flat_share: float = 0.0
     tuning_seeds: tuple[int, ...] = (0, 1, 2)
 
-    def __post_init__(self) -> None:
-        both = sorted(set(self.seeds) & set(self.tuning_seeds))
-        if both:
-            raise ValueError(f"seeds {both} tuned the sizes and would judge the verdict too: choose verdict seeds "
-                             f"outside the tuning seeds {self.tuning_seeds}")
-
     @property
     def min_lr(self) -> float:
         """The pre-training cosine's floor, held over its tail: half of ``lr`` (rule 6's share)."""
@@ -77,12 +72,6 @@ class ProtocolSizes:
     def uptrain_min_lr(self) -> float:
         """The uptraining cosine's floor, held over its tail: half of ``uptrain_lr``."""
         return held_floor(self.uptrain_lr)
-
-    @property
-    def preregistration(self) -> str:
-        """Which seeds tuned the sizes and which judge the verdicts, for the report."""
-        return (f"sizes and rates tuned on seeds {', '.join(map(str, self.tuning_seeds))}; verdicts judged on seeds "
-                f"{', '.join(map(str, self.seeds))}")
 
     def describe(self) -> str:
         """One line for the lesson and the report."""

@@ -39,6 +39,7 @@ from codex_lab.runtime import interleaved_times
 from codex_lab.stats import (FAILS_AS_STATED, UNDER_TRAINED, Comparison, TimingRatio, check_stated, compare, holm,
                              judge_trained, noninferiority, timing_ratio)
 from codex_lab.training.loop import LoopConfig, rates_at
+from codex_lab.training.preregistration import Preregistered
 from codex_lab.training_state import TrainingState, held_floor, training_state
 
 
@@ -297,7 +298,7 @@ def cost_claim(stored_ratio: float, wall: Mapping[str, Sequence[float]], *, limi
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(Preregistered):
     """The sizes of the quality protocol in one mode (see :func:`protocol_plan`).
 
     ``vocab``: BPE vocabulary trained on the ``files`` files (every n-th file of the corpus);
@@ -333,23 +334,11 @@ class Plan:
     flat_share: float = 0.0
     tuning_seeds: tuple[int, ...] = (0, 1, 2)
 
-    def __post_init__(self) -> None:
-        both = sorted(set(self.seeds) & set(self.tuning_seeds))
-        if both:
-            raise ValueError(f"seeds {both} tuned the sizes and would judge the verdict too: choose verdict seeds "
-                             f"outside the tuning seeds {self.tuning_seeds}")
-
     @property
     def min_lr(self) -> float:
         """The cosine's floor, held over the last ``flat_share``: half of ``lr`` (rule 6's share,
         :func:`codex_lab.training_state.held_floor`), so the tail the rule judges can still move the model."""
         return held_floor(self.lr)
-
-    @property
-    def preregistration(self) -> str:
-        """Which seeds tuned the sizes and which judge the verdicts, for the report."""
-        return (f"sizes and rates tuned on seeds {', '.join(map(str, self.tuning_seeds))}; verdicts judged on seeds "
-                f"{', '.join(map(str, self.seeds))}")
 
     def describe(self) -> str:
         """One sentence: the geometry and the training budget."""
