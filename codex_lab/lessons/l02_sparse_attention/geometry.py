@@ -105,6 +105,11 @@ class RecallConfig(Preregistered):
     n_head: int = 4  # 4 heads of 16: single-seed probes learned the strided relay with 4 (0.87 at 1000 steps), not 2
     ffn_hidden: int = 64
     batch: int = 16
+    # 1200 steps, the cosine ending at half the peak rate (held_floor). On the tuning seeds 0-2
+    # (`python scripts/tune_schedules.py --section 02`, 2026-12-07, under load): window + stride
+    # trained; window and "sparse early, dense deep" just short (bounds +0.0203 and +0.0206 against
+    # 0.02); dense and "dense early, sparse deep" still learning (+0.022 accuracy per quarter). So
+    # this mode's verdicts that need dense give "under-trained: no verdict" until a budget passes.
     steps: int = 1200
     lr: float = 3e-3  # 6e-3 converged slower or stalled at chance in the window + stride probes
     # 150 warm-up steps (12.5%): with 30, one seed in three of window + stride stalled at 0.75 at
