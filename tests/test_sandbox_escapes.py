@@ -392,10 +392,13 @@ def test_concurrent_runs_share_no_lockable_file_under_etc():
     or of the other run, and an exclusive flock held by one never blocks the other."""
     import json
 
-    for hold in (4, 20):  # a machine too loaded to overlap the runs within 4 s gets a second, longer try
+    # a machine too loaded to overlap the runs within 4 s gets longer tries: on 2 cores beside a
+    # training and a suite, two sandboxes started together once began more than 20 s apart
+    # (2026-12-07); a hold is only waited out when the runs failed to overlap
+    for hold in (4, 20, 60):
         out: dict[str, object] = {}
         runs = [threading.Thread(target=lambda n=n: out.__setitem__(n, run_python(
-            ETC_PROBE.format(hold=hold), guard=False, timeout_s=hold + 60))) for n in "AB"]
+            ETC_PROBE.format(hold=hold), guard=False, timeout_s=hold + 120))) for n in "AB"]
         for t in runs:
             t.start()
         for t in runs:
