@@ -46,6 +46,14 @@ def tok() -> CodeTokenizer:
     return train_tokenizer(load_corpus(max_files=10).texts("train"), vocab_size=300)
 
 
+# How long a test waits for a background compile (or a phase that follows one): a guard against
+# a compile that never ends, not a speed goal (a compile's time belongs to the benchmarks).
+# Dynamo tracing every bucket of the served step took more than 120 s on 2 cores at a load of
+# 8-10 (a clean-clone suite run beside a training and two other test processes, 2026-12-07); a
+# healthy compile ends far sooner, and every wait returns as soon as its condition holds.
+COMPILE_HANG_S = 900
+
+
 def seeded_model(tok: CodeTokenizer, **kw) -> CodexModel:
     """A tiny model (seed 0, eval mode) over ``tok``'s vocabulary; ``kw`` override the config."""
     torch.manual_seed(0)

@@ -15,14 +15,7 @@ from codex_lab.infer.sampling import SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.model import CodexModel
 
-from conftest import seeded_model, tiny_config
-
-# How long a test waits for the background compile: a guard against one that never ends, not a
-# speed goal (a compile's time belongs to the benchmarks). Dynamo tracing every bucket of the
-# served step took more than 120 s on 2 cores at a load of 8-10 (a clean-clone suite run beside a
-# training and two other test processes, 2026-12-07), so the guard is 900 s; a healthy compile
-# ends far sooner and the test goes on as soon as it does.
-HANG_S = 900
+from conftest import COMPILE_HANG_S as HANG_S, seeded_model, tiny_config
 
 
 def _run(eng: Engine, prompts: list[list[int]], n: int = 10) -> list[list[int]]:

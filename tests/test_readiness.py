@@ -23,7 +23,7 @@ from codex_lab.serve.router import ModelServer, ServerConfig
 from codex_lab.serve.metrics import PHASES, parse_metrics
 from codex_lab.serve.worker import COMPILE_CACHE_ENV, compile_cache_dir, use_compile_cache
 
-from conftest import seeded_model
+from conftest import COMPILE_HANG_S, seeded_model
 
 NAME = "tiny"
 BODY = {"model": NAME, "prompt": "def f(x):\n", "max_tokens": 4, "temperature": 0}
@@ -41,7 +41,7 @@ def gated_factory(gate: threading.Event, *, fail: bool = False, steps: list | No
             if threading.current_thread().name == "codex-lab-compile":
                 calls.append(1)
                 if len(calls) > 1:
-                    gate.wait(900)  # the test sets it; the bound only keeps a failed test from hanging
+                    gate.wait(COMPILE_HANG_S)  # the test sets it; the bound only keeps a failed test from hanging
             return compiled(*a, **k)
 
         def broken(*a, **k):
@@ -70,10 +70,8 @@ def phase_gauge(url: str) -> tuple[dict[str, float], dict[str, float], dict[str,
     return one_hot, done, total
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 900.0) -> None:
-    """Poll ``cond`` until it holds. ``timeout`` guards against a phase that never comes (a hung
-    compile), not a speed goal: the background compile it waits for took over 120 s on 2 cores
-    under a load of 8-10 (2026-12-07), so 900 s; a healthy run moves on as soon as ``cond`` holds."""
+def wait_for(cond: Callable[[], bool], timeout: float = COMPILE_HANG_S) -> None:
+    """Poll ``cond`` until it holds; ``timeout`` is a hang guard (conftest.COMPILE_HANG_S)."""
     t0 = time.time()
     while not cond():
         assert time.time() - t0 < timeout, "timed out"
