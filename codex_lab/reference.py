@@ -178,15 +178,22 @@ def rejudge(data: Mapping[str, Any]) -> list[Any] | None:
     """Every arm's training state, judged again from the shipped curves by today's rule
     (:func:`codex_lab.training_state.training_state`, with the metric's direction, ``min_change``
     and chance recorded in ``data["metric"]``, and the learning rate at each evaluation where
-    ``data["rates"]`` records it); None when the data records no metric."""
+    ``data["rates"]`` records it); None when the data records no metric. Curves the data names
+    in ``data["unjudged"]`` are drawn, not judged: a fixed-budget phase (a pre-training) that an
+    arm continues to its own plateau is not an arm a verdict needs at one."""
     from codex_lab.training_state import training_state
 
     m = data.get("metric")
     if not m or "curves" not in data:
         return None
     rates = data.get("rates") or {}  # the learning rate at each evaluation, where the run recorded it
+    skip = set(data.get("unjudged") or ())
+    unknown = skip - set(data["curves"])
+    if unknown:
+        raise InputError(f"the reference names unjudged curves it does not hold: {sorted(unknown)}; regenerate it")
     return [training_state(c, higher_is_better=bool(m["higher_is_better"]), min_change=float(m["min_change"]),
-                           chance=m.get("chance"), arm=arm, rates=rates.get(arm)) for arm, c in data["curves"].items()]
+                           chance=m.get("chance"), arm=arm, rates=rates.get(arm))
+            for arm, c in data["curves"].items() if arm not in skip]
 
 
 # the budget-extension check of a fixed-budget run: every arm again on one and a half times its steps (the

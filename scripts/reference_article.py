@@ -11,8 +11,11 @@ the mechanism itself to the sizes the article names, with the model kept small e
   about half of the causal pairs (the article's 1-2k-token sequences keep a tenth): the reach,
   not the saving, is what this run measures.
 - ``03``: GQA with group sizes 1-8 on 8 query heads (the article's 4-8), heads twice as wide and
-  sequences twice as long as the standard run (width 64, 64 tokens).
-- ``04``: MoE with 16 experts, top-4 (the article's 8-16, top 2-4), on 64-token windows.
+  sequences twice as long as the standard run (width 64, 64 tokens); an MHA pre-training, then
+  every g (the MHA control g = 1 too) uptrained to its own plateau
+  (:mod:`codex_lab.lessons.l03_gqa.plateau`).
+- ``04``: MoE with 16 experts, top-4 (the article's 8-16, top 2-4), on 64-token windows; every
+  arm from scratch to its own plateau (:mod:`codex_lab.lessons.l04_moe.plateau`).
 - ``08``: the capstone's designs at the article's sizes: window 64 sparse deep layers, GQA with
   group 4 (8 query heads, 2 K/V heads), 8 experts top-2, on 256-token windows.
 
@@ -51,6 +54,7 @@ from codex_lab.runtime import use_compute_threads  # noqa: E402
 from codex_lab.training.loop import rates_at  # noqa: E402
 
 SECTIONS = ("02", "03", "04", "08")
+FIXED_BUDGET = ("02",)  # the others train each arm to its plateau and check its extension themselves
 
 
 def _pack(obj: Any) -> str:
@@ -96,81 +100,86 @@ def _curves(points: Sequence[Sequence[tuple[float, float]]], offset: float = 0.0
 # --- lesson 03 -------------------------------------------------------------------------------
 
 def sizes_03() -> Any:
+    from codex_lab.lessons.l03_gqa.plateau import PlateauPlan
     from codex_lab.lessons.l03_gqa.sizes import PROTOCOL_SIZES
 
-    # heads of width 8 (the standard run's 4 are far narrower than real models') on 64 tokens
-    return dataclasses.replace(PROTOCOL_SIZES["standard"], d_model=64, seq_len=64)
+    # heads of width 8 (the standard run's 4 are far narrower than real models') on 64 tokens; every g
+    # uptrained to its plateau (judged every 100 steps, held-out loss every 25), at least the fixed
+    # protocol's 300 uptraining steps, cap 8,000: at half the peak rate the fixed 300 left every arm
+    # still learning (the tuning runs, lessons/l03_gqa/sizes.py)
+    sizes = dataclasses.replace(PROTOCOL_SIZES["standard"], d_model=64, seq_len=64, uptrain_eval_every=25)
+    return sizes, PlateauPlan(chunk=100, min_steps=300, max_steps=8000)
 
 
-def section_03(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
+def section_03(run: ResumableRun, corpus: Any, cfg: Any) -> dict[str, Any]:
     from codex_lab.lessons.l03_gqa import experiments as gqa
-    from codex_lab.lessons.l03_gqa.sizes import protocol_rates
+    from codex_lab.lessons.l03_gqa import plateau as p3
 
-    runs = seed_runs(run, gqa.run_protocol_seed, s, *gqa.protocol_data(corpus, s))
-    v = gqa.protocol_verdicts(runs, sizes=s)
-    table = gqa.protocol_table(runs)
-    up_steps = [st for st, _ in runs[0].uptrain[sorted(runs[0].uptrain)[0]]]
-    pre_rates, up_rates = protocol_rates(s, [st for st, _ in runs[0].base], up_steps)
-    curves = {"MHA pre-training": _curves([r.base for r in runs])}
-    for g in sorted(runs[0].uptrain):
-        curves[f"uptrained g={g}"] = _curves([r.uptrain[g] for r in runs], offset=s.pretrain_steps)
-    return {"geometry": s.describe(), "states": [st.describe() for st in v.states.values()],
-            "table": table,
+    s, plan = cfg
+    train, val, vocab = gqa.protocol_data(corpus, s)
+    ckpt = str(run.path.parent / "checkpoints" / run.path.stem)  # beside the state file: <unit>-seed<s>.pt
+    bases = run_resumable(run, p3.pretrain_unit, [(x,) for x in s.seeds], [f"MHA pre-training, seed {x}" for x in s.seeds],
+                          dict(sizes=s, train=train, val=val, vocab_size=vocab, chunk=plan.chunk, checkpoints=ckpt))
+    arms = dict(zip(plan.groups, run_resumable(
+        run, p3.uptrain_unit, [(g,) for g in plan.groups], [f"uptrained g={g}" for g in plan.groups],
+        dict(bases=bases, sizes=s, plan=plan, train=train, val=val, vocab_size=vocab, checkpoints=ckpt))))
+    v = p3.plateau_verdicts(arms)
+    pre = p3.pretraining_state(bases)
+    table = ["| g | K/V heads | loss right after pooling | at its plateau | steps per seed |", "|---|---|---|---|---|"]
+    table += [f"| {g} | {s.n_head // g} | {statistics.fmean(a.converted):.3f} | {statistics.fmean(a.final):.3f} | "
+              f"{a.steps}{'' if a.reached else ' (cap)'} |" for g, a in arms.items()]
+    curves = {"MHA pre-training": _curves([b["curve"] for b in bases])}
+    for g, a in arms.items():
+        curves[a.arm] = _curves(a.curves, offset=s.pretrain_steps)
+    return {"geometry": p3.plateau_geometry(s, plan),
+            "states": [f"{pre.describe()} (a fixed budget: the g = 1 arm continues it)"] + [a.describe() for a in arms.values()],
+            "table": table + ["", f"(mean of {len(s.seeds)} seeds, nats/token on each seed's held-out windows)"],
             "verdicts": {"primary, g = 4 uptrained": v.primary.describe(),
                          **{k: c.describe() for k, c in v.secondary.items()}},
             "primary": {"verdict": v.primary.verdict, "diff": v.primary.diff, "lo": v.primary.lo, "hi": v.primary.hi},
+            "extension": {a.arm: _arm_extension(a, gqa.MIN_CHANGE_NATS) for a in arms.values()},
+            # the pre-training is a fixed budget the g = 1 arm continues, not an arm a verdict needs at a plateau
+            "unjudged": ["MHA pre-training"],
             "curves": curves, "ylabel": "held-out loss (nats/token)", "xlabel": "step",
-            # the learning rate at each evaluation of each curve: the rule's rates when the run is judged again
-            "rates": {k: (pre_rates if k == "MHA pre-training" else up_rates) for k in curves},
             "metric": {"higher_is_better": False, "min_change": gqa.MIN_CHANGE_NATS}}
 
 
 # --- lesson 04 -------------------------------------------------------------------------------
 
 def plan_04() -> Any:
+    from codex_lab.lessons.l04_moe.plateau import StopPlan
     from codex_lab.lessons.l04_moe.protocol import protocol_plan
 
-    return dataclasses.replace(protocol_plan("standard"), n_experts=16, top_k=4, seq_len=64)
+    # 16 experts top-4 on 64-token windows; every arm from scratch to its plateau: held-out loss every 100
+    # steps, judged every 500 from the fixed protocol's 4,000, cap 16,000 (at half the peak rate the fixed
+    # 4,000 left every arm still learning: the tuning runs, lessons/l04_moe/protocol.py)
+    plan = dataclasses.replace(protocol_plan("standard"), n_experts=16, top_k=4, seq_len=64)
+    return plan, StopPlan(eval_every=100, chunk=500, min_steps=4000, max_steps=16000)
 
 
-def section_04(run: ResumableRun, corpus: Any, plan: Any) -> dict[str, Any]:
+def section_04(run: ResumableRun, corpus: Any, cfg: Any) -> dict[str, Any]:
+    from codex_lab.lessons.l04_moe import plateau as p4p
     from codex_lab.lessons.l04_moe import protocol as p4
 
+    plan, stop = cfg
     tok, train, val = p4.protocol_data(corpus.files, plan)
     configs = p4.arm_configs(tok.vocab_size, d_model=plan.d_model, n_layer=plan.n_layer, n_head=plan.n_head,
                              n_experts=plan.n_experts, top_k=plan.top_k, expert_hidden=plan.expert_hidden,
                              max_seq_len=plan.seq_len)
-    units = [(a, s) for s in plan.seeds for a in p4.QUALITY_ARMS]
-    common = dict(configs=configs, train_tokens=train, val_tokens=val, steps=plan.steps, batch_size=plan.batch_size,
-                  seq_len=plan.seq_len, lr=plan.lr, min_lr=plan.min_lr, eval_every=plan.eval_every,
-                  eval_batches=plan.eval_batches, eval_batch_size=plan.eval_batch_size,
-                  bias_update_rate=plan.bias_update_rate, warmup=plan.warmup, device=None, flat_share=plan.flat_share)
-    res = run_resumable(run, _train_04, units, [f"arm {a}, seed {s}" for a, s in units], common)
-    runs: dict[str, list[Any]] = {a: [] for a in p4.QUALITY_ARMS}
-    for (a, _), r in zip(units, res):
-        runs[a].append(r)
-    final = {a: [r["val_loss"] for r in rs] for a, rs in runs.items()}
-    curves = {a: [r["curve"] for r in rs] for a, rs in runs.items()}
-    rates = p4.plan_rates(plan, [st for st, _ in curves[p4.QUALITY_ARMS[0]][0]])
-    v = p4.judge_quality(final, curves, rates=rates)
-    table = ["| arm | parameters a token uses | held-out loss (mean of seeds) |", "|---|---|---|"]
-    table += [f"| {a} | {runs[a][0]['active_params']:,} | {statistics.fmean(final[a]):.3f} |" for a in p4.QUALITY_ARMS]
-    return {"geometry": plan.describe(), "states": [st.describe() for st in v.states.values()], "table": table,
+    ckpt = str(run.path.parent / "checkpoints" / run.path.stem)  # beside the state file: <unit>-seed<s>.pt
+    res = run_resumable(run, p4p.arm_unit, [(a,) for a in p4.QUALITY_ARMS], [f"arm {a}" for a in p4.QUALITY_ARMS],
+                        dict(configs=configs, plan=plan, stop=stop, train=train, val=val, checkpoints=ckpt))
+    arms = dict(zip(p4.QUALITY_ARMS, res))
+    v = p4p.plateau_verdicts(arms, plan)
+    return {"geometry": p4p.plateau_geometry(plan, stop), "states": [a.describe() for a in arms.values()],
+            "table": p4p.arm_rows(arms, plan.seeds),
             "verdicts": {"primary, MoE vs dense of equal active compute": v.primary.describe(),
                          "MoE keeps the big dense model's quality": v.keeps_big.describe(),
                          "capacity helps (big dense vs small dense)": v.capacity.describe()},
             "primary": {"verdict": v.primary.verdict, "diff": v.primary.diff, "lo": v.primary.lo, "hi": v.primary.hi},
-            "curves": {a: _curves(c) for a, c in curves.items()}, "ylabel": "held-out loss (nats/token)",
-            "rates": {a: rates for a in curves},  # the learning rate at each evaluation (the rule's rates)
+            "extension": {a: _arm_extension(r, p4.MIN_CHANGE) for a, r in arms.items()},
+            "curves": {a: _curves(r.curves) for a, r in arms.items()}, "ylabel": "held-out loss (nats/token)",
             "xlabel": "step", "metric": {"higher_is_better": False, "min_change": p4.MIN_CHANGE}}
-
-
-def _train_04(arm: str, seed: int, **kw: Any) -> dict[str, Any]:
-    """One arm at one seed, reduced to what the verdicts need (a model does not travel back)."""
-    from codex_lab.lessons.l04_moe import protocol as p4
-
-    r = p4.train_unit(arm, seed, **kw)
-    return {"val_loss": float(r.val_loss), "curve": p4.held_out_curve(r), "active_params": int(r.active_params)}
 
 
 # --- lesson 08 -------------------------------------------------------------------------------
@@ -215,7 +224,9 @@ def section_08(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
             "verdicts": {f"{t8.LABELS.get(k, k)} keeps the plain model's quality": c.describe() for k, c in costs.items()},
             "primary": {k: {"verdict": c.verdict, "diff": c.diff, "lo": c.lo, "hi": c.hi} for k, c in costs.items()},
             "decision": tt.trade_decision(rows)["text"],
-            "extension": {t8.LABELS.get(k, k): _arm_extension(a) for k, a in res.arms.items()},
+            "extension": {t8.LABELS.get(k, k): _arm_extension(a, t8.MIN_CHANGE_NATS) for k, a in res.arms.items()},
+            # the pre-training is a fixed budget the plain arm continues, not an arm a verdict needs at a plateau
+            "unjudged": ["plain pre-training"],
             "curves": curves, "ylabel": "held-out loss (nats/token)", "xlabel": "step",
             "metric": {"higher_is_better": False, "min_change": t8.MIN_CHANGE_NATS}}
 
@@ -227,18 +238,16 @@ def _pretrain_seed(seed: int, *, sizes: Any, train: Any, val: Any, vocab_size: i
     return t8.pretrain_unit(sizes, train, val, vocab_size, seeds=(seed,), checkpoints=checkpoints)
 
 
-def _arm_extension(a: Any) -> dict[str, Any]:
+def _arm_extension(a: Any, min_change: float) -> dict[str, Any]:
     """An arm trained to its plateau, in :func:`codex_lab.reference.budget_extension`'s terms: its
     own extension check (half as long again, continued), ``gain`` in the better direction."""
-    from codex_lab.lessons.l08_capstone.trade import MIN_CHANGE_NATS
-
     final = statistics.fmean(a.final)
     ran = bool(a.extension_steps)
     # the loss is lower-is-better: the extended loss is the final loss minus the gain
     return {"steps": a.steps, "extended_steps": a.steps + a.extension_steps,
             "final": final, "extended_final": final - a.extension_change if ran else final,
             "gain": a.extension_change if ran else 0.0, "trained": bool(a.state.trained),
-            "confirmed": (a.extension_change < MIN_CHANGE_NATS) if ran and a.state.trained else None}
+            "confirmed": (a.extension_change < min_change) if ran and a.state.trained else None}
 
 
 # --- lesson 02 -------------------------------------------------------------------------------
@@ -294,19 +303,24 @@ def section_02(run: ResumableRun, corpus: Any, cfg: Any) -> dict[str, Any]:
 
 
 SMOKE = False  # --smoke: the same code path on a few steps and three seeds (minutes), written to a scratch folder
+SMOKE_SEEDS = (10, 11, 12)  # three verdict seeds outside every lesson's tuning seeds (0-2: pre-registration)
 
 
 def _smoke(cfg: Any, section: str) -> Any:
     """``cfg`` cut to a handful of steps and three seeds (the fewest a verdict takes): checks the code path, measures nothing."""
     if section == "02":
-        return dataclasses.replace(cfg, steps=30, warmup=5, eval_every=10, eval_sequences=16, seeds=(0, 1, 2))
+        return dataclasses.replace(cfg, steps=30, warmup=5, eval_every=10, eval_sequences=16, seeds=SMOKE_SEEDS)
     if section == "03":
-        return dataclasses.replace(cfg, pretrain_steps=40, uptrain_steps=4, warmup=4, eval_every=10,
-                                   uptrain_eval_every=1, eval_windows=16, seeds=(0, 1, 2))
+        sizes, plan = cfg
+        return (dataclasses.replace(sizes, pretrain_steps=40, uptrain_steps=4, warmup=4, eval_every=10,
+                                    uptrain_eval_every=4, eval_windows=16, seeds=SMOKE_SEEDS),
+                dataclasses.replace(plan, chunk=8, min_steps=8, max_steps=16, extend=0.5))
     if section == "04":
-        return dataclasses.replace(cfg, steps=40, warmup=4, eval_every=10, seeds=(0, 1, 2), files=50)
+        plan, stop = cfg
+        return (dataclasses.replace(plan, warmup=4, seeds=SMOKE_SEEDS, files=50),
+                dataclasses.replace(stop, eval_every=4, chunk=8, min_steps=8, max_steps=16))
     return dataclasses.replace(cfg, pretrain_steps=16, min_steps=8, max_steps=8, chunk=8, warmup=4,
-                               eval_every=4, eval_windows=16, seeds=(0, 1, 2), context=256, rounds=2, extend=0.0)
+                               eval_every=4, eval_windows=16, seeds=SMOKE_SEEDS, context=256, rounds=2, extend=0.0)
 
 
 def config_of(section: str) -> Any:
@@ -318,10 +332,7 @@ def config_of(section: str) -> Any:
 def extended_config(cfg: Any, section: str) -> Any:
     """``cfg`` with :data:`EXTEND_FACTOR` times the training steps (warm-up, evaluation and
     everything else unchanged): the budget-extension check of a fixed-budget section."""
-    if section == "03":  # the pre-training and the uptraining both
-        return dataclasses.replace(cfg, pretrain_steps=math.ceil(EXTEND_FACTOR * cfg.pretrain_steps),
-                                   uptrain_steps=math.ceil(EXTEND_FACTOR * cfg.uptrain_steps))
-    if section in ("02", "04"):
+    if section == "02":
         return dataclasses.replace(cfg, steps=math.ceil(EXTEND_FACTOR * cfg.steps))
     raise ValueError(f"section {section} trains each arm to its plateau and checks its extension itself")
 
@@ -360,7 +371,7 @@ def main() -> int:
     fn = {"02": section_02, "03": section_03, "04": section_04, "08": section_08}[args.section]
     with use_compute_threads():
         data = fn(run, corpus, cfg)
-        if args.section != "08":  # the budget-extension check: every arm again on 1.5 x its steps
+        if args.section in FIXED_BUDGET:  # the budget-extension check: every arm again on 1.5 x its steps
             more = fn(PrefixedRun(run, "extended: "), corpus, extended_config(cfg, args.section))
             data["extension"] = budget_extension(data, more)
             data["extended_curves"] = more["curves"]

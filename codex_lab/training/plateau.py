@@ -192,4 +192,5 @@ def train_to_plateau(advance: Sequence[Advance], *, arm: str, chunk: int, max_st
     return run
 
 
-__all__ = ["EXTEND", "PlateauRun", "best_step", "extension_words", "plateau_state", "train_to_plateau"]
+__all__ = ["EXTEND", "PlateauRun", "best_step", "extension_words", "overruled_by_extension", "plateau_state",
+           "train_to_plateau"]

@@ -180,6 +180,18 @@ def judge_quality(final: Mapping[str, Sequence[float]], curves: Mapping[str, Seq
         raise ValueError(f"judge_quality needs the arms {QUALITY_ARMS}; missing {missing}")
     states = {a: training_state(curves[a], higher_is_better=False, min_change=min_change, arm=a, rates=rates)
               for a in QUALITY_ARMS}
+    return quality_verdicts(final, states, margin=margin)
+
+
+def quality_verdicts(final: Mapping[str, Sequence[float]], states: Mapping[str, TrainingState], *,
+                     margin: float = NONINF_MARGIN) -> QualityVerdicts:
+    """The quality claims' comparisons (:func:`judge_quality`) from each arm's per-seed final
+    held-out loss and its training state, however the state was reached (a fixed budget judged
+    by the rule, or a run to the plateau, :mod:`codex_lab.lessons.l04_moe.plateau`)."""
+    missing = [a for a in QUALITY_ARMS if a not in final or a not in states]
+    if missing:
+        raise ValueError(f"the quality verdicts need the arms {QUALITY_ARMS}; missing {missing}")
+    states = dict(states)
     # primary: loss(moe) - loss(dense_active) < 0 claimed (MoE better at equal active compute)
     primary = judge_trained(compare(final["dense_active"], final["moe"], higher_is_better=False, paired=True,
                                     metric="held-out loss, MoE minus dense of equal active compute (nats/token)"),
@@ -291,7 +303,7 @@ def cost_claim(stored_ratio: float, wall: Mapping[str, Sequence[float]], *, limi
             f"{small.speedup:.2f}x the equal-active dense model's (rounds {small.lo:.2f}-{small.hi:.2f}x) and "
             f"{big.speedup:.2f}x the equal-total dense model's (rounds {big.lo:.2f}-{big.hi:.2f}x); all experts stay in memory")
     if verdict == FAILS_AS_STATED:
-        text += (f": what holds is the parameter arithmetic and the FLOP count; the measured step is "
+        text += (": what holds is the parameter arithmetic and the FLOP count; the measured step is "
                  + ("cheaper than the big dense model's" if big.speedup < 1.0 else "no cheaper than the big dense model's")
                  + f", above {limit:g}x the small one's")
     return verdict, text, small, big
@@ -410,5 +422,6 @@ def protocol_data(files: Sequence[object], plan: Plan) -> tuple[CodeTokenizer, T
 __all__ = [
     "BALANCE_ARMS", "EVAL_SEED_BASE", "LOAD_LIMIT", "MIN_CHANGE", "NONINF_MARGIN", "QUALITY_ARMS", "STEP_LIMIT",
     "Plan", "QualityVerdicts", "arm_configs", "balance_claim", "cost_claim", "eval_sample", "held_out_curve",
-    "held_out_load", "judge_quality", "protocol_data", "protocol_plan", "step_times", "train_arms",
+    "held_out_load", "judge_quality", "protocol_data", "protocol_plan", "quality_verdicts", "step_times",
+    "train_arms",
 ]

@@ -45,7 +45,8 @@ from codex_lab.nn.model import CodexModel
 from codex_lab.parallel import run_units
 from codex_lab.stats import Comparison, judge_trained, noninferiority
 from codex_lab.training.curves import LMSession, heldout_windows, small_vocab_data
-from codex_lab.training.plateau import PlateauRun, extension_words, train_to_plateau
+from codex_lab.training.lm_plateau import fixed_steps, lm_sessions, lm_to_plateau
+from codex_lab.training.plateau import extension_words
 from codex_lab.training_state import TrainingState
 
 # The largest quality cost still called "kept", declared before any run (the same margin as
@@ -228,30 +229,12 @@ class ArmRun:
 def _sessions(models: Sequence[CodexModel], sizes: TradeSizes, train: Tensor, val: Tensor, *, lr: float,
               salt: int, seeds: Sequence[int] | None = None, checkpoints: str | Path | None = None,
               unit: str = "") -> list[LMSession]:
-    # one session per seed: the seed draws the data order; every arm of a seed is scored on the same windows;
-    # with ``checkpoints`` (a folder) each session resumes from, and keeps, <unit>-seed<seed>.pt there
+    # one session per seed: the seed draws the data order; every arm of a seed is scored on the same windows
     seeds = list(sizes.seeds if seeds is None else seeds)
-    return [LMSession(m, train, heldout_windows(val, sizes.eval_windows, sizes.seq_len, seed, salt=29), lr=lr,
-                      warmup=sizes.warmup, batch_size=sizes.batch_size, seq_len=sizes.seq_len, seed=seed + salt,
-                      eval_every=sizes.eval_every,
-                      checkpoint=None if checkpoints is None else Path(checkpoints) / f"{unit}-seed{seed}.pt")
-            for m, seed in zip(models, seeds)]
-
-
-def _to_plateau(arm: str, sessions: Sequence[LMSession], sizes: TradeSizes, *, min_steps: int,
-                max_steps: int) -> tuple[PlateauRun, list[float], list[dict[str, Tensor]]]:
-    """Train ``sessions`` (one per seed) to their plateau; returns the run, each seed's held-out
-    loss at the stopping point, and the models' weights there (before the extension check)."""
-    at_stop: dict[str, Any] = {}
-
-    def freeze() -> None:  # the verdict is read at the stopping point, before the extension trains on
-        got = [s.freeze() for s in sessions]
-        at_stop["final"], at_stop["weights"] = [f for f, _ in got], [w for _, w in got]
-
-    run = train_to_plateau([s.advance for s in sessions], arm=arm, chunk=sizes.chunk, max_steps=max_steps,
-                           min_steps=min_steps, higher_is_better=False, min_change=MIN_CHANGE_NATS,
-                           extend=sizes.extend, before_extension=freeze)
-    return run, at_stop["final"], at_stop["weights"]
+    evals = [heldout_windows(val, sizes.eval_windows, sizes.seq_len, seed, salt=29) for seed in seeds]
+    return lm_sessions(models, seeds, train, evals, lr=lr, warmup=sizes.warmup, batch_size=sizes.batch_size,
+                       seq_len=sizes.seq_len, eval_every=sizes.eval_every, salt=salt, checkpoints=checkpoints,
+                       unit=unit)
 
 
 def pretrain_unit(sizes: TradeSizes, train: Tensor, val: Tensor, vocab_size: int, *,
@@ -271,11 +254,7 @@ def pretrain_unit(sizes: TradeSizes, train: Tensor, val: Tensor, vocab_size: int
         models.append(CodexModel(base_config(sizes, vocab_size)))
     sessions = _sessions(models, sizes, train, val, lr=sizes.lr, salt=0, seeds=seeds, checkpoints=checkpoints,
                          unit="pretrain")
-    done = 0
-    while done < sizes.pretrain_steps:  # in chunks: each one checkpointed (advance(a); advance(b) = advance(a + b))
-        n = min(sizes.chunk, sizes.pretrain_steps - done)
-        curves = [s.advance(n) for s in sessions]
-        done += n
+    curves = fixed_steps(sessions, sizes.pretrain_steps, sizes.chunk)  # in chunks, each one checkpointed
     state = training_state(curves, higher_is_better=False, min_change=MIN_CHANGE_NATS, arm="pre-training")
     return ArmRun("pre-training", curves, state, sizes.pretrain_steps, state.trained, [c[-1][1] for c in curves],
                   weights={f"{seed}.{k}": v for seed, s in zip(seeds, sessions) for k, v in s.model.state_dict().items()},
@@ -318,7 +297,8 @@ def design_unit(kind: str, pre: ArmRun, sizes: TradeSizes, train: Tensor, val: T
     sessions = _sessions(models, sizes, train, val, lr=sizes.uptrain_lr, salt=1_000_003, checkpoints=checkpoints,
                          unit=f"design-{kind}")
     converted = [s.curve[0][1] for s in sessions]
-    run, final, weights = _to_plateau(kind, sessions, sizes, min_steps=sizes.min_steps, max_steps=sizes.max_steps)
+    run, final, weights = lm_to_plateau(kind, sessions, chunk=sizes.chunk, min_steps=sizes.min_steps,
+                                        max_steps=sizes.max_steps, min_change=MIN_CHANGE_NATS, extend=sizes.extend)
     return ArmRun(kind, run.curves, run.state, run.steps, run.reached, final, converted, run.extension_steps,
                   run.extension_change, weights[0], time.perf_counter() - t0)
 

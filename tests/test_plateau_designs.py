@@ -1,0 +1,114 @@
+"""Lessons 03 and 04 at each arm's plateau (codex_lab.lessons.l03_gqa.plateau,
+codex_lab.lessons.l04_moe.plateau, codex_lab.training.lm_plateau): their verdicts come out
+either way on the losses given, an arm off its plateau withholds them, and the reference's
+fixed-budget phase is drawn, not judged."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from codex_lab.lessons.l03_gqa.plateau import GroupArm, PlateauPlan, plateau_verdicts
+from codex_lab.lessons.l04_moe import plateau as p4p
+from codex_lab.lessons.l04_moe.protocol import QUALITY_ARMS, protocol_plan
+from codex_lab.reference import rejudge
+from codex_lab.training_state import TrainingState
+
+BASE = [3.10, 3.20, 3.15, 3.05]  # four seeds' held-out losses (nats/token)
+# seed-to-seed jitter of a paired cost: +-0.004 nats, far inside the 0.05 margin and far from it
+JITTER = [0.004, -0.003, 0.002, -0.004]
+
+
+def state(arm: str, trained: bool = True) -> TrainingState:
+    return TrainingState(arm, "trained" if trained else "under-trained", 0.001, 0.01, 0.0, 3.0, 4, 20, 1000.0)
+
+
+def group(g: int, cost: float, trained: bool = True) -> GroupArm:
+    final = [b + cost + (j if g != 1 else 0.0) for b, j in zip(BASE, JITTER)]
+    return GroupArm(g, [], state(f"uptrained g={g}", trained), 1000, True, final, final)
+
+
+@pytest.mark.parametrize("cost, verdict", [(0.0, "holds"), (0.20, "fails")])
+def test_the_gqa_plateau_verdict_comes_out_either_way(cost, verdict):
+    """g = 4 costing nothing against the MHA control holds non-inferiority at 0.05; costing 0.2
+    nats/token fails it: the same code, the input flipped."""
+    arms = {1: group(1, 0.0), 2: group(2, 0.0), 4: group(4, cost), 8: group(8, 0.3)}
+    v = plateau_verdicts(arms)
+    assert v.primary.verdict == verdict, v.primary.describe()
+    assert set(v.secondary) == {"uptrained g=2", "uptrained g=8"}
+
+
+def test_an_arm_off_its_plateau_withholds_the_gqa_verdict():
+    arms = {1: group(1, 0.0), 4: group(4, 0.0, trained=False)}
+    assert "no verdict" in plateau_verdicts(arms).primary.verdict
+
+
+def test_the_gqa_plan_names_what_it_needs():
+    with pytest.raises(ValueError, match="MHA control"):
+        PlateauPlan(chunk=100, min_steps=300, max_steps=8000, groups=(2, 4, 8))
+    with pytest.raises(ValueError, match="chunk"):
+        PlateauPlan(chunk=100, min_steps=9000, max_steps=8000)
+
+
+def moe_arm(arm: str, shift: float, trained: bool = True) -> p4p.ArmPlateau:
+    final = [b + shift + (j if arm != "dense_active" else 0.0) for b, j in zip(BASE, JITTER)]
+    return p4p.ArmPlateau(arm, [], state(arm, trained), 4000, True, final, 1000)
+
+
+@pytest.mark.parametrize("moe_shift, verdict", [(-0.10, "holds"), (+0.10, "fails")])
+def test_the_moe_plateau_primary_comes_out_either_way(moe_shift, verdict):
+    """MoE 0.1 nats/token below the equal-active dense model: "holds"; 0.1 above: the claim fails."""
+    plan = protocol_plan("fast")
+    arms = {"dense_active": moe_arm("dense_active", 0.0), "moe": moe_arm("moe", moe_shift),
+            "dense_total": moe_arm("dense_total", -0.12)}
+    v = p4p.plateau_verdicts(arms, plan)
+    assert v.primary.verdict == verdict, v.primary.describe()
+    rows = p4p.arm_rows(arms, plan.seeds)
+    assert len(rows) == 2 + len(QUALITY_ARMS) + 2 and "| moe | 1,000 | 4000 |" in rows[3]
+
+
+def test_an_moe_arm_off_its_plateau_withholds_its_verdicts():
+    plan = protocol_plan("fast")
+    arms = {"dense_active": moe_arm("dense_active", 0.0), "moe": moe_arm("moe", -0.1, trained=False),
+            "dense_total": moe_arm("dense_total", -0.12)}
+    v = p4p.plateau_verdicts(arms, plan)
+    assert "no verdict" in v.primary.verdict and "no verdict" in v.keeps_big.verdict
+    with pytest.raises(ValueError, match="missing"):
+        p4p.plateau_verdicts({"moe": arms["moe"]}, plan)
+
+
+def test_a_tiny_moe_arm_trains_to_its_cap_and_reports_its_steps():
+    """End to end on a tiny geometry: the arm trains its seeds in lockstep to the cap, its curves
+    hold every evaluation, and the MoE layers carry the plan's bias-update rate."""
+    from dataclasses import replace
+
+    from codex_lab.lessons.l04_moe.protocol import arm_configs
+
+    plan = replace(protocol_plan("fast"), d_model=16, n_head=2, n_experts=4, top_k=2, expert_hidden=8, seq_len=16,
+                   batch_size=4, eval_batches=1, eval_batch_size=4, warmup=2)
+    stop = p4p.StopPlan(eval_every=2, chunk=4, min_steps=4, max_steps=8, extend=0.0)
+    g = torch.Generator().manual_seed(0)
+    train, val = torch.randint(0, 64, (4000,), generator=g), torch.randint(0, 64, (1000,), generator=g)
+    configs = arm_configs(64, d_model=16, n_layer=1, n_head=2, n_experts=4, top_k=2, expert_hidden=8, max_seq_len=16)
+    r = p4p.arm_unit("moe", configs=configs, plan=plan, stop=stop, train=train, val=val)
+    assert r.steps <= 8 and len(r.curves) == len(plan.seeds) and [s for s, _ in r.curves[0]][:3] == [0.0, 2.0, 4.0]
+    assert all(math.isfinite(v) and v > 0 for v in r.final) and r.active_params > 0
+    with pytest.raises(ValueError, match="multiple of eval_every"):
+        p4p.StopPlan(eval_every=3, chunk=4, min_steps=4, max_steps=8)
+
+
+def test_a_fixed_budget_phase_is_drawn_not_judged():
+    """The reference names its pre-training "unjudged": the rule judges every other curve, and
+    naming a curve the data does not hold is an error, not a silent skip."""
+    falling = [[[float(s), 5.0 - s / 100] for s in range(0, 1000, 50)] for _ in range(3)]
+    flat = [[[float(s), 3.0 + 0.001 * k] for s in range(0, 1000, 50)] for k in range(3)]
+    data = {"metric": {"higher_is_better": False, "min_change": 0.01},
+            "curves": {"pre-training": falling, "arm": flat}}
+    assert [s.arm for s in rejudge(data)] == ["pre-training", "arm"]
+    assert [s.arm for s in rejudge({**data, "unjudged": ["pre-training"]})] == ["arm"]
+    from codex_lab.errors import InputError
+
+    with pytest.raises(InputError, match="unjudged"):
+        rejudge({**data, "unjudged": ["warm-up"]})
