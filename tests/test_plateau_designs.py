@@ -112,3 +112,27 @@ def test_a_fixed_budget_phase_is_drawn_not_judged():
 
     with pytest.raises(InputError, match="unjudged"):
         rejudge({**data, "unjudged": ["warm-up"]})
+
+
+def test_a_recall_session_in_chunks_resumes_to_the_unbroken_run(tmp_path):
+    """Lesson 02's session: two chunks train what one run of their sum does, and a session built
+    on a checkpoint written between them replays the first and trains the second to the same
+    numbers (a reference run stopped by a session's end resumes without changing its result)."""
+    from dataclasses import replace as dc_replace
+
+    from codex_lab.lessons.l02_sparse_attention.geometry import arms_for, fast_config
+    from codex_lab.lessons.l02_sparse_attention.plateau import RecallSession
+
+    cfg = dc_replace(fast_config(), warmup=4, eval_every=4, eval_sequences=8, batch=4)
+    patterns = arms_for("fast", cfg.n_layer, cfg)["window+stride"]
+    whole = RecallSession(patterns, cfg, 10).advance(8)
+    first = RecallSession(patterns, cfg, 10, checkpoint=tmp_path / "s.pt")
+    first.advance(4)
+    resumed = RecallSession(patterns, cfg, 10, checkpoint=tmp_path / "s.pt")
+    assert resumed.advance(4) == first.held_out()  # replayed, not trained
+    assert [s for s, _ in whole] == [0.0, 4.0, 8.0]
+    assert resumed.advance(4) == whole  # trained on from the checkpoint: the unbroken run's numbers
+    other = RecallSession(patterns, cfg, 10, checkpoint=tmp_path / "s.pt")  # the checkpoint holds step 8
+    other.advance(5)  # replayed
+    with pytest.raises(ValueError, match="do not land"):
+        other.advance(5)  # 5 + 5 crosses step 8 off a chunk boundary: other chunks than the run's

@@ -244,7 +244,8 @@ def recall_loop(cfg: RecallConfig) -> LoopConfig:
     return LoopConfig(steps=cfg.steps, lr=cfg.lr, min_lr=held_floor(cfg.lr), warmup=cfg.warmup, eval_every=cfg.eval_every)
 
 
-def arm_states(results: dict[str, list[RecallRun]], cfg: RecallConfig | None = None) -> dict[str, TrainingState]:
+def arm_states(results: dict[str, list[RecallRun]], cfg: RecallConfig | None = None, *,
+               schedule_rates: bool = True) -> dict[str, TrainingState]:
     """The training-state rule (:func:`codex_lab.training_state.training_state`) on each arm's
     held-out accuracy curves (one per seed), with ``MIN_CHANGE`` = 0.02 accuracy; with ``cfg``,
     also its ``chance=`` (1 / pool size): a seed ending at chance "did not learn" the task. Dense
@@ -253,14 +254,15 @@ def arm_states(results: dict[str, list[RecallRun]], cfg: RecallConfig | None = N
     to it is a failed optimisation, not a plateau. The sparse arms are not: falling short of the
     ceiling is what a design may cost, and the comparisons measure it. With ``cfg``, the
     schedule's learning rate at each evaluation too: a flat tail at a decayed rate is not a
-    plateau (the rule's ``rates``).
+    plateau (the rule's ``rates``); ``schedule_rates=False`` for runs that held their rate
+    (:mod:`~codex_lab.lessons.l02_sparse_attention.plateau`).
     """
     chance = chance_of(cfg) if cfg is not None else None
     finals = {k: sum(r.curve[-1][1] for r in runs) / len(runs) for k, runs in results.items() if k != "dense"}
     ceiling = max(finals.values()) if finals and chance is not None else None
     # with cfg, the schedule's rate at each evaluation: a tail at a decayed rate is not a plateau
     rates = {name: rates_at([s for s, _ in runs[0].curve], recall_loop(cfg)) for name, runs in results.items()
-             } if cfg is not None else {}
+             } if cfg is not None and schedule_rates else {}
     return {name: training_state([r.curve for r in runs], higher_is_better=True, min_change=MIN_CHANGE, arm=name,
                                  chance=chance, ceiling=ceiling if name == "dense" else None, rates=rates.get(name))
             for name, runs in results.items()}
@@ -334,9 +336,11 @@ def far_links_verdict(far: dict[str, list[float]], states: dict[str, TrainingSta
     return c, contrast
 
 
-def judge(results: dict[str, list[RecallRun]], cfg: RecallConfig) -> Verdicts:
-    """States of every arm, then the pre-declared comparisons on far accuracy (paired by seed)."""
-    states = arm_states(results, cfg)
+def judge(results: dict[str, list[RecallRun]], cfg: RecallConfig,
+          states: dict[str, TrainingState] | None = None) -> Verdicts:
+    """States of every arm (``states``, or :func:`arm_states` on the runs' curves), then the
+    pre-declared comparisons on far accuracy (paired by seed)."""
+    states = arm_states(results, cfg) if states is None else states
     far = {k: [far_accuracy(r.accuracy, cfg.reach) for r in runs] for k, runs in results.items()}
     stride, needs_far = far_links_verdict(far, states)
     links = holm([claim_verdict(far, "window", k, states=states) for k in ("window+global", "moba") if k in far])

@@ -1,0 +1,227 @@
+"""Lesson 02's claims with every arm at its own plateau: each attention pattern trained on the
+recall task until the training-state rule calls it trained, then half as long again.
+
+The fixed-budget protocol (:mod:`codex_lab.lessons.l02_sparse_attention.experiments`) gives every
+arm the same steps; at a rate that can still move the model its dense arm, the one the primary
+comparison needs, was still learning (the tuning runs in
+:mod:`~codex_lab.lessons.l02_sparse_attention.geometry`). Here every arm trains its seeds in
+lockstep (:class:`RecallSession`: warm-up, then the peak rate held; the same initial weights,
+batches and held-out sequences per seed in every arm, as in the fixed protocol) until the rule
+calls it trained or the cap (:func:`codex_lab.training.plateau.train_to_plateau`, on the held-out
+accuracy over all distances, with the task's chance level), then the budget-extension check.
+The accuracies at each arm's stopping point go through the protocol's own verdicts
+(:func:`~codex_lab.lessons.l02_sparse_attention.experiments.judge`), with the states from the runs
+(the dense arm also held to the ceiling the other arms show).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from codex_lab.data.longrange import make_recall_batch
+from codex_lab.lessons.l02_sparse_attention.experiments import (MIN_CHANGE, RecallRun, Verdicts, _on_device, arm_states,
+                                                              build_model, chance_of, eval_batches, evaluate_recall,
+                                                              judge, recall_loss, task_data)
+from codex_lab.lessons.l02_sparse_attention.geometry import RecallConfig
+from codex_lab.training.loop import LoopConfig, adamw
+from codex_lab.training.plateau import extension_words, overruled_by_extension, train_to_plateau
+from codex_lab.training_state import TrainingState
+
+
+@dataclass(frozen=True)
+class StopPlan:
+    """How far each arm may train: judged every ``chunk`` steps (a multiple of the config's
+    ``eval_every``) from ``min_steps``, capped at ``max_steps``; ``extend``: the budget-extension
+    share (0: none)."""
+
+    chunk: int
+    min_steps: int
+    max_steps: int
+    extend: float = 0.5
+
+    def check(self, cfg: RecallConfig) -> None:
+        """Refuse a plan whose chunks do not land on the config's evaluations."""
+        if self.chunk < 1 or self.chunk % cfg.eval_every or self.max_steps < self.chunk:
+            raise ValueError(f"chunk {self.chunk} must be a multiple of eval_every {cfg.eval_every} and at most "
+                             f"max_steps {self.max_steps}")
+
+
+class RecallSession:
+    """One arm at one seed on the recall task, trained in chunks: ``advance(n) -> curve`` (step,
+    held-out accuracy over all distances), at step 0 and every ``cfg.eval_every`` steps.
+
+    The seed draws the initial weights, the batch stream (the generator
+    :func:`~codex_lab.lessons.l02_sparse_attention.experiments.train_batches` uses, drawn as it goes,
+    so a run has no end built in) and the held-out sequences; AdamW, a linear warm-up over
+    ``cfg.warmup`` steps to ``cfg.lr``, then ``cfg.lr`` held; gradient norm clipped at 1.
+    ``checkpoint``: after every ``advance`` the session is written there atomically, and a session
+    built on an existing one replays the recorded curve until the driver reaches its step
+    (:class:`codex_lab.training.curves.LMSession`'s contract)."""
+
+    def __init__(self, patterns: Sequence[str], cfg: RecallConfig, seed: int, *,
+                 checkpoint: str | Path | None = None) -> None:
+        self.cfg, self.seed = cfg, seed
+        self.vocab, vocab_size, self.lines, _ = task_data(cfg.corpus_files, cfg.max_line)
+        torch.manual_seed(seed)
+        self.model = build_model(list(patterns), cfg, vocab_size)
+        self.gen = torch.Generator().manual_seed(1000 + seed)
+        self.held = eval_batches(cfg, seed)
+        self.opt = adamw(self.model, LoopConfig(steps=1, lr=cfg.lr))
+        self.step, self.at = 0, 0
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self.frozen: dict[str, Any] | None = None
+        self.curve: list[tuple[float, float]] = []
+        self.far_curve: list[tuple[float, float]] = []
+        self.accuracy: dict[str, float] = {}
+        if self.checkpoint is not None and self.checkpoint.exists():
+            st = torch.load(self.checkpoint, map_location="cpu", weights_only=False)
+            self.model.load_state_dict(st["model"])
+            self.opt.load_state_dict(st["opt"])
+            self.gen.set_state(st["gen"])
+            self.step, self.frozen = int(st["step"]), st["frozen"]
+            self.curve, self.far_curve = [tuple(p) for p in st["curve"]], [tuple(p) for p in st["far_curve"]]
+            self.accuracy = dict(st["accuracy"])
+        else:
+            self._evaluate()
+
+    def _evaluate(self) -> None:
+        acc = evaluate_recall(self.model, self.vocab, self.held, self.cfg.task.distances)
+        self.accuracy = acc
+        # overall = mean over distances (each distance has the same number of queries)
+        self.curve.append((float(self.step), sum(acc.values()) / len(acc)))
+        far = [d for d in self.cfg.task.distances if d > self.cfg.reach]
+        if far:
+            self.far_curve.append((float(self.step), sum(acc[str(d)] for d in far) / len(far)))
+
+    def _save(self) -> None:
+        assert self.checkpoint is not None
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.checkpoint.with_name(self.checkpoint.name + ".tmp")
+        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(),
+                    "step": self.step, "curve": self.curve, "far_curve": self.far_curve, "accuracy": self.accuracy,
+                    "frozen": self.frozen}, tmp)
+        os.replace(tmp, self.checkpoint)  # a kill mid-write leaves the previous checkpoint whole
+
+    def held_out(self) -> list[tuple[float, float]]:
+        """The held-out curve up to the step the driver has reached."""
+        return [p for p in self.curve if p[0] <= self.at]
+
+    def advance(self, n: int) -> list[tuple[float, float]]:
+        """Train ``n`` more steps (or replay them from the checkpoint); returns the curve so far."""
+        if self.at + n <= self.step:
+            self.at += n
+            return self.held_out()
+        if self.at < self.step:
+            raise ValueError(f"the checkpoint {self.checkpoint} holds step {self.step}, which the driver's steps "
+                             f"({self.at} then +{n}) do not land on: resume with the same chunks, or delete it")
+        self.model.train()
+        for _ in range(n):
+            # lr(step) = lr x min(1, (step + 1) / warmup): linear warm-up, then constant
+            for g in self.opt.param_groups:
+                g["lr"] = self.cfg.lr * min(1.0, (self.step + 1) / max(1, self.cfg.warmup))
+            b = make_recall_batch(self.lines, self.vocab, self.cfg.task, self.cfg.batch, self.gen)
+            batch, cand = _on_device(b, self.vocab, self.model)
+            loss = recall_loss(self.model, batch, cand)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"the recall loss became {float(loss)} at step {self.step}: lower lr")
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.opt.step()
+            self.step += 1
+            if self.step % self.cfg.eval_every == 0:
+                self._evaluate()
+        self.at = self.step
+        if self.checkpoint is not None:
+            self._save()
+        return list(self.curve)
+
+    def freeze(self) -> RecallRun:
+        """The seed's result at the step the driver has reached (the verdict's), kept in the
+        checkpoint so that a replay past it reads the same."""
+        if self.at < self.step:
+            if self.frozen is None or self.frozen["step"] != self.at:
+                raise ValueError(f"the checkpoint {self.checkpoint} has no frozen state at step {self.at}: delete it")
+            return copy.deepcopy(self.frozen["run"])
+        run = RecallRun(dict(self.accuracy), [p for p in self.curve], [p for p in self.far_curve], 0.0)
+        self.frozen = {"step": self.at, "run": run}
+        if self.checkpoint is not None:
+            self._save()
+        return copy.deepcopy(run)
+
+
+@dataclass
+class PatternArm:
+    """One attention pattern at its plateau, every seed: ``runs`` each seed's result at the
+    stopping point, ``state`` there (the extension check overrules a "trained" it contradicts)."""
+
+    name: str
+    runs: list[RecallRun]
+    state: TrainingState
+    steps: int
+    reached: bool
+    extension_steps: int = 0
+    extension_change: float = math.nan
+    seconds: float = 0.0
+
+    @property
+    def final(self) -> list[float]:
+        """Each seed's held-out accuracy over all distances at the stopping point."""
+        return [r.curve[-1][1] for r in self.runs]
+
+    def describe(self) -> str:
+        """The arm's state, its steps and the extension check, one line."""
+        s = f"{self.name}: {self.state.short()} at {self.steps} steps per seed" + ("" if self.reached else " (the cap)")
+        if self.extension_steps:
+            s += (f"; {self.extension_steps} more steps changed its held-out accuracy by {self.extension_change:+.3g}: "
+                  f"{extension_words(self.extension_change, MIN_CHANGE)}")
+        return s
+
+
+def pattern_unit(name: str, patterns: Sequence[str], *, cfg: RecallConfig, stop: StopPlan,
+                 checkpoints: str | Path | None = None) -> PatternArm:
+    """One arm (one pattern spec per layer), every seed of ``cfg``, to its plateau."""
+    stop.check(cfg)
+    if len(patterns) != cfg.n_layer:
+        raise ValueError(f"{len(patterns)} patterns for {cfg.n_layer} layers; give one spec per layer")
+    t0 = time.perf_counter()
+    slug = "".join(c if c.isalnum() else "-" for c in name)
+    sessions = [RecallSession(patterns, cfg, seed, checkpoint=None if checkpoints is None else
+                              Path(checkpoints) / f"recall-{slug}-seed{seed}.pt") for seed in cfg.seeds]
+    at_stop: dict[str, list[RecallRun]] = {}
+
+    def freeze() -> None:  # the verdict is read at the stopping point, before the extension trains on
+        at_stop["runs"] = [s.freeze() for s in sessions]
+
+    run = train_to_plateau([s.advance for s in sessions], arm=name, chunk=stop.chunk, max_steps=stop.max_steps,
+                           min_steps=stop.min_steps, higher_is_better=True, min_change=MIN_CHANGE,
+                           chance=chance_of(cfg), extend=stop.extend, before_extension=freeze)
+    state = overruled_by_extension(run.state, steps=run.steps, extension_steps=run.extension_steps,
+                                   change=run.extension_change, min_change=MIN_CHANGE)
+    return PatternArm(name, at_stop["runs"], state, run.steps, run.reached, run.extension_steps,
+                      run.extension_change, time.perf_counter() - t0)
+
+
+def plateau_judge(arms: Mapping[str, PatternArm], cfg: RecallConfig) -> Verdicts:
+    """The protocol's verdicts on the arms at their plateau: each arm's state is the rule's on its
+    curves to the stopping point (the dense arm also held to the ceiling the others show,
+    :func:`~codex_lab.lessons.l02_sparse_attention.experiments.arm_states`, with no schedule rates:
+    the rate is held), then overruled by its extension check where that found it still learning."""
+    results = {k: a.runs for k, a in arms.items()}
+    rule = arm_states(results, cfg, schedule_rates=False)
+    states = {k: (a.state if not a.state.trained else
+                  overruled_by_extension(rule[k], steps=a.steps, extension_steps=a.extension_steps,
+                                         change=a.extension_change, min_change=MIN_CHANGE))
+              for k, a in arms.items()}
+    return judge(results, cfg, states=states)
+
+
+__all__ = ["PatternArm", "RecallSession", "StopPlan", "pattern_unit", "plateau_judge"]
