@@ -275,8 +275,9 @@ def article_reference_lines(section: str, *, directory: str | Path = REFERENCE_D
     if moving:
         verdict_head = (f"Verdicts as the run printed them. By today's rule {len(moving)} of {len(states)} arms "
                         f"({', '.join(s.arm for s in moving)}) have not reached a plateau, so these are measurements "
-                        f"of the run's budget, **not verdicts**; a rerun (`{command}` with more steps, or a schedule "
-                        "that holds the learning rate over the judged tail) settles them"
+                        f"of the run's budget, **not verdicts**; a rerun that trains them to their plateau settles "
+                        f"them (`{command}` trains every arm to its own plateau at a held rate; raise its cap where an "
+                        "arm stopped at it)"
                         + (f" (and the budget-extension check found {', '.join(unconfirmed)} still learning, though the "
                            "rule as the run applied it called them trained)" if unconfirmed else "") + ":")
     elif unconfirmed:

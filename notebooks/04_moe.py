@@ -445,11 +445,13 @@ if moe_quality.verdict == cl.UNDER_TRAINED:
 
 # %% [markdown]
 # ### Beside this run: the shipped reference at the article's sizes
-# This run is sized for a laptop. The course ships a reference run of the same protocol at
+# This run is sized for a laptop. The course ships a reference run of the same claims at
 # the mechanism sizes the article names (16 experts, top-4, on 64-token windows), made with
 # `python scripts/reference_article.py --section 04` and stored with its provenance (commit,
 # command, machine, date, compute time). It is data, not this run: its states and verdicts
 # are printed as its own run computed them, and its curves are dashed, labelled "reference".
+# Its geometry line says how its arms trained: the script trains every arm to its own plateau at
+# a held rate, where this run gives every arm the same budget.
 
 # %%
 from codex_lab.reference import article_reference_lines, plot_reference
