@@ -34,6 +34,7 @@ with the provenance (commit, command, machine, date, compute time).
 from __future__ import annotations
 
 import argparse
+import os
 import base64
 import dataclasses
 import pickle
@@ -207,8 +208,10 @@ def section_08(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
                          dict(pre=pre, sizes=s, train=train, val=val, vocab_size=vocab, checkpoints=ckpt))
     res = t8.TradeResult(s, vocab, pre, dict(zip(t8.KINDS, arms)))
     costs = t8.trade_costs(res)
+    load = os.getloadavg()[0]  # other work on the machine while timing: the speed ratios say so
     speed = tsp.speed_records({k: res.model(k) for k in t8.KINDS}, context=s.context, decode_batch=s.decode_batch,
                               new_tokens=s.new_tokens, rounds=s.rounds)
+    load = max(load, os.getloadavg()[0])
     rows = tt.trade_rows(res, speed)
     table = tt.trade_table(rows, context=s.context, decode_batch=s.decode_batch, markdown=True).splitlines()
     curves = {"plain pre-training": _curves(pre.curves)}
@@ -216,7 +219,10 @@ def section_08(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
         curves[t8.LABELS.get(k, k)] = _curves(a.curves, offset=pre.steps)
     return {"geometry": s.describe(), "states": tt.trade_lines(res),
             "table": table + ["", f"({len(s.seeds)} seeds; cost intervals 90%, paired by seed; speed on the first "
-                                  "seed's trained models, timed on the machine named in the provenance)"],
+                                  "seed's trained models, timed in interleaved rounds on the machine named in the "
+                                  f"provenance, its 1-minute load average {load:.1f} on {os.cpu_count()} cores while "
+                                  "timing" + (": under load, the ratios are indicative only)" if load > 1.5 else ")")],
+            "timing_load": load,
             "verdicts": {f"{t8.LABELS.get(k, k)} keeps the plain model's quality": c.describe() for k, c in costs.items()},
             "primary": {k: {"verdict": c.verdict, "diff": c.diff, "lo": c.lo, "hi": c.hi} for k, c in costs.items()},
             "decision": tt.trade_decision(rows)["text"],
