@@ -196,46 +196,11 @@ def rejudge(data: Mapping[str, Any]) -> list[Any] | None:
             for arm, c in data["curves"].items() if arm not in skip]
 
 
-# the budget-extension check of a fixed-budget run: every arm again on one and a half times its steps (the
-# runs to a plateau continue half as long again instead: codex_lab.training.plateau.EXTEND)
-EXTEND_FACTOR = 1.5
-
-
-def budget_extension(data: Mapping[str, Any], extended: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The budget-extension check of a fixed-budget reference run: every arm trained again, from
-    the start, on :data:`EXTEND_FACTOR` times the steps (``extended``: the same section run at that
-    budget), compared at the end of each run.
-
-    Per arm (keys of ``data["curves"]``; each a list of per-seed ``[[step, value], ...]``):
-    ``steps`` and ``extended_steps`` (the last evaluated step), ``final`` and ``extended_final``
-    (mean over seeds of the last held-out value), ``gain`` = change in the better direction
-    (``higher_is_better`` from ``data["metric"]``), ``trained`` (today's rule on the shipped
-    curves) and ``confirmed``: for an arm called trained, True when the larger budget does not
-    improve it by ``min_change`` or more (it had learned what it could at its budget; a larger
-    budget that makes it worse shows the same), False when it gains ``min_change`` or more (it
-    was still learning: its verdicts do not stand); None for an arm not called trained
-    (reported, not judged). The rule of :class:`codex_lab.training.plateau.PlateauRun`."""
-    m = data["metric"]
-    sign = 1.0 if m["higher_is_better"] else -1.0
-    states = {s.arm: s for s in (rejudge(data) or [])}
-    out: dict[str, dict[str, Any]] = {}
-    for arm, seeds in data["curves"].items():
-        more = extended["curves"].get(arm)
-        if not more:
-            raise InputError(f"the extended run has no arm {arm!r}; it must train the same arms as the run it checks")
-        final = sum(c[-1][1] for c in seeds) / len(seeds)
-        ext = sum(c[-1][1] for c in more) / len(more)
-        # gain = (extended - final) x direction: positive when the larger budget did better
-        gain = sign * (ext - final)
-        trained = bool(states[arm].trained) if arm in states else False
-        out[arm] = {"steps": seeds[0][-1][0], "extended_steps": more[0][-1][0], "final": final, "extended_final": ext,
-                    "gain": gain, "trained": trained,
-                    "confirmed": (gain < float(m["min_change"])) if trained else None}
-    return out
-
-
 def extension_lines(ext: Mapping[str, Mapping[str, Any]], min_change: float) -> list[str]:
-    """One line per arm of :func:`budget_extension`'s result."""
+    """One line per arm of a reference's budget-extension check (``data["extension"]``: per arm
+    ``steps``/``extended_steps``, ``final``/``extended_final`` (mean over seeds), ``gain`` in the
+    better direction, ``trained`` and ``confirmed``: True when the extension did not improve an arm
+    called trained by ``min_change`` or more, False when it did, None for an arm not called trained)."""
     lines = []
     for arm, e in ext.items():
         what = (("confirmed: it had levelled off" if e["gain"] > -min_change else
