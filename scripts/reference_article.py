@@ -241,7 +241,7 @@ def _pretrain_seed(seed: int, *, sizes: Any, train: Any, val: Any, vocab_size: i
 
 
 def _arm_extension(a: Any, min_change: float, *, higher_is_better: bool = False) -> dict[str, Any]:
-    """An arm trained to its plateau, in :func:`codex_lab.reference.budget_extension`'s terms: its
+    """An arm trained to its plateau, in the terms :func:`codex_lab.reference.extension_lines` reads: its
     own extension check (half as long again, continued), ``gain`` in the better direction."""
     final = statistics.fmean(a.final)
     ran = bool(a.extension_steps)
