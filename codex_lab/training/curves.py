@@ -92,7 +92,100 @@ def train_curve(model: CodexModel, train_tokens: Tensor, eval_batches: Sequence[
     return curve
 
 
-class LMSession:
+class ChunkedSession:
+    """What every session trained in chunks by a run to its plateau shares: ``advance(n)``
+    trains ``n`` more steps (a subclass's :meth:`_train`) and returns the held-out curve, and
+    ``checkpoint`` (a file path) keeps the whole session after every ``advance``, atomically.
+
+    A session built on an existing checkpoint *replays*: its ``advance`` calls return the
+    recorded curve, without training, until they reach the step the checkpoint holds, then
+    train on from there. A deterministic driver making the same calls again thus reaches the
+    same decisions, and a run killed between two chunks (a session's end) resumes where it
+    stopped with the numbers an unbroken run gives. :meth:`_frozen_at` reads back what a
+    subclass's ``freeze`` recorded at the driver's step when replaying past it.
+
+    A subclass sets ``model``, ``opt``, ``gen`` (the batch generator), ``curve`` and calls
+    :meth:`_start` at the end of its ``__init__``; :meth:`_extra` / :meth:`_load_extra` carry
+    what else it keeps.
+    """
+
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    gen: torch.Generator
+    curve: list[tuple[float, float]]
+
+    def _start(self, checkpoint: str | Path | None) -> None:
+        self.step, self.at = 0, 0  # at: the step the driver has reached (< step only while replaying)
+        self.frozen: dict[str, Any] | None = None  # what freeze() recorded, with its "step"
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        if self.checkpoint is not None and self.checkpoint.exists():
+            state = torch.load(self.checkpoint, map_location="cpu", weights_only=False)
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["opt"])
+            self.gen.set_state(state["gen"])
+            self.step, self.curve, self.frozen = int(state["step"]), [tuple(p) for p in state["curve"]], state["frozen"]
+            self._load_extra(state)
+        else:
+            self.curve = [self._first_point()]
+
+    def _first_point(self) -> tuple[float, float]:
+        """The held-out value before any training: (0, value)."""
+        raise NotImplementedError
+
+    def _train(self, n: int) -> None:
+        """Train ``n`` steps from ``self.step``, appending evaluations to ``self.curve``."""
+        raise NotImplementedError
+
+    def _extra(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`_extra` saved."""
+
+    def _save(self) -> None:
+        assert self.checkpoint is not None
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.checkpoint.with_name(self.checkpoint.name + ".tmp")
+        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(),
+                    "step": self.step, "curve": self.curve, "frozen": self.frozen, **self._extra()}, tmp)
+        os.replace(tmp, self.checkpoint)  # a kill mid-write leaves the previous checkpoint whole
+
+    def held_out(self) -> list[tuple[float, float]]:
+        """The held-out curve up to the step the driver has reached."""
+        return [p for p in self.curve if p[0] <= self.at]
+
+    def advance(self, n: int) -> list[tuple[float, float]]:
+        """Train ``n`` more steps (or replay them from the checkpoint); returns the held-out curve so far."""
+        if self.at + n <= self.step:  # replaying a checkpoint: these steps were trained before
+            self.at += n
+            return self.held_out()
+        if self.at < self.step:
+            raise ValueError(f"the checkpoint {self.checkpoint} holds step {self.step}, which the driver's steps "
+                             f"({self.at} then +{n}) do not land on: resume with the same chunks, or delete it")
+        self.model.train()
+        self._train(n)
+        self.at = self.step
+        self.model.eval()
+        if self.checkpoint is not None:
+            self._save()
+        return list(self.curve)
+
+    def _frozen_at(self) -> dict[str, Any] | None:
+        """The freeze record at the driver's step when replaying past it (None when live)."""
+        if self.at < self.step:
+            if self.frozen is None or self.frozen["step"] != self.at:
+                raise ValueError(f"the checkpoint {self.checkpoint} has no frozen state at step {self.at}: delete it")
+            return self.frozen
+        return None
+
+    def _keep_frozen(self, record: dict[str, Any]) -> None:
+        """Record ``freeze``'s result at the driver's step, in the checkpoint too."""
+        self.frozen = {"step": self.at, **record}
+        if self.checkpoint is not None:
+            self._save()
+
+
+class LMSession(ChunkedSession):
     """One model trained on random windows of a token stream in chunks, with its held-out curve:
     the ``advance(n) -> curve`` a run to its plateau drives
     (:func:`codex_lab.training.plateau.train_to_plateau`).
@@ -123,42 +216,12 @@ class LMSession:
         self.device = next(model.parameters()).device
         self.gen = torch.Generator().manual_seed(seed)
         self.opt = adamw(model, LoopConfig(steps=1, lr=lr))
-        self.step = 0
-        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
-        self.frozen: dict[str, Any] | None = None  # {"step", "final", "weights"}: what freeze() recorded
-        if self.checkpoint is not None and self.checkpoint.exists():
-            self._load(torch.load(self.checkpoint, map_location="cpu", weights_only=False))
-        else:
-            self.curve: list[tuple[float, float]] = [(0.0, val_loss(model, self.evals))]
-        self.at = 0  # the step the driver has reached (< self.step only while replaying a checkpoint)
+        self._start(checkpoint)
 
-    def _load(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["opt"])
-        self.gen.set_state(state["gen"])
-        self.step, self.curve, self.frozen = int(state["step"]), [tuple(p) for p in state["curve"]], state["frozen"]
+    def _first_point(self) -> tuple[float, float]:
+        return (0.0, val_loss(self.model, self.evals))
 
-    def _save(self) -> None:
-        assert self.checkpoint is not None
-        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.checkpoint.with_name(self.checkpoint.name + ".tmp")
-        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(),
-                    "step": self.step, "curve": self.curve, "frozen": self.frozen}, tmp)
-        os.replace(tmp, self.checkpoint)  # a kill mid-write leaves the previous checkpoint whole
-
-    def held_out(self) -> list[tuple[float, float]]:
-        """The held-out curve up to the step the driver has reached."""
-        return [p for p in self.curve if p[0] <= self.at]
-
-    def advance(self, n: int) -> list[tuple[float, float]]:
-        """Train ``n`` more steps (or replay them from the checkpoint); returns the held-out curve so far."""
-        if self.at + n <= self.step:  # replaying a checkpoint: these steps were trained before
-            self.at += n
-            return self.held_out()
-        if self.at < self.step:
-            raise ValueError(f"the checkpoint {self.checkpoint} holds step {self.step}, which the driver's steps "
-                             f"({self.at} then +{n}) do not land on: resume with the same chunks, or delete it")
-        self.model.train()
+    def _train(self, n: int) -> None:
         for _ in range(n):
             # lr(step) = lr x min(1, (step + 1) / warmup): linear warm-up, then constant
             lr = self.lr * min(1.0, (self.step + 1) / max(1, self.warmup))
@@ -176,21 +239,15 @@ class LMSession:
             self.step += 1
             if self.step % self.eval_every == 0:
                 self.curve.append((float(self.step), val_loss(self.model, self.evals)))
-        self.at = self.step
-        self.model.eval()
-        if self.checkpoint is not None:
-            self._save()
-        return list(self.curve)
 
     def freeze(self) -> tuple[float, dict[str, Tensor]]:
         """(held-out loss, a copy of the weights) at the step the driver has reached: read from the
         model, and kept in the checkpoint, when live; from that record when replaying past it."""
-        if self.at < self.step:
-            if self.frozen is None or self.frozen["step"] != self.at:
-                raise ValueError(f"the checkpoint {self.checkpoint} has no frozen state at step {self.at}: delete it")
-            return float(self.frozen["final"]), self.frozen["weights"]
+        rec = self._frozen_at()
+        if rec is not None:
+            return float(rec["final"]), rec["weights"]
         final, weights = self.held_out()[-1][1], copy.deepcopy(self.model.state_dict())
-        self.frozen = {"step": self.at, "final": final, "weights": weights}
-        if self.checkpoint is not None:
-            self._save()
+        self._keep_frozen({"final": final, "weights": weights})
         return final, weights
+
+

@@ -86,6 +86,21 @@ def extension_words(change: float, min_change: float) -> str:
     return f"it moved by less than min_change {min_change:g} (confirmed)"
 
 
+def plateau_line(arm: str, state: TrainingState, steps: int, *, reached: bool, extension_steps: int,
+                 extension_change: float, min_change: float, higher_is_better: bool = False,
+                 metric: str = "held-out loss", unit: str = " nats/token", note: str = "") -> str:
+    """One line for an arm trained to its plateau, its seeds in lockstep: its state at the
+    stopping point, its steps (``note``, or "(the cap)" when not ``reached``) and the
+    budget-extension check (``extension_change`` > 0: better), the metric's own move printed."""
+    s = f"{arm}: {state.short()} at {steps} steps per seed" + (note or ("" if reached else " (the cap)"))
+    if extension_steps:
+        # the metric moved by +change where higher is better, by -change where lower is
+        moved = extension_change if higher_is_better else -extension_change
+        s += (f"; {extension_steps} more steps changed its {metric} by {moved:+.3g}{unit}: "
+              f"{extension_words(extension_change, min_change)}")
+    return s
+
+
 def overruled_by_extension(state: TrainingState, *, steps: int, extension_steps: int, change: float,
                            min_change: float) -> TrainingState:
     """The budget-extension check overrules the rule: an arm called trained at ``steps`` whose
@@ -192,5 +207,5 @@ def train_to_plateau(advance: Sequence[Advance], *, arm: str, chunk: int, max_st
     return run
 
 
-__all__ = ["EXTEND", "PlateauRun", "best_step", "extension_words", "overruled_by_extension", "plateau_state",
-           "train_to_plateau"]
+__all__ = ["EXTEND", "PlateauRun", "best_step", "extension_words", "overruled_by_extension", "plateau_line",
+           "plateau_state", "train_to_plateau"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +30,9 @@ from codex_lab.lessons.l02_sparse_attention.experiments import (MIN_CHANGE, Reca
                                                               build_model, chance_of, eval_batches, evaluate_recall,
                                                               judge, recall_loss, task_data)
 from codex_lab.lessons.l02_sparse_attention.geometry import RecallConfig
+from codex_lab.training.curves import ChunkedSession
 from codex_lab.training.loop import LoopConfig, adamw
-from codex_lab.training.plateau import extension_words, overruled_by_extension, train_to_plateau
+from codex_lab.training.plateau import overruled_by_extension, plateau_line, train_to_plateau
 from codex_lab.training_state import TrainingState
 
 
@@ -54,7 +54,7 @@ class StopPlan:
                              f"max_steps {self.max_steps}")
 
 
-class RecallSession:
+class RecallSession(ChunkedSession):
     """One arm at one seed on the recall task, trained in chunks: ``advance(n) -> curve`` (step,
     held-out accuracy over all distances), at step 0 and every ``cfg.eval_every`` steps.
 
@@ -62,9 +62,8 @@ class RecallSession:
     :func:`~codex_lab.lessons.l02_sparse_attention.experiments.train_batches` uses, drawn as it goes,
     so a run has no end built in) and the held-out sequences; AdamW, a linear warm-up over
     ``cfg.warmup`` steps to ``cfg.lr``, then ``cfg.lr`` held; gradient norm clipped at 1.
-    ``checkpoint``: after every ``advance`` the session is written there atomically, and a session
-    built on an existing one replays the recorded curve until the driver reaches its step
-    (:class:`codex_lab.training.curves.LMSession`'s contract)."""
+    ``checkpoint``: kept after every ``advance``, replayed on a resume
+    (:class:`codex_lab.training.curves.ChunkedSession`)."""
 
     def __init__(self, patterns: Sequence[str], cfg: RecallConfig, seed: int, *,
                  checkpoint: str | Path | None = None) -> None:
@@ -75,54 +74,31 @@ class RecallSession:
         self.gen = torch.Generator().manual_seed(1000 + seed)
         self.held = eval_batches(cfg, seed)
         self.opt = adamw(self.model, LoopConfig(steps=1, lr=cfg.lr))
-        self.step, self.at = 0, 0
-        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
-        self.frozen: dict[str, Any] | None = None
-        self.curve: list[tuple[float, float]] = []
         self.far_curve: list[tuple[float, float]] = []
         self.accuracy: dict[str, float] = {}
-        if self.checkpoint is not None and self.checkpoint.exists():
-            st = torch.load(self.checkpoint, map_location="cpu", weights_only=False)
-            self.model.load_state_dict(st["model"])
-            self.opt.load_state_dict(st["opt"])
-            self.gen.set_state(st["gen"])
-            self.step, self.frozen = int(st["step"]), st["frozen"]
-            self.curve, self.far_curve = [tuple(p) for p in st["curve"]], [tuple(p) for p in st["far_curve"]]
-            self.accuracy = dict(st["accuracy"])
-        else:
-            self._evaluate()
+        self._start(checkpoint)
 
-    def _evaluate(self) -> None:
+    def _first_point(self) -> tuple[float, float]:
+        return self._evaluate()
+
+    def _evaluate(self) -> tuple[float, float]:
+        """Score the held-out sequences now: keeps the accuracy per distance and the far curve's
+        point, returns the curve's (step, accuracy over all distances)."""
         acc = evaluate_recall(self.model, self.vocab, self.held, self.cfg.task.distances)
         self.accuracy = acc
-        # overall = mean over distances (each distance has the same number of queries)
-        self.curve.append((float(self.step), sum(acc.values()) / len(acc)))
         far = [d for d in self.cfg.task.distances if d > self.cfg.reach]
         if far:
             self.far_curve.append((float(self.step), sum(acc[str(d)] for d in far) / len(far)))
+        # overall = mean over distances (each distance has the same number of queries)
+        return (float(self.step), sum(acc.values()) / len(acc))
 
-    def _save(self) -> None:
-        assert self.checkpoint is not None
-        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.checkpoint.with_name(self.checkpoint.name + ".tmp")
-        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(),
-                    "step": self.step, "curve": self.curve, "far_curve": self.far_curve, "accuracy": self.accuracy,
-                    "frozen": self.frozen}, tmp)
-        os.replace(tmp, self.checkpoint)  # a kill mid-write leaves the previous checkpoint whole
+    def _extra(self) -> dict[str, Any]:
+        return {"far_curve": self.far_curve, "accuracy": self.accuracy}
 
-    def held_out(self) -> list[tuple[float, float]]:
-        """The held-out curve up to the step the driver has reached."""
-        return [p for p in self.curve if p[0] <= self.at]
+    def _load_extra(self, state: dict[str, Any]) -> None:
+        self.far_curve, self.accuracy = [tuple(p) for p in state["far_curve"]], dict(state["accuracy"])
 
-    def advance(self, n: int) -> list[tuple[float, float]]:
-        """Train ``n`` more steps (or replay them from the checkpoint); returns the curve so far."""
-        if self.at + n <= self.step:
-            self.at += n
-            return self.held_out()
-        if self.at < self.step:
-            raise ValueError(f"the checkpoint {self.checkpoint} holds step {self.step}, which the driver's steps "
-                             f"({self.at} then +{n}) do not land on: resume with the same chunks, or delete it")
-        self.model.train()
+    def _train(self, n: int) -> None:
         for _ in range(n):
             # lr(step) = lr x min(1, (step + 1) / warmup): linear warm-up, then constant
             for g in self.opt.param_groups:
@@ -138,23 +114,16 @@ class RecallSession:
             self.opt.step()
             self.step += 1
             if self.step % self.cfg.eval_every == 0:
-                self._evaluate()
-        self.at = self.step
-        if self.checkpoint is not None:
-            self._save()
-        return list(self.curve)
+                self.curve.append(self._evaluate())
 
     def freeze(self) -> RecallRun:
         """The seed's result at the step the driver has reached (the verdict's), kept in the
         checkpoint so that a replay past it reads the same."""
-        if self.at < self.step:
-            if self.frozen is None or self.frozen["step"] != self.at:
-                raise ValueError(f"the checkpoint {self.checkpoint} has no frozen state at step {self.at}: delete it")
-            return copy.deepcopy(self.frozen["run"])
-        run = RecallRun(dict(self.accuracy), [p for p in self.curve], [p for p in self.far_curve], 0.0)
-        self.frozen = {"step": self.at, "run": run}
-        if self.checkpoint is not None:
-            self._save()
+        rec = self._frozen_at()
+        if rec is not None:
+            return copy.deepcopy(rec["run"])
+        run = RecallRun(dict(self.accuracy), list(self.curve), list(self.far_curve), 0.0)
+        self._keep_frozen({"run": run})
         return copy.deepcopy(run)
 
 
@@ -179,11 +148,9 @@ class PatternArm:
 
     def describe(self) -> str:
         """The arm's state, its steps and the extension check, one line."""
-        s = f"{self.name}: {self.state.short()} at {self.steps} steps per seed" + ("" if self.reached else " (the cap)")
-        if self.extension_steps:
-            s += (f"; {self.extension_steps} more steps changed its held-out accuracy by {self.extension_change:+.3g}: "
-                  f"{extension_words(self.extension_change, MIN_CHANGE)}")
-        return s
+        return plateau_line(self.name, self.state, self.steps, reached=self.reached, extension_steps=self.extension_steps,
+                            extension_change=self.extension_change, min_change=MIN_CHANGE, higher_is_better=True,
+                            metric="held-out accuracy", unit="")
 
 
 def pattern_unit(name: str, patterns: Sequence[str], *, cfg: RecallConfig, stop: StopPlan,

@@ -37,7 +37,7 @@ from codex_lab.nn.model import CodexModel
 from codex_lab.nn.surgery import mha_to_gqa
 from codex_lab.stats import Comparison, holm, judge_trained, noninferiority
 from codex_lab.training.lm_plateau import fixed_steps, lm_sessions, lm_to_plateau
-from codex_lab.training.plateau import extension_words, overruled_by_extension
+from codex_lab.training.plateau import overruled_by_extension, plateau_line
 from codex_lab.training_state import TrainingState, training_state
 
 UPTRAIN_SALT = 1_000_003  # the uptraining's data order: seed + salt (the fixed protocol's)
@@ -117,11 +117,8 @@ class GroupArm:
 
     def describe(self) -> str:
         """The arm's state, its steps and the extension check, one line."""
-        s = f"{self.arm}: {self.state.short()} at {self.steps} steps per seed" + ("" if self.reached else " (the cap)")
-        if self.extension_steps:
-            s += (f"; {self.extension_steps} more steps changed its held-out loss by {-self.extension_change:+.3g} "
-                  f"nats/token: {extension_words(self.extension_change, MIN_CHANGE_NATS)}")
-        return s
+        return plateau_line(self.arm, self.state, self.steps, reached=self.reached, extension_steps=self.extension_steps,
+                            extension_change=self.extension_change, min_change=MIN_CHANGE_NATS)
 
 
 def uptrain_unit(g: int, *, bases: Sequence[Mapping[str, Any]], sizes: ProtocolSizes, plan: PlateauPlan, train: Tensor,

@@ -36,7 +36,7 @@ from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.nn.moe import moe_layers_of
 from codex_lab.training.lm_plateau import lm_sessions, lm_to_plateau
-from codex_lab.training.plateau import extension_words, overruled_by_extension
+from codex_lab.training.plateau import overruled_by_extension, plateau_line
 from codex_lab.training_state import TrainingState, held_floor
 
 
@@ -88,11 +88,8 @@ class ArmPlateau:
 
     def describe(self) -> str:
         """The arm's state, its steps and the extension check, one line."""
-        s = f"{self.arm}: {self.state.short()} at {self.steps} steps per seed" + ("" if self.reached else " (the cap)")
-        if self.extension_steps:
-            s += (f"; {self.extension_steps} more steps changed its held-out loss by {-self.extension_change:+.3g} "
-                  f"nats/token: {extension_words(self.extension_change, MIN_CHANGE)}")
-        return s
+        return plateau_line(self.arm, self.state, self.steps, reached=self.reached, extension_steps=self.extension_steps,
+                            extension_change=self.extension_change, min_change=MIN_CHANGE)
 
 
 def arm_unit(arm: str, *, configs: Mapping[str, ModelConfig], plan: Plan, stop: StopPlan, train: Tensor, val: Tensor,

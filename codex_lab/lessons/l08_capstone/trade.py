@@ -46,7 +46,7 @@ from codex_lab.parallel import run_units
 from codex_lab.stats import Comparison, judge_trained, noninferiority
 from codex_lab.training.curves import LMSession, heldout_windows, small_vocab_data
 from codex_lab.training.lm_plateau import fixed_steps, lm_sessions, lm_to_plateau
-from codex_lab.training.plateau import extension_words
+from codex_lab.training.plateau import plateau_line
 from codex_lab.training_state import TrainingState
 
 # The largest quality cost still called "kept", declared before any run (the same margin as
@@ -217,13 +217,9 @@ class ArmRun:
 
     def describe(self) -> str:
         """The arm's state, its steps and the extension check, one line."""
-        how = " (a fixed budget: the plain arm continues it)" if self.fixed else ("" if self.reached else " (the cap)")
-        s = f"{self.arm}: {self.state.short()} at {self.steps} steps per seed{how}"
-        if self.extension_steps:
-            # extension_change > 0 is better (train_to_plateau's sign): the loss itself moved by -change
-            s += (f"; {self.extension_steps} more steps changed its held-out loss by {-self.extension_change:+.3g} "
-                  f"nats/token: {extension_words(self.extension_change, MIN_CHANGE_NATS)}")
-        return s
+        return plateau_line(self.arm, self.state, self.steps, reached=self.reached, extension_steps=self.extension_steps,
+                            extension_change=self.extension_change, min_change=MIN_CHANGE_NATS,
+                            note=" (a fixed budget: the plain arm continues it)" if self.fixed else "")
 
 
 def _sessions(models: Sequence[CodexModel], sizes: TradeSizes, train: Tensor, val: Tensor, *, lr: float,
