@@ -381,8 +381,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         # 11 interleaved rounds in full mode: the median ratio holds on a machine whose speed drifts
         "decode": lambda: bench_decode(model, 64, args.mode.pick(fast=64, full=128), hf_compile=not getattr(args, "no_hf_compile", False),
                                        repeats=args.mode.pick(fast=5, full=11), variants=not getattr(args, "no_compile", False)),
-        "code_edit": lambda: bench_code_edit(model, tok, args.mode.pick(fast=4, full=12), args.mode.pick(fast=64, full=128),
-                                             rounds=args.mode.pick(fast=2, full=5)),
+        # prompts built to be copied (a renamed copy) and held-out files continued (not built to be copied)
+        "code_edit": lambda: [r for kind in ("edit", "continuation")
+                              for r in bench_code_edit(model, tok, args.mode.pick(fast=4, full=12),
+                                                       args.mode.pick(fast=64, full=128),
+                                                       rounds=args.mode.pick(fast=2, full=5), kind=kind)],
         "llama_cpp": lambda: _peer(model, tok, getattr(args, "threads", None), args.mode,
                                    getattr(args, "peer_precision", "f32")),
         "llama_cpp_streams": lambda: _peer_streams(model, tok, getattr(args, "threads", None), args.mode),
