@@ -14,7 +14,8 @@ hold the cores); otherwise 1 on a CUDA device (one GPU: processes would queue on
 ``cores // compute_threads()`` capped by the number of units. Workers are spawned (not forked:
 a forked child of a process holding OpenMP or the compile thread's locks can hang) and stay
 quiet (no progress bars); a unit gets its sizes in its arguments, never from the mode of the
-process that started it; a unit's exception reaches the caller with the unit named.
+process that started it; a unit's exception reaches the caller with the unit named; on Linux a
+worker ends when the process that started it dies, however it was stopped.
 """
 
 from __future__ import annotations
@@ -57,7 +58,30 @@ def cpu_seconds() -> float:
     return time.process_time() + kids.ru_utime + kids.ru_stime
 
 
-def _start_worker(env: Mapping[str, str], threads: int) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Linux: this worker gets SIGTERM when the process that started it dies. Without it, a run
+    stopped by its pid (``kill PID``, not Ctrl-C, which signals the whole group) leaves its
+    workers training on, writing the checkpoints a resumed run will read."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+def _start_worker(env: Mapping[str, str], threads: int, parent: int | None = None) -> None:
+    if parent is not None:
+        _die_with_parent(parent)
     os.environ.update(env)
     torch.set_num_threads(threads)
 
@@ -97,7 +121,7 @@ def run_units(fn: Callable[..., R], units: Sequence[tuple[Any, ...] | Mapping[st
 
     env = {"CODEX_LAB_PROGRESS": "0", JOBS_ENV: "1"}
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_start_worker, initargs=(env, compute_threads()))
+                               initializer=_start_worker, initargs=(env, compute_threads(), os.getpid()))
     futures = [pool.submit(_call, fn, a, kw) for a, kw in calls]
     index = {f: i for i, f in enumerate(futures)}
     got: dict[int, R] = {}

@@ -138,3 +138,57 @@ def test_moe_arms_in_workers_equal_the_plain_loop():
     for a in arms:
         assert [r.curve for r in plain[a]] == [r.curve for r in pooled[a]]
         assert [r.val_loss for r in plain[a]] == [r.val_loss for r in pooled[a]]
+
+
+def _sleep_and_report(folder: str, tag: str) -> None:
+    """A unit that writes its pid, then sleeps past any test (killed with its parent, or never ends)."""
+    import os
+    from pathlib import Path
+
+    (Path(folder) / f"{tag}.pid").write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_workers_end_when_the_process_that_started_them_is_killed(tmp_path):
+    """A run stopped by its pid (SIGKILL: no handler runs) must not leave its workers training on,
+    writing checkpoints a resumed run reads: each worker gets SIGTERM when its parent dies.
+    Without the signal armed, the two sleeping workers below live on for 600 s."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = ("import sys; sys.path[:0] = [%r, %r]\n"
+              "from codex_lab.parallel import run_units\n"
+              "from test_parallel import _sleep_and_report\n"
+              "run_units(_sleep_and_report, [(%r, 'a'), (%r, 'b')], jobs=2)\n"
+              % (os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__)), str(tmp_path), str(tmp_path)))
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    pids: list[int] = []
+    deadline = time.monotonic() + 300  # a hang guard: spawning two workers that import torch, on a busy machine
+    while time.monotonic() < deadline and len(pids) < 2:
+        pids = [int(p.read_text()) for p in tmp_path.glob("*.pid") if p.read_text()]
+        time.sleep(0.2)
+    try:
+        assert len(pids) == 2, "the workers never started"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=60)
+
+        def alive(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            return not open(f"/proc/{pid}/stat").read().split(") ")[1].startswith("Z")  # a zombie has ended
+
+        deadline = time.monotonic() + 60  # SIGTERM arrives at once; the wait is a hang guard
+        while time.monotonic() < deadline and any(alive(p) for p in pids):
+            time.sleep(0.2)
+        assert not any(alive(p) for p in pids), "a worker outlived the process that started it"
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
