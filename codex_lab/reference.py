@@ -196,6 +196,19 @@ def rejudge(data: Mapping[str, Any]) -> list[Any] | None:
             for arm, c in data["curves"].items() if arm not in skip]
 
 
+def standing(data: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether a reference's verdicts stand: every judged arm at its plateau by today's rule
+    (:func:`rejudge`) and no arm the budget-extension check found still learning. Returns
+    (stands, why not: the arms that block it, "" when it stands)."""
+    states = rejudge(data) or []
+    moving = [s.arm for s in states if not s.trained]
+    unconfirmed = [a for a, e in (data.get("extension") or {}).items() if e.get("confirmed") is False]
+    why = "; ".join(x for x in (f"not at a plateau: {', '.join(moving)}" if moving else "",
+                                f"still learning in the extension check: {', '.join(unconfirmed)}" if unconfirmed else "")
+                    if x)
+    return not why, why
+
+
 def extension_lines(ext: Mapping[str, Mapping[str, Any]], min_change: float) -> list[str]:
     """One line per arm of a reference's budget-extension check (``data["extension"]``: per arm
     ``steps``/``extended_steps``, ``final``/``extended_final`` (mean over seeds), ``gain`` in the

@@ -136,3 +136,29 @@ def test_a_recall_session_in_chunks_resumes_to_the_unbroken_run(tmp_path):
     other.advance(5)  # replayed
     with pytest.raises(ValueError, match="do not land"):
         other.advance(5)  # 5 + 5 crosses step 8 off a chunk boundary: other chunks than the run's
+
+
+def test_the_capstone_report_sets_this_run_beside_the_reference_and_says_whether_it_stands(monkeypatch):
+    """Lesson 08's report: per design, the shipped reference's verdict beside this run's, "agrees"
+    or "differs"; the reference's verdicts are the claims' only while every arm there is at its
+    plateau and confirmed by its extension check: an unconfirmed arm flips the head line."""
+    from codex_lab.lessons.l08_capstone import trade_table as tt
+    from codex_lab.stats import noninferiority
+
+    plain = BASE
+    live = {"gqa4": noninferiority(plain, [x + 0.01 + j for x, j in zip(plain, JITTER)], margin=0.05, paired=True,
+                                   higher_is_better=False),
+            "gqa8": noninferiority(plain, [x + 0.3 + j for x, j in zip(plain, JITTER)], margin=0.05, paired=True,
+                                   higher_is_better=False)}
+    monkeypatch.setattr(tt, "trade_costs", lambda res: live)
+    flat = [[[float(s), 3.0 + 0.001 * k] for s in range(0, 1000, 50)] for k in range(3)]
+    data = {"metric": {"higher_is_better": False, "min_change": 0.01}, "curves": {"GQA g=4": flat, "GQA g=8": flat},
+            "primary": {k: {"verdict": "holds", "diff": 0.01, "lo": 0.0, "hi": 0.02} for k in live},
+            "extension": {"GQA g=4": {"confirmed": True}, "GQA g=8": {"confirmed": True}}}
+    prov = {"commit": "abc", "command": "c", "machine": "m", "date": "d", "duration_s": 60.0, "mode": "article"}
+    lines = tt.reference_agreement(None, ref={"provenance": prov, "data": data})
+    assert lines[0].startswith("The claims' verdicts are the shipped reference run's")
+    assert "this run agrees" in lines[2] and "this run differs (fails)" in lines[3], lines
+    data["extension"]["GQA g=8"]["confirmed"] = False  # the reference's own check found an arm still learning
+    lines = tt.reference_agreement(None, ref={"provenance": prov, "data": data})
+    assert "do not stand either" in lines[0] and "GQA g=8" in lines[0], lines[0]

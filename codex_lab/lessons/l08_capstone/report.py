@@ -79,6 +79,7 @@ def run(ctx: Any) -> str:
         "cache, parameters stored / active per token.",
         tt.trade_table(rows, context=tsizes.context, decode_batch=tsizes.decode_batch, markdown=True),
         "Each arm's run: " + "; ".join(tt.trade_lines(trade)) + ".",
+        *(["\n".join(agreement)] if (agreement := tt.reference_agreement(trade)) else []),
         f"Release gate per design (quality: non-inferior at the same {tr.MARGIN_NATS:g} margin; speed: not slower "
         "than plain in every round of prefill or of decode; worth shipping: a smaller KV cache, or prefill or decode "
         "faster in every round):\n\n"

@@ -155,4 +155,35 @@ def plot_trade(res: TradeResult) -> Any:
     return fig
 
 
-__all__ = ["Ratio", "TradeRow", "gate_row", "plot_trade", "trade_decision", "trade_lines", "trade_rows", "trade_table"]
+def reference_agreement(res: TradeResult, *, ref: Mapping[str, Any] | None = None) -> list[str]:
+    """Lines for the report: per design, the shipped reference run's quality verdict
+    (``scripts/reference_article.py --section 08``, every arm trained to its plateau at the
+    article's sizes) beside this run's (:func:`trade_costs`), saying whether they agree. The
+    reference's verdicts are the claims' when they stand (:func:`codex_lab.reference.standing`:
+    every arm at its plateau, none still learning in its extension check); otherwise the lines
+    say that neither run settles them. ``ref``: the reference (default: the shipped one); no
+    lines when none is shipped."""
+    from codex_lab.reference import describe_provenance, load_reference, standing
+
+    ref = load_reference("l08_article") if ref is None else ref
+    if ref is None:
+        return []
+    d = ref["data"]
+    stands, why = standing(d)
+    theirs, mine = d.get("primary") or {}, trade_costs(res)
+    lines = []
+    for kind, c in mine.items():
+        r = theirs.get(kind)
+        if r is None:
+            continue
+        agree = "agrees" if r["verdict"] == c.verdict else f"differs ({c.verdict})"
+        lines.append(f"- {LABELS.get(kind, kind)}: reference {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
+                     f"-> {r['verdict']}; this run {agree}")
+    head = ("The claims' verdicts are the shipped reference run's (every arm there at its plateau, each confirmed "
+            "by its extension check)" if stands else
+            f"The shipped reference run's verdicts do not stand either ({why}): neither run settles these claims")
+    return [f"{head}; {describe_provenance(ref)}:", "", *lines]
+
+
+__all__ = ["Ratio", "TradeRow", "gate_row", "plot_trade", "reference_agreement", "trade_decision", "trade_lines", "trade_rows",
+           "trade_table"]
