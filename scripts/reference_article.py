@@ -249,8 +249,9 @@ def _arm_extension(a: Any, min_change: float, *, higher_is_better: bool = False)
     sign = 1.0 if higher_is_better else -1.0
     return {"steps": a.steps, "extended_steps": a.steps + a.extension_steps,
             "final": final, "extended_final": final + sign * a.extension_change if ran else final,
-            "gain": a.extension_change if ran else 0.0, "trained": bool(a.state.trained),
-            "confirmed": (a.extension_change < min_change) if ran and a.state.trained else None}
+            # an extension runs only for an arm the rule called trained at its stopping point (train_to_plateau)
+            "gain": a.extension_change if ran else 0.0, "trained": ran or bool(a.state.trained),
+            "confirmed": (a.extension_change < min_change) if ran else None}
 
 
 # --- lesson 02 -------------------------------------------------------------------------------

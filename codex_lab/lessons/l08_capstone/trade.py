@@ -46,7 +46,7 @@ from codex_lab.parallel import run_units
 from codex_lab.stats import Comparison, judge_trained, noninferiority
 from codex_lab.training.curves import LMSession, heldout_windows, small_vocab_data
 from codex_lab.training.lm_plateau import fixed_steps, lm_sessions, lm_to_plateau
-from codex_lab.training.plateau import plateau_line
+from codex_lab.training.plateau import overruled_by_extension, plateau_line
 from codex_lab.training_state import TrainingState
 
 # The largest quality cost still called "kept", declared before any run (the same margin as
@@ -215,9 +215,16 @@ class ArmRun:
     seconds: float = 0.0
     fixed: bool = False  # a fixed budget (the pre-training), not a run to a plateau
 
+    @property
+    def judged(self) -> TrainingState:
+        """The state the verdicts use: the rule's at the stopping point, overruled when the
+        budget-extension check found the arm still learning (an improvement of min_change or more)."""
+        return overruled_by_extension(self.state, steps=self.steps, extension_steps=self.extension_steps,
+                                      change=self.extension_change, min_change=MIN_CHANGE_NATS)
+
     def describe(self) -> str:
         """The arm's state, its steps and the extension check, one line."""
-        return plateau_line(self.arm, self.state, self.steps, reached=self.reached, extension_steps=self.extension_steps,
+        return plateau_line(self.arm, self.judged, self.steps, reached=self.reached, extension_steps=self.extension_steps,
                             extension_change=self.extension_change, min_change=MIN_CHANGE_NATS,
                             note=" (a fixed budget: the plain arm continues it)" if self.fixed else "")
 
@@ -341,8 +348,9 @@ def run_trade(corpus: Any, sizes: TradeSizes) -> TradeResult:
 
 
 def trade_states(res: TradeResult) -> dict[str, TrainingState]:
-    """The training state of the pre-training (``"pre-training"``) and of every design at its stopping point."""
-    return {"pre-training": res.pre.state, **{k: a.state for k, a in res.arms.items()}}
+    """The training state of the pre-training (``"pre-training"``) and of every design at its
+    stopping point, as its extension check leaves it (:attr:`ArmRun.judged`)."""
+    return {"pre-training": res.pre.state, **{k: a.judged for k, a in res.arms.items()}}
 
 
 def trade_costs(res: TradeResult, *, margin: float = MARGIN_NATS) -> dict[str, Comparison]:

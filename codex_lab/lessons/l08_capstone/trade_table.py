@@ -51,7 +51,7 @@ class TradeRow:
     @property
     def state(self) -> TrainingState:
         """The design's training state at its stopping point."""
-        return self.arm.state
+        return self.arm.judged
 
 
 def gate_row(row: TradeRow, *, margin: float = MARGIN_NATS) -> tuple[bool, list[str]]:
