@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from codex_lab.parallel import run_units, unit_workers  # noqa: E402
-from codex_lab.reference import ResumableRun, provenance, save_reference  # noqa: E402
+from codex_lab.reference import ResumableRun, _commit, provenance, save_reference  # noqa: E402
 from codex_lab.runtime import use_compute_threads  # noqa: E402
 
 SECTIONS = ("02", "03", "04", "08")
@@ -364,8 +364,9 @@ def main() -> int:
     with use_compute_threads():
         data = fn(run, corpus, cfg)
         # the machine line names the math threads of each worker process (read inside this block)
+        # commit: the code that trained the units; verdicts_commit: the code that judged and timed them now
         prov = provenance(f"python scripts/reference_article.py --section {args.section}", run.seconds(), "article",
-                          commit=run.commit, state_file=state.replace(str(Path.home()), "~", 1), workers=unit_workers(2))
+                          commit=run.commit, verdicts_commit=_commit(), state_file=state.replace(str(Path.home()), "~", 1), workers=unit_workers(2))
     path = save_reference(name, data, prov, **({"directory": runs_dir} if SMOKE else {}))
     print(data["geometry"], *data["states"], *data["table"], *(f"{k}: {v}" for k, v in data["verdicts"].items()),
           sep="\n")
