@@ -210,3 +210,17 @@ def test_the_extension_overrules_the_rule_only_when_it_improved_the_arm():
     assert overruled_by_extension(st, change=0.005, **kw) is st  # moved less than min_change: confirmed
     assert overruled_by_extension(st, change=-0.05, **kw) is st  # got worse: past its plateau, still trained
     assert overruled_by_extension(st, change=float("nan"), **kw) is st  # no extension ran
+
+
+def test_the_verdicts_read_a_false_plateau_as_under_trained():
+    """PlateauRun.judged, what lessons 02-04 give their verdicts: the rule's "trained" at the
+    stopping point stands when the extension confirms it, and turns "under-trained" when the
+    extension improved the arm by min_change or more (the false plateau above)."""
+    def false_plateau(s: int) -> float:
+        return 3.0 if s <= 1000 else 3.0 - (s - 1000) / 500
+
+    kw = dict(arm="j", chunk=100, max_steps=5000, min_steps=1000, higher_is_better=False, min_change=0.01)
+    run = train_to_plateau([seed_of(false_plateau) for _ in range(3)], **kw)
+    assert run.state.trained and not run.judged.trained and "still learning" in run.judged.reason
+    flat = train_to_plateau([seed_of(lambda s: 3.0) for _ in range(3)], **kw)
+    assert flat.state.trained and flat.judged is flat.state

@@ -162,3 +162,37 @@ def test_the_capstone_report_sets_this_run_beside_the_reference_and_says_whether
     data["extension"]["GQA g=8"]["confirmed"] = False  # the reference's own check found an arm still learning
     lines = tt.reference_agreement(None, ref={"provenance": prov, "data": data})
     assert "do not stand either" in lines[0] and "GQA g=8" in lines[0], lines[0]
+
+
+def test_lesson_02s_plateau_verdict_flips_with_far_accuracy_and_waits_for_every_arm():
+    """Lesson 02's arms at their plateau: window+stride as good as dense on the far distances
+    holds non-inferiority (the window alone at chance shows the task needs far links); at chance
+    itself it fails; an arm its run left under-trained withholds the verdict."""
+    from dataclasses import replace as dc_replace
+
+    from codex_lab.lessons.l02_sparse_attention.experiments import RecallRun
+    from codex_lab.lessons.l02_sparse_attention.geometry import fast_config
+    from codex_lab.lessons.l02_sparse_attention.plateau import PatternArm, plateau_judge
+
+    cfg = fast_config()
+    near, far = [d for d in cfg.task.distances if d <= cfg.reach], [d for d in cfg.task.distances if d > cfg.reach]
+
+    def arm(name: str, far_acc: float, trained: bool = True) -> PatternArm:
+        runs = []
+        for k, j in enumerate((0.01, -0.012, 0.006)):  # per seed: levels and a little seed noise
+            j += 0.004 * ((k + len(name)) % 3 - 1)  # each arm's own noise: the paired differences vary
+            acc = {**{str(d): 0.95 + j for d in near}, **{str(d): far_acc + j for d in far}}
+            level = sum(acc.values()) / len(acc)
+            curve = [(float(s), level + 0.0005 * ((s // 60 + k) % 3 - 1)) for s in range(0, 1260, 60)]
+            runs.append(RecallRun(acc, curve, [], 0.0))
+        return PatternArm(name, runs, state(name, trained), 1200, True)
+
+    def arms(stride_far: float, stride_trained: bool = True) -> dict:
+        return {"dense": arm("dense", 0.9), "window": arm("window", 0.13),
+                "window+stride": arm("window+stride", stride_far, stride_trained),
+                "dense early, sparse deep": arm("dense early, sparse deep", 0.9),
+                "sparse early, dense deep": arm("sparse early, dense deep", 0.5)}
+
+    assert plateau_judge(arms(0.9), cfg).stride.verdict == "holds"
+    assert plateau_judge(arms(0.13), cfg).stride.verdict == "fails"
+    assert "no verdict" in plateau_judge(arms(0.9, stride_trained=False), cfg).stride.verdict

@@ -67,6 +67,13 @@ class PlateauRun:
         """The budget-extension check passed: another ``EXTEND`` of the run did not improve the arm by min_change or more."""
         return math.isfinite(self.extension_change) and self.extension_change < self.min_change
 
+    @property
+    def judged(self) -> TrainingState:
+        """The state the verdicts use: :attr:`state` (the rule's at the stopping point), overruled
+        when the budget-extension check found the arm still learning (:func:`overruled_by_extension`)."""
+        return overruled_by_extension(self.state, steps=self.steps, extension_steps=self.extension_steps,
+                                      change=self.extension_change, min_change=self.min_change)
+
     def describe(self) -> str:
         """One line: the state at the stopping point and the extension check."""
         s = f"{self.arm}: {self.state.short()} at {self.steps} steps per seed" + ("" if self.reached else " (the cap)")

@@ -32,7 +32,7 @@ from codex_lab.lessons.l02_sparse_attention.experiments import (MIN_CHANGE, Reca
 from codex_lab.lessons.l02_sparse_attention.geometry import RecallConfig
 from codex_lab.training.curves import ChunkedSession
 from codex_lab.training.loop import LoopConfig, adamw
-from codex_lab.training.plateau import overruled_by_extension, plateau_line, train_to_plateau
+from codex_lab.training.plateau import plateau_line, train_to_plateau
 from codex_lab.training_state import TrainingState
 
 
@@ -171,8 +171,7 @@ def pattern_unit(name: str, patterns: Sequence[str], *, cfg: RecallConfig, stop:
     run = train_to_plateau([s.advance for s in sessions], arm=name, chunk=stop.chunk, max_steps=stop.max_steps,
                            min_steps=stop.min_steps, higher_is_better=True, min_change=MIN_CHANGE,
                            chance=chance_of(cfg), extend=stop.extend, before_extension=freeze)
-    state = overruled_by_extension(run.state, steps=run.steps, extension_steps=run.extension_steps,
-                                   change=run.extension_change, min_change=MIN_CHANGE)
+    state = run.judged  # the rule's call, overruled where the extension found the arm still learning
     return PatternArm(name, at_stop["runs"], state, run.steps, run.reached, run.extension_steps,
                       run.extension_change, time.perf_counter() - t0)
 
@@ -181,13 +180,11 @@ def plateau_judge(arms: Mapping[str, PatternArm], cfg: RecallConfig) -> Verdicts
     """The protocol's verdicts on the arms at their plateau: each arm's state is the rule's on its
     curves to the stopping point (the dense arm also held to the ceiling the others show,
     :func:`~codex_lab.lessons.l02_sparse_attention.experiments.arm_states`, with no schedule rates:
-    the rate is held), then overruled by its extension check where that found it still learning."""
+    the rate is held); an arm its run left off its plateau (the cap, or an extension that found it
+    still learning: :attr:`PatternArm.state`) keeps that state."""
     results = {k: a.runs for k, a in arms.items()}
     rule = arm_states(results, cfg, schedule_rates=False)
-    states = {k: (a.state if not a.state.trained else
-                  overruled_by_extension(rule[k], steps=a.steps, extension_steps=a.extension_steps,
-                                         change=a.extension_change, min_change=MIN_CHANGE))
-              for k, a in arms.items()}
+    states = {k: (rule[k] if a.state.trained else a.state) for k, a in arms.items()}
     return judge(results, cfg, states=states)
 
 

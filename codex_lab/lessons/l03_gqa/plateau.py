@@ -37,7 +37,7 @@ from codex_lab.nn.model import CodexModel
 from codex_lab.nn.surgery import mha_to_gqa
 from codex_lab.stats import Comparison, holm, judge_trained, noninferiority
 from codex_lab.training.lm_plateau import fixed_steps, lm_sessions, lm_to_plateau
-from codex_lab.training.plateau import overruled_by_extension, plateau_line
+from codex_lab.training.plateau import plateau_line
 from codex_lab.training_state import TrainingState, training_state
 
 UPTRAIN_SALT = 1_000_003  # the uptraining's data order: seed + salt (the fixed protocol's)
@@ -139,8 +139,7 @@ def uptrain_unit(g: int, *, bases: Sequence[Mapping[str, Any]], sizes: ProtocolS
     converted = [s.curve[0][1] for s in sessions]
     run, final, _ = lm_to_plateau(f"uptrained g={g}", sessions, chunk=plan.chunk, min_steps=plan.min_steps,
                                   max_steps=plan.max_steps, min_change=MIN_CHANGE_NATS, extend=plan.extend)
-    state = overruled_by_extension(run.state, steps=run.steps, extension_steps=run.extension_steps,
-                                   change=run.extension_change, min_change=MIN_CHANGE_NATS)
+    state = run.judged  # the rule's call, overruled where the extension found the arm still learning
     return GroupArm(g, run.curves, state, run.steps, run.reached, final, converted, run.extension_steps,
                     run.extension_change, time.perf_counter() - t0)
 

@@ -36,7 +36,7 @@ from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.nn.moe import moe_layers_of
 from codex_lab.training.lm_plateau import lm_sessions, lm_to_plateau
-from codex_lab.training.plateau import overruled_by_extension, plateau_line
+from codex_lab.training.plateau import plateau_line
 from codex_lab.training_state import TrainingState, held_floor
 
 
@@ -112,8 +112,7 @@ def arm_unit(arm: str, *, configs: Mapping[str, ModelConfig], plan: Plan, stop: 
                            checkpoints=checkpoints, unit=f"arm-{arm}")
     run, final, _ = lm_to_plateau(arm, sessions, chunk=stop.chunk, min_steps=stop.min_steps, max_steps=stop.max_steps,
                                   min_change=MIN_CHANGE, extend=stop.extend)
-    state = overruled_by_extension(run.state, steps=run.steps, extension_steps=run.extension_steps,
-                                   change=run.extension_change, min_change=MIN_CHANGE)
+    state = run.judged  # the rule's call, overruled where the extension found the arm still learning
     active, total = ffn_counts(configs[arm])
     return ArmPlateau(arm, run.curves, state, run.steps, run.reached, final, models[0].num_params() - (total - active),
                       run.extension_steps, run.extension_change, time.perf_counter() - t0)
