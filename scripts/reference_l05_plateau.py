@@ -6,6 +6,13 @@ on one codebench 2 split; shipped as ``codex_lab/assets/reference/l05_plateau_<s
     python scripts/reference_l05_plateau.py            # resumes: every finished arm is kept
     python scripts/reference_l05_plateau.py --split length
     python scripts/reference_l05_plateau.py --state F  # another state file
+    python scripts/reference_l05_plateau.py --carry OLD  # keep the arms of a run made before `confirm`
+
+``--carry``: an earlier state file of the same sizes, run before an arm the budget-extension
+check finds still learning was sent back to training (``PlateauSetup.confirm``). Its arms whose
+extension did not improve them by ``min_change`` (or that had none) would have run exactly as
+they did, so they are kept, marked with the state file and commit they came from; any other arm
+is trained again.
 
 One arm (all its seeds, in lockstep) is one resumable unit (``codex_lab.reference.ResumableRun``),
 stored as it finishes; two arms run at a time in worker processes, a freed worker taking the next. The base is pretrained once and cached.
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -52,12 +60,36 @@ def summary(res: pt.PlateauResults) -> dict:
             "detectable": mde}
 
 
+def carry(run: ResumableRun, old_path: str, setup: fs.PlateauSetup) -> list[str]:
+    """Store in ``run`` the arms of the state file ``old_path`` (same sizes, run without
+    ``confirm``) that ``confirm`` would not have trained on; returns their names."""
+    old = json.loads(Path(old_path).expanduser().read_text())
+    have = dict(old["config"]["setup"])
+    want = json.loads(json.dumps(dataclasses.asdict(setup)))
+    if have.get("confirm", False) or {k: v for k, v in want.items() if k != "confirm"} != have:
+        raise SystemExit(f"--carry {old_path}: that run had other sizes ({have}); only a run of these sizes "
+                         "made before `confirm` can be carried")
+    kept = []
+    for arm, unit in old["units"].items():
+        r = unit["result"]
+        change = r.get("extension_change", math.nan)
+        if arm in run.done or (r["extension_steps"] and math.isfinite(change) and change >= setup.min_change):
+            continue  # confirm would have trained this arm on: it runs again
+        src = str(Path(old_path).expanduser()).replace(str(Path.home()), "~", 1)
+        run.store(arm, {**r, "false_stops": [], "carried_from": {"state": src, "commit": old.get("commit")}},
+                  unit["seconds"])
+        kept.append(arm)
+    return kept
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", default="iid", choices=SPLITS, help="codebench 2 split (default: iid)")
     ap.add_argument("--state", default=None, help="state file (default: ~/.cache/codex_lab/runs/<name>.json)")
     ap.add_argument("--mode", default="reference", help="sizes (setup_for): reference (default; the shipped base), reference-corpus "
                     "(the small corpus base) or fast (a smoke run)")
+    ap.add_argument("--carry", default=None, help="an earlier state file of these sizes, run before `confirm`: its arms "
+                    "that confirm would not have trained on are kept (see the module docstring)")
     args = ap.parse_args()
     name = f"l05_plateau_{args.split}" + ("" if args.mode == "reference" else f"_{args.mode}")
     setup = fs.setup_for(args.mode, args.split)
@@ -65,6 +97,8 @@ def main() -> int:
     args.state = args.state or str(Path.home() / ".cache" / "codex_lab" / "runs" / f"{name}_{setup.base}.json")
     run = ResumableRun(args.state, {"setup": dataclasses.asdict(setup)})
     names = [f"single-task:{f}" for f in setup.families] + ["naive", *setup.balanced]
+    if args.carry:
+        print(f"carried from {args.carry}: {', '.join(carry(run, args.carry, setup)) or 'no arm'}", flush=True)
     print(f"smallest effect this design can detect: {pt.detectable_effect(setup)}", flush=True)
     with use_compute_threads():
         tok, ts = pt.tokenizer(setup), pt.sized_taskset(setup)
@@ -88,6 +122,8 @@ def main() -> int:
         # (a rerun of this script over a finished state file re-judges without retraining)
         prov = provenance(command, run.seconds(), "reference", commit=run.commit, verdicts_commit=_commit(),
                           state_file=str(args.state).replace(str(Path.home()), "~", 1), workers=jobs,
+                          carried={a: run.done[a]["result"]["carried_from"] for a in names
+                                   if "carried_from" in run.done[a]["result"]},
                           duration_note=("the shipped base is not counted" if setup.base == "shipped" else
                                          "the base's pretraining (cached) is not counted"))
     res = pt.PlateauResults(setup, {a: run.done[a]["result"] for a in names})

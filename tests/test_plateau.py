@@ -224,3 +224,46 @@ def test_the_verdicts_read_a_false_plateau_as_under_trained():
     assert run.state.trained and not run.judged.trained and "still learning" in run.judged.reason
     flat = train_to_plateau([seed_of(lambda s: 3.0) for _ in range(3)], **kw)
     assert flat.state.trained and flat.judged is flat.state
+
+
+def test_confirm_trains_on_past_a_false_plateau_to_the_plateau_the_extension_confirms():
+    """confirm=True (lesson 05's protocol): the false plateau of the test above (flat to step 1000,
+    then a second phase falling 0.2 per 100 steps to a floor at 2.0) does not stop the arm. The
+    extension from step 1000 finds it still learning, so it trains on and is judged again, and it
+    stops where the extension confirms, on the lower floor, with the overruled stop recorded. The
+    counterfactual is the same curve without confirm: stopped at step 1000, not confirmed."""
+    def fn(s: int) -> float:
+        return 3.0 if s <= 1000 else max(2.0, 3.0 - (s - 1000) / 500)
+
+    kw = dict(arm="k", chunk=100, max_steps=10_000, min_steps=1000, higher_is_better=False, min_change=0.01)
+    scored: list[int] = []
+    steps = {"n": 0}
+
+    def counted(fn_):
+        adv = seed_of(fn_)
+
+        def advance(n: int):
+            steps["n"] += n
+            return adv(n)
+        return advance
+
+    run = train_to_plateau([counted(fn), seed_of(fn), seed_of(fn)], confirm=True,
+                           before_extension=lambda: scored.append(steps["n"]), **kw)
+    assert run.false_stops == [1000] and run.steps > 1500 and run.confirmed and run.judged.trained
+    assert run.curves[0][-1][1] == 2.0  # compared on the floor, not at the false plateau's 3.0
+    assert scored == [1000, run.steps]  # scored again at the new stopping point
+    assert "still learning at step 1000" in run.describe()
+    plain = train_to_plateau([seed_of(fn) for _ in range(3)], **kw)
+    assert plain.steps == 1000 and not plain.confirmed and plain.false_stops == []
+
+
+def test_confirm_stops_at_the_cap_when_the_extension_keeps_finding_it_learning():
+    """An arm that keeps learning in steps: confirm never stops it early and never calls it trained
+    past the cap; the last state is the rule's at the cap (under-trained: still falling)."""
+    def stairs(s: int) -> float:
+        return 5.0 - 0.5 * (s // 400)  # flat stretches long enough for the rule, each followed by a drop
+
+    run = train_to_plateau([seed_of(stairs) for _ in range(3)], arm="s", chunk=100, max_steps=3000, min_steps=300,
+                           higher_is_better=False, min_change=0.01, confirm=True)
+    assert len(run.false_stops) >= 2 and run.steps <= 3000, run.describe()
+    assert not run.judged.trained, run.describe()  # every stop it reached, more training improved it

@@ -61,6 +61,7 @@ class PlateauRun:
     extension_change: float = math.nan
     extended_curves: list[Curve] = field(default_factory=list)
     best_step: int | None = None  # early stopping: the checkpoint the arm is compared at (None: the last step)
+    false_stops: list[int] = field(default_factory=list)  # ``confirm``: stopping points the extension overruled
 
     @property
     def confirmed(self) -> bool:
@@ -77,6 +78,8 @@ class PlateauRun:
     def describe(self) -> str:
         """One line: the state at the stopping point and the extension check."""
         s = f"{self.arm}: {self.state.short()} at {self.steps} steps per seed" + ("" if self.reached else " (the cap)")
+        if self.false_stops:
+            s += f" (the extension found it still learning at step {', '.join(map(str, self.false_stops))})"
         if self.best_step is not None:
             s += f", compared at its best checkpoint, step {self.best_step} (it got worse after)"
         if self.extension_steps:
@@ -158,7 +161,8 @@ def train_to_plateau(advance: Sequence[Advance], *, arm: str, chunk: int, max_st
                      min_change: float, min_steps: int = 0, margin: float | None = None,
                      chance: float | None = None, extend: float = EXTEND,
                      before_extension: Callable[[], None] | None = None,
-                     snapshot: Callable[[], Any] | None = None, restore: Callable[[Any], None] | None = None) -> PlateauRun:
+                     snapshot: Callable[[], Any] | None = None, restore: Callable[[Any], None] | None = None,
+                     confirm: bool = False) -> PlateauRun:
     """Train every seed (one ``advance`` per seed) ``chunk`` steps at a time until the arm is
     trained, degrading, or at ``max_steps``; then, if ``extend`` > 0 and the arm was called
     trained, train ``ceil(extend x steps)`` more (in chunks) and record how far the arm's mean
@@ -167,7 +171,13 @@ def train_to_plateau(advance: Sequence[Advance], *, arm: str, chunk: int, max_st
     ``before_extension``: called at the stopping point, before the extension trains on (score
     the models there: the verdict is read where the rule stopped). ``snapshot()`` (after each
     chunk) and ``restore(snap)``: with both, an arm that turns worse is restored to the chunk end
-    of its best mean held-out value and judged there (:func:`plateau_state`)."""
+    of its best mean held-out value and judged there (:func:`plateau_state`).
+
+    ``confirm``: the extension decides instead of only being reported. An arm the extension finds
+    still learning (it improved by ``min_change`` or more) is not stopped there: training goes on
+    from the extension's end, judged chunk by chunk again, until a stopping point the extension
+    confirms or the cap (``false_stops`` lists the stopping points the extension overruled, and
+    ``before_extension`` is called again at each new stopping point)."""
     if not advance:
         raise ValueError(f"arm {arm}: give one advance function per seed")
     if chunk < 1 or max_steps < chunk:
@@ -177,41 +187,49 @@ def train_to_plateau(advance: Sequence[Advance], *, arm: str, chunk: int, max_st
     sign = 1.0 if higher_is_better else -1.0
     best: tuple[float, int, Any] | None = None  # (mean value, step, snapshot) at the best chunk end so far
     early = snapshot is not None and restore is not None
+    false_stops: list[int] = []
     while True:
-        curves = [list(a(chunk)) for a in advance]
-        steps += chunk
-        if early and (best is None or sign * _mean_last(curves) > sign * best[0]):
-            best = (_mean_last(curves), steps, snapshot())  # type: ignore[misc]
-        st = training_state(curves, higher_is_better=higher_is_better, min_change=min_change, arm=arm, margin=margin,
-                            chance=chance)
-        if steps >= min_steps and st.state in (TRAINED, DEGRADING):
-            break
-        if steps + chunk > max_steps:
-            break
-    if early and st.state == DEGRADING:
-        st = plateau_state(curves, higher_is_better=higher_is_better, min_change=min_change, arm=arm, every=chunk,
-                           margin=margin, chance=chance)
-        if st.state == TRAINED and best is not None and best[1] < steps:
-            restore(best[2])  # type: ignore[misc]
-            run = PlateauRun(arm, steps, st, True, curves, min_change, best_step=best[1])
-            if before_extension is not None:
-                before_extension()
-            return run  # no extension: the rise itself showed that more training does not help
-    run = PlateauRun(arm, steps, st, st.state == TRAINED, curves, min_change)
-    if before_extension is not None:
-        before_extension()
-    if extend > 0 and st.state == TRAINED:
+        while True:
+            curves = [list(a(chunk)) for a in advance]
+            steps += chunk
+            if early and (best is None or sign * _mean_last(curves) > sign * best[0]):
+                best = (_mean_last(curves), steps, snapshot())  # type: ignore[misc]
+            st = training_state(curves, higher_is_better=higher_is_better, min_change=min_change, arm=arm,
+                                margin=margin, chance=chance)
+            if steps >= min_steps and st.state in (TRAINED, DEGRADING):
+                break
+            if steps + chunk > max_steps:
+                break
+        if early and st.state == DEGRADING:
+            st = plateau_state(curves, higher_is_better=higher_is_better, min_change=min_change, arm=arm, every=chunk,
+                               margin=margin, chance=chance)
+            if st.state == TRAINED and best is not None and best[1] < steps:
+                restore(best[2])  # type: ignore[misc]
+                run = PlateauRun(arm, steps, st, True, curves, min_change, best_step=best[1], false_stops=false_stops)
+                if before_extension is not None:
+                    before_extension()
+                return run  # no extension: the rise itself showed that more training does not help
+        run = PlateauRun(arm, steps, st, st.state == TRAINED, curves, min_change, false_stops=false_stops)
+        if before_extension is not None:
+            before_extension()
+        if not (extend > 0 and st.state == TRAINED):
+            return run
         more = max(chunk, math.ceil(extend * steps / chunk) * chunk)
         done = 0
         ext: list[Curve] = curves
         while done < more:
             ext = [list(a(chunk)) for a in advance]
             done += chunk
-        sign = 1.0 if higher_is_better else -1.0
         # change = sign x (mean over seeds of the last value after the extension - at the stopping point)
         run.extension_steps, run.extension_change = done, sign * (_mean_last(ext) - _mean_last(curves))
         run.extended_curves = ext
-    return run
+        if not (confirm and run.extension_change >= min_change and steps + done + chunk <= max_steps):
+            return run
+        # still learning: the extension's steps are part of the run, and judging goes on from their end
+        false_stops.append(steps)
+        steps += done
+        if early and (best is None or sign * _mean_last(ext) > sign * best[0]):
+            best = (_mean_last(ext), steps, snapshot())  # type: ignore[misc]
 
 
 __all__ = ["EXTEND", "PlateauRun", "best_step", "extension_words", "overruled_by_extension", "plateau_line",

@@ -55,6 +55,9 @@ class PlateauSetup:
         per_family: test problems per family and seed; val_per_task: validation examples per family.
         min_change: the training-state rule's smallest change that matters (nats/token).
         extend: the budget-extension check's share (0: skip it).
+        confirm: an arm the extension finds still learning trains on, judged again, until the
+            extension confirms a stopping point or the cap (``train_to_plateau(confirm=True)``):
+            the arm is compared where more training no longer helps, never where it still does.
     """
 
     split: str = "iid"
@@ -85,6 +88,7 @@ class PlateauSetup:
     val_per_task: int = 48
     min_change: float = 0.03
     extend: float = 0.5
+    confirm: bool = True
     max_new_tokens: int = 128
     balanced: tuple[str, ...] = BALANCED
 
@@ -126,7 +130,7 @@ class PlateauSetup:
         return (f"{head}, then fine-tuned on codebench 2 {self.split}: "
                 f"{self.large} {self.large_n} programs, the other four {self.small_n} each, no program shared between "
                 f"families; batches of {self.batch_size}, lr {self.lr:g}; each arm to its plateau (judged every "
-                f"{self.chunk} steps, cap {self.max_steps}); seeds {', '.join(map(str, self.seeds))} (sizes tuned on "
+                f"{self.chunk} steps, cap {self.max_steps}{'; an arm the extension finds still learning trains on' if self.confirm else ''}); seeds {', '.join(map(str, self.seeds))} (sizes tuned on "
                 f"{', '.join(map(str, self.tuning_seeds))}); {self.per_family} test problems per family and seed")
 
 

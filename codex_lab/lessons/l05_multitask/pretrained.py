@@ -72,7 +72,8 @@ def run_arm(setup: PlateauSetup, arm: str, *, tok: Any, ts: Any) -> dict[str, An
 
     scores: list[dict[str, list[float]]] = []
 
-    def score_now() -> None:
+    def score_now() -> None:  # at each stopping point: a later one (the extension overruled it) replaces it
+        scores.clear()
         for seed, m in zip(setup.seeds, models):
             scores.append(score_model(copy.deepcopy(m), tok, test_problems(setup, seed, fams), setup.max_new_tokens))
 
@@ -86,8 +87,10 @@ def run_arm(setup: PlateauSetup, arm: str, *, tok: Any, ts: Any) -> dict[str, An
     # a specialist on a small family over-fits: it is restored to its best chunk end (early stopping on validation)
     run = train_to_plateau([advance_of(s) for s in sessions], arm=arm, chunk=setup.chunk, max_steps=setup.max_steps,
                            min_steps=setup.min_steps, higher_is_better=False, min_change=setup.min_change,
-                           extend=setup.extend, before_extension=score_now, snapshot=snapshot, restore=restore)
+                           extend=setup.extend, before_extension=score_now, snapshot=snapshot, restore=restore,
+                           confirm=setup.confirm)
     return {"arm": arm, "steps": run.steps, "best_step": run.best_step, "reached": run.reached,
+            "false_stops": run.false_stops,
             "state": run.state.describe(),
             "curves": run.curves, "extension_steps": run.extension_steps, "extension_change": run.extension_change,
             "scores": scores, "examples_seen": run.steps * setup.batch_size * len(setup.seeds),
@@ -172,6 +175,9 @@ class PlateauResults:
                                                  "training does not help)" if r.get("best_step") else
                                                  "; no extension (not trained)"))
             best = f", compared at its best checkpoint, step {r['best_step']}" if r.get("best_step") else ""
+            if r.get("false_stops"):
+                best += (f" (the extension found it still learning at step {', '.join(map(str, r['false_stops']))}, "
+                         "so it trained on)")
             out.append(f"{a}: {r['steps']} steps per seed{'' if r['reached'] else ' (the cap)'}{best}, "
                        f"{r['examples_seen']:,} examples in all, {r['cpu_s']:.0f} CPU s{ext}")
         return out
@@ -183,6 +189,7 @@ class PlateauResults:
     def from_json(cls, d: dict[str, Any]) -> "PlateauResults":
         s = dict(d["setup"])
         s.update({k: tuple(v) for k, v in s.items() if isinstance(v, list)})
+        s.setdefault("confirm", False)  # a record made before the extension could send an arm back to training
         return cls(PlateauSetup(**s), d["arms"], d.get("cpu_s", 0.0))
 
 
