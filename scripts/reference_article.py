@@ -164,15 +164,22 @@ def section_04(run: ResumableRun, corpus: Any, cfg: Any) -> dict[str, Any]:
                              n_experts=plan.n_experts, top_k=plan.top_k, expert_hidden=plan.expert_hidden,
                              max_seq_len=plan.seq_len)
     ckpt = str(run.path.parent / "checkpoints" / run.path.stem)  # beside the state file: <unit>-seed<s>.pt
-    res = run_resumable(run, p4p.arm_unit, [(a,) for a in p4.QUALITY_ARMS], [f"arm {a}" for a in p4.QUALITY_ARMS],
+    # the load claim's arms (no balancing, bias balancing) train to their plateau by the same rule as the
+    # aux-loss MoE they are compared with: a budget of their own would compare budgets, not balancing
+    names = (*p4.QUALITY_ARMS, *p4.BALANCE_ARMS)
+    res = run_resumable(run, p4p.arm_unit, [(a,) for a in names], [f"arm {a}" for a in names],
                         dict(configs=configs, plan=plan, stop=stop, train=train, val=val, checkpoints=ckpt))
-    arms = dict(zip(p4.QUALITY_ARMS, res))
+    arms = dict(zip(names, res))
     v = p4p.plateau_verdicts(arms, plan)
+    balance_verdict, balance_text = p4p.plateau_balance(arms)
     return {"geometry": p4p.plateau_geometry(plan, stop), "states": [a.describe() for a in arms.values()],
             "table": p4p.arm_rows(arms, plan.seeds),
             "verdicts": {"primary, MoE vs dense of equal active compute": v.primary.describe(),
                          "MoE keeps the big dense model's quality": v.keeps_big.describe(),
-                         "capacity helps (big dense vs small dense)": v.capacity.describe()},
+                         "capacity helps (big dense vs small dense)": v.capacity.describe(),
+                         "MoE layers as described, no load balancing": f"{balance_text} -> {balance_verdict}"},
+            "balance": {"verdict": balance_verdict, "text": balance_text,
+                        "load": {a: arms[a].load for a in ("moe_none", "moe_bias", "moe")}},
             "primary": {"verdict": v.primary.verdict, "diff": v.primary.diff, "lo": v.primary.lo, "hi": v.primary.hi},
             "extension": {a: _arm_extension(r, p4.MIN_CHANGE) for a, r in arms.items()},
             "curves": {a: _curves(r.curves) for a, r in arms.items()}, "ylabel": "held-out loss (nats/token)",

@@ -95,6 +95,10 @@ def test_a_tiny_moe_arm_trains_to_its_cap_and_reports_its_steps():
     r = p4p.arm_unit("moe", configs=configs, plan=plan, stop=stop, train=train, val=val)
     assert r.steps <= 8 and len(r.curves) == len(plan.seeds) and [s for s, _ in r.curves[0]][:3] == [0.0, 2.0, 4.0]
     assert all(math.isfinite(v) and v > 0 for v in r.final) and r.active_params > 0
+    # the router's load at the stopping point, per seed: between even (1.0) and every token on top_k experts (E / k)
+    assert len(r.load) == len(plan.seeds) and all(1.0 <= x <= 4 / 2 + 1e-6 for x in r.load)
+    dense = p4p.arm_unit("dense_active", configs=configs, plan=plan, stop=stop, train=train, val=val)
+    assert dense.load == []  # no router, no load
     with pytest.raises(ValueError, match="multiple of eval_every"):
         p4p.StopPlan(eval_every=3, chunk=4, min_steps=4, max_steps=8)
 
@@ -196,3 +200,29 @@ def test_lesson_02s_plateau_verdict_flips_with_far_accuracy_and_waits_for_every_
     assert plateau_judge(arms(0.9), cfg).stride.verdict == "holds"
     assert plateau_judge(arms(0.13), cfg).stride.verdict == "fails"
     assert "no verdict" in plateau_judge(arms(0.9, stride_trained=False), cfg).stride.verdict
+
+
+def balance_arm(arm: str, load: float, trained: bool = True) -> p4p.ArmPlateau:
+    return p4p.ArmPlateau(arm, [], state(arm, trained), 4000, True, [3.0] * 4, 1000,
+                          load=[load + j for j in JITTER])
+
+
+@pytest.mark.parametrize("none_load, verdict", [(3.2, "fails as stated"), (1.2, "holds")])
+def test_the_load_claim_at_the_plateau_comes_out_either_way(none_load, verdict):
+    """"MoE layers as described (no balancing)": the unbalanced router at 3.2x the mean load fails
+    as stated (limit 1.5x) and the text names the balancing that held; at 1.2x the claim holds."""
+    arms = {"moe_none": balance_arm("moe_none", none_load), "moe_bias": balance_arm("moe_bias", 1.1),
+            "moe": balance_arm("moe", 1.3)}
+    v, text = p4p.plateau_balance(arms)
+    assert v == verdict, text
+    if verdict == "fails as stated":
+        assert "what holds is an MoE layer with Switch aux loss or bias balancing" in text
+
+
+def test_the_load_claim_waits_for_every_balance_arm_to_train():
+    arms = {"moe_none": balance_arm("moe_none", 3.2), "moe_bias": balance_arm("moe_bias", 1.1, trained=False),
+            "moe": balance_arm("moe", 1.3)}
+    v, text = p4p.plateau_balance(arms)
+    assert "no verdict" in v and "moe_bias" in text
+    with pytest.raises(ValueError, match="moe_bias"):
+        p4p.plateau_balance({"moe_none": arms["moe_none"], "moe": arms["moe"]})

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from codex_lab.lessons.l04_moe.protocol import (MIN_CHANGE, QUALITY_ARMS, Plan, QualityVerdicts, eval_sample,
-                                                quality_verdicts)
+from codex_lab.lessons.l04_moe.protocol import (MIN_CHANGE, QUALITY_ARMS, Plan, QualityVerdicts, balance_claim,
+                                                eval_sample, held_out_load, quality_verdicts)
 from codex_lab.nn.accounting import ffn_counts
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
@@ -85,6 +85,7 @@ class ArmPlateau:
     extension_steps: int = 0
     extension_change: float = math.nan
     seconds: float = 0.0
+    load: list[float] = field(default_factory=list)  # MoE arms: each seed's busiest-expert load at the stopping point
 
     def describe(self) -> str:
         """The arm's state, its steps and the extension check, one line."""
@@ -110,12 +111,29 @@ def arm_unit(arm: str, *, configs: Mapping[str, ModelConfig], plan: Plan, stop: 
     sessions = lm_sessions(models, plan.seeds, train, evals, lr=held_floor(plan.lr), warmup=plan.warmup,
                            batch_size=plan.batch_size, seq_len=plan.seq_len, eval_every=stop.eval_every, salt=0,
                            checkpoints=checkpoints, unit=f"arm-{arm}")
-    run, final, _ = lm_to_plateau(arm, sessions, chunk=stop.chunk, min_steps=stop.min_steps, max_steps=stop.max_steps,
-                                  min_change=MIN_CHANGE, extend=stop.extend)
+    run, final, weights = lm_to_plateau(arm, sessions, chunk=stop.chunk, min_steps=stop.min_steps,
+                                        max_steps=stop.max_steps, min_change=MIN_CHANGE, extend=stop.extend)
     state = run.judged  # the rule's call, overruled where the extension found the arm still learning
     active, total = ffn_counts(configs[arm])
+    load: list[float] = []
+    if moe_layers_of(models[0]):  # the router's load where the verdict is read: the weights at the stopping point
+        for m, w, ev in zip(models, weights, evals):
+            m.load_state_dict(w)
+            load.append(held_out_load(m, ev))
     return ArmPlateau(arm, run.curves, state, run.steps, run.reached, final, models[0].num_params() - (total - active),
-                      run.extension_steps, run.extension_change, time.perf_counter() - t0)
+                      run.extension_steps, run.extension_change, time.perf_counter() - t0, load)
+
+
+def plateau_balance(arms: Mapping[str, ArmPlateau]) -> tuple[str, str]:
+    """(verdict, measured text) of the load claim on arms at their plateau: the unbalanced
+    router (``moe_none``), the bias-balanced one (``moe_bias``) and the aux-loss MoE (``moe``),
+    each trained to its own plateau by the same rule, the load read at each arm's stopping point
+    (:func:`~codex_lab.lessons.l04_moe.protocol.balance_claim`; no verdict unless all three are trained)."""
+    need = ("moe_none", "moe_bias", "moe")
+    missing = [a for a in need if a not in arms or not arms[a].load]
+    if missing:
+        raise ValueError(f"the load claim needs the MoE arms {need} with their loads; missing {missing}")
+    return balance_claim({a: arms[a].load for a in need}, states={a: arms[a].state for a in need})
 
 
 def plateau_verdicts(arms: Mapping[str, ArmPlateau], plan: Plan) -> QualityVerdicts:
@@ -138,4 +156,4 @@ def arm_rows(arms: Mapping[str, ArmPlateau], seeds: Sequence[int]) -> list[str]:
     return rows + ["", f"(mean of {len(seeds)} seeds, nats/token on each seed's held-out windows)"]
 
 
-__all__ = ["ArmPlateau", "StopPlan", "arm_rows", "arm_unit", "plateau_geometry", "plateau_verdicts"]
+__all__ = ["ArmPlateau", "StopPlan", "arm_rows", "arm_unit", "plateau_balance", "plateau_geometry", "plateau_verdicts"]
