@@ -172,7 +172,6 @@ def test_lesson_02s_plateau_verdict_flips_with_far_accuracy_and_waits_for_every_
     """Lesson 02's arms at their plateau: window+stride as good as dense on the far distances
     holds non-inferiority (the window alone at chance shows the task needs far links); at chance
     itself it fails; an arm its run left under-trained withholds the verdict."""
-    from dataclasses import replace as dc_replace
 
     from codex_lab.lessons.l02_sparse_attention.experiments import RecallRun
     from codex_lab.lessons.l02_sparse_attention.geometry import fast_config
