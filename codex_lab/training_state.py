@@ -25,8 +25,10 @@ per seed, evaluated at the same steps:
 3. the **threshold** is what the comparison can resolve: the smaller of ``min_change`` (the
    smallest change the claim cares about) and ``MARGIN_SHARE`` (one half) of the claim's
    margin or of the comparison's interval half-width, when given;
-4. **degrading** when the mean projected change is worse than ``-threshold`` (the held-out
-   metric getting worse: compare an earlier checkpoint); else **trained** when
+4. **degrading** when the mean projected change is worse than ``-threshold`` and the bound
+   is below zero, so that even its optimistic end says the arm gets worse (the held-out metric
+   rising: compare an earlier checkpoint; a flat tail whose noise dips is not degrading, it is
+   judged on its bound like any other); else **trained** when
    ``bound <= threshold`` and no seed's own ``c_i`` exceeds it: even at the pessimistic end
    of what the seeds show, another quarter of training would move the arm, and each of its
    seeds, by less than the comparison can tell apart; otherwise **under-trained**;
@@ -262,7 +264,9 @@ def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, highe
                                      reason=f"ends at {final:.3g}, {share:.0%} of the way from chance {chance:.3g} to "
                                             f"{ceiling:.3g}, which the same task reaches elsewhere: the optimisation "
                                             "failed, not the design")
-    if mean_c < -thr:
+    # degrading only when credibly worse: its projected change beyond -threshold and even the bound's
+    # optimistic end below 0; a flat, noisy tail that dips is judged trained or under-trained on its bound
+    if mean_c < -thr and bound < 0:
         state = DEGRADING
     elif bound <= thr and max(per_seed) <= thr:
         if rate_share < ANNEALED_SHARE * (1.0 - _RATE_ROUNDING):  # (nan compares False: no rates, no rule 6)

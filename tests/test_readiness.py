@@ -21,7 +21,7 @@ from codex_lab.infer.engine.runner.options import served_step_options
 from codex_lab.serve.app import BackgroundServer, create_app
 from codex_lab.serve.router import ModelServer, ServerConfig
 from codex_lab.serve.metrics import PHASES, parse_metrics
-from codex_lab.serve.worker import COMPILE_CACHE_ENV, compile_cache_dir, use_compile_cache
+from codex_lab.infer.compile_cache import COMPILE_CACHE_ENV, compile_cache_dir, use_compile_cache
 
 from conftest import COMPILE_HANG_S, seeded_model
 

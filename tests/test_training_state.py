@@ -50,6 +50,26 @@ def test_accuracy_direction_and_degrading():
     assert st.state == DEGRADING and not st.trained
 
 
+def test_a_flat_tail_that_dips_by_noise_is_not_degrading():
+    """The counterfactual of the case above: the flat curve of lesson 03's reference (g = 2, 4 seeds,
+    held-out loss level at 2.90 with evaluation noise ~0.006) whose last evaluations happen to sit
+    higher on some seeds has a point slope worse than -threshold, but its bound reaches above zero:
+    not credibly worse, and with the bound under the threshold it is trained. The same tail rising for real
+    (0.02 per quarter on every seed, same noise) stays degrading."""
+    bump = [0.0] * 13 + [0.004, 0.008, 0.012]  # the last three evaluations of every seed sit higher
+    jitter = [0.004, -0.006, 0.002, 0.005, -0.003, 0.0, -0.005, 0.006, -0.002, 0.003, -0.004, 0.001, 0.005, -0.006,
+              0.002, -0.001]
+    noise = [[jitter[(i + 5 * k) % 16] for i in range(16)] for k in range(4)]
+    # the seeds disagree, as g = 2's did (projected changes -0.025 to 0.000): two dip hard, one a little, one rises
+    dip = [2.2, 1.2, 0.5, -0.6]
+    flat = [[(100.0 * i, 2.9 + dip[k] * b + n) for i, (b, n) in enumerate(zip(bump, noise[k]))] for k in range(4)]
+    st = training_state(flat, higher_is_better=False, min_change=0.01)
+    assert st.change < -0.01 and st.bound > 0 and st.state == TRAINED, st.describe()
+    rising = [[(100.0 * i, 2.9 + 0.02 * i / 4 + n) for i, n in enumerate(noise[k])] for k in range(4)]
+    st = training_state(rising, higher_is_better=False, min_change=0.01)
+    assert st.state == DEGRADING and st.bound < 0, st.describe()
+
+
 def test_too_few_evaluations_and_divergence():
     few = [[(4 * i, 3.0 - 0.01 * i) for i in range(MIN_POINTS - 1)]] * 3  # one evaluation short of a 5-point tail
     st = training_state(few, higher_is_better=False, min_change=0.01)

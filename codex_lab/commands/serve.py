@@ -192,7 +192,7 @@ def main(args: argparse.Namespace) -> int:
     from codex_lab.serve.app import create_app
     from codex_lab.serve.router import ModelServer
     from codex_lab.serve.security import check_loopback, uvicorn_config
-    from codex_lab.serve.worker import use_compile_cache
+    from codex_lab.infer.compile_cache import use_compile_cache
 
     check_loopback(args.host)
     cfg = build_config(args)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -164,7 +164,10 @@ class FastDecoder:
         model: a :class:`CodexModel` (dense SwiGLU or MoE feed-forwards; any attention pattern).
         max_len: cache slots, the longest prompt + new tokens (default ``cfg.max_seq_len``).
         batch: rows decoded together (equal-length prompts).
-        compile: ``torch.compile`` the decode step (False: eager, the same function).
+        compile: ``torch.compile`` the decode step (False: eager, the same function; ``"aot"``:
+            compiled ahead of time with AOTInductor, :mod:`codex_lab.infer.aot_step`, a package
+            built once per model and shape and kept on disk, so a later decoder of the same model
+            loads it in milliseconds and no step enters dynamo; a CPU only).
         backend: torch.compile backend ("inductor" generates fused code; "eager" only
             traces, which tests use to check guards and recompiles cheaply).
         mode: torch.compile mode; ``"reduce-overhead"`` replays the step as a CUDA graph on a
@@ -182,7 +185,7 @@ class FastDecoder:
             it), sdpa otherwise. The prompt's prefill always runs SDPA.
     """
 
-    def __init__(self, model: CodexModel, *, max_len: int | None = None, batch: int = 1, compile: bool = True,
+    def __init__(self, model: CodexModel, *, max_len: int | None = None, batch: int = 1, compile: bool | str = True,
                  backend: str = "inductor", mode: str | None = None, options: dict | None = None,
                  attention: str = "auto") -> None:
         cfg = model.cfg
@@ -202,7 +205,12 @@ class FastDecoder:
         # ATen's flash attention there: `codex-lab bench inference --scenarios decode` times both, rows
         # codex_lab_fast_decode and codex_lab_fast_decode_sdpa); SDPA, the reference, eagerly and on
         # other devices (not measured there)
-        fused = compile and p.device.type == "cpu"
+        if compile not in (True, False, "aot"):
+            raise ValueError(f"compile={compile!r}: choose True (torch.compile), False (eager) or 'aot' (AOTInductor)")
+        if compile == "aot" and p.device.type != "cpu":
+            raise ValueError("compile='aot' builds a CPU package; on a GPU use compile=True with mode='reduce-overhead'")
+        self.aot = compile == "aot"
+        fused = bool(compile) and p.device.type == "cpu"
         self.attention = ("one_query" if fused else "sdpa") if attention == "auto" else attention
         self.batch = batch
         self.mode = mode
@@ -217,7 +225,11 @@ class FastDecoder:
         self._compiled = None
         self._counter: CountingBackend | None = None
         self._graphs_before = 0  # graphs of counters replaced by a recompile without the GEMM template
-        if compile:
+        self._aot: Any = None  # the loaded package (compile="aot"), got at the first decode step or prepare()
+        self.aot_from_disk = False
+        if self.aot:
+            self.options = decode_compile_options(options, "inductor", None, p.device) or {}
+        elif compile:
             try:
                 options = decode_compile_options(options, backend, mode, p.device)
                 self.options = options or {}
@@ -320,12 +332,37 @@ class FastDecoder:
         nxt = self._step(prompts, torch.arange(T, device=self.slots.device)).argmax(-1)  # (B,)
         return nxt, torch.tensor([T], device=self.slots.device)
 
+    def prepare(self) -> float:
+        """Get the ahead-of-time package now (``compile="aot"``: loaded from disk, or built and
+        kept), instead of at the first decode step; a server calls it at start. Returns the seconds
+        it took (0 when there is nothing to prepare); a failure leaves the decoder eager and says
+        why in :attr:`compile_error`."""
+        if not self.aot or self._aot is not None or self.compile_error:
+            return 0.0
+        from codex_lab.infer.aot_step import aot_step
+
+        try:
+            self._aot = aot_step(self, options=self.options)
+        except Exception as exc:  # no C++ compiler, an op export or AOTInductor does not take
+            self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            self.aot = False
+            return 0.0
+        self.compile_s, self.aot_from_disk = self._aot.seconds, self._aot.from_disk
+        return self._aot.seconds
+
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, pos: Tensor) -> Tensor:
         """One decode step: tokens (B, 1) at position ``pos`` (1,) -> greedy next ids (B,); writes
         their keys/values into slot ``pos`` of the cache. Compiled (the first call compiles; a
-        compile that fails leaves the decoder eager and says why in :attr:`compile_error`), or
-        the same function eagerly."""
+        compile that fails leaves the decoder eager and says why in :attr:`compile_error`),
+        ahead of time (``compile="aot"``: the package's runner, no dynamo), or the same function
+        eagerly."""
+        if self.aot:
+            if self._aot is None:
+                self.prepare()
+            if self._aot is not None:
+                self.decode_calls += 1
+                return self._aot(tokens, pos, self.k, self.v)  # (B,)
         first = self._compiled is not None and self.decode_calls == 0
         t0 = time.perf_counter()
         out = self._compiled_step(tokens, pos, first) if self._compiled is not None else None
@@ -380,5 +417,5 @@ class FastDecoder:
 
     @property
     def compiled(self) -> bool:
-        """True when decode steps run the compiled graph."""
-        return self._compiled is not None
+        """True when decode steps run a compiled graph (``torch.compile``'s or the ahead-of-time package)."""
+        return self._compiled is not None or self._aot is not None

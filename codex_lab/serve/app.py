@@ -85,7 +85,7 @@ def create_app(server: ModelServer, *, wait_ready: bool = False, compile_cache: 
 
     ``wait_ready``: completions get 503 (with ``Retry-After``) until the phase is ``ready`` or
     ``degraded`` (default: served while the graphs compile). ``compile_cache``: what
-    :func:`~codex_lab.serve.worker.use_compile_cache` returned, shown in ``/health``.
+    :func:`~codex_lab.infer.compile_cache.use_compile_cache` returned, shown in ``/health``.
 
     The server may start without its tokenizer and versions (``ModelServer(None, ...)``, the model
     still loading): every route that needs them answers 503 until they arrive."""

@@ -14,78 +14,15 @@ engine dead (503 from then on, ``/health`` degraded).
 from __future__ import annotations
 
 import asyncio
-import os
 import queue
-import stat
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.sampling import SamplingParams
 from codex_lab.serve.protocol import CompletionRequest
 from codex_lab.serve.api_errors import ApiError
-
-
-# the compiled decode graphs' on-disk cache (Inductor's FX graph cache and its kernels)
-COMPILE_CACHE_ENV = "CODEX_LAB_COMPILE_CACHE"  # a folder for it, or "off" (Inductor's own default)
-
-
-def compile_cache_dir() -> Path:
-    """Where the compiled graphs are kept: ``$CODEX_LAB_COMPILE_CACHE``, else the user's cache
-    folder (``$XDG_CACHE_HOME`` or ``~/.cache``) ``/codex_lab/inductor``; one subfolder per torch
-    version and build (``torch-2.13.0+cpu``), since Inductor's artifacts are not portable across
-    them (the FX graph cache keys the model's graph, shapes and options itself)."""
-    import torch
-
-    root = os.environ.get(COMPILE_CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"), "codex_lab", "inductor")
-    return Path(root) / ("torch-" + "".join(c if c.isalnum() or c in ".+-_" else "_" for c in torch.__version__))
-
-
-def use_compile_cache(folder: Path | None = None) -> dict[str, Any]:
-    """Point Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``) at ``folder`` (default
-    :func:`compile_cache_dir`) before the first compile, so a restart of the same model loads its
-    graphs instead of compiling them again. The folder is created private (0700) and must be this
-    user's and writable by nobody else, with the parent this code creates (the checks of the native
-    kernels' cache, :mod:`codex_lab.nn.native_build`): another user able to write there could plant
-    compiled code this process would load. A folder that fails them is refused: the graphs then
-    compile into a private temporary folder, reused by nothing, and the reason is returned (and
-    shown in ``/health``). ``$CODEX_LAB_COMPILE_CACHE=off`` leaves Inductor's own default alone.
-
-    Returns ``{"dir", "active", "reason"}``: the folder in use, whether it persists across
-    restarts, and why not ("" when it does)."""
-    import atexit
-    import shutil
-    import tempfile
-
-    from codex_lab.nn.native_build import _private
-
-    if folder is None and os.environ.get(COMPILE_CACHE_ENV, "").lower() == "off":
-        return {"dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "active": False,
-                "reason": f"{COMPILE_CACHE_ENV}=off: Inductor's own default cache"}
-    folder = Path(folder) if folder is not None else compile_cache_dir()
-    reason = ""
-    try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for level in (folder.parent, folder):  # the key folder and the one above it (another user could swap it)
-            st = os.stat(level)
-            bad = "not a folder" if not stat.S_ISDIR(st.st_mode) else _private(st)
-            if bad:
-                reason = (f"refusing the compile cache folder {level}: {bad}; fix: chmod 700 {level} as its "
-                          f"owner, or set {COMPILE_CACHE_ENV} to a private folder")
-                break
-    except OSError as exc:
-        reason = f"cannot use the compile cache folder {folder}: {exc}"
-    if not reason:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
-        return {"dir": str(folder), "active": True, "reason": ""}
-    tmp = tempfile.mkdtemp(prefix="codex_lab_inductor_")  # 0700, this process's only
-    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
-    return {"dir": tmp, "active": False,
-            "reason": reason + "; compiling into a private temporary folder instead (nothing reused on restart)"}
 
 
 class WorkerClosed(RuntimeError):

@@ -8,7 +8,9 @@
   compiled step uses the one-query attention (a CPU), a second FastDecoder with ATen's
   flash attention (``attention="sdpa"``) runs in the same rounds (``codex_lab_fast_decode_sdpa``):
   the A/B that chose the default, with its tokens compared like every other row; and a FastDecoder
-  of the weight-only int8 copy (``codex_lab_fast_decode_int8``, ``tokens_kept``). Both only with
+  of the weight-only int8 copy (``codex_lab_fast_decode_int8``, ``tokens_kept``); on a CPU the same
+  step compiled ahead of time (``codex_lab_fast_decode_aot``: AOTInductor, no dynamo per step;
+  ``aot_from_disk`` says whether its package was kept from an earlier run). All only with
   ``variants`` (off under ``--no-compile``, as the report runs it).
 - ``code_edit``: prompt = a function from the held-out corpus followed by the start of the
   same function with a small change (a new name); greedy continuation. Prompt-lookup
@@ -83,6 +85,10 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
         dec_s = FastDecoder(model, max_len=prompt_len + new_tokens, attention="sdpa")
         decoders["codex_lab_fast_decode_sdpa"] = dec_s
         runs["codex_lab_fast_decode_sdpa"] = lambda: dec_s.generate(ids, new_tokens)[0]
+    if variants and dev.type == "cpu":  # the same step compiled ahead of time: no dynamo, no Python inside a step
+        dec_a = FastDecoder(model, max_len=prompt_len + new_tokens, compile="aot")
+        decoders["codex_lab_fast_decode_aot"] = dec_a
+        runs["codex_lab_fast_decode_aot"] = lambda: dec_a.generate(ids, new_tokens)[0]
     if variants:  # weight-only int8: a quarter of the weight bytes a token reads
         qmodel, _ = quantize_int8(model)
         dec_q = FastDecoder(qmodel, max_len=prompt_len + new_tokens)
@@ -109,6 +115,8 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
                 d = decoders[impl]
                 row.update({"recompiles": d.recompiles, "compiled": d.compiled, "attention": d.attention,
                             "compile_error": d.compile_error, "compile_s": d.compile_s})
+                if d.aot:  # the package was loaded (kept by an earlier run) or built in this one
+                    row["aot_from_disk"] = d.aot_from_disk
             rows.append(row)
     ref = outs["codex_lab_static_cache"]
     by = {r["impl"]: r for r in rows}

@@ -1,0 +1,137 @@
+"""The decode step compiled ahead of time (AOTInductor): one package per model and shape, built
+once, kept on disk, loaded in milliseconds, and called with no interpreter work inside a step.
+
+Why: a ``torch.compile``'d step still enters Python and dynamo on every token (frame
+evaluation, the guard stance, the compiled wrapper's argument handling). gpt-fast's answer on a
+GPU is a CUDA graph; on a CPU the answer is AOTInductor: ``torch.export`` captures the step as
+one graph, Inductor generates C++ for it (the weights frozen in, the same GEMM template
+:class:`~codex_lab.infer.fast_decode.FastDecoder` compiles with), and the package's runner is a
+C++ object a Python loop calls once per token.
+
+The step is :class:`~codex_lab.infer.fast_decode.FastDecoder`'s own function, the same lines the
+eager and ``torch.compile`` paths run. Its static cache is passed in as inputs, which the graph
+updates in place (``index_copy_`` at the step's position), so the decoder's eager prefill and the
+package share one cache. Tokens equal the eager step's (tests/test_aot_step.py).
+
+Packages are kept in :func:`~codex_lab.infer.compile_cache.compile_cache_dir` ``/aoti``, keyed by
+everything the generated code depends on (:func:`package_key`): the weights' bytes, the model's
+configuration, the batch, the cache's slots, the attention, what the step returns, the Inductor
+options, the torch build and the math-thread count. A package is only loaded from a folder that
+passes :func:`~codex_lab.infer.compile_cache.private_folder` (a planted package would be code this
+process runs); otherwise it is built into a private temporary folder and not reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+STEP_KINDS = ("next", "logits")  # the step returns greedy next ids (B,) or the last position's logits (B, V)
+
+
+class _ExportedStep(torch.nn.Module):
+    """The decoder's step as a module for ``torch.export``: (tokens (B, 1), pos (1,), k_0..k_{n-1},
+    v_0..v_{n-1}) -> next ids (B,) or logits (B, V); the caches are inputs the graph writes in place."""
+
+    def __init__(self, decoder: Any, kind: str) -> None:
+        super().__init__()
+        self.decoder, self.kind = decoder, kind
+        self.model = decoder.model  # registered: its weights become the graph's (frozen) constants
+
+    def forward(self, tokens: Tensor, pos: Tensor, *caches: Tensor) -> Tensor:
+        n = len(caches) // 2
+        saved = self.decoder.k, self.decoder.v
+        self.decoder.k, self.decoder.v = list(caches[:n]), list(caches[n:])
+        try:
+            logits = self.decoder._step(tokens, pos)  # (B, V)
+        finally:
+            self.decoder.k, self.decoder.v = saved
+        return logits.argmax(-1) if self.kind == "next" else logits
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 of every parameter's and buffer's name, dtype, shape and bytes (the model's identity)."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def package_key(decoder: Any, kind: str, options: dict[str, Any]) -> str:
+    """What the generated code depends on, hashed (see the module docstring)."""
+    blob = json.dumps({"weights": weights_digest(decoder.model), "config": repr(decoder.model.cfg),
+                       "batch": decoder.batch, "slots": decoder.max_len, "attention": decoder.attention, "kind": kind,
+                       "options": {k: repr(v) for k, v in sorted(options.items())}, "torch": torch.__version__,
+                       "threads": torch.get_num_threads()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def aot_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The decoder's Inductor options as AOTInductor takes them: ``cpp_wrapper`` is what AOTI is
+    (its wrapper is always C++), so it is left out; freezing and the GEMM template stay."""
+    return {k: v for k, v in options.items() if k != "cpp_wrapper"}
+
+
+@dataclass
+class AotStep:
+    """A loaded package: ``runner(tokens, pos, *k, *v)``. ``seconds``: what getting it cost (the
+    build, or the load of a kept package); ``from_disk``: loaded, not built; ``path``: the package;
+    ``note``: why it is not kept for the next run ("" when it is)."""
+
+    runner: Callable[..., Tensor]
+    seconds: float
+    from_disk: bool
+    path: Path
+    note: str = ""
+
+    def __call__(self, tokens: Tensor, pos: Tensor, k: list[Tensor], v: list[Tensor]) -> Tensor:
+        return self.runner(tokens, pos, *k, *v)
+
+
+def aot_step(decoder: Any, *, kind: str = "next", options: dict[str, Any] | None = None,
+             folder: Path | None = None) -> AotStep:
+    """The ahead-of-time package of ``decoder``'s decode step (a
+    :class:`~codex_lab.infer.fast_decode.FastDecoder` on a CPU): loaded from ``folder`` (default
+    :func:`~codex_lab.infer.compile_cache.compile_cache_dir` ``/aoti``) when an earlier run built
+    it, else exported, built (tens of seconds on 2 cores) and kept there."""
+    from codex_lab.infer.compile_cache import compile_cache_dir, private_folder
+
+    if kind not in STEP_KINDS:
+        raise ValueError(f"kind={kind!r}: choose one of {STEP_KINDS}")
+    if next(decoder.model.parameters()).device.type != "cpu":
+        raise ValueError("the ahead-of-time step is built for a CPU; on a GPU use compile=True (CUDA graphs)")
+    opts = aot_options(options or {})
+    t0 = time.perf_counter()
+    folder = Path(folder) if folder is not None else compile_cache_dir() / "aoti"
+    note = private_folder(folder)
+    if note:
+        folder = Path(tempfile.mkdtemp(prefix="codex_lab_aoti_"))  # 0700, this process's only
+        note += "; building into a private temporary folder instead (not kept for the next run)"
+    path = folder / f"step-{package_key(decoder, kind, opts)}.pt2"
+    if path.is_file():
+        return AotStep(torch._inductor.aoti_load_package(str(path)), time.perf_counter() - t0, True, path, note)
+    B = decoder.batch
+    example = (torch.zeros((B, 1), dtype=torch.long), torch.zeros(1, dtype=torch.long), *decoder.k, *decoder.v)
+    with torch.no_grad():
+        program = torch.export.export(_ExportedStep(decoder, kind), example, strict=False)
+    tmp = folder / f".tmp{os.getpid()}-{path.name}"  # AOTInductor wants a name ending in .pt2
+    try:
+        torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=opts)
+        os.replace(tmp, path)  # atomic: another process never loads half a package
+    finally:
+        tmp.unlink(missing_ok=True)
+    return AotStep(torch._inductor.aoti_load_package(str(path)), time.perf_counter() - t0, False, path, note)
+
+
+__all__ = ["AotStep", "STEP_KINDS", "aot_options", "aot_step", "package_key", "weights_digest"]

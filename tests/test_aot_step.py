@@ -1,0 +1,91 @@
+"""The decode step compiled ahead of time (codex_lab.infer.aot_step, FastDecoder(compile="aot")):
+held to the eager step token for token, kept on disk and loaded by a later decoder, keyed by what
+its code depends on, and refused where it cannot run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from codex_lab.infer.aot_step import package_key, weights_digest
+from codex_lab.infer.compile_cache import private_folder
+from codex_lab.infer.fast_decode import FastDecoder
+from codex_lab.nn.config import ModelConfig
+from codex_lab.nn.model import CodexModel
+
+PROMPT = [1, 2, 3, 4, 5]
+
+
+def model(seed: int = 0) -> CodexModel:
+    """A tiny GQA model whose greedy tokens vary (weights scaled x3: seed 0 gives 9 distinct ids in
+    24), so equal token lists mean equal steps, not one repeated id."""
+    torch.manual_seed(seed)
+    m = CodexModel(ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=64)).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(3.0)
+    return m
+
+
+def test_the_aot_step_equals_the_eager_step_and_a_later_decoder_loads_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("CODEX_LAB_COMPILE_CACHE", str(tmp_path / "cache"))
+    m = model()
+    eager = FastDecoder(m, compile=False).generate(PROMPT, 24)[0]
+    assert len(set(eager)) >= 5  # the tokens move: equality below is a real check
+    first = FastDecoder(m, compile="aot")
+    assert first.generate(PROMPT, 24)[0] == eager
+    assert first.compiled and not first.aot_from_disk and not first.compile_error
+    assert first.decode_calls == 23  # every decode step ran the package (the first token is the prefill's)
+    packages = list((tmp_path / "cache").rglob("step-*.pt2"))
+    assert len(packages) == 1
+    # a later decoder of the same model (a restarted process) loads the kept package instead of building it
+    again = FastDecoder(m, compile="aot")
+    assert again.prepare() < 5.0  # a hang guard, not a speed goal: loading is milliseconds, a build tens of seconds
+    assert again.aot_from_disk and again.generate(PROMPT, 24)[0] == eager
+    # generation twice from one decoder: the cache is rewritten by the prefill, nothing leaks between prompts
+    assert again.generate([7, 8, 9], 10)[0] == FastDecoder(m, compile=False).generate([7, 8, 9], 10)[0]
+
+
+def test_the_package_key_follows_what_the_code_depends_on():
+    m = model()
+    d = FastDecoder(m, compile=False, attention="one_query")
+    key = package_key(d, "next", {})
+    assert package_key(FastDecoder(m, compile=False, attention="one_query"), "next", {}) == key
+    assert package_key(FastDecoder(m, compile=False, attention="one_query", max_len=32), "next", {}) != key
+    assert package_key(d, "logits", {}) != key
+    assert package_key(d, "next", {"freezing": True}) != key
+    other = model()
+    with torch.no_grad():
+        next(other.parameters())[0, 0] += 1e-3  # one weight moved: another model, another package
+    assert weights_digest(other) != weights_digest(m)
+    assert package_key(FastDecoder(other, compile=False, attention="one_query"), "next", {}) != key
+
+
+def test_a_folder_others_can_write_is_refused(tmp_path):
+    ok = tmp_path / "mine" / "aoti"
+    assert private_folder(ok) == "" and (os.stat(ok).st_mode & 0o777) == 0o700
+    open_dir = tmp_path / "open" / "aoti"
+    open_dir.mkdir(parents=True)
+    os.chmod(open_dir, 0o777)
+    why = private_folder(open_dir)
+    assert "refusing" in why and "chmod 700" in why
+
+
+def test_bad_compile_arguments_are_named():
+    with pytest.raises(ValueError, match="compile='fast'"):
+        FastDecoder(model(), compile="fast")  # type: ignore[arg-type]
+
+
+def test_a_package_that_cannot_be_built_leaves_the_decoder_eager_and_says_why(monkeypatch):
+    import codex_lab.infer.aot_step as aot
+
+    def broken(*a, **k):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(aot, "aot_step", broken)
+    m = model()
+    d = FastDecoder(m, compile="aot")
+    assert d.generate(PROMPT, 12)[0] == FastDecoder(m, compile=False).generate(PROMPT, 12)[0]
+    assert "no C++ compiler" in d.compile_error and not d.compiled
