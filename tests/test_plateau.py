@@ -267,3 +267,13 @@ def test_confirm_stops_at_the_cap_when_the_extension_keeps_finding_it_learning()
                            higher_is_better=False, min_change=0.01, confirm=True)
     assert len(run.false_stops) >= 2 and run.steps <= 3000, run.describe()
     assert not run.judged.trained, run.describe()  # every stop it reached, more training improved it
+
+
+def test_an_arm_the_rule_stops_as_degrading_is_not_labelled_the_cap():
+    """A held-out loss rising from the first judged chunk (no snapshot, so no early stopping): the
+    rule stops the arm at 500 steps of a 5,000 cap, and its line says where it stopped, not "(the cap)"."""
+    seeds = [seed_of(lambda s, k=k: 2.0 + s / 1000 + 0.01 * k) for k in range(3)]
+    run = train_to_plateau(seeds, arm="d", chunk=100, max_steps=5000, min_steps=500, higher_is_better=False,
+                           min_change=0.01)
+    assert run.state.state == "degrading" and run.steps == 500 and run.reached
+    assert "(the cap)" not in run.describe() and run.extension_steps == 0

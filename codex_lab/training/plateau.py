@@ -42,7 +42,7 @@ class PlateauRun:
     """One arm trained to its plateau.
 
     ``steps``: optimiser steps per seed at the stopping point (the verdict's); ``state``: the
-    arm's training state there; ``reached``: the rule said trained before ``max_steps``;
+    arm's training state there; ``reached``: the rule stopped the arm (trained, or degrading) before ``max_steps``;
     ``curves``: each seed's held-out curve up to the stopping point; ``extension_steps`` and
     ``extension_change``: the steps trained again and how far the arm's mean held-out value
     moved over them (signed: > 0 is better; nan when not run); ``confirmed``: more training did
@@ -209,7 +209,8 @@ def train_to_plateau(advance: Sequence[Advance], *, arm: str, chunk: int, max_st
                 if before_extension is not None:
                     before_extension()
                 return run  # no extension: the rise itself showed that more training does not help
-        run = PlateauRun(arm, steps, st, st.state == TRAINED, curves, min_change, false_stops=false_stops)
+        # reached: the rule stopped it (trained or degrading), not the cap
+        run = PlateauRun(arm, steps, st, st.state in (TRAINED, DEGRADING), curves, min_change, false_stops=false_stops)
         if before_extension is not None:
             before_extension()
         if not (extend > 0 and st.state == TRAINED):
