@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-special-tokens", action="store_true",
                    help="print special tokens (FIM sentinels, task tags) in the text; by default they are left out "
                         "as vLLM and llama.cpp do, and a FIM sentinel generated outside a FIM prompt ends the answer")
+    p.add_argument("--aot", action="store_true",
+                   help="decode with the step compiled ahead of time (AOTInductor, a CPU): the first run for a model "
+                        "builds its package (tens of seconds) and keeps it in the compile cache; later runs load it")
     p.add_argument("--device", default=None)
 
 
@@ -57,7 +60,9 @@ def main(args: argparse.Namespace) -> int:
         ck = load_hf_folder(args.hf, device)
     else:
         ck = load_checkpoint(args.checkpoint, device) if args.checkpoint else load_pretrained(device)
-    g = generate(ck.model, ck.tokenizer, args.prompt, params)
+    if args.aot and device.type != "cpu":
+        raise InputError(f"--aot builds a CPU package; drop it on {device.type} (or pass --device cpu)")
+    g = generate(ck.model, ck.tokenizer, args.prompt, params, cache="aot" if args.aot else "static")
     print(args.prompt + g.text)
     print(f"\n[{len(g.ids)} tokens, finish_reason={g.finish_reason}]")
     return 0

@@ -226,6 +226,7 @@ class FastDecoder:
         self._counter: CountingBackend | None = None
         self._graphs_before = 0  # graphs of counters replaced by a recompile without the GEMM template
         self._aot: Any = None  # the loaded package (compile="aot"), got at the first decode step or prepare()
+        self._aot_logits: Any = None  # the package that returns logits (decode_logits: sampling)
         self.aot_from_disk = False
         if self.aot:
             self.options = decode_compile_options(options, "inductor", None, p.device) or {}
@@ -351,6 +352,30 @@ class FastDecoder:
         return self._aot.seconds
 
     @torch.no_grad()
+    def prefill_logits(self, prompts: Tensor) -> Tensor:
+        """The prompts (B, T) through the step eagerly, their keys/values written into slots
+        0..T-1 -> the last position's logits (B, V) (what sampling picks from)."""
+        return self._step(prompts, torch.arange(prompts.shape[1], device=self.slots.device))
+
+    @torch.no_grad()
+    def decode_logits(self, tokens: Tensor, pos: Tensor) -> Tensor:
+        """One decode step returning the logits (B, V) instead of the greedy ids: the package of
+        kind ``"logits"`` with ``compile="aot"`` (prepared at the first call), else the step eagerly."""
+        if self.aot and self._aot_logits is None and not self.compile_error:
+            from codex_lab.infer.aot_step import aot_step
+
+            try:
+                self._aot_logits = aot_step(self, kind="logits", options=self.options)
+            except Exception as exc:  # as prepare(): the decoder goes on eagerly and says why
+                self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            else:
+                self.compile_s, self.aot_from_disk = self._aot_logits.seconds, self._aot_logits.from_disk
+        if self._aot_logits is not None:
+            self.decode_calls += 1
+            return self._aot_logits(tokens, pos, self.k, self.v)  # (B, V)
+        return self._step(tokens, pos)
+
+    @torch.no_grad()
     def decode_step(self, tokens: Tensor, pos: Tensor) -> Tensor:
         """One decode step: tokens (B, 1) at position ``pos`` (1,) -> greedy next ids (B,); writes
         their keys/values into slot ``pos`` of the cache. Compiled (the first call compiles; a
@@ -418,4 +443,4 @@ class FastDecoder:
     @property
     def compiled(self) -> bool:
         """True when decode steps run a compiled graph (``torch.compile``'s or the ahead-of-time package)."""
-        return self._compiled is not None or self._aot is not None
+        return self._compiled is not None or self._aot is not None or self._aot_logits is not None

@@ -98,7 +98,9 @@ def stream_tokens(
 
     The one decoding loop: prefill, then :func:`decode_step` per token, sampling with
     ``params`` (temperature / top-k / top-p; ``generator`` seeds it). ``cache`` is a kind of
-    :data:`CACHE_KINDS` or ``None`` (re-run the cropped context each step, the reference).
+    :data:`CACHE_KINDS` or ``None`` (re-run the cropped context each step, the reference), or
+    ``"aot"``: the same step compiled ahead of time over a static cache (a CPU; the first call
+    for a model builds its package, tens of seconds, and later ones load it).
     A forward runs only when the next token is asked for, so a consumer that stops early
     (end-of-text) costs no extra forward. ``forward`` replaces ``model`` for the forwards
     (e.g. :func:`compiled_forward`).
@@ -123,6 +125,9 @@ def stream_tokens(
                 generated[b].append(t)
         return nxt
 
+    if cache == "aot":  # the step compiled ahead of time (FastDecoder(compile="aot")): same lines, no dynamo
+        yield from _stream_aot(model, prompts, n_new, pick)
+        return
     if cache is None:
         idx = prompts  # (B, T)
         for i in range(n_new):
@@ -145,6 +150,25 @@ def stream_tokens(
             break
         p = torch.full((B, 1), T + i, device=dev)  # (B, 1) position of the token fed now
         logits = decode_step(fwd, nxt[:, None], p, caches)  # (B, V)
+
+
+def _stream_aot(model: CodexModel, prompts: Tensor, n_new: int, pick: Callable[[Tensor], Tensor]) -> Iterator[Tensor]:
+    """:func:`stream_tokens` through :class:`~codex_lab.infer.fast_decode.FastDecoder`'s static
+    cache of the model's ``max_seq_len`` slots (one package per model and batch, kept on disk), its
+    decode steps the ahead-of-time package that returns logits, so any sampling picks from them."""
+    from codex_lab.infer.fast_decode import FastDecoder
+
+    B, T = prompts.shape
+    if T + n_new > model.cfg.max_seq_len:
+        raise ValueError(f"prompt {T} + {n_new} new tokens is past max_seq_len={model.cfg.max_seq_len}")
+    dec = FastDecoder(model, batch=B, compile="aot")
+    logits = dec.prefill_logits(prompts)  # (B, V)
+    for i in range(n_new):
+        nxt = pick(logits)  # (B,)
+        yield nxt
+        if i + 1 == n_new:
+            break
+        logits = dec.decode_logits(nxt[:, None], torch.tensor([T + i], device=prompts.device))  # (B, V)
 
 
 @dataclass
