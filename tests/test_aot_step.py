@@ -18,6 +18,12 @@ from codex_lab.nn.model import CodexModel
 PROMPT = [1, 2, 3, 4, 5]
 
 
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """One compile cache for this file's tests: each package (next, logits, verify) is built once."""
+    return tmp_path_factory.mktemp("aot_cache")
+
+
 def model(seed: int = 0) -> CodexModel:
     """A tiny GQA model whose greedy tokens vary (weights scaled x3: seed 0 gives 9 distinct ids in
     24), so equal token lists mean equal steps, not one repeated id."""
@@ -29,8 +35,8 @@ def model(seed: int = 0) -> CodexModel:
     return m
 
 
-def test_the_aot_step_equals_the_eager_step_and_a_later_decoder_loads_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("CODEX_LAB_COMPILE_CACHE", str(tmp_path / "cache"))
+def test_the_aot_step_equals_the_eager_step_and_a_later_decoder_loads_it(cache_dir, monkeypatch):
+    monkeypatch.setenv("CODEX_LAB_COMPILE_CACHE", str(cache_dir))
     m = model()
     eager = FastDecoder(m, compile=False).generate(PROMPT, 24)[0]
     assert len(set(eager)) >= 5  # the tokens move: equality below is a real check
@@ -38,7 +44,7 @@ def test_the_aot_step_equals_the_eager_step_and_a_later_decoder_loads_it(tmp_pat
     assert first.generate(PROMPT, 24)[0] == eager
     assert first.compiled and not first.aot_from_disk and not first.compile_error
     assert first.decode_calls == 23  # every decode step ran the package (the first token is the prefill's)
-    packages = list((tmp_path / "cache").rglob("step-*.pt2"))
+    packages = list(cache_dir.rglob("step-*.pt2"))
     assert len(packages) == 1
     # a later decoder of the same model (a restarted process) loads the kept package instead of building it
     again = FastDecoder(m, compile="aot")
@@ -91,13 +97,13 @@ def test_a_package_that_cannot_be_built_leaves_the_decoder_eager_and_says_why(mo
     assert "no C++ compiler" in d.compile_error and not d.compiled
 
 
-def test_generation_through_the_aot_logits_step_matches_the_static_cache(tmp_path, monkeypatch):
+def test_generation_through_the_aot_logits_step_matches_the_static_cache(cache_dir, monkeypatch):
     """generate_ids(cache="aot"): the package that returns logits (sampling picks from them), over
     the model's max_seq_len slots, gives the static-cache loop's greedy tokens; its logits equal the
     eager step's to float32 rounding."""
     from codex_lab.infer.generate import generate_ids
 
-    monkeypatch.setenv("CODEX_LAB_COMPILE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CODEX_LAB_COMPILE_CACHE", str(cache_dir))
     m = model()
     want, _ = generate_ids(m, PROMPT, max_new_tokens=20, cache="static")
     got, _ = generate_ids(m, PROMPT, max_new_tokens=20, cache="aot")
@@ -113,3 +119,34 @@ def test_generation_through_the_aot_logits_step_matches_the_static_cache(tmp_pat
     assert d.aot_from_disk and d.compiled  # the package generate_ids built, loaded
     # 1e-4: the frozen GEMM kernels sum in another order than ATen's; float32 logits of size ~10 differ by ~1e-5
     torch.testing.assert_close(la, lb, atol=1e-4, rtol=1e-4)
+
+
+def copying_prompt() -> list[int]:
+    """A prompt that repeats itself (a block of 8 ids, then its start again): lookup drafts from it."""
+    block = [9, 14, 3, 27, 41, 8, 19, 33]
+    return block * 3 + block[:3]
+
+
+@pytest.mark.parametrize("compile", [False, "aot"])
+def test_prompt_lookup_on_the_fast_decoder_gives_greedy_tokens(compile, cache_dir, monkeypatch):
+    """Prompt lookup through FastDecoder's verify step (eager, and the AOT package of num_draft + 1
+    tokens) emits exactly greedy decoding's tokens, with guesses accepted and rejected along the way
+    (so both the accept and the overwrite-instead-of-rollback paths ran)."""
+    from codex_lab.infer.generate import generate_ids
+    from codex_lab.infer.prompt_lookup import prompt_lookup_fast, prompt_lookup_generate
+
+    monkeypatch.setenv("CODEX_LAB_COMPILE_CACHE", str(cache_dir))
+    m = model()
+    prompt = copying_prompt()
+    want, _ = generate_ids(m, prompt, max_new_tokens=24, cache="static")
+    dec = FastDecoder(m, compile=compile)
+    got, reason, st = prompt_lookup_fast(dec, prompt, max_new_tokens=24, num_draft=4)
+    assert got == want and reason == "length"
+    assert st.accepted > 0 and st.rejections > 0, st
+    # the same rounds as the plain-model prompt lookup: same drafts, same acceptances
+    _, _, ref = prompt_lookup_generate(m, prompt, max_new_tokens=24, num_draft=4)
+    assert (st.accepted, st.rejections, st.target_calls) == (ref.accepted, ref.rejections, ref.target_calls)
+    if compile == "aot":
+        assert dec.compiled and not dec.compile_error
+    with pytest.raises(ValueError, match="max_len >= "):
+        prompt_lookup_fast(FastDecoder(m, compile=False, max_len=40), prompt, max_new_tokens=10, num_draft=8)

@@ -35,12 +35,15 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-STEP_KINDS = ("next", "logits")  # the step returns greedy next ids (B,) or the last position's logits (B, V)
+# the step returns greedy next ids (B,), the last position's logits (B, V), or the greedy id after
+# every one of its T tokens (B, T): speculative verification
+STEP_KINDS = ("next", "logits", "verify")
 
 
 class _ExportedStep(torch.nn.Module):
-    """The decoder's step as a module for ``torch.export``: (tokens (B, 1), pos (1,), k_0..k_{n-1},
-    v_0..v_{n-1}) -> next ids (B,) or logits (B, V); the caches are inputs the graph writes in place."""
+    """The decoder's step as a module for ``torch.export``: (tokens (B, T), pos (T,), k_0..k_{n-1},
+    v_0..v_{n-1}) -> next ids (B,), logits (B, V) or every position's greedy id (B, T) (``kind``);
+    the caches are inputs the graph writes in place."""
 
     def __init__(self, decoder: Any, kind: str) -> None:
         super().__init__()
@@ -52,6 +55,8 @@ class _ExportedStep(torch.nn.Module):
         saved = self.decoder.k, self.decoder.v
         self.decoder.k, self.decoder.v = list(caches[:n]), list(caches[n:])
         try:
+            if self.kind == "verify":
+                return self.decoder._step(tokens, pos, last_only=False).argmax(-1)  # (B, T)
             logits = self.decoder._step(tokens, pos)  # (B, V)
         finally:
             self.decoder.k, self.decoder.v = saved
@@ -68,10 +73,11 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def package_key(decoder: Any, kind: str, options: dict[str, Any]) -> str:
+def package_key(decoder: Any, kind: str, options: dict[str, Any], tokens: int = 1) -> str:
     """What the generated code depends on, hashed (see the module docstring)."""
     blob = json.dumps({"weights": weights_digest(decoder.model), "config": repr(decoder.model.cfg),
                        "batch": decoder.batch, "slots": decoder.max_len, "attention": decoder.attention, "kind": kind,
+                       "tokens": tokens,
                        "options": {k: repr(v) for k, v in sorted(options.items())}, "torch": torch.__version__,
                        "threads": torch.get_num_threads()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
@@ -99,16 +105,19 @@ class AotStep:
         return self.runner(tokens, pos, *k, *v)
 
 
-def aot_step(decoder: Any, *, kind: str = "next", options: dict[str, Any] | None = None,
+def aot_step(decoder: Any, *, kind: str = "next", tokens: int = 1, options: dict[str, Any] | None = None,
              folder: Path | None = None) -> AotStep:
     """The ahead-of-time package of ``decoder``'s decode step (a
     :class:`~codex_lab.infer.fast_decode.FastDecoder` on a CPU): loaded from ``folder`` (default
     :func:`~codex_lab.infer.compile_cache.compile_cache_dir` ``/aoti``) when an earlier run built
-    it, else exported, built (tens of seconds on 2 cores) and kept there."""
+    it, else exported, built (tens of seconds on 2 cores) and kept there. ``tokens``: the step's
+    token count T (1 for ``next`` and ``logits``; the guesses + 1 for ``verify``)."""
     from codex_lab.infer.compile_cache import compile_cache_dir, private_folder
 
     if kind not in STEP_KINDS:
         raise ValueError(f"kind={kind!r}: choose one of {STEP_KINDS}")
+    if tokens < 1 or (kind != "verify" and tokens != 1):
+        raise ValueError(f"tokens={tokens}: the {kind!r} step takes 1 token; 'verify' takes 1 or more")
     if next(decoder.model.parameters()).device.type != "cpu":
         raise ValueError("the ahead-of-time step is built for a CPU; on a GPU use compile=True (CUDA graphs)")
     opts = aot_options(options or {})
@@ -118,11 +127,11 @@ def aot_step(decoder: Any, *, kind: str = "next", options: dict[str, Any] | None
     if note:
         folder = Path(tempfile.mkdtemp(prefix="codex_lab_aoti_"))  # 0700, this process's only
         note += "; building into a private temporary folder instead (not kept for the next run)"
-    path = folder / f"step-{package_key(decoder, kind, opts)}.pt2"
+    path = folder / f"step-{package_key(decoder, kind, opts, tokens)}.pt2"
     if path.is_file():
         return AotStep(torch._inductor.aoti_load_package(str(path)), time.perf_counter() - t0, True, path, note)
     B = decoder.batch
-    example = (torch.zeros((B, 1), dtype=torch.long), torch.zeros(1, dtype=torch.long), *decoder.k, *decoder.v)
+    example = (torch.zeros((B, tokens), dtype=torch.long), torch.arange(tokens), *decoder.k, *decoder.v)
     with torch.no_grad():
         program = torch.export.export(_ExportedStep(decoder, kind), example, strict=False)
     tmp = folder / f".tmp{os.getpid()}-{path.name}"  # AOTInductor wants a name ending in .pt2

@@ -226,7 +226,7 @@ class FastDecoder:
         self._counter: CountingBackend | None = None
         self._graphs_before = 0  # graphs of counters replaced by a recompile without the GEMM template
         self._aot: Any = None  # the loaded package (compile="aot"), got at the first decode step or prepare()
-        self._aot_logits: Any = None  # the package that returns logits (decode_logits: sampling)
+        self._packages: dict[tuple[str, int], Any] = {}  # (kind, tokens) -> package: logits, verify (aot_step)
         self.aot_from_disk = False
         if self.aot:
             self.options = decode_compile_options(options, "inductor", None, p.device) or {}
@@ -255,9 +255,10 @@ class FastDecoder:
         return self._graphs_before + (self._counter.graphs if self._counter is not None else 0)
 
     @torch.no_grad()
-    def _step(self, tokens: Tensor, pos: Tensor) -> Tensor:
-        """tokens (B, T) at positions ``pos`` (T,) -> logits of the last position (B, V);
-        writes their keys/values into slots ``pos`` of the static cache."""
+    def _step(self, tokens: Tensor, pos: Tensor, last_only: bool = True) -> Tensor:
+        """tokens (B, T) at positions ``pos`` (T,) -> logits of the last position (B, V), or of
+        every position (B, T, V) when not ``last_only``; writes their keys/values into slots
+        ``pos`` of the static cache."""
         m = self.model
         B, T = tokens.shape
         cos = m.rope_cos[pos][None, None]  # (1, 1, T, hd)
@@ -282,6 +283,8 @@ class FastDecoder:
             y = y.transpose(1, 2).reshape(B, T, at.n_head * at.head_dim)  # (B, T, H*hd)
             x = x + at.o_proj(y)
             x = x + layer.ffn(layer.ffn_norm(x))
+        if not last_only:
+            return m.lm_head(m.norm(x))  # (B, T, V)
         x = m.norm(x[:, -1:])  # (B, 1, d)
         return m.lm_head(x)[:, 0]  # (B, V)
 
@@ -357,23 +360,46 @@ class FastDecoder:
         0..T-1 -> the last position's logits (B, V) (what sampling picks from)."""
         return self._step(prompts, torch.arange(prompts.shape[1], device=self.slots.device))
 
-    @torch.no_grad()
-    def decode_logits(self, tokens: Tensor, pos: Tensor) -> Tensor:
-        """One decode step returning the logits (B, V) instead of the greedy ids: the package of
-        kind ``"logits"`` with ``compile="aot"`` (prepared at the first call), else the step eagerly."""
-        if self.aot and self._aot_logits is None and not self.compile_error:
+    def _package(self, kind: str, tokens: int) -> Any:
+        """The ahead-of-time package of ``kind`` taking ``tokens`` tokens (prepared at the first
+        call), or None when the decoder is not ``compile="aot"`` or a build failed (the decoder then
+        goes on eagerly and :attr:`compile_error` says why)."""
+        if not self.aot or self.compile_error:
+            return None
+        key = (kind, tokens)
+        if key not in self._packages:
             from codex_lab.infer.aot_step import aot_step
 
             try:
-                self._aot_logits = aot_step(self, kind="logits", options=self.options)
-            except Exception as exc:  # as prepare(): the decoder goes on eagerly and says why
+                self._packages[key] = got = aot_step(self, kind=kind, tokens=tokens, options=self.options)
+            except Exception as exc:  # as prepare(): no C++ compiler, an op AOTInductor does not take
                 self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
-            else:
-                self.compile_s, self.aot_from_disk = self._aot_logits.seconds, self._aot_logits.from_disk
-        if self._aot_logits is not None:
+                return None
+            self.compile_s, self.aot_from_disk = got.seconds, got.from_disk
+        return self._packages[key]
+
+    @torch.no_grad()
+    def decode_logits(self, tokens: Tensor, pos: Tensor) -> Tensor:
+        """One decode step returning the logits (B, V) instead of the greedy ids: the package of
+        kind ``"logits"`` with ``compile="aot"``, else the step eagerly."""
+        pkg = self._package("logits", 1)
+        if pkg is not None:
             self.decode_calls += 1
-            return self._aot_logits(tokens, pos, self.k, self.v)  # (B, V)
+            return pkg(tokens, pos, self.k, self.v)  # (B, V)
         return self._step(tokens, pos)
+
+    @torch.no_grad()
+    def verify(self, tokens: Tensor, pos: Tensor) -> Tensor:
+        """The greedy token after each of ``tokens`` (B, T) at positions ``pos`` (T,) in one step
+        -> (B, T) ids; their keys/values are written into slots ``pos``. Speculative verification:
+        T = the guesses + 1, a fixed T per package (``compile="aot"``: one package per T), else the
+        step eagerly. A slot written past the accepted tokens needs no rollback: a query at
+        position p reads slots <= p only, and the next token at p + 1 writes its slot before
+        any query reads it."""
+        pkg = self._package("verify", tokens.shape[1])
+        if pkg is not None:
+            return pkg(tokens, pos, self.k, self.v)  # (B, T)
+        return self._step(tokens, pos, last_only=False).argmax(-1)  # (B, T)
 
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, pos: Tensor) -> Tensor:
@@ -443,4 +469,4 @@ class FastDecoder:
     @property
     def compiled(self) -> bool:
         """True when decode steps run a compiled graph (``torch.compile``'s or the ahead-of-time package)."""
-        return self._compiled is not None or self._aot is not None or self._aot_logits is not None
+        return self._compiled is not None or self._aot is not None or bool(self._packages)

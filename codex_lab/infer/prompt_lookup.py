@@ -16,13 +16,16 @@ and costs a little when it does not (a longer verify forward for guesses that fa
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from codex_lab.infer.generate import cached_logits, make_caches
 from codex_lab.infer.speculative import SpecStats
 from codex_lab.nn.model import CodexModel
+
+if TYPE_CHECKING:
+    from codex_lab.infer.fast_decode import FastDecoder
 
 
 def lookup_draft(tokens: Sequence[int], *, max_ngram: int = 3, min_ngram: int = 1, num_draft: int = 8) -> list[int]:
@@ -109,4 +112,75 @@ def prompt_lookup_generate(
         if k < len(guesses):  # roll back the rejected guesses' keys/values
             for c in caches:
                 c.truncate(len(tokens) - 1)
+    return tokens[T:], "length", stats
+
+
+def prompt_lookup_fast(
+    decoder: "FastDecoder",
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int = 64,
+    num_draft: int = 8,
+    max_ngram: int = 3,
+    min_ngram: int = 1,
+    eos_id: int | None = None,
+) -> tuple[list[int], str, SpecStats]:
+    """:func:`prompt_lookup_generate` on :class:`~codex_lab.infer.fast_decode.FastDecoder`'s
+    static cache, its compiled steps (``compile="aot"``: one package for a single token, one for
+    the verify step of ``num_draft + 1`` tokens; the guesses are padded to that fixed length so
+    the step keeps one shape). A round with no guess is a plain decode step. Nothing is rolled
+    back after a rejection: the slots past the accepted tokens are overwritten before any query
+    reads them (:meth:`~codex_lab.infer.fast_decode.FastDecoder.verify`).
+
+    Returns (new ids, finish reason, stats), the ids equal to greedy decoding's. The decoder's
+    ``max_len`` must hold the prompt, the new tokens and ``num_draft`` more (the padded guesses'
+    slots); batch 1.
+    """
+    if num_draft < 1:
+        raise ValueError(f"num_draft must be >= 1, got {num_draft}")
+    if not prompt_ids:
+        raise ValueError("the prompt is empty; give at least one token")
+    if decoder.batch != 1:
+        raise ValueError(f"prompt lookup decodes one sequence; the decoder was built for batch={decoder.batch}")
+    T = len(prompt_ids)
+    if T + max_new_tokens + num_draft > decoder.max_len:
+        raise ValueError(f"prompt {T} + {max_new_tokens} new tokens + {num_draft} guess slots is past the decoder's "
+                         f"max_len {decoder.max_len}: build it with max_len >= {T + max_new_tokens + num_draft}")
+    stats = SpecStats(gamma=num_draft)
+    if max_new_tokens == 0:
+        return [], "length", stats
+    dev = decoder.slots.device
+    nxt, _ = decoder.prefill(torch.tensor([list(prompt_ids)], device=dev))
+    first = int(nxt[0])
+    stats.target_calls += 1
+    if eos_id is not None and first == eos_id:
+        return [], "stop", stats
+    tokens = list(prompt_ids) + [first]
+    while len(tokens) - T < max_new_tokens:
+        L = len(tokens)  # the cache holds positions 0 .. L-2
+        room = max_new_tokens - (L - T) - 1  # never emit past max_new_tokens
+        guesses = lookup_draft(tokens, max_ngram=max_ngram, min_ngram=min_ngram, num_draft=min(num_draft, room)) if room else []
+        if guesses:
+            padded = guesses + [guesses[-1]] * (num_draft - len(guesses))  # one shape: num_draft + 1 tokens
+            x = torch.tensor([[tokens[-1]] + padded], device=dev)  # (1, num_draft + 1)
+            # preds[i] = the target's greedy token after tokens + guesses[:i]
+            preds = decoder.verify(x, torch.arange(L - 1, L + num_draft, device=dev))[0, : len(guesses) + 1].tolist()
+        else:
+            preds = [int(decoder.decode_step(torch.tensor([[tokens[-1]]], device=dev),
+                                             torch.tensor([L - 1], device=dev))[0])]
+        stats.target_calls += 1
+        k = 0
+        while k < len(guesses) and guesses[k] == preds[k]:
+            k += 1
+        new = guesses[:k] + [preds[k]]
+        if guesses:
+            stats.rounds += 1
+            stats.drafted += len(guesses)
+            stats.accepted += k
+            stats.rejections += k < len(guesses)
+            stats.emitted += len(new)
+        for tok in new:
+            if eos_id is not None and tok == eos_id:
+                return tokens[T:], "stop", stats
+            tokens.append(tok)
     return tokens[T:], "length", stats

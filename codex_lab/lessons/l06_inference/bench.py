@@ -385,7 +385,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "code_edit": lambda: [r for kind in ("edit", "continuation")
                               for r in bench_code_edit(model, tok, args.mode.pick(fast=4, full=12),
                                                        args.mode.pick(fast=64, full=128),
-                                                       rounds=args.mode.pick(fast=2, full=5), kind=kind)],
+                                                       rounds=args.mode.pick(fast=2, full=5), kind=kind,
+                                                       compiled=not getattr(args, "no_compile", False))],
         "llama_cpp": lambda: _peer(model, tok, getattr(args, "threads", None), args.mode,
                                    getattr(args, "peer_precision", "f32")),
         "llama_cpp_streams": lambda: _peer_streams(model, tok, getattr(args, "threads", None), args.mode),
