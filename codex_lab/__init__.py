@@ -81,6 +81,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "infer.prompt_lookup": ('lookup_draft', 'prompt_lookup_fast', 'prompt_lookup_generate'),
     "lessons.l06_inference.draft": ('load_draft',),
     "infer.fast_decode": ('FastDecoder', 'one_query_attention'),
+    "infer.aot_step": ('AotStep', 'aot_step'),
     "evals.quantized": ('int8_fidelity',),
     "infer.engine.runner.compiled": ('CompiledPagedStep',),
     "infer.engine.runner.options": ('served_step_options',),

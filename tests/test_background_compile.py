@@ -118,7 +118,7 @@ def test_the_engine_step_with_frozen_weights_and_the_gemm_template_matches_eager
     as the eager engine; use_options() is refused once a bucket has compiled; and where the
     template cannot serve (here: freezing left off, so the weights are not constants), the first
     bucket recompiles with ATen's matmuls and says so instead of going eager."""
-    from codex_lab.infer.fast_decode import decode_compile_options
+    from codex_lab.infer.compile_options import decode_compile_options
 
     model = seeded_model(tok)
     prompts = [[5, 9, 2, 7], [11, 3]]

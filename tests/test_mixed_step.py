@@ -127,7 +127,7 @@ def test_a_compile_in_another_thread_is_not_the_steps_recompile(tok):
     its graphs did not cover, with guards evaluated) does count."""
     import threading
 
-    from codex_lab.infer.fast_decode import graphs_compiled
+    from codex_lab.infer.compile_options import graphs_compiled
 
     model = seeded_model(tok)
     pool = PagedKVPool(model.cfg.n_layer, model.cfg.n_kv_head, model.cfg.head_dim, 40, 4)
@@ -150,7 +150,7 @@ def test_a_compile_in_another_thread_is_not_the_steps_recompile(tok):
     # the counterfactual: the step's own function recompiled (a graph behind the bucket's back) counts;
     # dynamo's graph limit is lifted as for the step's planned compiles (else, past 8 graphs of the
     # step's code in this process, dynamo would run the new shape eagerly and compile nothing)
-    from codex_lab.infer.fast_decode import first_compile
+    from codex_lab.infer.compile_options import first_compile
 
     with first_compile(step.options):
         step._fn(torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, 1, dtype=torch.long),

@@ -113,7 +113,8 @@ def bench_token_profile(model: CodexModel, tok: CodeTokenizer, *, new_tokens: in
     them (each kernel records itself: one check per kernel call when no profiler runs, in the
     unprofiled rounds too)."""
     from codex_lab.infer.engine.loop import Engine
-    from codex_lab.infer.fast_decode import FastDecoder, decode_compile_options
+    from codex_lab.infer.compile_options import decode_compile_options
+    from codex_lab.infer.fast_decode import FastDecoder
     from codex_lab.infer.engine.runner.options import served_step_options
     from codex_lab.infer.sampling import SamplingParams
     from codex_lab.measure.peer_llamacpp import corpus_prompts

@@ -38,7 +38,7 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
     import time
 
     from codex_lab.infer.engine.loop import Engine
-    from codex_lab.infer.fast_decode import cpu_compile_options, decode_compile_options
+    from codex_lab.infer.compile_options import cpu_compile_options, decode_compile_options
     from codex_lab.infer.engine.runner.options import served_step_options
 
     device = next(model.parameters()).device

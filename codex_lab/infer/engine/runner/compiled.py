@@ -54,8 +54,9 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from codex_lab.infer.fast_decode import (FastDecoder, cpu_compile_options, decode_compile_options, first_compile,
-                                         counted_compile, without_gemm_template)
+from codex_lab.infer.compile_options import (counted_compile, cpu_compile_options, decode_compile_options, first_compile,
+                                             without_gemm_template)
+from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.infer.generate import decode_step
 from codex_lab.infer.engine.runner.options import bucket_sizes, freeze_long_lived
 from codex_lab.nn.kv_cache import PagedKVPool
@@ -94,7 +95,7 @@ class CompiledPagedStep:
             table's length (a lone row's attention over a few more slots costs little; its
             weights' reads are what cost), built after the others, with ``solo_options``.
         solo_options: Inductor options of the one-row graph. Default on a CPU (inductor, no
-            mode): :func:`~codex_lab.infer.fast_decode.decode_compile_options`, FastDecoder's
+            mode): :func:`~codex_lab.infer.compile_options.decode_compile_options`, FastDecoder's
             frozen weights and C++ GEMM template: a one-row step is a matrix-vector product per
             weight, which ATen runs on one core over the unpacked weight (2.0 ms against 0.6 ms
             per step on the shipped model, 1 thread, 2026-12-03). Frozen weights are read when
@@ -162,7 +163,7 @@ class CompiledPagedStep:
 
     def use_options(self, options: dict) -> None:
         """Compile with these Inductor ``options`` instead (before any bucket has compiled),
-        e.g. :func:`~codex_lab.infer.fast_decode.decode_compile_options`'s frozen weights and
+        e.g. :func:`~codex_lab.infer.compile_options.decode_compile_options`'s frozen weights and
         C++ GEMM template (``serve.compiled.compiled_engine(gemm_template=True)``). With
         ``freezing``, each shape's first call turns it on while dynamo traces (else the
         weights stay graph inputs), and each shape is one graph symbolic in the table's length
