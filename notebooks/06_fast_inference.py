@@ -763,6 +763,13 @@ print(lookup_text)
 #   which Inductor fuses into its own loops, where ATen's flash attention hands each head's
 #   one-query products to MKL (`codex-lab bench inference --scenarios decode` times the two in
 #   the same rounds; docs/PROFILE.md has both under the profiler);
+# - `cl.FastDecoder(model, compile="aot")`: the same step compiled *ahead of time*
+#   (`torch.export`, then AOTInductor): a package of C++ the Python loop calls once per token,
+#   with no dynamo frame or guard inside a step, kept in the compile cache so a later process
+#   loads it in milliseconds instead of compiling (`cl.aot_step`; `codex-lab generate --aot`).
+#   Its `verify` step takes the last token and the guesses in one fixed shape, so prompt lookup
+#   runs on the compiled path too (`cl.prompt_lookup_fast`; `--scenarios code_edit` times both
+#   beside the eager rows, tokens compared);
 # - `cl.Engine(..., compile=True)`: the batch is padded to `max_batch_size` rows (padding
 #   rows write a scratch block no request owns) and each block table to a *bucket* (1, 1.5,
 #   2, 3, 4, ... times 128 tokens), one graph per bucket, compiled before serving
