@@ -9,7 +9,8 @@
   flash attention (``attention="sdpa"``) runs in the same rounds (``codex_lab_fast_decode_sdpa``):
   the A/B that chose the default, with its tokens compared like every other row; and a FastDecoder
   of the weight-only int8 copy (``codex_lab_fast_decode_int8``, ``tokens_kept``); on a CPU the same
-  step compiled ahead of time (``codex_lab_fast_decode_aot``: AOTInductor, no dynamo per step;
+  step compiled ahead of time (``codex_lab_fast_decode_aot``, and ``codex_lab_fast_decode_int8_aot``
+  for the int8 copy: AOTInductor, no dynamo per step;
   ``aot_from_disk`` says whether its package was kept from an earlier run). All only with
   ``variants`` (off under ``--no-compile``, as the report runs it).
 - ``code_edit``: prompt = a function from the held-out corpus followed by the start of the
@@ -94,6 +95,10 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
         dec_q = FastDecoder(qmodel, max_len=prompt_len + new_tokens)
         decoders["codex_lab_fast_decode_int8"] = dec_q
         runs["codex_lab_fast_decode_int8"] = lambda: dec_q.generate(ids, new_tokens)[0]
+        if dev.type == "cpu":  # and ahead of time, as the f32 row
+            dec_qa = FastDecoder(qmodel, max_len=prompt_len + new_tokens, compile="aot")
+            decoders["codex_lab_fast_decode_int8_aot"] = dec_qa
+            runs["codex_lab_fast_decode_int8_aot"] = lambda: dec_qa.generate(ids, new_tokens)[0]
     if dev.type == "cuda":  # CUDA graphs: the whole step is one replay (gpt-fast's "reduce-overhead")
         dec_g = FastDecoder(model, max_len=prompt_len + new_tokens, mode="reduce-overhead")
         decoders["codex_lab_fast_decode_cudagraphs"] = dec_g
@@ -122,7 +127,7 @@ def bench_decode(model: CodexModel, prompt_len: int = 64, new_tokens: int = 128,
     by = {r["impl"]: r for r in rows}
     for r in rows:
         r["same_tokens"] = outs[r["impl"]] == ref
-        r["weights"] = "int8" if r["impl"].endswith("_int8") else "f32"
+        r["weights"] = "int8" if "_int8" in r["impl"] else "f32"
         r["tokens_kept"] = tokens_kept(ref, outs[r["impl"]]) / len(ref) if ref else 1.0
         for base in ("hf_generate", "hf_generate_static_compile"):
             if base in by:
