@@ -47,6 +47,25 @@ def lookup_draft(tokens: Sequence[int], *, max_ngram: int = 3, min_ngram: int = 
 
 
 @torch.no_grad()
+def accept_greedy(guesses: Sequence[int], preds: Sequence[int], stats: SpecStats) -> tuple[list[int], int]:
+    """One verify round's greedy rule: accept the guesses up to the first that differs from the
+    target's token there, then append the target's own token. ``preds[i]``: the target's greedy
+    token after the context + ``guesses[:i]`` (``len(guesses) + 1`` of them). Counts the round in
+    ``stats``; returns (the tokens to emit, how many guesses were accepted)."""
+    stats.target_calls += 1
+    k = 0
+    while k < len(guesses) and guesses[k] == preds[k]:
+        k += 1
+    new = list(guesses[:k]) + [preds[k]]
+    if guesses:
+        stats.rounds += 1
+        stats.drafted += len(guesses)
+        stats.accepted += k
+        stats.rejections += k < len(guesses)
+        stats.emitted += len(new)
+    return new, k
+
+
 def prompt_lookup_generate(
     target: CodexModel,
     prompt_ids: Sequence[int],
@@ -94,17 +113,7 @@ def prompt_lookup_generate(
         guesses = lookup_draft(tokens, max_ngram=max_ngram, min_ngram=min_ngram, num_draft=min(num_draft, room)) if room else []
         # one forward: preds[i] = the target's greedy token after tokens + guesses[:i]
         preds = run([tokens[-1]] + guesses, L - 1, last_only=False).argmax(dim=-1).tolist()  # (g + 1,)
-        stats.target_calls += 1
-        k = 0
-        while k < len(guesses) and guesses[k] == preds[k]:
-            k += 1
-        new = guesses[:k] + [preds[k]]
-        if guesses:
-            stats.rounds += 1
-            stats.drafted += len(guesses)
-            stats.accepted += k
-            stats.rejections += k < len(guesses)
-            stats.emitted += len(new)
+        new, k = accept_greedy(guesses, preds, stats)
         for tok in new:
             if eos_id is not None and tok == eos_id:
                 return tokens[T:], "stop", stats
@@ -168,17 +177,7 @@ def prompt_lookup_fast(
         else:
             preds = [int(decoder.decode_step(torch.tensor([[tokens[-1]]], device=dev),
                                              torch.tensor([L - 1], device=dev))[0])]
-        stats.target_calls += 1
-        k = 0
-        while k < len(guesses) and guesses[k] == preds[k]:
-            k += 1
-        new = guesses[:k] + [preds[k]]
-        if guesses:
-            stats.rounds += 1
-            stats.drafted += len(guesses)
-            stats.accepted += k
-            stats.rejections += k < len(guesses)
-            stats.emitted += len(new)
+        new, k = accept_greedy(guesses, preds, stats)
         for tok in new:
             if eos_id is not None and tok == eos_id:
                 return tokens[T:], "stop", stats
