@@ -117,3 +117,22 @@ def test_the_budget_extension_check_overrules_a_plateau_that_still_improves():
     st = res.states()[prim]
     assert not st.trained and "still learning" in st.describe()
     assert res.small_claim().verdict == UNDER_TRAINED
+
+
+def test_the_other_splits_shipped_references_are_tabled_beside_the_live_split(monkeypatch):
+    """A shipped plateau reference of another split gets its row (both claims' verdicts and
+    intervals, the arms the rule calls trained); the live split's own and an unshipped split's do not."""
+    import codex_lab.reference as reference
+    from codex_lab.lessons.l05_multitask.report import plateau_split_lines
+
+    iid = reference.load_reference("l05_plateau_iid")
+    assert iid is not None
+    shipped = {"l05_plateau_iid": iid, "l05_plateau_compose": iid}
+    monkeypatch.setattr(reference, "load_reference", lambda name: shipped.get(name))
+    lines = plateau_split_lines("iid")
+    rows = [line for line in lines if line.startswith("| compose |")]
+    assert len(rows) == 1 and not any(line.startswith(("| iid |", "| length |")) for line in lines)
+    assert iid["data"]["small"]["verdict"] in rows[0] and f"{iid['data']['small']['diff']:+.3f}" in rows[0]
+    assert plateau_split_lines("compose")[2].startswith("| split |")  # iid is then the other split
+    monkeypatch.setattr(reference, "load_reference", lambda name: None)
+    assert plateau_split_lines("iid") == []

@@ -115,6 +115,7 @@ def plateau_lines(ctx: Any) -> list[str]:
                      f"({pt.size_position(gain)}); no reference run shipped")
         small_text = f"this run: {small.diff:+.3f} [{small.lo:+.3f}, {small.hi:+.3f}]"
         states = states_text(res.states())
+    out += plateau_split_lines(setup.split)
     ctx.claim("Balanced multi-task models score ~8-15% higher than single-task models (HumanEval-style benchmark)",
               f"one pretrained base fine-tuned per arm to its plateau, codebench 2 {shown.split}, {primary} vs "
               f"single-task, pass@1 over all families: {size_text}", claim["size"], lesson="05", states=states)
@@ -122,6 +123,31 @@ def plateau_lines(ctx: Any) -> list[str]:
               f"the small families' pass@1 ({', '.join(shown.small)}; {shown.large} {shown.large_n} programs, the others "
               f"{shown.small_n}), {primary} vs naive: {small_text}", claim["small"], lesson="05", states=states)
     return out
+
+
+def plateau_split_lines(live_split: str) -> list[str]:
+    """The shipped plateau references of the other codebench 2 splits (length, compose: does the
+    answer hold out of distribution?), one table row each with both claims' verdicts, intervals and
+    the arms' states, labelled as shipped runs; nothing when none is shipped."""
+    from codex_lab.reference import describe_provenance, load_reference
+
+    refs = {sp: r for sp in ("iid", "length", "compose")
+            if sp != live_split and (r := load_reference(f"l05_plateau_{sp}")) is not None}
+    if not refs:
+        return []
+    out = ["#### The same claims on the other splits (shipped reference runs, not this run)", "",
+           "| split | \"+8-15%\": primary balanced arm minus single-task, pass@1 (relative) | \"the small tasks\": "
+           "balanced minus naive | arms the rule calls trained |", "|---|---|---|---|"]
+    for sp, ref in refs.items():
+        d = ref["data"]
+        sz, sm = d["size"], d["small"]
+        trained = sum(v.split(": ", 1)[-1].startswith("trained") for v in d["states"].values())
+        out.append(f"| {sp} | {d['primary_arm']}: {sz['diff']:+.3f} [{sz['lo']:+.3f}, {sz['hi']:+.3f}] ({_pct(sz['gain'])}, "
+                   f"{sz['position']}): {sz['verdict']} | {sm['diff']:+.3f} [{sm['lo']:+.3f}, {sm['hi']:+.3f}]: "
+                   f"{sm['verdict']} | {trained} of {len(d['states'])} |")
+    out.append("")
+    out += [f"- `{sp}`: {describe_provenance(ref)}" for sp, ref in refs.items()]
+    return out + [""]
 
 
 def reference_results(d: dict[str, Any]) -> Any:
