@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "batch, the batch with arriving prompts, a request alone; GET /health shows graphs done / "
                         "total; at every start, as Inductor caches no frozen graph) and replaces "
                         "the eager one when every graph is built")
+    p.add_argument("--engine-process", action="store_true",
+                   help="run the engine in a process of its own: HTTP parsing and SSE writing never wait on the "
+                        "engine's Python (one interpreter lock each); the model is copied into that process")
     p.add_argument("--aten-matmuls", action="store_true",
                    help="compile with ATen's matmuls over unfrozen weights instead: one graph per block bucket, "
                         "cached on disk, so a restart of the same model with the same torch has them in seconds; "
@@ -152,7 +155,8 @@ def build_config(args: argparse.Namespace) -> "ServerConfig":  # noqa: F821
                        deadline_s=args.deadline_s, limits=Limits(max_tokens=NO_TOKEN_CAP if args.max_tokens is None else args.max_tokens,
                                      lenient=bool(getattr(args, "lenient", False))), allowed_hosts=hosts,
                        api_key=key, header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
-                       max_connections=args.max_connections)
+                       max_connections=args.max_connections,
+                       engine_process=bool(getattr(args, "engine_process", False)))
     try:
         cfg.validate()
     except InputError as exc:  # name the flag, not the field

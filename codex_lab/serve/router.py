@@ -39,6 +39,9 @@ class ServerConfig:
         retry_after_s: the ``Retry-After`` of a 429 (seconds).
         fim_format: "psm" or "spm" when the served model was trained for fill-in-the-middle
             (``meta["fim_rate"] > 0``; then ``suffix`` is served), else None (``suffix`` -> 400).
+        engine_process: run each version's engine in a child process
+            (:class:`~codex_lab.serve.engine_process.EngineProcess`) instead of a thread of this one,
+            so HTTP and the engine's Python never wait on one interpreter lock.
     """
 
     model_name: str = "codex-lab-tiny"
@@ -54,6 +57,7 @@ class ServerConfig:
     max_connections: int = 256
     retry_after_s: int = 1
     fim_format: str | None = None
+    engine_process: bool = False
 
     def validate(self) -> None:
         """Raise :class:`~codex_lab.errors.InputError` naming the first bad knob and its range."""
@@ -114,8 +118,11 @@ class ModelServer:
         if version in self.workers:
             raise ValueError(f"version {version!r} is already served")
         self.config.limits.max_seq_len = min(self.config.limits.max_seq_len, model.cfg.max_seq_len)
-        self.workers[version] = EngineWorker(version, model, self.tokenizer, max_batch_size=self.config.max_batch_size,
-                                             step_delay_s=step_delay_s, engine_factory=self.engine_factory)
+        kind: Any = EngineWorker
+        if self.config.engine_process:
+            from codex_lab.serve.engine_process import EngineProcess as kind
+        self.workers[version] = kind(version, model, self.tokenizer, max_batch_size=self.config.max_batch_size,
+                                     step_delay_s=step_delay_s, engine_factory=self.engine_factory)
         if primary or self.primary is None:
             self.primary = version
         self._publish()

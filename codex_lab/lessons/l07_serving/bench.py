@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import statistics
+import time
 from typing import Any
 
 import torch
@@ -43,12 +45,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how arriving prompts are prefilled: step = as rows of the compiled decode step (with "
                         "--compiled: what `codex-lab serve` runs; else batched), batched = one eager forward for "
                         "all beside the step, each = one eager forward per request (the reference path)")
+    p.add_argument("--engine-process", action="store_true",
+                   help="the engine in a process of its own (`codex-lab serve --engine-process`): HTTP and the engine "
+                        "never wait on one interpreter lock")
     p.add_argument("--peer", choices=("llama.cpp",), default=None,
                    help="also drive llama.cpp's llama-server (scripts/build_llama_cpp.sh builds it) on the same model "
                         "exported to an F32 GGUF, with as many parallel slots as the largest level and the same "
                         "math threads, the same load in interleaved rounds; rows per server and level, with ratios")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of every level (default 1; 3 with --peer): the rows give the median and the range")
+
+
+def bench_engine(model: Any, tokenizer: Any, *, compiled: bool, prefill: str, **kw: Any) -> Any:
+    """The server's engine as `codex-lab serve` builds it (module level: an engine process
+    unpickles it by name)."""
+    from codex_lab.infer.engine.loop import Engine
+    from codex_lab.serve.compiled import compiled_engine
+
+    eng = compiled_engine(model, tokenizer, mixed=prefill == "step", **kw) if compiled else Engine(model, tokenizer, **kw)
+    eng.batch_prefill = prefill != "each"
+    return eng
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -69,18 +85,17 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     torch.set_num_threads(args.threads or compute_threads())
     ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained()
     engines: list[Any] = []
+    in_process = bool(getattr(args, "engine_process", False))
 
     def factory(model: Any, tokenizer: Any, **kw: Any) -> Any:  # the server's engine, as `codex-lab serve` builds it
-        from codex_lab.serve.compiled import compiled_engine
-        from codex_lab.infer.engine.loop import Engine
-
-        eng = compiled_engine(model, tokenizer, mixed=prefill == "step", **kw) if compiled else Engine(model, tokenizer, **kw)
-        eng.batch_prefill = prefill != "each"
+        eng = bench_engine(model, tokenizer, compiled=compiled, prefill=prefill, **kw)
         engines.append(eng)
         return eng
 
     srv = ModelServer(ck.tokenizer, ServerConfig(model_name="bench", max_batch_size=max(8, max(levels)),
-                                                 max_waiting=4 * max(levels)), engine_factory=factory)
+                                                 max_waiting=4 * max(levels), engine_process=in_process),
+                      engine_factory=functools.partial(bench_engine, compiled=compiled, prefill=prefill)
+                      if in_process else factory)
     srv.add_version("v0001", ck.model)
     freeze_long_lived()  # as `codex-lab serve` does once the model is loaded
     bg = serve_in_background(srv)
@@ -95,6 +110,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for eng in engines:  # the compiled engine: every bucket built (and the compiler's objects frozen) first
             if eng.fast_step is not None and not eng.fast_step.ready.wait(600):
                 raise RuntimeError("the decode step's background compile took over 600 s")
+        if in_process:  # the child reports its compile's progress: wait until it serves the compiled graphs
+            t0 = time.perf_counter()
+            while srv.workers["v0001"].phase()["phase"] == "warming":
+                if time.perf_counter() - t0 > 600:
+                    raise RuntimeError("the engine process's background compile took over 600 s")
+                time.sleep(0.2)
         targets = {"codex_lab_serve": bg.url}
         peer_info: dict[str, Any] = {}
         if peer == "llama.cpp":
@@ -119,7 +140,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             rates = sorted(x["tokens_per_s"] for x in ss)
             s = next(x for x in ss if x["tokens_per_s"] == rates[len(rates) // 2])  # the median round's percentiles
             row = {"concurrency": c, "requests": s["requests_ok"], "threads": torch.get_num_threads(),
-                   "compiled": compiled, "prefill": prefill,
+                   "compiled": compiled, "prefill": prefill, "engine_process": in_process,
                    **{k: s[k] for k in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tbt_p50_ms", "tbt_p95_ms",
                                         "tbt_p99_ms", "ttft_share_under_100ms", "tbt_share_under_20ms",
                                         "tokens_per_s", "errors")}}
