@@ -8,8 +8,9 @@ engine's time is split into the model step (the compiled graph and its padding:
 ``Engine._forward``) and the rest (scheduling, sampling, emitting: Python). Every engine must
 give FastDecoder's greedy tokens (``same_tokens``).
 
-``http``: one more row, ``serve_http``: the same request through ``codex-lab serve``'s app (the
-compiled engine behind uvicorn on a loopback port) from a streaming client in a process of
+``http``: two more rows, ``serve_http``: the same request through ``codex-lab serve``'s app (the
+compiled engine behind uvicorn on a loopback port), and ``serve_http_process``: the same with the
+engine in a process of its own (``codex-lab serve --engine-process``), from a streaming client in a process of
 its own (:func:`~codex_lab.serve.loadtest.run_load_in_process`, as real clients are), in the same
 rounds. Its ``http_ms_per_token`` is what HTTP, the event loop and streaming add per token over
 the in-process engine (``1000/serve_http - 1000/engine_solo``, tokens/s medians); its text must
@@ -77,13 +78,14 @@ def bench_single_stream(model: CodexModel, tok: CodeTokenizer, *, slots: int = 8
     secs: dict[str, list[float]] = {"fast_decode": [], **{k: [] for k in engines}}
     fwd: dict[str, list[float]] = {k: [] for k in engines}
     same = True
-    server = _Served(model, tok, slots, compile, prompt, n) if http else None
-    if server is not None:
-        secs["serve_http"] = []
+    # the server twice: its engine on a thread of the server's process, and in a process of its own
+    servers = {"serve_http": _Served(model, tok, slots, compile, prompt, n),
+               "serve_http_process": _Served(model, tok, slots, compile, prompt, n, process=True)} if http else {}
+    secs.update({k: [] for k in servers})
     try:
-        same = _rounds(fast, engine, engines, server, rounds, compile, secs, fwd, forward_s)
+        same = _rounds(fast, engine, engines, servers, rounds, compile, secs, fwd, forward_s)
     finally:
-        if server is not None:
+        for server in servers.values():
             server.stop()
     base = statistics.median(n / s for s in secs["fast_decode"])
     rows = []
@@ -97,7 +99,7 @@ def bench_single_stream(model: CodexModel, tok: CodeTokenizer, *, slots: int = 8
         if k in fwd:  # per token, ms: the model step vs the rest of the engine's loop
             row["step_ms_per_token"] = 1000 * statistics.median(fwd[k]) / n
             row["other_ms_per_token"] = 1000 * statistics.median(s - f for s, f in zip(ss, fwd[k])) / n
-        elif k == "serve_http":
+        elif k.startswith("serve_http"):
             solo = statistics.median(n / s for s in secs["engine_solo"])
             # what HTTP adds per token = ms per token through the server - ms per token in process
             row["http_ms_per_token"] = 1000 / row["tokens_per_s"] - 1000 / solo
@@ -107,7 +109,7 @@ def bench_single_stream(model: CodexModel, tok: CodeTokenizer, *, slots: int = 8
     return rows
 
 
-def _rounds(fast: Any, engine: Any, engines: dict[str, Any], server: "_Served | None", rounds: int, compile: bool,
+def _rounds(fast: Any, engine: Any, engines: dict[str, Any], servers: "dict[str, _Served]", rounds: int, compile: bool,
             secs: dict[str, list[float]], fwd: dict[str, list[float]], forward_s: dict[str, float]) -> bool:
     """Warm every path, then ``rounds`` interleaved rounds; whether every path gave FastDecoder's tokens."""
     same = True
@@ -118,7 +120,7 @@ def _rounds(fast: Any, engine: Any, engines: dict[str, Any], server: "_Served | 
             if compile and eng.fast_step is not None and not eng.fast_step.ready.wait(900):  # the background compile
                 raise RuntimeError("the engine's step took over 900 s to compile")
             engine(k)
-        if server is not None:  # warm-up (once its graphs are built): the server's answer is FastDecoder's text
+        for server in servers.values():  # warm-up (once its graphs are built): the server's answer is FastDecoder's text
             same &= server.text() == server.expected(ref)
             server.timed()
         for _ in range(rounds):
@@ -131,8 +133,8 @@ def _rounds(fast: Any, engine: Any, engines: dict[str, Any], server: "_Served | 
                 secs[k].append(s)
                 fwd[k].append(forward_s[k])
                 same &= out == ref
-            if server is not None:
-                secs["serve_http"].append(server.timed())
+            for k, server in servers.items():
+                secs[k].append(server.timed())
     return same
 
 
@@ -141,7 +143,7 @@ class _Served:
     port, for one streamed request at a time from a client process of its own."""
 
     def __init__(self, model: CodexModel, tok: CodeTokenizer, slots: int, compile: bool, prompt: list[int],
-                 n: int) -> None:
+                 n: int, process: bool = False) -> None:
         from codex_lab.infer.engine.loop import Engine
         from codex_lab.serve.app import serve_in_background
         from codex_lab.serve.router import ModelServer, ServerConfig
@@ -154,8 +156,13 @@ class _Served:
 
         self.tok, self.prompt, self.n = tok, prompt, n
         self.engines: list[Any] = []
-        self.srv = ModelServer(tok, ServerConfig(model_name="bench", max_batch_size=slots),
-                               engine_factory=lambda m, t, **kw: self.engines.append(factory(m, t, **kw)) or self.engines[-1])
+        self.process = process
+        if process:  # the engine in a child process: a factory it can unpickle by name
+            self.srv = ModelServer(tok, ServerConfig(model_name="bench", max_batch_size=slots, engine_process=True),
+                                   engine_factory=compiled_engine if compile else eager_engine)
+        else:
+            self.srv = ModelServer(tok, ServerConfig(model_name="bench", max_batch_size=slots),
+                                   engine_factory=lambda m, t, **kw: self.engines.append(factory(m, t, **kw)) or self.engines[-1])
         self.srv.add_version("v0001", model)
         self.bg = serve_in_background(self.srv)
 
@@ -177,6 +184,11 @@ class _Served:
         for eng in self.engines:
             if eng.fast_step is not None and eng.fast_step.warming and not eng.fast_step.ready.wait(900):
                 raise RuntimeError("the served engine's step took over 900 s to compile")
+        t0 = time.perf_counter()
+        while self.process and self.srv.workers["v0001"].phase()["phase"] == "warming":  # the child's compile
+            if time.perf_counter() - t0 > 900:
+                raise RuntimeError("the engine process's step took over 900 s to compile")
+            time.sleep(0.2)
         r = httpx.post(self.bg.url + "/v1/completions", timeout=120, trust_env=False,
                        json={"model": "bench", "prompt": self.prompt, "max_tokens": self.n, "temperature": 0,
                              "ignore_eos": True})
@@ -194,4 +206,11 @@ class _Served:
         self.srv.close()
 
 
-__all__ = ["bench_single_stream"]
+def eager_engine(model: Any, tokenizer: Any, **kw: Any) -> Any:
+    """The served engine's padded step run eagerly (tests; module level: an engine process unpickles it)."""
+    from codex_lab.infer.engine.loop import Engine
+
+    return Engine(model, tokenizer, compile=True, compile_backend="eager", **kw)
+
+
+__all__ = ["bench_single_stream", "eager_engine"]
