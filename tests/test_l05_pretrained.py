@@ -136,3 +136,25 @@ def test_the_other_splits_shipped_references_are_tabled_beside_the_live_split(mo
     assert plateau_split_lines("compose")[2].startswith("| split |")  # iid is then the other split
     monkeypatch.setattr(reference, "load_reference", lambda name: None)
     assert plateau_split_lines("iid") == []
+
+
+def test_the_family_table_gives_each_arms_pass_at_1_per_family():
+    """One row per arm (the specialists together, each on its own family), one column per family,
+    each cell the arm's mean pass@1 over seeds on that family (PlateauResults.values)."""
+    import json
+    import statistics
+
+    from codex_lab.lessons.l05_multitask.report import reference_results
+    from codex_lab.reference import REFERENCE_DIR
+
+    d = json.loads((REFERENCE_DIR / "l05_plateau_iid.json").read_text())["data"]
+    res = reference_results(d)
+    rows = res.family_table()
+    body = [r for r in rows if r.startswith("| ") and not r.startswith(("| arm", "|---"))]
+    assert [r.split(" | ")[0][2:] for r in body] == ["single-task (each its own family)", "naive", "coba", "task_token"]
+    naive = body[1].strip("| ").split(" | ")[1:]
+    for f, cell in zip(res.setup.families, naive):
+        assert float(cell) == round(statistics.fmean(res.values("naive", [f])), 3)
+    # without every specialist there is no single-task row
+    partial = pt.PlateauResults(res.setup, {a: r for a, r in res.arms.items() if a != "single-task:fim"})
+    assert not any("single-task" in r for r in partial.family_table())

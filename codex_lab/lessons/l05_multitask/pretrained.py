@@ -164,6 +164,21 @@ class PlateauResults:
         c = compare(a, b, paired=True, metric=f"pass@1 small families ({', '.join(small)}): {prim} - naive")
         return self._judge(c, ["naive", prim], a, b)
 
+    def family_table(self) -> list[str]:
+        """Markdown rows: each family's pass@1 (mean over seeds) for the specialists (each on its own
+        family) and every pooled arm: where balancing moved which task."""
+        fams = self.setup.families
+        rows = ["| arm | " + " | ".join(f"{f}{' (large)' if f == self.setup.large else ''}" for f in fams) + " |",
+                "|---|" + "---|" * len(fams)]
+        pooled = [a for a in self.arms if not a.startswith("single-task:")]
+        for arm in ["single-task", *pooled]:
+            if arm == "single-task" and not all(f"single-task:{f}" in self.arms for f in fams):
+                continue
+            cells = [f"{statistics.fmean(self.values(arm, [f])):.3f}" for f in fams]
+            label = "single-task (each its own family)" if arm == "single-task" else arm
+            rows.append(f"| {label} | " + " | ".join(cells) + " |")
+        return rows + ["", f"(pass@1 by execution, mean of {len(self.setup.seeds)} seeds, each at its arm's stopping point)"]
+
     def compute_lines(self) -> list[str]:
         """Each arm's compute: steps per seed to its plateau, examples seen, CPU s, the extension check."""
         out = []

@@ -83,7 +83,8 @@ def plateau_lines(ctx: Any) -> list[str]:
     res = pt.run_protocol(setup)
     size, gain, size_v = res.size_claim()
     small = res.small_claim()
-    out += ["Each arm's compute to its plateau (steps per seed, examples, CPU), and the budget-extension check:", "",
+    out += ["Pass@1 per family, per arm (this run):", "", *res.family_table(), "",
+            "Each arm's compute to its plateau (steps per seed, examples, CPU), and the budget-extension check:", "",
             "```", *res.compute_lines(), "```", "", "Training states at the stopping points:", "", "```",
             *[s.describe() for s in res.states().values()], "```", "",
             f"- \"+8-15%\": {size.describe()}; relative gain {_pct(gain)} ({pt.size_position(gain)}) -> {size_v}",
@@ -96,7 +97,8 @@ def plateau_lines(ctx: Any) -> list[str]:
         src = "The shipped " + describe_provenance(ref)
         agree = {k: "agrees" if live[k] == claim[k] else f"differs ({live[k]})" for k in claim}
         out += ["#### The shipped reference run (the claims' verdicts)", "", f"{src}. Geometry: {d['setup']}.", "",
-                "```", *d["compute"], *d["states"].values(), "```", "",
+                "```", *d["compute"], *d["states"].values(), "```", "", "Pass@1 per family, per arm:", "",
+                *reference_results(d).family_table(), "",
                 f"- \"+8-15%\": {d['size']['describe']}; relative gain {_pct(d['size']['gain'])} "
                 f"({d['size']['position']}) -> **{d['size']['verdict']}**",
                 f"- \"the small tasks\": {d['small']['describe']} -> **{d['small']['verdict']}**",
