@@ -48,8 +48,9 @@ def test_the_aot_step_equals_the_eager_step_and_a_later_decoder_loads_it(cache_d
     assert len(packages) == 1
     # a later decoder of the same model (a restarted process) loads the kept package instead of building it
     again = FastDecoder(m, compile="aot")
-    assert again.prepare() < 5.0  # a hang guard, not a speed goal: loading is milliseconds, a build tens of seconds
+    again.prepare()
     assert again.aot_from_disk and again.generate(PROMPT, 24)[0] == eager
+    assert len(list(cache_dir.rglob("step-*.pt2"))) == 1  # loaded, nothing built
     # generation twice from one decoder: the cache is rewritten by the prefill, nothing leaks between prompts
     assert again.generate([7, 8, 9], 10)[0] == FastDecoder(m, compile=False).generate([7, 8, 9], 10)[0]
 
