@@ -447,7 +447,7 @@ def my_state(curves, min_change):
     within = t_quantile(0.95, m_ * (k_ - 2)) * quarter * math.sqrt(resid.mean() / sxx / m_)
     between = t_quantile(0.95, m_ - 1) * change.std(ddof=1) / math.sqrt(m_)
     bound = change.mean() + max(within, between)
-    if change.mean() < -min_change:
+    if change.mean() < -min_change and bound < 0:  # credibly worse: even the bound's optimistic end
         return "degrading"
     return "trained" if bound <= min_change and change.max() <= min_change else "under-trained"
 
