@@ -405,7 +405,8 @@ for n_, c_, k_ in [(10, 3, 1), (10, 3, 5), (20, 7, 10), (5, 5, 2)]:
 # ones, and **no program is shared between families**, so pooling sees each program once.
 # No arm gets a fixed budget: each trains in chunks, its seeds in lockstep, until the
 # training-state rule calls it trained (or a cap), and its compute is printed; then it trains
-# half as long again and the move is printed (the rule's own check). Sizes were tuned on seeds
+# half as long again and the move is printed (the rule's own check). An arm that check finds
+# still learning is not compared there: it trains on and is judged again. Sizes were tuned on seeds
 # 0-2; the verdicts use 10-12. Before the run, the design says the smallest effect it can
 # detect. Fast mode (CI) stops far too early on purpose: the rule must withhold the verdicts.
 
@@ -446,6 +447,7 @@ if all(x > 0 for x in a8):
         assert abs(statistics.fmean(rel) - gain8["mean"]) < 1e-12 and abs(gain8["hi"] - gain8["mean"] - half) < 1e-12
 for line in plat.compute_lines():
     print(line)
+print(*plat.family_table(), sep="\n")
 print("\n+8-15%:", size8.describe())
 print(f"relative gain {gain8}: {pt.size_position(gain8)} -> {verdict8}")
 print("small tasks:", plat.small_claim().describe())
@@ -469,6 +471,9 @@ else:
     print(*ref8["data"]["compute"], sep="\n")
     print("+8-15%:", ref8["data"]["size"]["verdict"], ref8["data"]["size"]["position"])
     print("small tasks:", ref8["data"]["small"]["verdict"])
+    from codex_lab.lessons.l05_multitask.report import reference_results
+
+    print(*reference_results(ref8["data"]).family_table(), sep="\n")  # where balancing moved which task
     print("this run agrees:", {"size": verdict8 == ref8["data"]["size"]["verdict"],
                                "small": plat.small_claim().verdict == ref8["data"]["small"]["verdict"]})
 
