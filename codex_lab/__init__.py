@@ -78,7 +78,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "nn.sparse_native": ('native_status',),
     "nn.moe_native": ('moe_native_status',),
     "infer.speculative": ('SpecStats', 'expected_speedup', 'expected_tokens_per_round', 'speculative_generate'),
-    "infer.prompt_lookup": ('lookup_draft', 'prompt_lookup_fast', 'prompt_lookup_generate'),
+    "infer.prompt_lookup": ('lookup_draft', 'prompt_lookup_generate'),
     "lessons.l06_inference.draft": ('load_draft',),
     "infer.fast_decode": ('FastDecoder', 'one_query_attention'),
     "infer.aot_step": ('AotStep', 'aot_step'),

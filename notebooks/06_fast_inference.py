@@ -768,7 +768,7 @@ print(lookup_text)
 #   with no dynamo frame or guard inside a step, kept in the compile cache so a later process
 #   loads it in milliseconds instead of compiling (`cl.aot_step`; `codex-lab generate --aot`).
 #   Its `verify` step takes the last token and the guesses in one fixed shape, so prompt lookup
-#   runs on the compiled path too (`cl.prompt_lookup_fast`; `--scenarios code_edit` times both
+#   runs on the compiled path too (`cl.prompt_lookup_generate` given the decoder; `--scenarios code_edit` times both
 #   beside the eager rows, tokens compared);
 # - `cl.Engine(..., compile=True)`: the batch is padded to `max_batch_size` rows (padding
 #   rows write a scratch block no request owns) and each block table to a *bucket* (1, 1.5,

@@ -134,14 +134,14 @@ def test_prompt_lookup_on_the_fast_decoder_gives_greedy_tokens(compile, cache_di
     tokens) emits exactly greedy decoding's tokens, with guesses accepted and rejected along the way
     (so both the accept and the overwrite-instead-of-rollback paths ran)."""
     from codex_lab.infer.generate import generate_ids
-    from codex_lab.infer.prompt_lookup import prompt_lookup_fast, prompt_lookup_generate
+    from codex_lab.infer.prompt_lookup import prompt_lookup_generate
 
     monkeypatch.setenv("CODEX_LAB_COMPILE_CACHE", str(cache_dir))
     m = model()
     prompt = copying_prompt()
     want, _ = generate_ids(m, prompt, max_new_tokens=24, cache="static")
     dec = FastDecoder(m, compile=compile)
-    got, reason, st = prompt_lookup_fast(dec, prompt, max_new_tokens=24, num_draft=4)
+    got, reason, st = prompt_lookup_generate(dec, prompt, max_new_tokens=24, num_draft=4)
     assert got == want and reason == "length"
     assert st.accepted > 0 and st.rejections > 0, st
     # the same rounds as the plain-model prompt lookup: same drafts, same acceptances
@@ -150,4 +150,4 @@ def test_prompt_lookup_on_the_fast_decoder_gives_greedy_tokens(compile, cache_di
     if compile == "aot":
         assert dec.compiled and not dec.compile_error
     with pytest.raises(ValueError, match="max_len >= "):
-        prompt_lookup_fast(FastDecoder(m, compile=False, max_len=40), prompt, max_new_tokens=10, num_draft=8)
+        prompt_lookup_generate(FastDecoder(m, compile=False, max_len=40), prompt, max_new_tokens=10, num_draft=8)

@@ -10,35 +10,16 @@ import time
 import httpx
 import openai
 import pytest
-import torch
 
 from codex_lab.infer.engine.loop import Engine
 from codex_lab.infer.generate import generate_ids
-from codex_lab.nn.config import ModelConfig
-from codex_lab.nn.model import CodexModel
 from codex_lab.serve.app import serve_in_background
 from codex_lab.serve.engine_process import EngineProcess
 from codex_lab.serve.metrics import parse_metrics
 from codex_lab.serve.router import ModelServer, ServerConfig
+from serving_helpers import make_model, wait_idle
 
 NAME = "tiny"
-
-
-def make_model(vocab: int, seed: int = 0) -> CodexModel:
-    torch.manual_seed(seed)
-    return CodexModel(ModelConfig(vocab_size=vocab, d_model=64, n_layer=2, n_head=4, max_seq_len=256)).eval()
-
-
-def wait_idle(srv: ModelServer, timeout: float = 120.0) -> dict:
-    # a hang guard, not a speed goal: the child frees a finished or cancelled request's memory on its
-    # next step and reports it in its next stats message; a loaded machine can delay both by seconds
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        h = srv.health()
-        if h["in_flight"] == 0 and h["running"] == 0 and h["waiting"] == 0 and h["kv_used_tokens"] == 0:
-            return h
-        time.sleep(0.05)
-    raise AssertionError(f"server not idle after {timeout} s: {srv.health()}")
 
 
 def wait_ready(bg, timeout: float = 120.0) -> None:

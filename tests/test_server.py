@@ -9,26 +9,19 @@ import time
 import httpx
 import openai
 import pytest
-import torch
 
-from codex_lab.nn.config import ModelConfig
 from codex_lab.infer.engine.loop import Engine
 from codex_lab.infer.sampling import SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.serve.loadtest import malformed_bodies, malformed_storm, run_load
 from codex_lab.serve.metrics import parse_metrics
-from codex_lab.nn.model import CodexModel
 from codex_lab.serve.app import serve_in_background
 from codex_lab.serve.router import ModelServer, ServerConfig
+from serving_helpers import make_model, wait_idle
 from codex_lab.serve.security import check_loopback
 
 NAME = "tiny"
 
-
-
-def make_model(vocab: int, seed: int = 0) -> CodexModel:
-    torch.manual_seed(seed)
-    return CodexModel(ModelConfig(vocab_size=vocab, d_model=64, n_layer=2, n_head=4, max_seq_len=256)).eval()
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +35,6 @@ def served(small_corpus):
     bg = serve_in_background(srv)
     yield bg, srv, tok, model
     bg.stop()
-
-
-def wait_idle(srv: ModelServer, timeout: float = 120.0) -> dict:
-    # a hang guard, not a speed goal: the engine thread frees the finished requests' memory on its
-    # next step, which a loaded 2-core machine can delay by seconds; it returns as soon as idle
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        h = srv.health()
-        if h["in_flight"] == 0 and h["running"] == 0 and h["waiting"] == 0 and h["kv_used_tokens"] == 0:
-            return h
-        time.sleep(0.05)
-    raise AssertionError(f"server not idle after {timeout} s: {srv.health()}")
 
 
 def test_openai_client_plain_and_streaming_match_reference(served):

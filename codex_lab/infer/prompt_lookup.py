@@ -16,16 +16,14 @@ and costs a little when it does not (a longer verify forward for guesses that fa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
+from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.infer.generate import cached_logits, make_caches
 from codex_lab.infer.speculative import SpecStats
 from codex_lab.nn.model import CodexModel
-
-if TYPE_CHECKING:
-    from codex_lab.infer.fast_decode import FastDecoder
 
 
 def lookup_draft(tokens: Sequence[int], *, max_ngram: int = 3, min_ngram: int = 1, num_draft: int = 8) -> list[int]:
@@ -67,7 +65,7 @@ def accept_greedy(guesses: Sequence[int], preds: Sequence[int], stats: SpecStats
 
 
 def prompt_lookup_generate(
-    target: CodexModel,
+    target: CodexModel | FastDecoder,
     prompt_ids: Sequence[int],
     *,
     max_new_tokens: int = 64,
@@ -78,14 +76,26 @@ def prompt_lookup_generate(
 ) -> tuple[list[int], str, SpecStats]:
     """Greedy generation of ``target`` with drafts copied from the context.
 
+    ``target``: a model (its forward over a static cache, rolled back after a rejection), or a
+    :class:`~codex_lab.infer.fast_decode.FastDecoder` (its compiled steps: :func:`_on_decoder`).
     Returns (new ids, finish reason, stats) where the ids equal
-    ``generate_ids(target, prompt_ids, max_new_tokens=..., eos_id=...)``. ``stats.rounds``
+    ``generate_ids(model, prompt_ids, max_new_tokens=..., eos_id=...)``. ``stats.rounds``
     counts verify forwards that carried at least one guess; ``acceptance_rate`` is over them.
     """
     if num_draft < 1:
         raise ValueError(f"num_draft must be >= 1, got {num_draft}")
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one token")
+    draft = dict(max_new_tokens=max_new_tokens, num_draft=num_draft, max_ngram=max_ngram, min_ngram=min_ngram,
+                 eos_id=eos_id)
+    if isinstance(target, FastDecoder):
+        return _on_decoder(target, prompt_ids, **draft)
+    return _on_model(target, prompt_ids, **draft)
+
+
+def _on_model(target: CodexModel, prompt_ids: Sequence[int], *, max_new_tokens: int, num_draft: int, max_ngram: int,
+              min_ngram: int, eos_id: int | None) -> tuple[list[int], str, SpecStats]:
+    """:func:`prompt_lookup_generate` on a model's forward over a static cache."""
     T = len(prompt_ids)
     total = T + max_new_tokens
     if total > target.cfg.max_seq_len:
@@ -124,31 +134,17 @@ def prompt_lookup_generate(
     return tokens[T:], "length", stats
 
 
-def prompt_lookup_fast(
-    decoder: "FastDecoder",
-    prompt_ids: Sequence[int],
-    *,
-    max_new_tokens: int = 64,
-    num_draft: int = 8,
-    max_ngram: int = 3,
-    min_ngram: int = 1,
-    eos_id: int | None = None,
-) -> tuple[list[int], str, SpecStats]:
+def _on_decoder(decoder: FastDecoder, prompt_ids: Sequence[int], *, max_new_tokens: int, num_draft: int,
+                max_ngram: int, min_ngram: int, eos_id: int | None) -> tuple[list[int], str, SpecStats]:
     """:func:`prompt_lookup_generate` on :class:`~codex_lab.infer.fast_decode.FastDecoder`'s
     static cache, its compiled steps (``compile="aot"``: one package for a single token, one for
     the verify step of ``num_draft + 1`` tokens; the guesses are padded to that fixed length so
     the step keeps one shape). A round with no guess is a plain decode step. Nothing is rolled
     back after a rejection: the slots past the accepted tokens are overwritten before any query
-    reads them (:meth:`~codex_lab.infer.fast_decode.FastDecoder.verify`).
-
-    Returns (new ids, finish reason, stats), the ids equal to greedy decoding's. The decoder's
+    reads them (:meth:`~codex_lab.infer.fast_decode.FastDecoder.verify`). The decoder's
     ``max_len`` must hold the prompt, the new tokens and ``num_draft`` more (the padded guesses'
     slots); batch 1.
     """
-    if num_draft < 1:
-        raise ValueError(f"num_draft must be >= 1, got {num_draft}")
-    if not prompt_ids:
-        raise ValueError("the prompt is empty; give at least one token")
     if decoder.batch != 1:
         raise ValueError(f"prompt lookup decodes one sequence; the decoder was built for batch={decoder.batch}")
     T = len(prompt_ids)

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.serve.api_errors import ApiError
-from codex_lab.serve.worker import Live, WorkerClosed, _deliver
+from codex_lab.serve.worker import Live, WorkerClosed, deliver_step
 
 
 def _child(conn: Any, model: Any, tokenizer: CodeTokenizer, max_batch_size: int, step_delay_s: float,
@@ -259,7 +259,7 @@ class EngineProcess:
                 return
 
     def _events(self, events: list[tuple]) -> None:
-        by_loop: dict[Any, list[tuple[Any, tuple]]] = {}
+        out: list[tuple[Live, tuple]] = []
         for ev in events:
             pid, what = ev[0], ev[1]
             live = self._live.get(pid)
@@ -279,12 +279,8 @@ class EngineProcess:
             else:  # "error": a failed step
                 self._live.pop(pid, None)
                 item = ("error", ev[2])
-            by_loop.setdefault(live.loop, []).append((live.events, item))
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # event loop closed (server shutting down)
-                pass
+            out.append((live, item))
+        deliver_step(out)
 
     def _died(self, why: str) -> None:
         with self._gate:

@@ -66,6 +66,19 @@ def _deliver(items: list[tuple[asyncio.Queue, tuple]]) -> None:
         q.put_nowait(item)
 
 
+def deliver_step(events: list[tuple[Live, tuple]]) -> None:
+    """Hand one step's ``(request, event)`` pairs to asyncio: one ``call_soon_threadsafe`` per
+    event loop per step instead of one per token (each call wakes the loop and takes the GIL)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, tuple]]] = {}
+    for live, item in events:
+        by_loop.setdefault(live.loop, []).append((live.events, item))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_deliver, items)
+        except RuntimeError:  # event loop closed (server shutting down)
+            pass
+
+
 class EngineWorker:
     """One model version served by one engine stepped by one thread.
 
@@ -147,19 +160,11 @@ class EngineWorker:
         return on_token
 
     def _flush(self) -> None:
-        """Hand the step's token events to asyncio: one ``call_soon_threadsafe`` per event loop
-        per step instead of one per token (each call wakes the loop and takes the GIL)."""
+        """Hand the step's token events to asyncio (:func:`deliver_step`)."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, tuple]]] = {}
-        for live, item in pending:
-            by_loop.setdefault(live.loop, []).append((live.events, item))
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # event loop closed (server shutting down)
-                pass
+        deliver_step(pending)
 
     def _drain(self, block: bool) -> bool:
         """Apply the queued submits and cancels; whether there were any."""

@@ -30,7 +30,7 @@ import torch
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.infer.generate import generate_ids_cached
-from codex_lab.infer.prompt_lookup import prompt_lookup_fast, prompt_lookup_generate
+from codex_lab.infer.prompt_lookup import prompt_lookup_generate
 from codex_lab.evals.quantized import tokens_kept
 from codex_lab.nn.int8 import quantize_int8
 from codex_lab.nn.model import CodexModel
@@ -207,7 +207,7 @@ def bench_code_edit(model: CodexModel, tok: CodeTokenizer, n_prompts: int = 4, n
     the median of the rounds' ratios (every round's kept in ``speedup_rounds``), tokens/s the
     median round's. With ``compiled`` (a CPU), the same prompts also run on the compiled path, in
     the same rounds: FastDecoder's greedy decoding with its step compiled ahead of time, and prompt
-    lookup on that decoder (:func:`~codex_lab.infer.prompt_lookup.prompt_lookup_fast`, its verify
+    lookup on that decoder (:func:`~codex_lab.infer.prompt_lookup.prompt_lookup_generate` given the decoder, its verify
     step a package too): ``speedup_vs_fast_decode`` is the speculative path against the fastest
     plain decoder, the ratio the course's goal reads."""
     limit = model.cfg.max_seq_len - new_tokens - num_draft  # the compiled lookup also holds the guesses' slots
@@ -238,7 +238,7 @@ def bench_code_edit(model: CodexModel, tok: CodeTokenizer, n_prompts: int = 4, n
             out["fast"] = [dec.generate(p, new_tokens)[0] for p in prompts]
 
         def fast_lookup_all() -> None:
-            out["fast_lookup"] = [prompt_lookup_fast(dec, p, max_new_tokens=new_tokens, num_draft=num_draft,
+            out["fast_lookup"] = [prompt_lookup_generate(dec, p, max_new_tokens=new_tokens, num_draft=num_draft,
                                                      min_ngram=min_ngram, max_ngram=max_ngram) for p in prompts]
 
         fast_all()  # builds or loads the packages (next, and verify at num_draft + 1 tokens) before timing
