@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.serve.api_errors import ApiError
-from codex_lab.serve.worker import Live, WorkerClosed, deliver_step
+from codex_lab.serve.worker import Live, deliver_step, refuse_closed
 
 
 def _child(conn: Any, model: Any, tokenizer: CodeTokenizer, max_batch_size: int, step_delay_s: float,
@@ -196,11 +196,7 @@ class EngineProcess:
         """Send a request to the engine (thread-safe); :class:`WorkerClosed` if this retired worker
         has stopped, a 503 :class:`ApiError` if its engine is dead."""
         with self._gate:
-            if self.error is not None:
-                raise ApiError(503, f"the engine of version {self.version} failed ({self.error}); retry later",
-                               type_="server_error", code="engine_failed", kind="internal")
-            if self.closed:
-                raise WorkerClosed(self.version)
+            refuse_closed(self)
             pid = next(self._ids)
             live.pid = pid  # type: ignore[attr-defined]
             self._live[pid] = live

@@ -29,6 +29,17 @@ class WorkerClosed(RuntimeError):
     """A retired version's engine thread has stopped; route the request again."""
 
 
+def refuse_closed(worker: Any) -> None:
+    """Raise what a request sent to ``worker`` gets when it cannot take it: a 503
+    :class:`ApiError` if its engine is dead, :class:`WorkerClosed` if it retired and stopped.
+    Call it holding the worker's gate (it orders submits against the worker's decision to stop)."""
+    if worker.error is not None:
+        raise ApiError(503, f"the engine of version {worker.version} failed ({worker.error}); retry later",
+                       type_="server_error", code="engine_failed", kind="internal")
+    if worker.closed:
+        raise WorkerClosed(worker.version)
+
+
 class Live:
     """One request in flight: its asyncio queue of events, token timestamps and engine id."""
 
@@ -124,11 +135,7 @@ class EngineWorker:
         again), and a 503 :class:`ApiError` if its engine is dead.
         """
         with self._gate:
-            if self.error is not None:
-                raise ApiError(503, f"the engine of version {self.version} failed ({self.error}); retry later",
-                               type_="server_error", code="engine_failed", kind="internal")
-            if self.closed:
-                raise WorkerClosed(self.version)
+            refuse_closed(self)
             self.inbox.put(("submit", live))
 
     def cancel(self, live: Live) -> None:

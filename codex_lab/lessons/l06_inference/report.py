@@ -218,23 +218,25 @@ def single_stream_lines(record: dict[str, Any] | None = None) -> str:
              f"{fd['new_tokens']} greedy tokens after a {fd['prompt_len']}-token prompt, one math thread):", "",
              f"- FastDecoder {fd['tokens_per_s']:.0f} tokens/s (rounds {fd['tokens_per_s_min']:.0f}-"
              f"{fd['tokens_per_s_max']:.0f}), {fd['ms_per_token']:.2f} ms per token"]
-    names = {"engine_solo": "the serving engine with its one-row shape for a request alone (what `codex-lab serve` runs)",
-             "engine_padded": "the serving engine with every step padded to its slots"}
-    for k, label in names.items():
-        if k in rows:
-            r = rows[k]
-            lines.append(f"- {label}, {r['slots']} slots: {r['tokens_per_s']:.0f} tokens/s ({r['tokens_per_s_min']:.0f}-"
-                         f"{r['tokens_per_s_max']:.0f}), {r['vs_fast_decode']:.2f}x FastDecoder; per token "
-                         f"{r['step_ms_per_token']:.2f} ms in the model step, {r['other_ms_per_token']:.2f} ms around it "
-                         f"(scheduling, sampling, emitting)")
-    served = {"serve_http": "through `codex-lab serve` over HTTP (a streaming client in a process of its own)",
-              "serve_http_process": "the same with the engine in a process of its own (`--engine-process`)"}
-    for k, label in served.items():
-        if k in rows:
-            r = rows[k]
-            lines.append(f"- {label}: {r['tokens_per_s']:.0f} tokens/s ({r['tokens_per_s_min']:.0f}-"
-                         f"{r['tokens_per_s_max']:.0f}), {r['vs_fast_decode']:.2f}x FastDecoder (goal 0.80x); HTTP, the "
-                         f"event loop and streaming add {r['http_ms_per_token']:.2f} ms per token over the engine in process")
+
+    def speed(r: dict[str, Any]) -> str:  # tokens/s, the rounds' range and the ratio to FastDecoder
+        return (f"{r['tokens_per_s']:.0f} tokens/s ({r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}), "
+                f"{r['vs_fast_decode']:.2f}x FastDecoder")
+
+    ways = {"engine_solo": "the serving engine with its one-row shape for a request alone (what `codex-lab serve` runs)",
+            "engine_padded": "the serving engine with every step padded to its slots",
+            "serve_http": "through `codex-lab serve` over HTTP (a streaming client in a process of its own)",
+            "serve_http_process": "the same with the engine in a process of its own (`--engine-process`)"}
+    for k, label in ways.items():
+        r = rows.get(k)
+        if r is None:
+            continue
+        if k.startswith("engine"):
+            lines.append(f"- {label}, {r['slots']} slots: {speed(r)}; per token {r['step_ms_per_token']:.2f} ms in the "
+                         f"model step, {r['other_ms_per_token']:.2f} ms around it (scheduling, sampling, emitting)")
+        else:
+            lines.append(f"- {label}: {speed(r)} (goal 0.80x); HTTP, the event loop and streaming add "
+                         f"{r['http_ms_per_token']:.2f} ms per token over the engine in process")
     lines.append(f"- same greedy tokens on all: {fd['same_tokens']}. A lone request runs one graph of one row over its "
                  "own block table, compiled as FastDecoder's step is (frozen weights, Inductor's C++ GEMM template); "
                  "padded, the step computes every slot's row (docs/PROFILE.md)")
