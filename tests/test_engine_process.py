@@ -145,3 +145,24 @@ def test_a_crashing_engine_is_a_500_then_503_not_a_hang(small_tokenizer):
     finally:
         bg.stop()
         srv.close()
+
+
+def test_a_retired_version_stops_its_engine_process_once_idle(small_tokenizer):
+    """Promoting a canary retires the old primary: its child process stops once no request is in
+    flight there, and a request routed to it after that is told to route again (WorkerClosed)."""
+    from codex_lab.serve.worker import WorkerClosed
+
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name=NAME, engine_process=True))
+    srv.add_version("v0001", make_model(small_tokenizer.vocab_size, 0))
+    srv.add_version("v0002", make_model(small_tokenizer.vocab_size, 1))
+    old = srv.workers["v0001"]
+    srv.set_canary("v0002", 0.5)
+    assert srv.promote_canary() == "v0002" and "v0001" not in srv.workers
+    t0 = time.time()
+    while old.proc.is_alive() and time.time() - t0 < 60:  # a hang guard: the reader polls every 50 ms
+        time.sleep(0.05)
+    assert not old.proc.is_alive() and old.closed and old.error is None
+    with pytest.raises(WorkerClosed):
+        old.submit(object())  # type: ignore[arg-type]
+    srv.close()
+    assert not srv.workers["v0002"].proc.is_alive()
