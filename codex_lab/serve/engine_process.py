@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
+import queue
 import threading
 import time
 from typing import Any, Callable
 
 from codex_lab.data.tokenizer import CodeTokenizer
-from codex_lab.serve.api_errors import ApiError
 from codex_lab.serve.worker import Live, deliver_step, refuse_closed
 
 
@@ -175,7 +175,9 @@ class EngineProcess:
         self._phase: dict[str, Any] | None = None
         self._live: dict[int, Live] = {}
         self._ids = itertools.count()
-        self._send_lock = threading.Lock()
+        # commands leave through a sender thread: a pipe that is full (a child still starting, or busy)
+        # never blocks the event loop that submits
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._gate = threading.Lock()
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
@@ -186,11 +188,23 @@ class EngineProcess:
         child.close()
         self.thread = threading.Thread(target=self._read, name=f"engine-{version}-reader", daemon=True)
         self.thread.start()
+        self._sender = threading.Thread(target=self._send_loop, name=f"engine-{version}-sender", daemon=True)
+        self._sender.start()
 
     # ---- the parent's side --------------------------------------------------------------
     def _send(self, msg: tuple) -> None:
-        with self._send_lock:
-            self._conn.send(msg)
+        self._outbox.put(msg)
+
+    def _send_loop(self) -> None:
+        """The sender thread: commands down the pipe in the order they were sent; ``None`` ends it."""
+        while True:
+            msg = self._outbox.get()
+            if msg is None:
+                return
+            try:
+                self._conn.send(msg)
+            except (OSError, ValueError):  # the child is gone: the reader reports it
+                return
 
     def submit(self, live: Live) -> None:
         """Send a request to the engine (thread-safe); :class:`WorkerClosed` if this retired worker
@@ -198,27 +212,18 @@ class EngineProcess:
         with self._gate:
             refuse_closed(self)
             pid = next(self._ids)
-            live.pid = pid  # type: ignore[attr-defined]
+            live.pid = pid
             self._live[pid] = live
         # the engine's deadline counts from its own arrival: give it what is left of ours
         remaining = max(1e-3, live.arrival + live.deadline_s - time.perf_counter())
-        try:
-            self._send(("submit", pid, list(live.req.prompt_ids), live.params, remaining,
-                        live.params.logprobs is not None))
-        except (OSError, ValueError) as exc:  # the child is gone
-            self._live.pop(pid, None)
-            raise ApiError(503, f"the engine of version {self.version} is not running ({exc}); retry later",
-                           type_="server_error", code="engine_failed", kind="internal") from None
+        self._send(("submit", pid, list(live.req.prompt_ids), live.params, remaining, live.params.logprobs is not None))
 
     def cancel(self, live: Live) -> None:
         """Cancel a request (thread-safe): its slot and KV blocks are freed at the child's next step."""
         live.cancelled = True
-        pid = getattr(live, "pid", None)
+        pid = live.pid
         if pid is not None and self._live.pop(pid, None) is not None:
-            try:
-                self._send(("cancel", pid))
-            except (OSError, ValueError):
-                pass
+            self._send(("cancel", pid))
 
     def _read(self) -> None:
         """The reader thread: the child's messages to the requests' asyncio queues."""
@@ -288,10 +293,8 @@ class EngineProcess:
     def _stop_child(self) -> None:
         with self._gate:
             self.closed = True
-        try:
-            self._send(("stop",))
-        except (OSError, ValueError):
-            pass
+        self._send(("stop",))
+        self._send(None)  # the sender ends after the stop
         self.proc.join(5)
         if self.proc.is_alive():
             self.proc.terminate()

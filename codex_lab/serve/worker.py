@@ -50,6 +50,7 @@ class Live:
         self.arrival = time.perf_counter()
         self.token_times: list[float] = []
         self.rid: int | None = None
+        self.pid: int | None = None  # an engine process's id for it (serve.engine_process)
         self.cancelled = False
         self.logprobs: list = []  # with params.logprobs: the engine appends one TokenLogprob per token
 
