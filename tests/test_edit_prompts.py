@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 
 from codex_lab.data.corpus import load_corpus
-from codex_lab.lessons.l06_inference.fast_scenarios import bench_code_edit, code_edit_prompts, continuation_prompts
+from codex_lab.lessons.l06_inference.fast_scenarios import (CONTINUATION_FILES, bench_code_edit, code_edit_prompts,
+                                                      continuation_prompts)
 from conftest import seeded_model
 
 
 def test_continuation_prompts_are_held_out_file_starts_cut_at_a_line_end(tok):
     prompts = continuation_prompts(tok, 3, max_prompt=120, min_prompt=40, seed=0)
-    held_out = load_corpus(max_files=200).texts("val")
+    held_out = load_corpus(max_files=CONTINUATION_FILES).texts("val")
     assert len(prompts) == 3 and all(40 <= len(p) <= 120 for p in prompts)
     for p in prompts:
         text = tok.decode(p)

@@ -169,6 +169,11 @@ def code_edit_prompts(tok: CodeTokenizer, n: int, *, max_prompt: int = 400, seed
     return prompts
 
 
+# the corpus files the continuation prompts draw from: 600 hold 34 held-out files (200 held 10, too few
+# for full mode's 12 prompts: the bench failed there)
+CONTINUATION_FILES = 600
+
+
 def continuation_prompts(tok: CodeTokenizer, n: int, *, max_prompt: int = 400, min_prompt: int = 128,
                          seed: int = 0) -> list[list[int]]:
     """``n`` prompts not built to be copied: the start of a held-out corpus file, cut at a line
@@ -178,7 +183,7 @@ def continuation_prompts(tok: CodeTokenizer, n: int, *, max_prompt: int = 400, m
     from codex_lab.data.corpus import load_corpus
 
     rng = np.random.default_rng(seed)
-    texts = load_corpus(max_files=200).texts("val")
+    texts = load_corpus(max_files=CONTINUATION_FILES).texts("val")
     prompts: list[list[int]] = []
     for i in rng.permutation(len(texts)).tolist():
         lines, kept = texts[i].splitlines(keepends=True), ""
