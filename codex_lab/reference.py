@@ -66,6 +66,13 @@ def provenance(command: str, duration_s: float, mode: str, **extra: Any) -> dict
             "mode": mode, **extra}
 
 
+def shown_path(path: str | Path, root: str | Path) -> str:
+    """``path`` as a shipped provenance shows it: relative to ``root`` (the repository) when inside
+    it, else with the home folder written ``~`` (no user's home path is shipped)."""
+    p, r = Path(path).resolve(), Path(root).resolve()
+    return str(p.relative_to(r)) if p.is_relative_to(r) else str(p).replace(str(Path.home()), "~", 1)
+
+
 class ResumableRun:
     """Units of a long run, each kept in ``path`` (JSON) as soon as it finishes.
 

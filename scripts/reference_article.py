@@ -24,8 +24,11 @@ the mechanism itself to the sizes the article names, with the model kept small e
 
 Units (one seed, or one arm at one seed) run in worker processes, as many at once as cores allow
 (:mod:`codex_lab.parallel`); each finished unit is kept in a state file
-(:class:`codex_lab.reference.ResumableRun`; default ``~/.cache/codex_lab/runs/<name>.json``), so
-a stopped run loses at most the units in flight. The result is written to
+(:class:`codex_lab.reference.ResumableRun`; default ``scripts/reference_runs/<name>.json``), so
+a stopped run loses at most the units in flight (a unit keeps a checkpoint after each chunk of
+steps, beside the state file). The state folder is committed when a session ends mid-run, so the
+next machine resumes it: a session's processes end with the session, and a fresh machine has an
+empty home. The result is written to
 ``codex_lab/assets/reference/l<section>_article.json``: the geometry, every arm's training
 state, the verdicts (the lesson's own judging functions) and the per-seed held-out curves,
 with the provenance (commit, command, machine, date, compute time).
@@ -48,10 +51,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from codex_lab.parallel import run_units, unit_workers  # noqa: E402
-from codex_lab.reference import ResumableRun, _commit, provenance, save_reference  # noqa: E402
+from codex_lab.reference import ResumableRun, _commit, provenance, save_reference, shown_path  # noqa: E402
 from codex_lab.runtime import use_compute_threads  # noqa: E402
 
 SECTIONS = ("02", "03", "04", "08")
+# the resumable state of the reference runs, in the repository: committed when a session ends
+# mid-run so the next machine resumes it. Units and chunk checkpoints are pickles this code wrote
+# (torch.save): the folder is trusted like the code beside it, never read from elsewhere
+RUNS_DIR = ROOT / "scripts" / "reference_runs"
+
 
 
 def _pack(obj: Any) -> str:
@@ -356,13 +364,13 @@ def config_of(section: str) -> Any:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--section", required=True, choices=SECTIONS)
-    ap.add_argument("--state", default=None, help="state file (default: ~/.cache/codex_lab/runs/<name>.json)")
+    ap.add_argument("--state", default=None, help="state file (default: scripts/reference_runs/<name>.json)")
     ap.add_argument("--smoke", action="store_true", help="a few steps, three seeds, written under /tmp (checks the path)")
     args = ap.parse_args()
     global SMOKE
     SMOKE = args.smoke
     name = f"l{args.section}_article"
-    runs_dir = Path("/tmp/codex_lab_smoke") if SMOKE else Path.home() / ".cache" / "codex_lab" / "runs"
+    runs_dir = Path("/tmp/codex_lab_smoke") if SMOKE else RUNS_DIR
     state = args.state or str(runs_dir / f"{name}.json")
     cfg = config_of(args.section)
     run = ResumableRun(state, {"section": args.section, "sizes": repr(cfg)})
@@ -375,7 +383,7 @@ def main() -> int:
         # the machine line names the math threads of each worker process (read inside this block)
         # commit: the code that trained the units; verdicts_commit: the code that judged and timed them now
         prov = provenance(f"python scripts/reference_article.py --section {args.section}", run.seconds(), "article",
-                          commit=run.commit, verdicts_commit=_commit(), state_file=state.replace(str(Path.home()), "~", 1), workers=unit_workers(2))
+                          commit=run.commit, verdicts_commit=_commit(), state_file=shown_path(state, ROOT), workers=unit_workers(2))
     path = save_reference(name, data, prov, **({"directory": runs_dir} if SMOKE else {}))
     print(data["geometry"], *data["states"], *data["table"], *(f"{k}: {v}" for k, v in data["verdicts"].items()),
           sep="\n")

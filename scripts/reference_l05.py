@@ -5,7 +5,7 @@ default; ``length`` and ``compose`` hold out program structure), shipped as
 
     python scripts/reference_l05.py            # resumes: every finished seed is kept in the state file
     python scripts/reference_l05.py --split length
-    python scripts/reference_l05.py --state F  # another state file (default ~/.cache/codex_lab/runs/)
+    python scripts/reference_l05.py --state F  # another state file (default scripts/reference_runs/)
 
 One seed is one resumable unit (``codex_lab.reference.ResumableRun``): a stopped run (a session
 that ends) restarts at the first unfinished seed. Within a seed the specialists and the pooled arms
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from codex_lab.lessons.l05_multitask import experiments as ex  # noqa: E402
-from codex_lab.reference import ResumableRun, provenance, save_reference  # noqa: E402
+from codex_lab.reference import ResumableRun, provenance, save_reference, shown_path  # noqa: E402
 from codex_lab.parallel import unit_workers  # noqa: E402
 from codex_lab.runtime import use_compute_threads  # noqa: E402
 
@@ -42,10 +42,10 @@ def run_seed(setup: ex.Setup, seed: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", default="iid", choices=SPLITS, help="codebench 2 split (default: iid)")
-    ap.add_argument("--state", default=None, help="state file (default: ~/.cache/codex_lab/runs/<name>.json)")
+    ap.add_argument("--state", default=None, help="state file (default: scripts/reference_runs/<name>.json)")
     args = ap.parse_args()
     name = f"l05_converge_{args.split}"
-    args.state = args.state or str(Path.home() / ".cache" / "codex_lab" / "runs" / f"{name}.json")
+    args.state = args.state or str(ROOT / "scripts" / "reference_runs" / f"{name}.json")
     setup = ex.protocol_setup("converge", args.split)
     run = ResumableRun(args.state, {"setup": dataclasses.asdict(setup)})
     with use_compute_threads():
@@ -54,7 +54,7 @@ def main() -> int:
         # the machine line names the math threads of each worker process (read inside this block)
         command = "python scripts/reference_l05.py" + ("" if args.split == "iid" else f" --split {args.split}")
         prov = provenance(command, run.seconds(), "converge", commit=run.commit,
-                          state_file=str(args.state).replace(str(Path.home()), "~", 1),  # no home path shipped
+                          state_file=shown_path(args.state, ROOT),  # no home path shipped
                           workers=unit_workers(2 + len(setup.families)))
     res = ex.Results(setup)
     arms = list(units[0]["scores"])

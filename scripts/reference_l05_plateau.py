@@ -34,10 +34,13 @@ sys.path.insert(0, str(ROOT))
 from codex_lab.lessons.l05_multitask import pretrained as pt  # noqa: E402
 from codex_lab.lessons.l05_multitask import finetune_setup as fs
 from codex_lab.parallel import run_units, unit_workers  # noqa: E402
-from codex_lab.reference import ResumableRun, provenance, save_reference  # noqa: E402
+from codex_lab.reference import ResumableRun, provenance, save_reference, shown_path  # noqa: E402
 from codex_lab.runtime import use_compute_threads  # noqa: E402
 
 SPLITS = ("iid", "length", "compose")
+# the resumable state, in the repository: committed when a session ends mid-run so the next machine
+# resumes it (a session's processes end with it, and a fresh machine has an empty home)
+RUNS_DIR = ROOT / "scripts" / "reference_runs"
 
 
 def summary(res: pt.PlateauResults) -> dict:
@@ -85,7 +88,7 @@ def carry(run: ResumableRun, old_path: str, setup: fs.PlateauSetup) -> list[str]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", default="iid", choices=SPLITS, help="codebench 2 split (default: iid)")
-    ap.add_argument("--state", default=None, help="state file (default: ~/.cache/codex_lab/runs/<name>.json)")
+    ap.add_argument("--state", default=None, help="state file (default: scripts/reference_runs/<name>_<base>.json)")
     ap.add_argument("--mode", default="reference", help="sizes (setup_for): reference (default; the shipped base), reference-corpus "
                     "(the small corpus base) or fast (a smoke run)")
     ap.add_argument("--carry", default=None, help="an earlier state file of these sizes, run before `confirm`: its arms "
@@ -94,7 +97,8 @@ def main() -> int:
     name = f"l05_plateau_{args.split}" + ("" if args.mode == "reference" else f"_{args.mode}")
     setup = fs.setup_for(args.mode, args.split)
     # the state file names the base: a run from another base never resumes this one
-    args.state = args.state or str(Path.home() / ".cache" / "codex_lab" / "runs" / f"{name}_{setup.base}.json")
+    # in the repository: committed when a session ends mid-run, so the next machine resumes it
+    args.state = args.state or str(RUNS_DIR / f"{name}_{setup.base}.json")
     run = ResumableRun(args.state, {"setup": dataclasses.asdict(setup)})
     names = [f"single-task:{f}" for f in setup.families] + ["naive", *setup.balanced]
     if args.carry:
@@ -121,7 +125,7 @@ def main() -> int:
         # commit: the code that trained the units; verdicts_commit: the code that judged them now
         # (a rerun of this script over a finished state file re-judges without retraining)
         prov = provenance(command, run.seconds(), "reference", commit=run.commit, verdicts_commit=_commit(),
-                          state_file=str(args.state).replace(str(Path.home()), "~", 1), workers=jobs,
+                          state_file=shown_path(args.state, ROOT), workers=jobs,
                           carried={a: run.done[a]["result"]["carried_from"] for a in names
                                    if "carried_from" in run.done[a]["result"]},
                           duration_note=("the shipped base is not counted" if setup.base == "shipped" else

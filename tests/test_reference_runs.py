@@ -7,7 +7,7 @@ import json
 import pytest
 
 from codex_lab.errors import InputError
-from codex_lab.reference import (REQUIRED_PROVENANCE, ResumableRun, describe_provenance, load_reference, provenance,
+from codex_lab.reference import (REQUIRED_PROVENANCE, ResumableRun, describe_provenance, load_reference, provenance, shown_path,
                                  save_reference)
 
 
@@ -38,6 +38,15 @@ def test_a_stopped_run_resumes_without_redoing_finished_units(tmp_path):
     # another configuration cannot be mixed into the same file
     with pytest.raises(InputError, match="another configuration"):
         ResumableRun(tmp_path / "state.json", {"steps": 200, "arms": ["a", "b"]})
+
+
+def test_a_state_path_is_shipped_relative_to_the_repository_or_without_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    repo = tmp_path / "repo"
+    assert shown_path(repo / "scripts" / "reference_runs" / "l04.json", repo) == "scripts/reference_runs/l04.json"
+    # outside the repository: the home folder is not shipped
+    assert shown_path(tmp_path / "home" / ".cache" / "s.json", repo) == "~/.cache/s.json"
+    assert shown_path("/elsewhere/s.json", repo) == "/elsewhere/s.json"
 
 
 def test_reference_data_carries_its_provenance(tmp_path):
