@@ -19,13 +19,22 @@ configuration, the batch, the cache's slots, the attention, what the step return
 options, the torch build and the math-thread count. A package is only loaded from a folder that
 passes :func:`~codex_lab.infer.compile_cache.private_folder` (a planted package would be code this
 process runs); otherwise it is built into a private temporary folder and not reused.
+
+A package is built in a fresh child process (spawned; the parent only loads the result), so what
+it contains does not depend on what this process compiled before: after one AOT build, a second in
+the same process stopped matching Inductor's weight-only int8 pattern (the int8 copy of the shipped
+model then failed to build, "no choices" for the C++ GEMM template; in a fresh process it builds).
+A daemonic process (which may not start children) builds in-process.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -130,17 +139,70 @@ def aot_step(decoder: Any, *, kind: str = "next", tokens: int = 1, options: dict
     path = folder / f"step-{package_key(decoder, kind, opts, tokens)}.pt2"
     if path.is_file():
         return AotStep(torch._inductor.aoti_load_package(str(path)), time.perf_counter() - t0, True, path, note)
-    B = decoder.batch
-    example = (torch.zeros((B, tokens), dtype=torch.long), torch.arange(tokens), *decoder.k, *decoder.v)
-    with torch.no_grad():
-        program = torch.export.export(_ExportedStep(decoder, kind), example, strict=False)
     tmp = folder / f".tmp{os.getpid()}-{path.name}"  # AOTInductor wants a name ending in .pt2
+    spec = _BuildSpec(decoder.model, decoder.max_len, decoder.batch, decoder.attention, kind, tokens, opts,
+                      torch.get_num_threads(), str(tmp))
     try:
-        torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=opts)
+        if multiprocessing.current_process().daemon:
+            _build(spec, decoder)
+        else:
+            _build_in_child(spec)
         os.replace(tmp, path)  # atomic: another process never loads half a package
     finally:
         tmp.unlink(missing_ok=True)
     return AotStep(torch._inductor.aoti_load_package(str(path)), time.perf_counter() - t0, False, path, note)
+
+
+@dataclass
+class _BuildSpec:
+    """What a child needs to build a decoder's package: the model (pickled across), the decoder's
+    shape, the step, the Inductor options, the math threads (part of the key) and the output path."""
+
+    model: torch.nn.Module
+    max_len: int
+    batch: int
+    attention: str
+    kind: str
+    tokens: int
+    options: dict[str, Any]
+    threads: int
+    out: str
+
+
+def _build_in_child(spec: _BuildSpec) -> None:
+    """Run :func:`_build` in a new interpreter (``python -c``, not multiprocessing's spawn, which
+    re-imports the caller's main script: a learner's script without a ``__main__`` guard would run
+    again). The spec travels in a file of a private temporary folder; a failed build raises here
+    with the child's last lines."""
+    with tempfile.TemporaryDirectory(prefix="codex_lab_aoti_spec_") as d:  # 0700
+        spec_path = Path(d) / "spec.pt"
+        torch.save(spec, spec_path)
+        code = "import sys; from codex_lab.infer.aot_step import _build_from_file; _build_from_file(sys.argv[1])"
+        proc = subprocess.run([sys.executable, "-c", code, str(spec_path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-12:]
+        raise RuntimeError(f"the package build (a child process) failed, exit {proc.returncode}:\n" + "\n".join(tail))
+
+
+def _build_from_file(spec_path: str) -> None:
+    """The child's side of :func:`_build_in_child`."""
+    _build(torch.load(spec_path, weights_only=False))  # written by the parent, in its private folder
+
+
+def _build(spec: _BuildSpec, decoder: Any = None) -> None:
+    """Export the step of ``decoder`` (in a child: a new eager decoder of ``spec``) and compile it
+    into the package ``spec.out``."""
+    if decoder is None:
+        from codex_lab.infer.fast_decode import FastDecoder
+
+        torch.set_num_threads(spec.threads)
+        decoder = FastDecoder(spec.model, max_len=spec.max_len, batch=spec.batch, compile=False,
+                              attention=spec.attention)
+    B, T = decoder.batch, spec.tokens
+    example = (torch.zeros((B, T), dtype=torch.long), torch.arange(T), *decoder.k, *decoder.v)
+    with torch.no_grad():
+        program = torch.export.export(_ExportedStep(decoder, spec.kind), example, strict=False)
+    torch._inductor.aoti_compile_and_package(program, package_path=spec.out, inductor_configs=spec.options)
 
 
 __all__ = ["AotStep", "STEP_KINDS", "aot_options", "aot_step", "package_key", "weights_digest"]

@@ -7,11 +7,22 @@ an :class:`Int8Linear`: int8 codes ``q (out, in)`` and a float scale per output 
 
     w[o, i] ~= scale[o] * q[o, i],   scale[o] = max_i |w[o, i]| / 127,   q = round(w / scale)
 
-Activations stay float (weight-only). The embedding, the norms and MoE experts stay float (an
+Activations stay floating point (weight-only). The embedding, the norms and MoE experts stay float (an
 MoE layer's experts are one batched weight, not ``nn.Linear``; :func:`quantize_int8` says which
-it left). The fast path is ATen's CPU kernel for exactly this layout
-(``torch._weight_int8pack_mm``, which Inductor also lowers and autotunes); the plain path
-dequantises and calls ``F.linear`` (:meth:`Int8Linear.reference`), and tests hold one to the other.
+it left).
+
+The fast path is ``F.linear(x.bfloat16(), q.bfloat16()) * scale`` (float32 out): the form
+Inductor's weight-only int8 pattern matches (it asks for bfloat16 activations and scales), so a
+compiled decoder (:class:`~codex_lab.infer.fast_decode.FastDecoder`, ``compile=True`` or
+``"aot"``) runs one kernel per matmul that reads the int8 codes; eagerly, the codes are converted
+each call. Measured before choosing it (1 thread, the course's 2-core AMD EPYC, 2026-12-07, a
+reference run on the other core): ATen's int8 kernel for this layout
+(``torch._weight_int8pack_mm``) at one row took 620 us for a 1408 x 512 weight against 80 us for
+float32 ``F.linear``, and stayed that slow compiled; float32 activations with the codes converted
+in the graph were constant-folded back into a float32 weight (no int8 left); the bfloat16 form
+compiled to a kernel 10-20% faster than the float32 one on the shipped model's shapes. The plain
+path dequantises and calls float32 ``F.linear`` (:meth:`Int8Linear.reference`), and tests hold
+the fast path to it by the bound bfloat16 rounding implies.
 
 How close to float32 the quantised model is, is measured, not assumed:
 :func:`codex_lab.evals.quantized.int8_fidelity` gives the held-out loss difference and the
@@ -70,13 +81,14 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.device.type != "cpu" or x.dtype != torch.float32:
             return self.reference(x)
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).contiguous()  # (N, in)
-        # y[n, o] = scale[o] * sum_i x[n, i] q[o, i]: ATen's int8-weight CPU kernel
-        y = torch._weight_int8pack_mm(x2, self.qweight, self.scale)  # (N, out)
+        # y[..., o] = scale[o] * sum_i x[..., i] q[o, i], in bfloat16 with float32 sums: the form
+        # Inductor's weight-only int8 pattern matches (bfloat16 activations and scales, int8 codes),
+        # compiled into one kernel that reads the codes; float32 out
+        xb = x.to(torch.bfloat16)
+        y = (F.linear(xb, self.qweight.to(torch.bfloat16)) * self.scale.to(torch.bfloat16)).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
-        return y.reshape(*lead, self.out_features)
+        return y
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
