@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from codex_lab.infer.fast_decode import FastDecoder, one_query_attention
+from codex_lab.infer.fast_decode import FastDecoder
+from codex_lab.nn.attention import one_query_attention
 from codex_lab.infer.generate import generate_ids_cached
 from codex_lab.nn.model import CodexModel
 
@@ -49,3 +50,34 @@ def test_auto_picks_one_query_when_compiling_on_a_cpu_and_a_bad_choice_is_refuse
     assert FastDecoder(tiny_model, max_len=16, compile=False).attention == "sdpa"  # the eager reference
     with pytest.raises(ValueError, match="choose 'auto', 'sdpa' or 'one_query'"):
         FastDecoder(tiny_model, max_len=16, compile=False, attention="flash")
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_head": 2, "attn_patterns": ["window:6", "dense"]}])
+def test_the_paged_step_asks_for_one_query_attention_and_gets_sdpas_logits(kw, monkeypatch) -> None:
+    """The serving engine's compiled CPU step reads a paged pool through views marked
+    ``one_query``: rows of different lengths (a mask per row), the logits SDPA gives, and the
+    one-query formula really ran (counted)."""
+    import codex_lab.nn.model as model_mod
+    from codex_lab.nn.kv_cache import PagedKVPool
+
+    torch.manual_seed(2)
+    model = CodexModel(tiny_config(vocab_size=300, **kw)).eval()
+    cfg = model.cfg
+    calls = []
+    real = model_mod.one_query_attention
+    monkeypatch.setattr(model_mod, "one_query_attention", lambda *a: calls.append(1) or real(*a))
+    logits = {}
+    for one_query in (False, True):
+        pool = PagedKVPool(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, n_blocks=8, block_size=4)
+        g = torch.Generator().manual_seed(7)
+        # row 0 holds 9 tokens (blocks 0-2), row 1 holds 3 (block 3, padded with its own block)
+        tables = torch.tensor([[0, 1, 2], [3, 3, 3]])
+        for pos in range(9):  # one token per row per step, row 1 stops writing at position 2
+            tok = torch.randint(0, 300, (2, 1), generator=g)
+            p = torch.tensor([[pos], [min(pos, 2)]])
+            with torch.no_grad():
+                out = model(tok, positions=p, caches=pool.views(tables, one_query=one_query), last_only=True).logits
+        logits[one_query] = out[:, -1]
+    assert len(calls) == 9 * cfg.n_layer  # every layer of every step took the one-query path
+    # float32, the same sums in another order: a few units in the last place of O(1) logits
+    torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)

@@ -28,29 +28,9 @@ from torch import Tensor
 
 from codex_lab.infer.compile_options import (CountingBackend, counted_compile, decode_compile_options, first_compile,
                                              without_gemm_template)
+from codex_lab.nn.attention import one_query_attention
 from codex_lab.nn.layers import apply_rope
 from codex_lab.nn.model import CodexModel
-
-
-def one_query_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
-    """Attention of one query per row over a cache, in plain tensor ops that Inductor fuses into a
-    few loops (ATen's flash attention on a CPU hands each head's one-query products to MKL's
-    matrix-vector routine, a call per head and product: docs/PROFILE.md).
-
-    q: (B, H, 1, D); k, v: (B, Hkv, L, D) with H a multiple of Hkv (grouped-query heads share a
-    K/V head); allowed: (1, L) bool, the slots the query may see. Returns (B, H, 1, D), equal to
-    ``F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)``.
-    """
-    B, H, _, D = q.shape
-    Hkv = k.shape[1]
-    qg = q.reshape(B, Hkv, H // Hkv, 1, D)  # (B, Hkv, G, 1, D): each K/V head's group of query heads
-    # s_l = q . k_l / sqrt(D), for every slot l
-    s = (qg * k[:, :, None]).sum(-1) * D ** -0.5  # (B, Hkv, G, L)
-    s = s.masked_fill(~allowed, float("-inf"))
-    p = torch.softmax(s, dim=-1)  # (B, Hkv, G, L)
-    # y = sum_l p_l v_l
-    y = (p[..., None] * v[:, :, None]).sum(-2)  # (B, Hkv, G, D)
-    return y.reshape(B, H, 1, D)
 
 
 class FastDecoder:

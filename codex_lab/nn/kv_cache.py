@@ -276,9 +276,11 @@ class PagedKVPool:
         """Bytes of K and V that one token takes across all layers."""
         return 2 * self.n_layer * self.k[0].shape[2] * self.k[0].shape[3] * self.k[0].element_size()
 
-    def views(self, block_tables: Tensor) -> list["PagedLayerView"]:
-        """One cache object per layer for a batched step whose rows own ``block_tables`` (B, NB)."""
-        return [PagedLayerView(self, i, block_tables) for i in range(self.n_layer)]
+    def views(self, block_tables: Tensor, *, one_query: bool = False) -> list["PagedLayerView"]:
+        """One cache object per layer for a batched step whose rows own ``block_tables`` (B, NB).
+        ``one_query``: a step of one token per row asks the attention for
+        :func:`~codex_lab.nn.attention.one_query_attention` (the compiled CPU steps)."""
+        return [PagedLayerView(self, i, block_tables, one_query=one_query) for i in range(self.n_layer)]
 
 
 class PagedLayerView:
@@ -287,11 +289,15 @@ class PagedLayerView:
     Writes the step's keys/values into each row's blocks, then gathers each row's blocks
     into a contiguous (B, H_kv, NB * block_size, D) tensor; slots past a row's last written
     position get position -1 (masked). ``block_tables`` (B, NB) must cover every position
-    of the step; rows with fewer blocks are padded with any block id.
+    of the step; rows with fewer blocks are padded with any block id. ``one_query``: the
+    attention of a one-token-per-row step over this view may use
+    :func:`~codex_lab.nn.attention.one_query_attention` instead of SDPA (equal outputs; the
+    model's attention reads this flag).
     """
 
-    def __init__(self, pool: PagedKVPool, layer: int, block_tables: Tensor) -> None:
+    def __init__(self, pool: PagedKVPool, layer: int, block_tables: Tensor, *, one_query: bool = False) -> None:
         self.pool, self.layer, self.tables = pool, layer, block_tables
+        self.one_query = one_query
 
     def update(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Store ``k``, ``v`` (B, H_kv, T, D) at ``positions`` (B, T); return all of each row's

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from codex_lab.nn import sparse  # noqa: F401  (registers the "blocks" and "flex" kernels)
-from codex_lab.nn.attention import get_attention_impl
+from codex_lab.nn.attention import get_attention_impl, one_query_attention
 from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.kv_cache import LayerCache
 from codex_lab.nn.layers import RMSNorm, SwiGLU, apply_rope, rope_tables
@@ -77,7 +77,12 @@ class Attention(nn.Module):
         elif impl in ("sdpa", "reference"):
             # allowed[b, t, s] = pattern(q_pos, k_pos) and the key slot is filled
             allowed = self.pattern.allowed(positions[:, :, None], k_pos[:, None, :]) & (k_pos >= 0)[:, None, :]
-            y = fn(q, k, v, allowed[:, None])  # mask (B, 1, T, S) -> (B, H, T, hd)
+            if impl == "sdpa" and T == 1 and getattr(cache, "one_query", False):
+                # a cache that asks for it (the engine's compiled CPU step): one query per row in
+                # plain tensor ops Inductor fuses, equal to SDPA (tests/test_one_query_attention.py)
+                y = one_query_attention(q, k, v, allowed[:, None])  # mask (B, 1, 1, S) -> (B, H, 1, hd)
+            else:
+                y = fn(q, k, v, allowed[:, None])  # mask (B, 1, T, S) -> (B, H, T, hd)
         else:
             # sparse kernels work from the pattern and positions, never from an N x N mask
             y = fn(q, k, v, None, pattern=self.pattern, q_pos=positions, k_pos=k_pos)

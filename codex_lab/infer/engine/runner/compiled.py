@@ -110,6 +110,9 @@ class CompiledPagedStep:
             raise ValueError(f"mixed_rows={mixed_rows} must exceed max_batch_size={max_batch_size} (or be 0: none)")
         self.model, self.pool, self.max_batch_size, self.mixed_rows = model, pool, max_batch_size, mixed_rows
         self.device = pool.k[0].device
+        # every row of a step is one token: on a CPU its attention is the one-query formula in plain
+        # ops Inductor fuses (FastDecoder's choice there), SDPA elsewhere; equal outputs either way
+        self.one_query = self.device.type == "cpu"
         self.scratch = pool.allocate(1)[0]  # padding rows write only here
         self.max_blocks = pool.blocks_for(model.cfg.max_seq_len)
         # with one slot the decode shape is already one row; a one-block model has no length to vary
@@ -227,13 +230,13 @@ class CompiledPagedStep:
     @torch.no_grad()
     def _step(self, tokens: Tensor, positions: Tensor, tables: Tensor) -> Tensor:
         """tokens (Bmax, 1) at positions (Bmax, 1) over block tables (Bmax, NB) -> logits (Bmax, V)."""
-        return decode_step(self.model, tokens, positions, self.pool.views(tables))  # (Bmax, V)
+        return decode_step(self.model, tokens, positions, self.pool.views(tables, one_query=self.one_query))  # (Bmax, V)
 
     @torch.no_grad()
     def _solo_step(self, tokens: Tensor, positions: Tensor, tables: Tensor) -> Tensor:
         """The same step for one row: tokens (1, 1) at positions (1, 1) over a table (1, NB) -> (1, V).
         A code object of its own, so its one graph has a dynamo cache of its own."""
-        return decode_step(self.model, tokens, positions, self.pool.views(tables))  # (1, V)
+        return decode_step(self.model, tokens, positions, self.pool.views(tables, one_query=self.one_query))  # (1, V)
 
     @torch.no_grad()
     def __call__(self, tokens: Sequence[int], positions: Sequence[int], tables: Sequence[Sequence[int]]) -> Tensor:
