@@ -140,8 +140,8 @@ def aot_step(decoder: Any, *, kind: str = "next", tokens: int = 1, options: dict
     if path.is_file():
         return AotStep(torch._inductor.aoti_load_package(str(path)), time.perf_counter() - t0, True, path, note)
     tmp = folder / f".tmp{os.getpid()}-{path.name}"  # AOTInductor wants a name ending in .pt2
-    spec = _BuildSpec(decoder.model, decoder.max_len, decoder.batch, decoder.attention, kind, tokens, opts,
-                      torch.get_num_threads(), str(tmp))
+    spec = _BuildSpec(type(decoder), decoder.model, decoder.max_len, decoder.batch, decoder.attention, kind, tokens,
+                      opts, torch.get_num_threads(), str(tmp))
     try:
         if multiprocessing.current_process().daemon:
             _build(spec, decoder)
@@ -155,9 +155,11 @@ def aot_step(decoder: Any, *, kind: str = "next", tokens: int = 1, options: dict
 
 @dataclass
 class _BuildSpec:
-    """What a child needs to build a decoder's package: the model (pickled across), the decoder's
-    shape, the step, the Inductor options, the math threads (part of the key) and the output path."""
+    """What a child needs to build a decoder's package: the decoder's class (pickled by name, so
+    this module imports no decoder), the model (pickled across), the decoder's shape, the step, the
+    Inductor options, the math threads (part of the key) and the output path."""
 
+    decoder_cls: type
     model: torch.nn.Module
     max_len: int
     batch: int
@@ -193,11 +195,9 @@ def _build(spec: _BuildSpec, decoder: Any = None) -> None:
     """Export the step of ``decoder`` (in a child: a new eager decoder of ``spec``) and compile it
     into the package ``spec.out``."""
     if decoder is None:
-        from codex_lab.infer.fast_decode import FastDecoder
-
         torch.set_num_threads(spec.threads)
-        decoder = FastDecoder(spec.model, max_len=spec.max_len, batch=spec.batch, compile=False,
-                              attention=spec.attention)
+        decoder = spec.decoder_cls(spec.model, max_len=spec.max_len, batch=spec.batch, compile=False,
+                                   attention=spec.attention)
     B, T = decoder.batch, spec.tokens
     example = (torch.zeros((B, T), dtype=torch.long), torch.arange(T), *decoder.k, *decoder.v)
     with torch.no_grad():
