@@ -46,9 +46,16 @@ def test_the_int8_kernel_equals_the_dequantised_reference(bias: bool) -> None:
     assert bool((err <= bound).all()), float((err / bound).max())
     assert float(err.max()) > 0  # the bound is met by a path that really rounds (not the reference again)
     assert q(x).shape == (3, 5, 96)
+    # float32 activations: the same int8 x float products summed in another order, float32
+    # rounding of O(10) sums
+    q32 = Int8Linear(lin, "float32")
+    torch.testing.assert_close(q32(x), q32.reference(x), rtol=1e-5, atol=1e-5)
     # and close to the float layer it replaced: per-channel int8 rounding, relative ~1/254 per weight
     with torch.no_grad():
-        assert float((q(x) - lin(x)).abs().max()) < 0.05 * float(lin(x).abs().max())
+        for layer in (q, q32):
+            assert float((layer(x) - lin(x)).abs().max()) < 0.05 * float(lin(x).abs().max())
+    with pytest.raises(ValueError, match="choose one of"):
+        Int8Linear(lin, "int4")
 
 
 def test_quantize_int8_replaces_the_matmuls_and_leaves_the_model_alone() -> None:
