@@ -156,10 +156,13 @@ def plan_04() -> Any:
     from codex_lab.lessons.l04_moe.protocol import protocol_plan
 
     # 16 experts top-4 on 64-token windows; every arm from scratch to its plateau: held-out loss every 100
-    # steps, judged every 500 from the fixed protocol's 4,000, cap 16,000 (at half the peak rate the fixed
-    # 4,000 left every arm still learning: the tuning runs, lessons/l04_moe/protocol.py)
+    # steps, judged every 500 from the fixed protocol's 4,000 (at half the peak rate the fixed 4,000 left
+    # every arm still learning: the tuning runs, lessons/l04_moe/protocol.py), cap 64,000. The first run
+    # (2026-12-07, cap 16,000) stopped every arm at the cap still gaining 0.017-0.023 nats/token per
+    # quarter of its run: the cap, not the rule, ended it. A rerun resumes each arm from its
+    # step-16,000 chunk checkpoints (the same steps replayed, then on)
     plan = dataclasses.replace(protocol_plan("standard"), n_experts=16, top_k=4, seq_len=64)
-    return plan, StopPlan(eval_every=100, chunk=500, min_steps=4000, max_steps=16000)
+    return plan, StopPlan(eval_every=100, chunk=500, min_steps=4000, max_steps=64000)
 
 
 def section_04(run: ResumableRun, corpus: Any, cfg: Any) -> dict[str, Any]:

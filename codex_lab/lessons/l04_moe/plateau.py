@@ -147,7 +147,7 @@ def plateau_verdicts(arms: Mapping[str, ArmPlateau], plan: Plan) -> QualityVerdi
 
 def arm_rows(arms: Mapping[str, ArmPlateau], seeds: Sequence[int]) -> list[str]:
     """Markdown rows: per arm, the parameters a token uses, its steps and its held-out loss."""
-    rows = ["| arm | parameters a token uses | steps per seed | held-out loss at its plateau (mean of seeds) |",
+    rows = ["| arm | parameters a token uses | steps per seed | held-out loss where it stopped (mean of seeds) |",
             "|---|---|---|---|"]
     for a in QUALITY_ARMS:
         r = arms[a]
