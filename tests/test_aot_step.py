@@ -122,6 +122,14 @@ def test_generation_through_the_aot_logits_step_matches_the_static_cache(cache_d
     torch.testing.assert_close(la, lb, atol=1e-4, rtol=1e-4)
 
 
+def test_verify_sizes_are_powers_of_two_then_num_draft():
+    from codex_lab.infer.prompt_lookup import verify_sizes
+
+    assert verify_sizes(16) == [1, 2, 4, 8, 16] and verify_sizes(6) == [1, 2, 4, 6] and verify_sizes(1) == [1]
+    with pytest.raises(ValueError, match="num_draft must be >= 1"):
+        verify_sizes(0)
+
+
 def copying_prompt() -> list[int]:
     """A prompt that repeats itself (a block of 8 ids, then its start again): lookup drafts from it."""
     block = [9, 14, 3, 27, 41, 8, 19, 33]
@@ -130,8 +138,8 @@ def copying_prompt() -> list[int]:
 
 @pytest.mark.parametrize("compile", [False, "aot"])
 def test_prompt_lookup_on_the_fast_decoder_gives_greedy_tokens(compile, cache_dir, monkeypatch):
-    """Prompt lookup through FastDecoder's verify step (eager, and the AOT package of num_draft + 1
-    tokens) emits exactly greedy decoding's tokens, with guesses accepted and rejected along the way
+    """Prompt lookup through FastDecoder's verify step (eager, and the AOT packages of the verify
+    sizes) emits exactly greedy decoding's tokens, with guesses accepted and rejected along the way
     (so both the accept and the overwrite-instead-of-rollback paths ran)."""
     from codex_lab.infer.generate import generate_ids
     from codex_lab.infer.prompt_lookup import prompt_lookup_generate
@@ -149,6 +157,12 @@ def test_prompt_lookup_on_the_fast_decoder_gives_greedy_tokens(compile, cache_di
     assert (st.accepted, st.rejections, st.target_calls) == (ref.accepted, ref.rejections, ref.target_calls)
     if compile == "aot":
         assert dec.compiled and not dec.compile_error
+    else:  # every verify padded to the smallest size that holds its guesses, never past num_draft + 1
+        shapes: list[int] = []
+        real = FastDecoder.verify
+        monkeypatch.setattr(FastDecoder, "verify", lambda self, x, pos: shapes.append(x.shape[1]) or real(self, x, pos))
+        assert prompt_lookup_generate(FastDecoder(m, compile=False), prompt, max_new_tokens=24, num_draft=4)[0] == want
+        assert shapes and set(shapes) <= {2, 3, 5} and min(shapes) < 5, shapes  # 1, 2 or 4 guesses + the last token
     with pytest.raises(ValueError, match="max_len >= "):
         prompt_lookup_generate(FastDecoder(m, compile=False, max_len=40), prompt, max_new_tokens=10, num_draft=8)
 

@@ -44,6 +44,20 @@ def lookup_draft(tokens: Sequence[int], *, max_ngram: int = 3, min_ngram: int = 
     return []
 
 
+def verify_sizes(num_draft: int) -> list[int]:
+    """The guess counts a compiled verify step is built for: powers of two below ``num_draft``,
+    then ``num_draft`` itself (16 -> [1, 2, 4, 8, 16]; 6 -> [1, 2, 4, 6]). A round pads its
+    guesses to the smallest that holds them: at most twice the work its guesses need, in at most
+    log2(num_draft) + 1 shapes."""
+    if num_draft < 1:
+        raise ValueError(f"num_draft must be >= 1, got {num_draft}")
+    sizes, n = [], 1
+    while n < num_draft:
+        sizes.append(n)
+        n *= 2
+    return sizes + [num_draft]
+
+
 @torch.no_grad()
 def accept_greedy(guesses: Sequence[int], preds: Sequence[int], stats: SpecStats) -> tuple[list[int], int]:
     """One verify round's greedy rule: accept the guesses up to the first that differs from the
@@ -137,9 +151,10 @@ def _on_model(target: CodexModel, prompt_ids: Sequence[int], *, max_new_tokens: 
 def _on_decoder(decoder: FastDecoder, prompt_ids: Sequence[int], *, max_new_tokens: int, num_draft: int,
                 max_ngram: int, min_ngram: int, eos_id: int | None) -> tuple[list[int], str, SpecStats]:
     """:func:`prompt_lookup_generate` on :class:`~codex_lab.infer.fast_decode.FastDecoder`'s
-    static cache, its compiled steps (``compile="aot"``: one package for a single token, one for
-    the verify step of ``num_draft + 1`` tokens; the guesses are padded to that fixed length so
-    the step keeps one shape). A round with no guess is a plain decode step. Nothing is rolled
+    static cache, its compiled steps (``compile="aot"``: one package for a single token, one per
+    verify shape). The guesses are padded to the smallest of :func:`verify_sizes` that holds them
+    (1, 2, 4, 8, ... up to ``num_draft``), so a round that found 3 guesses verifies 5 tokens, not
+    ``num_draft + 1``, and the compiled shapes stay few. A round with no guess is a plain decode step. Nothing is rolled
     back after a rejection: the slots past the accepted tokens are overwritten before any query
     reads them (:meth:`~codex_lab.infer.fast_decode.FastDecoder.verify`). The decoder's
     ``max_len`` must hold the prompt, the new tokens and ``num_draft`` more (the padded guesses'
@@ -154,6 +169,7 @@ def _on_decoder(decoder: FastDecoder, prompt_ids: Sequence[int], *, max_new_toke
     stats = SpecStats(gamma=num_draft)
     if max_new_tokens == 0:
         return [], "length", stats
+    sizes = verify_sizes(num_draft)
     dev = decoder.slots.device
     nxt, _ = decoder.prefill(torch.tensor([list(prompt_ids)], device=dev))
     first = int(nxt[0])
@@ -166,10 +182,11 @@ def _on_decoder(decoder: FastDecoder, prompt_ids: Sequence[int], *, max_new_toke
         room = max_new_tokens - (L - T) - 1  # never emit past max_new_tokens
         guesses = lookup_draft(tokens, max_ngram=max_ngram, min_ngram=min_ngram, num_draft=min(num_draft, room)) if room else []
         if guesses:
-            padded = guesses + [guesses[-1]] * (num_draft - len(guesses))  # one shape: num_draft + 1 tokens
-            x = torch.tensor([[tokens[-1]] + padded], device=dev)  # (1, num_draft + 1)
+            size = next(n for n in sizes if n >= len(guesses))  # the smallest compiled shape that holds them
+            padded = guesses + [guesses[-1]] * (size - len(guesses))
+            x = torch.tensor([[tokens[-1]] + padded], device=dev)  # (1, size + 1)
             # preds[i] = the target's greedy token after tokens + guesses[:i]
-            preds = decoder.verify(x, torch.arange(L - 1, L + num_draft, device=dev))[0, : len(guesses) + 1].tolist()
+            preds = decoder.verify(x, torch.arange(L - 1, L + size, device=dev))[0, : len(guesses) + 1].tolist()
         else:
             preds = [int(decoder.decode_step(torch.tensor([[tokens[-1]]], device=dev),
                                              torch.tensor([L - 1], device=dev))[0])]

@@ -246,7 +246,7 @@ def bench_code_edit(model: CodexModel, tok: CodeTokenizer, n_prompts: int = 4, n
             out["fast_lookup"] = [prompt_lookup_generate(dec, p, max_new_tokens=new_tokens, num_draft=num_draft,
                                                      min_ngram=min_ngram, max_ngram=max_ngram) for p in prompts]
 
-        fast_all()  # builds or loads the packages (next, and verify at num_draft + 1 tokens) before timing
+        fast_all()  # builds or loads the packages (next, and a verify step per size of verify_sizes) before timing
         fast_lookup_all()
         runs.update({"fast": fast_all, "fast_lookup": fast_lookup_all})
     wall, _ = interleaved_times(runs, rounds)  # ms per round, per way
