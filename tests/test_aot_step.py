@@ -80,6 +80,23 @@ def test_a_folder_others_can_write_is_refused(tmp_path):
     assert "refusing" in why and "chmod 700" in why
 
 
+def test_a_decoder_a_child_could_not_rebuild_is_built_in_process(monkeypatch):
+    """A class defined in ``__main__`` (a notebook's own module or decoder) cannot be imported by a
+    new interpreter: such a package is built in-process, every other one in a child."""
+    from codex_lab.infer.aot_step import _defined_in_main
+
+    d = FastDecoder(model(), compile=False)
+    assert not _defined_in_main(d)
+
+    class Local(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    monkeypatch.setattr(Local, "__module__", "__main__")
+    d.model.extra = Local()
+    assert _defined_in_main(d)
+
+
 def test_bad_compile_arguments_are_named():
     with pytest.raises(ValueError, match="compile='fast'"):
         FastDecoder(model(), compile="fast")  # type: ignore[arg-type]

@@ -20,11 +20,13 @@ options, the torch build and the math-thread count. A package is only loaded fro
 passes :func:`~codex_lab.infer.compile_cache.private_folder` (a planted package would be code this
 process runs); otherwise it is built into a private temporary folder and not reused.
 
-A package is built in a fresh child process (spawned; the parent only loads the result), so what
-it contains does not depend on what this process compiled before: after one AOT build, a second in
-the same process stopped matching Inductor's weight-only int8 pattern (the int8 copy of the shipped
-model then failed to build, "no choices" for the C++ GEMM template; in a fresh process it builds).
-A daemonic process (which may not start children) builds in-process.
+A package is built in a new interpreter (a child process; the parent only loads the result), so
+what it contains does not depend on what this process compiled before: after one AOT build, a
+second in the same process stopped matching Inductor's weight-only int8 pattern (the int8 copy of
+the shipped model then failed to build, "no choices" for the C++ GEMM template; in a fresh process
+it builds). It builds in-process instead where a child could not rebuild the decoder: in a
+daemonic process (which may not start children), or when the decoder's or a module's class is
+defined in ``__main__`` (a notebook's own class, which a new interpreter cannot import).
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def aot_step(decoder: Any, *, kind: str = "next", tokens: int = 1, options: dict
     spec = _BuildSpec(type(decoder), decoder.model, decoder.max_len, decoder.batch, decoder.attention, kind, tokens,
                       opts, torch.get_num_threads(), str(tmp))
     try:
-        if multiprocessing.current_process().daemon:
+        if multiprocessing.current_process().daemon or _defined_in_main(decoder):
             _build(spec, decoder)
         else:
             _build_in_child(spec)
@@ -171,6 +173,12 @@ class _BuildSpec:
     out: str
 
 
+def _defined_in_main(decoder: Any) -> bool:
+    """True when the decoder's class or a class among its model's modules lives in ``__main__``."""
+    classes = {type(decoder)} | {type(m) for m in decoder.model.modules()}
+    return any(c.__module__ == "__main__" for c in classes)
+
+
 def _build_in_child(spec: _BuildSpec) -> None:
     """Run :func:`_build` in a new interpreter (``python -c``, not multiprocessing's spawn, which
     re-imports the caller's main script: a learner's script without a ``__main__`` guard would run
@@ -180,7 +188,10 @@ def _build_in_child(spec: _BuildSpec) -> None:
         spec_path = Path(d) / "spec.pt"
         torch.save(spec, spec_path)
         code = "import sys; from codex_lab.infer.aot_step import _build_from_file; _build_from_file(sys.argv[1])"
-        proc = subprocess.run([sys.executable, "-c", code, str(spec_path)], capture_output=True, text=True)
+        # the child imports codex_lab from where this process did (an uninstalled checkout included)
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        proc = subprocess.run([sys.executable, "-c", code, str(spec_path)], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-12:]
         raise RuntimeError(f"the package build (a child process) failed, exit {proc.returncode}:\n" + "\n".join(tail))
