@@ -86,7 +86,7 @@ def test_a_decoder_a_child_could_not_rebuild_is_built_in_process(monkeypatch):
     from codex_lab.infer.aot_step import _defined_in_main
 
     d = FastDecoder(model(), compile=False)
-    assert not _defined_in_main(d)
+    assert not _defined_in_main(type(d), d.model)
 
     class Local(torch.nn.Module):
         def forward(self, x):
@@ -94,7 +94,7 @@ def test_a_decoder_a_child_could_not_rebuild_is_built_in_process(monkeypatch):
 
     monkeypatch.setattr(Local, "__module__", "__main__")
     d.model.extra = Local()
-    assert _defined_in_main(d)
+    assert _defined_in_main(type(d), d.model)
 
 
 def test_bad_compile_arguments_are_named():

@@ -93,7 +93,7 @@ def test_the_compile_thread_hands_the_interpreter_lock_back_quickly_then_restore
     5 ms per op); afterwards, and after a failed compile, the process's own interval is back."""
     import sys
 
-    from codex_lab.infer.engine.runner import compiled as paged_step
+    from codex_lab.infer.engine.runner import background
 
     before = sys.getswitchinterval()
     for fail in (False, True):
@@ -108,7 +108,7 @@ def test_the_compile_thread_hands_the_interpreter_lock_back_quickly_then_restore
 
         eng.fast_step.warmup = warmup
         eng.fast_step.warmup_background(freeze_gc=False).join(60)
-        assert seen and seen[0] <= paged_step.COMPILE_SWITCH_INTERVAL_S < before
+        assert seen and seen[0] <= background.COMPILE_SWITCH_INTERVAL_S < before
         assert sys.getswitchinterval() == before
         assert ("the compiler broke" in eng.fast_step.compile_error) == fail
 

@@ -24,16 +24,19 @@ A package is built in a new interpreter (a child process; the parent only loads 
 what it contains does not depend on what this process compiled before: after one AOT build, a
 second in the same process stopped matching Inductor's weight-only int8 pattern (the int8 copy of
 the shipped model then failed to build, "no choices" for the C++ GEMM template; in a fresh process
-it builds). It builds in-process instead where a child could not rebuild the decoder: in a
-daemonic process (which may not start children), or when the decoder's or a module's class is
-defined in ``__main__`` (a notebook's own class, which a new interpreter cannot import).
+it builds). The child is a new interpreter (``python -c``), not a multiprocessing child, so a
+daemonic process (a served engine's) builds this way too. It builds in-process instead where a
+child could not rebuild the step: when the decoder's or a module's class is defined in
+``__main__`` (a notebook's own class, which a new interpreter cannot import).
+
+:func:`aot_package` is the machinery for any step (the serving engine's paged step uses it too:
+:mod:`codex_lab.infer.engine.runner.aot_paged`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -123,8 +126,6 @@ def aot_step(decoder: Any, *, kind: str = "next", tokens: int = 1, options: dict
     :func:`~codex_lab.infer.compile_cache.compile_cache_dir` ``/aoti``) when an earlier run built
     it, else exported, built (tens of seconds on 2 cores) and kept there. ``tokens``: the step's
     token count T (1 for ``next`` and ``logits``; the guesses + 1 for ``verify``)."""
-    from codex_lab.infer.compile_cache import compile_cache_dir, private_folder
-
     if kind not in STEP_KINDS:
         raise ValueError(f"kind={kind!r}: choose one of {STEP_KINDS}")
     if tokens < 1 or (kind != "verify" and tokens != 1):
@@ -132,23 +133,37 @@ def aot_step(decoder: Any, *, kind: str = "next", tokens: int = 1, options: dict
     if next(decoder.model.parameters()).device.type != "cpu":
         raise ValueError("the ahead-of-time step is built for a CPU; on a GPU use compile=True (CUDA graphs)")
     opts = aot_options(options or {})
+    spec = _BuildSpec(type(decoder), decoder.model, decoder.max_len, decoder.batch, decoder.attention, kind, tokens,
+                      opts, torch.get_num_threads())
+    in_process = _defined_in_main(type(decoder), decoder.model)
+    return aot_package(package_key(decoder, kind, opts, tokens), spec, folder=folder, in_process=in_process,
+                       program=(lambda: spec.program(decoder)) if in_process else None)
+
+
+def aot_package(key: str, spec: Any, *, folder: Path | None = None, in_process: bool = False,
+                program: Callable[[], Any] | None = None) -> AotStep:
+    """Load the package ``step-<key>.pt2`` from ``folder`` (default
+    :func:`~codex_lab.infer.compile_cache.compile_cache_dir` ``/aoti``), or build it there and load
+    it. ``spec``: a picklable object with ``options`` (AOTInductor's), ``threads`` and a method
+    ``program()`` returning the ``torch.export``'ed step; it is built in a new interpreter unless
+    ``in_process``, where ``program`` (default ``spec.program``) exports it here. The package appears under its name only once complete (an atomic rename)."""
+    from codex_lab.infer.compile_cache import compile_cache_dir, private_folder
+
     t0 = time.perf_counter()
     folder = Path(folder) if folder is not None else compile_cache_dir() / "aoti"
     note = private_folder(folder)
     if note:
         folder = Path(tempfile.mkdtemp(prefix="codex_lab_aoti_"))  # 0700, this process's only
         note += "; building into a private temporary folder instead (not kept for the next run)"
-    path = folder / f"step-{package_key(decoder, kind, opts, tokens)}.pt2"
+    path = folder / f"step-{key}.pt2"
     if path.is_file():
         return AotStep(torch._inductor.aoti_load_package(str(path)), time.perf_counter() - t0, True, path, note)
     tmp = folder / f".tmp{os.getpid()}-{path.name}"  # AOTInductor wants a name ending in .pt2
-    spec = _BuildSpec(type(decoder), decoder.model, decoder.max_len, decoder.batch, decoder.attention, kind, tokens,
-                      opts, torch.get_num_threads(), str(tmp))
     try:
-        if multiprocessing.current_process().daemon or _defined_in_main(decoder):
-            _build(spec, decoder)
+        if in_process:
+            _compile((program or spec.program)(), spec.options, str(tmp))
         else:
-            _build_in_child(spec)
+            _build_in_child(spec, str(tmp))
         os.replace(tmp, path)  # atomic: another process never loads half a package
     finally:
         tmp.unlink(missing_ok=True)
@@ -159,7 +174,7 @@ def aot_step(decoder: Any, *, kind: str = "next", tokens: int = 1, options: dict
 class _BuildSpec:
     """What a child needs to build a decoder's package: the decoder's class (pickled by name, so
     this module imports no decoder), the model (pickled across), the decoder's shape, the step, the
-    Inductor options, the math threads (part of the key) and the output path."""
+    Inductor options and the math threads (part of the key)."""
 
     decoder_cls: type
     model: torch.nn.Module
@@ -170,50 +185,57 @@ class _BuildSpec:
     tokens: int
     options: dict[str, Any]
     threads: int
-    out: str
+
+    def program(self, decoder: Any = None) -> Any:
+        """The step of ``decoder`` (default: a new eager decoder of this spec) exported."""
+        if decoder is None:
+            decoder = self.decoder_cls(self.model, max_len=self.max_len, batch=self.batch, compile=False,
+                                       attention=self.attention)
+        B, T = decoder.batch, self.tokens
+        example = (torch.zeros((B, T), dtype=torch.long), torch.arange(T), *decoder.k, *decoder.v)
+        with torch.no_grad():
+            return torch.export.export(_ExportedStep(decoder, self.kind), example, strict=False)
 
 
-def _defined_in_main(decoder: Any) -> bool:
-    """True when the decoder's class or a class among its model's modules lives in ``__main__``."""
-    classes = {type(decoder)} | {type(m) for m in decoder.model.modules()}
+def _defined_in_main(*objs: Any) -> bool:
+    """True when one of these classes, or the class of a module inside one of these modules, lives in
+    ``__main__`` (a notebook's own class, which a new interpreter cannot import)."""
+    classes = set()
+    for o in objs:
+        classes |= {type(m) for m in o.modules()} if isinstance(o, torch.nn.Module) else {o}
     return any(c.__module__ == "__main__" for c in classes)
 
 
-def _build_in_child(spec: _BuildSpec) -> None:
-    """Run :func:`_build` in a new interpreter (``python -c``, not multiprocessing's spawn, which
-    re-imports the caller's main script: a learner's script without a ``__main__`` guard would run
-    again). The spec travels in a file of a private temporary folder; a failed build raises here
-    with the child's last lines."""
+def _build_in_child(spec: Any, out: str) -> None:
+    """Build ``spec``'s package into ``out`` in a new interpreter (``python -c``, not
+    multiprocessing's spawn, which re-imports the caller's main script: a learner's script without a
+    ``__main__`` guard would run again). The spec travels in a file of a private temporary folder; a
+    failed build raises here with the child's last lines."""
     with tempfile.TemporaryDirectory(prefix="codex_lab_aoti_spec_") as d:  # 0700
         spec_path = Path(d) / "spec.pt"
         torch.save(spec, spec_path)
-        code = "import sys; from codex_lab.infer.aot_step import _build_from_file; _build_from_file(sys.argv[1])"
+        code = ("import sys; from codex_lab.infer.aot_step import _build_from_file; "
+                "_build_from_file(sys.argv[1], sys.argv[2])")
         # the child imports codex_lab from where this process did (an uninstalled checkout included)
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        proc = subprocess.run([sys.executable, "-c", code, str(spec_path)], capture_output=True, text=True, env=env)
+        proc = subprocess.run([sys.executable, "-c", code, str(spec_path), out], capture_output=True, text=True,
+                              env=env)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-12:]
         raise RuntimeError(f"the package build (a child process) failed, exit {proc.returncode}:\n" + "\n".join(tail))
 
 
-def _build_from_file(spec_path: str) -> None:
+def _build_from_file(spec_path: str, out: str) -> None:
     """The child's side of :func:`_build_in_child`."""
-    _build(torch.load(spec_path, weights_only=False))  # written by the parent, in its private folder
+    spec = torch.load(spec_path, weights_only=False)  # written by the parent, in its private folder
+    torch.set_num_threads(spec.threads)
+    _compile(spec.program(), spec.options, out)
 
 
-def _build(spec: _BuildSpec, decoder: Any = None) -> None:
-    """Export the step of ``decoder`` (in a child: a new eager decoder of ``spec``) and compile it
-    into the package ``spec.out``."""
-    if decoder is None:
-        torch.set_num_threads(spec.threads)
-        decoder = spec.decoder_cls(spec.model, max_len=spec.max_len, batch=spec.batch, compile=False,
-                                   attention=spec.attention)
-    B, T = decoder.batch, spec.tokens
-    example = (torch.zeros((B, T), dtype=torch.long), torch.arange(T), *decoder.k, *decoder.v)
-    with torch.no_grad():
-        program = torch.export.export(_ExportedStep(decoder, spec.kind), example, strict=False)
-    torch._inductor.aoti_compile_and_package(program, package_path=spec.out, inductor_configs=spec.options)
+def _compile(program: Any, options: dict[str, Any], out: str) -> None:
+    """AOTInductor: the exported ``program`` compiled into the package ``out``."""
+    torch._inductor.aoti_compile_and_package(program, package_path=out, inductor_configs=options)
 
 
-__all__ = ["AotStep", "STEP_KINDS", "aot_options", "aot_step", "package_key", "weights_digest"]
+__all__ = ["AotStep", "STEP_KINDS", "aot_options", "aot_package", "aot_step", "package_key", "weights_digest"]

@@ -7,7 +7,7 @@ from typing import Any
 
 
 def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, mixed: bool = True,
-                    inductor_options: dict[str, Any] | None = None, **kw: Any) -> Any:
+                    inductor_options: dict[str, Any] | None = None, aot: bool = True, **kw: Any) -> Any:
     """An :class:`~codex_lab.infer.engine.loop.Engine` with the compiled decode step. It serves at
     once: every bucket compiles in a background thread while steps run the same padded step
     eagerly (the same tokens), and all steps switch to the graphs when the last one is built.
@@ -29,6 +29,12 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
     ATen's matmuls over unfrozen weights, one graph per block bucket, cached on disk (a restart
     has them in ~6 s); ``codex-lab serve --aten-matmuls``. The runs: ``git log -p -- docs/PROFILE.md``.
 
+    ``aot`` (default, with ``gemm_template``, on a CPU): each of those frozen-weight graphs is an
+    ahead-of-time package kept in the compile cache (:mod:`codex_lab.infer.engine.runner.aot_paged`):
+    the first start builds them in a child interpreter, a restart loads them in milliseconds, so a
+    restarted server is ready with its compiled step within seconds. False: ``torch.compile`` at
+    every start, as before. Off when ``inductor_options`` are given (they are for ``torch.compile``).
+
     ``inductor_options``: more Inductor options for every graph, e.g.
     ``{"cpp.enable_kernel_profile": True}`` (each C++ kernel a profiler event: lesson 06's
     operator profile). They go with the graphs' options because the graphs compile in a thread
@@ -43,6 +49,8 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
 
     device = next(model.parameters()).device
     kw.setdefault("step_options", served_step_options(kw.get("max_batch_size", 8), mixed=mixed))
+    if aot and gemm_template and not inductor_options:
+        kw["step_options"] = {**kw["step_options"], "aot": True}
     if inductor_options:  # the one-row graph's options (FastDecoder's, as by default) with these added
         solo = decode_compile_options(None, "inductor", None, device) or {}
         kw["step_options"] = {**kw["step_options"], "solo_options": {**solo, **inductor_options}}
@@ -56,7 +64,12 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
             step.use_options(opts)
 
     def done(per: dict[int, float]) -> None:
-        if step.compiled and step.dynamic_blocks:
+        if step.compiled and step.packages:
+            loaded = sum(step.aot_from_disk.values())
+            print(f"{len(step.packages)} ahead-of-time graphs (one per shape, any table length; {loaded} loaded "
+                  f"from the compile cache, {len(step.packages) - loaded} built) in {time.perf_counter() - t0:.1f} s: "
+                  "steps now run them", file=sys.stderr, flush=True)
+        elif step.compiled and step.dynamic_blocks:
             print(f"compiled {len(step.compile_plan())} graphs (one per shape, any table length) in "
                   f"{time.perf_counter() - t0:.1f} s: steps now run them", file=sys.stderr, flush=True)
         elif step.compiled:

@@ -28,6 +28,10 @@ start: there each shape is instead ONE graph symbolic in the table's length
 (``dynamic_blocks``; the table's block dimension marked dynamic at its first call, tables of
 2 blocks at least as dynamo specialises a length of 1), called with dynamo's guards skipped.
 A request decoding alone (``solo``) always runs such a one-row graph with those options.
+With ``aot``, each of those graphs is instead an AOTInductor package
+(:mod:`codex_lab.infer.engine.runner.aot_paged`: the same step exported, the table's length a
+``Dim``), built once in a child interpreter and kept in the compile cache, so a restart loads
+the three graphs in milliseconds instead of compiling them again (what ``codex-lab serve`` does).
 
 A step can also carry the new prompts' tokens (``mixed_rows``): each prompt token is one more
 row, at its own position over its request's table. Every layer writes all rows' keys and
@@ -46,10 +50,9 @@ to its cache). ``codex-lab serve`` answers within seconds of loading the model t
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -58,15 +61,12 @@ from codex_lab.infer.compile_options import (counted_compile, cpu_compile_option
                                              without_gemm_template)
 from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.infer.generate import decode_step
-from codex_lab.infer.engine.runner.options import bucket_sizes, freeze_long_lived
+from codex_lab.infer.engine.runner.aot_paged import MIN_BLOCKS, package_for_step
+from codex_lab.infer.engine.runner.background import compile_in_background
+from codex_lab.infer.engine.runner.options import bucket_sizes
 from codex_lab.nn.kv_cache import PagedKVPool
 from codex_lab.nn.model import CodexModel
 
-
-# the interpreter's thread switch interval while buckets compile in the background (seconds)
-COMPILE_SWITCH_INTERVAL_S = 0.0002
-# the shortest table of a graph symbolic in its length, in blocks: dynamo specialises a dimension of length 1
-MIN_DYNAMIC_BLOCKS = 2
 
 
 class CompiledPagedStep:
@@ -100,12 +100,18 @@ class CompiledPagedStep:
             weight, which ATen runs on one core over the unpacked weight (2.0 ms against 0.6 ms
             per step on the shipped model, 1 thread, 2026-12-03). Frozen weights are read when
             the graph compiles: build a new engine after changing the model's weights.
+        aot: every frozen-weight graph (``dynamic_blocks`` shapes and the one-row graph) is an
+            ahead-of-time package loaded from the compile cache, or built there in a child
+            interpreter (:func:`~codex_lab.infer.engine.runner.aot_paged.paged_aot_step`); a
+            package that cannot be built falls back to ``torch.compile`` (``compile_error`` says
+            why). CPU only; ignored elsewhere.
     """
 
     def __init__(self, model: CodexModel, pool: PagedKVPool, max_batch_size: int, *, min_bucket_tokens: int = 128,
                  max_bucket_tokens: int | None = 2048, backend: str = "inductor", mode: str | None = None,
                  options: dict | None = None, compile: bool = True, mixed_rows: int = 0,
-                 mixed_max_tokens: int = 256, solo: bool = False, solo_options: dict | None = None) -> None:
+                 mixed_max_tokens: int = 256, solo: bool = False, solo_options: dict | None = None,
+                 aot: bool = False) -> None:
         if mixed_rows and mixed_rows <= max_batch_size:
             raise ValueError(f"mixed_rows={mixed_rows} must exceed max_batch_size={max_batch_size} (or be 0: none)")
         self.model, self.pool, self.max_batch_size, self.mixed_rows = model, pool, max_batch_size, mixed_rows
@@ -135,7 +141,7 @@ class CompiledPagedStep:
         self.mixed_compile_s: dict[int, float] = {}  # the same for the mixed_rows shape
         # {solo_blocks: seconds} once the one-row graph compiled (one graph for every length)
         self.solo_compile_s: dict[int, float] = {}
-        self.solo_blocks = max(self.min_blocks, MIN_DYNAMIC_BLOCKS)  # the length warmup() traces it with
+        self.solo_blocks = max(self.min_blocks, MIN_BLOCKS)  # the length warmup() traces it with
         self._counters: list = []  # one CountingBackend per compiled function of this step (its own graphs)
         self._graphs_at_start: int | None = None  # this step's graph count before the first bucket compiled
         self._bucket_graphs = 0  # graphs compiled by the buckets' first calls
@@ -145,6 +151,10 @@ class CompiledPagedStep:
         # graphs symbolic in the table's length (the one-row graph, and every shape with
         # ``dynamic_blocks``) skip dynamo's guards once compiled, as FastDecoder does; False: evaluate them
         self.skip_guards = True
+        # ahead-of-time packages of the frozen-weight shapes: rows -> loaded package (``aot``)
+        self.aot = aot and self.device.type == "cpu"
+        self.packages: dict[int, Any] = {}  # public: what a server reports
+        self.aot_from_disk: dict[int, bool] = {}  # rows -> True when its package was loaded, not built
         self._background = False  # True while warmup_background compiles: every step runs eagerly
         self.ready = threading.Event()  # set when the compiled graphs serve (or compiling gave up)
         sparse_flex = model.cfg.attn_impl == "flex" and any(not layer.attn.pattern.is_dense for layer in model.layers)
@@ -224,7 +234,7 @@ class CompiledPagedStep:
         clamped to ``max_seq_len``; a row reads at most 1.5x the slots it needs, past the smallest.
         With ``dynamic_blocks`` (one graph for every length): the table's own length, 2 at least."""
         if self.dynamic_blocks:
-            return max(MIN_DYNAMIC_BLOCKS, min(n_blocks, self.max_blocks))
+            return max(MIN_BLOCKS, min(n_blocks, self.max_blocks))
         return next(nb for nb in self.buckets if nb >= min(n_blocks, self.max_blocks))
 
     @torch.no_grad()
@@ -249,7 +259,7 @@ class CompiledPagedStep:
             # one graph symbolic in the table's length: the table as it is (2 blocks at least, as
             # dynamo specialises a length of 1), no bucket
             t = list(tables[0])
-            tab = torch.tensor([t + t[:1] * (MIN_DYNAMIC_BLOCKS - len(t))], device=self.device)  # (1, NB)
+            tab = torch.tensor([t + t[:1] * (MIN_BLOCKS - len(t))], device=self.device)  # (1, NB)
             idx = torch.tensor([[tokens[0]]], device=self.device)  # (1, 1)
             pos = torch.tensor([[positions[0]]], device=self.device)  # (1, 1)
             return self._solo(idx, pos, tab)
@@ -271,6 +281,9 @@ class CompiledPagedStep:
         """The padded step through its bucket's graph, compiling it on its first call; (R, V)."""
         done = self._done(idx.shape[0])
         if self._has(idx.shape[0], nb):
+            package = self.packages.get(idx.shape[0])
+            if package is not None:  # (R, V) ahead of time: no dynamo, no interpreter inside the step
+                return package.runner(idx, pos, tab, *self.pool.k, *self.pool.v)
             if self.dynamic_blocks and self.skip_guards:  # the shapes' graphs differ only in their rows
                 return FastDecoder._unguarded(self._fn, idx, pos, tab)
             return self._fn(idx, pos, tab)  # (R, V) a graph compiled before
@@ -278,6 +291,9 @@ class CompiledPagedStep:
         before = self.graphs
         if self._graphs_at_start is None:
             self._graphs_at_start = before
+        if self.dynamic_blocks and self._aot_package(idx.shape[0], self.options):
+            done[nb] = time.perf_counter() - t0
+            return self.packages[idx.shape[0]].runner(idx, pos, tab, *self.pool.k, *self.pool.v)  # (R, V)
         if self.dynamic_blocks:
             torch._dynamo.mark_dynamic(tab, 1)  # one graph for every table length of this shape
         try:
@@ -305,6 +321,8 @@ class CompiledPagedStep:
         If compiling fails with the C++ GEMM template, it compiles again with ATen's matmuls; if
         that fails too, a lone request runs the padded decode step (``solo`` off)."""
         if self.solo_compile_s:
+            if 1 in self.packages:  # (1, V) ahead of time
+                return self.packages[1].runner(idx, pos, tab, *self.pool.k, *self.pool.v)
             if self.skip_guards:
                 return FastDecoder._unguarded(self._solo_fn, idx, pos, tab)
             return self._solo_fn(idx, pos, tab)  # type: ignore[misc]
@@ -312,6 +330,9 @@ class CompiledPagedStep:
         before = self.graphs
         if self._graphs_at_start is None:
             self._graphs_at_start = before
+        if self._aot_package(1, self.solo_options):
+            self.solo_compile_s[self.solo_blocks] = time.perf_counter() - t0
+            return self.packages[1].runner(idx, pos, tab, *self.pool.k, *self.pool.v)  # (1, V)
         torch._dynamo.mark_dynamic(tab, 1)
         try:
             with first_compile(self.solo_options):
@@ -329,6 +350,22 @@ class CompiledPagedStep:
         self.solo_compile_s[self.solo_blocks] = time.perf_counter() - t0
         self._bucket_graphs += self.graphs - before
         return logits
+
+    def _aot_package(self, rows: int, options: dict) -> bool:
+        """With ``aot``: load (or build) the package of the frozen-weight graph of ``rows`` rows
+        (:func:`~codex_lab.infer.engine.runner.aot_paged.package_for_step`). False when ``aot`` is
+        off or the package could not be had (``compile_error`` says why; ``aot`` turns off and the
+        shape compiles with ``torch.compile``)."""
+        if not self.aot or not options.get("freezing"):
+            return False
+        try:
+            got = package_for_step(self, rows, options)
+        except Exception as exc:  # noqa: BLE001 - an op export or AOTInductor lacks: torch.compile instead
+            self.compile_error = f"ahead of time: {type(exc).__name__}: {str(exc)[:200]}; compiled with torch.compile"
+            self.aot = False
+            return False
+        self.packages[rows], self.aot_from_disk[rows] = got, got.from_disk
+        return True
 
     def _has(self, rows: int, nb: int) -> bool:
         """Whether the graph that runs ``rows`` rows over ``nb`` blocks is compiled."""
@@ -397,28 +434,8 @@ class CompiledPagedStep:
         self._background = True
         self.ready.clear()
 
-        def work() -> None:
-            per: dict[int, float] = {}
-            # the compiler is pure Python for long stretches; a serving thread that let go of the
-            # interpreter lock (every torch op does) waits for the compiler's switch interval to
-            # get it back: 5 ms by default, per op, so one eager step of ~300 ops could take
-            # seconds (completions of 16 tokens took up to 8.5 s during a warm-cache compile,
-            # 2026-12-02). A short interval while compiling hands the lock back within 0.2 ms.
-            switch = sys.getswitchinterval()
-            sys.setswitchinterval(min(switch, COMPILE_SWITCH_INTERVAL_S))
-            try:
-                per = self.warmup()
-            except Exception as exc:  # noqa: BLE001 - never take the server down: stay eager
-                self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
-                self._fn = None
-            finally:
-                sys.setswitchinterval(switch)
-                if freeze_gc:
-                    freeze_long_lived()
-                self.ready.set()
-            if on_done is not None:
-                on_done(per)
+        def give_up(exc: Exception) -> None:
+            self.compile_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            self._fn = None
 
-        t = threading.Thread(target=work, name="codex-lab-compile", daemon=True)
-        t.start()
-        return t
+        return compile_in_background(self.warmup, self.ready, on_error=give_up, on_done=on_done, freeze_gc=freeze_gc)
