@@ -84,23 +84,25 @@ def main(argv: list[str] | None = None) -> int:
                    help="compile cache folder (default: a fresh temporary one, so the first run is cold; removed after)")
     p.add_argument("--runs", default="cold,warm", help="labels of the runs, in order, over the same folder")
     p.add_argument("--timeout-s", type=float, default=900.0, help="give up on a run after this many seconds")
-    p.add_argument("--json", action="store_true", help="one JSON line per run instead of the table")
+    p.add_argument("--json", action="store_true", help="a JSON list of the runs (one record each) instead of the table")
     p.add_argument("serve_args", nargs="*", help="extra flags for codex-lab serve (after --)")
     args = p.parse_args(argv)
     cache = args.cache or tempfile.mkdtemp(prefix="codex_lab_restart_")
     rows = []
     try:
         for label in args.runs.split(","):
-            row = {"run": label, **time_to_ready(cache, args.serve_args, args.timeout_s)}
+            row = {"scenario": "restart", "run": label, **time_to_ready(cache, args.serve_args, args.timeout_s)}
             rows.append(row)
-            print(json.dumps(row) if args.json else
-                  f"{label:>5}: live {row.get('live_s', '-')} s, loaded {row.get('loaded_s', '-')} s, "
-                  f"ready {row.get('ready_s', '-')} s ({row.get('phase')}, graphs {row.get('graphs')}, "
-                  f"load {row['load_at_start']} on {os.cpu_count()} cores){'  ' + row['error'] if 'error' in row else ''}",
-                  flush=True)
+            if not args.json:
+                print(f"{label:>5}: live {row.get('live_s', '-')} s, loaded {row.get('loaded_s', '-')} s, "
+                      f"ready {row.get('ready_s', '-')} s ({row.get('phase')}, graphs {row.get('graphs')}, "
+                      f"load {row['load_at_start']} on {os.cpu_count()} cores)"
+                      f"{'  ' + row['error'] if 'error' in row else ''}", flush=True)
     finally:
         if args.cache is None:
             shutil.rmtree(cache, ignore_errors=True)
+    if args.json:  # what update_figures.py --bench records
+        print(json.dumps(rows, indent=1))
     return 0 if all("ready_s" in r for r in rows) else 1
 
 

@@ -199,7 +199,7 @@ def _ours(dec: FastDecoder, prompt: list[int], n: int) -> tuple[list[int], float
 
 def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Sequence[int] = (128, 512),
                     new_tokens: int = 128, rounds: int = 5, threads: int | None = None,
-                    compile: bool = True, precision: str = "f32") -> list[dict[str, Any]]:
+                    compile: bool | str = "aot", precision: str = "f32") -> list[dict[str, Any]]:
     """Interleaved rounds (module docstring): in every round, for every prompt length, codex_lab's
     FastDecoder (compiled) then llama.cpp. Rows per engine and length: prefill and decode tokens/s
     (median, min, max over rounds), ``same_tokens``, ``common_prefix``, and llama.cpp's release.
@@ -207,6 +207,8 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
     model's Q8_0 GGUF export and FastDecoder on its weight-only int8 copy
     (:func:`~codex_lab.nn.int8.quantize_int8`): two 8-bit formats (Q8_0: a scale per 32 weights;
     ours: a scale per output row), so their tokens are compared but need not agree.
+    ``compile``: FastDecoder's (default ``"aot"``: the step compiled ahead of time, no interpreter
+    work inside a step, as llama.cpp's C++ loop; each row's ``step`` says which ran).
     Without llama.cpp: one row that says how to install it."""
     from codex_lab.hf.gguf_export import export_gguf
     from codex_lab.runtime import compute_threads
@@ -292,6 +294,7 @@ def bench_llama_cpp(model: CodexModel, tok: CodeTokenizer, *, prompt_lens: Seque
                 row["kv_cache"] = f"k {native_info['type_k']}, v {native_info['type_v']}"
         else:
             row["compiled"] = decs[L].compiled
+            row["step"] = "ahead of time" if decs[L].aot else "torch.compile" if decs[L].compiled else "eager"
             row["cache_slots"] = decs[L].max_len
         rows.append(row)
     by = {(r["impl"], r["prompt_len"]): r for r in rows}

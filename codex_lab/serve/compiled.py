@@ -18,10 +18,10 @@ def compiled_engine(model: Any, tokenizer: Any, *, gemm_template: bool = True, m
     (:func:`~codex_lab.infer.engine.runner.options.served_step_options`); False prefills them eagerly beside it.
 
     ``gemm_template`` (default): compile with the weights frozen and Inductor's C++ GEMM template,
-    as :class:`~codex_lab.infer.fast_decode.FastDecoder` does. Inductor caches no frozen graph,
-    so each shape is one graph symbolic in the table's length (three in all: the batch, the batch
-    with arriving prompts, a request alone), built at every start: 88 s in the background on 2
-    cores. Through HTTP, 8 streams of 128 tokens went from 0.56x to 0.71x llama-server's
+    as :class:`~codex_lab.infer.fast_decode.FastDecoder` does. Each shape is one graph symbolic
+    in the table's length (three in all: the batch, the batch with arriving prompts, a request
+    alone). Inductor's cache keeps no frozen graph, so with ``torch.compile`` they were built at
+    every start (88 s in the background on 2 cores, 2026-12-03); ``aot`` keeps them. Through HTTP, 8 streams of 128 tokens went from 0.56x to 0.71x llama-server's
     tokens/s in the same run (885 and 1426 tokens/s; ``codex-lab bench --mode full serving
     --compiled --concurrency 1,8 --max-tokens 128 --peer llama.cpp``, quiet, 2026-12-03, two
     runs minutes apart; one stream, whose one-row graph had these options in both, 0.57x and
