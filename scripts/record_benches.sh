@@ -18,13 +18,14 @@ declare -A CMD=(
   [llama_cpp_q8_0]="codex-lab bench inference --peer llama.cpp --peer-precision q8_0 --threads 1 --json"
   [llama_cpp_q8_0_2threads]="codex-lab bench inference --peer llama.cpp --peer-precision q8_0 --threads 2 --json"
   [serving_llama_cpp]="codex-lab bench --mode full serving --compiled --concurrency 1,8 --max-tokens 128 --peer llama.cpp --json"
+  [serving_llama_cpp_process]="codex-lab bench --mode full serving --compiled --engine-process --concurrency 1,8 --max-tokens 128 --peer llama.cpp --json"
   [single_stream]="codex-lab bench inference --scenarios single_stream --threads 1 --json"
   [decode_1thread]="codex-lab bench --mode full inference --scenarios decode --threads 1 --json"
   [code_edit]="codex-lab bench --mode full inference --scenarios code_edit --json"
   [restart]="python scripts/restart_time.py --json"
 )
 ORDER=(restart decode_1thread llama_cpp llama_cpp_2threads llama_cpp_q8_0 llama_cpp_q8_0_2threads single_stream
-       serving_llama_cpp code_edit)
+       serving_llama_cpp serving_llama_cpp_process code_edit)
 keys=("$@")
 [ ${#keys[@]} -gt 0 ] || keys=("${ORDER[@]}")
 for key in "${keys[@]}"; do

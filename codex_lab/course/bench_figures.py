@@ -186,26 +186,30 @@ def _moe(fast: str, full: str) -> list[BenchFigure]:
     return out
 
 
-def _llama_cpp(key: str) -> list[BenchFigure]:
-    """Batch-1 decode and prefill of FastDecoder and llama.cpp after 128- and 512-token prompts, and
+def _llama_cpp(key: str, lead: str, streams: bool = False) -> list[BenchFigure]:
+    """Batch-1 decode and prefill of FastDecoder and llama.cpp after 128- and 512-token prompts (each
+    line begins with ``lead``: the weights and threads, e.g. "F32, 1 thread, "), and (``streams``)
     8 streams at once: the serving engine's and llama.cpp's throughput and their ratio."""
     out = []
     for L in (128, 512):
         fd = (("scenario", "llama_cpp"), ("impl", "codex_lab_fast_decode"), ("prompt_len", L))
         lc = (("scenario", "llama_cpp"), ("impl", "llama_cpp"), ("prompt_len", L))
+        head = rf"{lead}after a {L}-token prompt: "
         out += [
-            BenchFigure(key, rf"(after a {L}-token prompt: FastDecoder ){NUM}( tokens/s)", fd, "decode_tokens_per_s"),
-            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?llama\.cpp ){NUM}( tokens/s)", lc, "decode_tokens_per_s"),
-            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?\*\*){NUM}(x\*\* llama\.cpp's decode)", fd,
+            BenchFigure(key, rf"({head}FastDecoder ){NUM}( tokens/s)", fd, "decode_tokens_per_s"),
+            BenchFigure(key, rf"({head}[^|\n]*?llama\.cpp ){NUM}( tokens/s)", lc, "decode_tokens_per_s"),
+            BenchFigure(key, rf"({head}[^|\n]*?\*\*){NUM}(x\*\* llama\.cpp's decode)", fd,
                         "decode_ratio_vs_llama_cpp", 2),
-            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?prefill ){NUM}(x llama\.cpp's)", fd,
+            BenchFigure(key, rf"({head}[^|\n]*?prefill ){NUM}(x llama\.cpp's)", fd,
                         "prefill_ratio_vs_llama_cpp", 2),
             # llama.cpp built from source for this CPU (llama-bench), in the same rounds
-            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?built from source ){NUM}( tokens/s)",
+            BenchFigure(key, rf"({head}[^|\n]*?built from source ){NUM}( tokens/s)",
                         (("scenario", "llama_cpp"), ("impl", "llama_cpp_native"), ("prompt_len", L)), "decode_tokens_per_s"),
-            BenchFigure(key, rf"(after a {L}-token prompt: [^|]*?\*\*){NUM}(x\*\* the source build's decode)", fd,
+            BenchFigure(key, rf"({head}[^|\n]*?\*\*){NUM}(x\*\* the source build's decode)", fd,
                         "decode_ratio_vs_llama_native", 2),
         ]
+    if not streams:
+        return out
     stream = (("scenario", "llama_cpp_streams"),)
     return out + _throughput_pair(key, "8 streams at once: ", "the serving engine", (*stream, ("impl", "codex_lab_engine")),
                                   r"llama\.cpp", (*stream, ("impl", "llama_cpp")), "ratio_vs_llama_cpp")
@@ -222,10 +226,11 @@ def _throughput_pair(key: str, lead: str, ours_words: str, ours: tuple[tuple[str
     ]
 
 
-def _llama_server(key: str) -> list[BenchFigure]:
-    """codex-lab serve and llama-server under the same load over HTTP: tokens/s at 1 and 8 clients and their ratio."""
+def _llama_server(key: str, how: str = "") -> list[BenchFigure]:
+    """codex-lab serve and llama-server under the same load over HTTP: tokens/s at 1 and 8 clients and
+    their ratio (``how``: words after "over HTTP", e.g. ", the engine in its own process")."""
     return [fig for c in (1, 8)
-            for fig in _throughput_pair(key, rf"{c} client[s]? over HTTP: ", "`codex-lab serve`",
+            for fig in _throughput_pair(key, rf"{c} client[s]? over HTTP{how}: ", "`codex-lab serve`",
                                         (("impl", "codex_lab_serve"), ("concurrency", c)), "llama-server",
                                         (("impl", "llama_server"), ("concurrency", c)), "ratio_vs_llama_server")]
 
@@ -247,6 +252,13 @@ def _single_stream(key: str) -> list[BenchFigure]:
         BenchFigure(key, rf"(one stream through `codex-lab serve`: [^|]*?HTTP adds ){NUM}( ms per token)", http,
                     "http_ms_per_token", 2),
     ]
+
+
+def _restart(key: str) -> list[BenchFigure]:
+    """``codex-lab serve`` from the command to GET /ready 200: a cold start (an empty compile cache:
+    the three graphs built) and a restart over the same cache (loaded)."""
+    return [BenchFigure(key, rf"({run} start[^|\n]*?: ready in ){NUM}( s)", (("run", run),), "ready_s", 1)
+            for run in ("cold", "warm")]
 
 
 def _token_profile(key: str) -> list[BenchFigure]:
@@ -296,11 +308,16 @@ def _native_profile(key: str) -> list[BenchFigure]:
 
 
 BENCH_FIGURES: list[BenchFigure] = [
-    *_llama_cpp("llama_cpp"),
+    *_llama_cpp("llama_cpp", "F32, 1 thread, ", streams=True),
+    *_llama_cpp("llama_cpp_2threads", "F32, 2 threads, "),
+    *_llama_cpp("llama_cpp_q8_0", "8-bit, 1 thread, "),
+    *_llama_cpp("llama_cpp_q8_0_2threads", "8-bit, 2 threads, "),
+    *_restart("restart"),
     *_native_profile("native_profile"),
     *_single_stream("single_stream"),
     *_token_profile("token_profile"),
     *_llama_server("serving_llama_cpp"),
+    *_llama_server("serving_llama_cpp_process", ", the engine in its own process"),
     *_attention("attention"),
     *_moba("moba"),
     *_moe("moe_fast", "moe_full"),
