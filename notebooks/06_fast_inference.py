@@ -839,7 +839,11 @@ print(f"second decoder: package {'loaded from disk' if again.aot_from_disk else 
 #   --compiled --prefill batched` compares it with the eager prefill beside the step. The
 #   server compiles FastDecoder's options (frozen weights, the C++ GEMM template), which
 #   Inductor does not cache, so there each shape is ONE graph symbolic in the table's length
-#   (three in all, with a one-row shape for a request decoding alone) instead of one per bucket.
+#   (three in all, with a one-row shape for a request decoding alone) instead of one per bucket,
+#   and each is compiled ahead of time as section 6's step is (`cl.paged_aot_step`: the same
+#   step exported with the table's length a `torch.export.Dim`), kept in the compile cache: a
+#   restarted server loads its three graphs instead of compiling them again (`python
+#   scripts/restart_time.py` times a cold start and a restart; the record is printed below).
 #
 # How these steps compare with the strongest CPU engine, llama.cpp, on the same weights (an F32
 # GGUF export), and where a lone stream's time goes in the serving engine, are recorded runs of
@@ -853,12 +857,14 @@ print(f"second decoder: package {'loaded from disk' if again.aot_from_disk else 
 # for this machine's figures.
 
 # %%
-from codex_lab.lessons.l06_inference.report import (native_profile_lines, peer_lines, single_stream_lines,
-                                                    token_profile_lines)
+from codex_lab.lessons.l06_inference.report import (native_profile_lines, peer_lines, restart_lines,
+                                                    single_stream_lines, token_profile_lines)
 
 print(peer_lines())
 print()
 print(single_stream_lines())
+print()
+print(restart_lines())
 print()
 print(token_profile_lines())
 print()

@@ -298,3 +298,30 @@ print(json.dumps([{{"avg_ts": 1000.0 if gen else 5000.0, "build_commit": "abc123
     assert ours["prefill_ratio_vs_llama_native"] == pytest.approx(ours["prefill_tokens_per_s"] / 5000.0)
     lines = calls.read_text().splitlines()  # two tests per round: prefill of 16, then 8 tokens at depth 16
     assert len(lines) == 4 and "-p 16 -n 0 -d 0" in lines[0] and "-p 0 -n 8 -d 16" in lines[1]
+
+
+def test_the_report_prints_every_recorded_variant_of_the_peer_run_and_the_restart_record():
+    from codex_lab.course.bench_figures import bench_record
+    from codex_lab.lessons.l06_inference.report import restart_lines, peer_lines
+
+    rec = bench_record()["llama_cpp"]
+    variant = {**rec, "command": "codex-lab bench inference --peer llama.cpp --threads 2 --json",
+               "rows": [{**r, "decode_tokens_per_s": 2 * r["decode_tokens_per_s"]} if r.get("impl") == "codex_lab_fast_decode"
+                        else r for r in rec["rows"]]}
+    text = peer_lines({"llama_cpp": rec, "llama_cpp_2threads": variant})
+    assert "- F32, 2 threads each (recorded" in text and "--threads 2 --json" in text
+    for r in variant["rows"]:
+        if r.get("scenario") == "llama_cpp" and r["impl"] == "codex_lab_fast_decode":
+            assert f"after {r['prompt_len']} tokens FastDecoder {r['decode_tokens_per_s']:.0f} tokens/s" in text
+    assert "8-bit" not in text  # no such record given: no line
+    srv = bench_record()["serving_llama_cpp"]
+    both = peer_lines({"llama_cpp": rec, "serving_llama_cpp_process": srv})
+    assert "over HTTP, the engine in a process of its own" in both and "over HTTP: not recorded" not in both
+
+    assert "not recorded" in restart_lines({}) and "restart_time.py" in restart_lines({})
+    restart = {"measured": "2026-01-01", "command": "python scripts/restart_time.py --json", "conditions": "quiet",
+               "rows": [{"scenario": "restart", "run": "cold", "loaded_s": 4.0, "ready_s": 61.5, "graphs": "3/3"},
+                        {"scenario": "restart", "run": "warm", "loaded_s": 3.8, "ready_s": 5.2, "graphs": "3/3"}]}
+    text = restart_lines({"restart": restart})
+    assert "cold (an empty compile cache: the graphs built)" in text and "after 61.5 s" in text
+    assert "warm (the same cache: the graphs loaded)" in text and "after 5.2 s" in text

@@ -185,19 +185,60 @@ def peer_lines(record: dict[str, Any] | None = None) -> str:
                      f"prefix {ours['shortest_common_prefix']})")
     else:
         lines.append("- 8 streams at once: not in this record; `codex-lab bench inference --peer llama.cpp` measures it")
-    srv = (record if record is not None else bench_record()).get("serving_llama_cpp")
-    if srv:  # the servers over HTTP (codex-lab bench serving --peer llama.cpp)
+    every = record if record is not None else bench_record()
+    for key, label in PEER_VARIANTS.items():  # the same comparison at other weights and threads
+        other = every.get(key)
+        if not other:
+            continue
+        by = {(r["impl"], r["prompt_len"]): r for r in other["rows"] if r.get("scenario") == "llama_cpp" and "impl" in r}
+        parts = []
+        for L in sorted({k[1] for k in by}):
+            fd, nat = by[("codex_lab_fast_decode", L)], by.get(("llama_cpp_native", L))
+            vs = (f" vs the source build {nat['decode_tokens_per_s']:.0f} ({nat['decode_min']:.0f}-{nat['decode_max']:.0f}): "
+                  f"{fd['decode_ratio_vs_llama_native']:.2f}x" if nat else "")
+            parts.append(f"after {L} tokens FastDecoder {fd['decode_tokens_per_s']:.0f} tokens/s ({fd['decode_min']:.0f}-"
+                         f"{fd['decode_max']:.0f}){vs}")
+        lines.append(f"- {label} (recorded {other['measured']}: `{other['command']}`): " + "; ".join(parts))
+    served = False
+    for key, how in (("serving_llama_cpp", ""), ("serving_llama_cpp_process", ", the engine in a process of its own")):
+        srv = every.get(key)
+        if not srv:  # the servers over HTTP (codex-lab bench serving --peer llama.cpp)
+            continue
         by = {(r.get("impl"), r.get("concurrency")): r for r in srv["rows"]}
         for c in sorted({k[1] for k in by if k[0] == "codex_lab_serve"}):
             ours, lc = by[("codex_lab_serve", c)], by.get(("llama_server", c))
             if lc:
-                lines.append(f"- {c} client(s) over HTTP (recorded {srv['measured']}: `{srv['command']}`): `codex-lab serve` "
-                             f"{ours['tokens_per_s']:.0f} tokens/s ({ours['tokens_per_s_min']:.0f}-{ours['tokens_per_s_max']:.0f}) "
-                             f"vs llama-server {lc['tokens_per_s']:.0f} ({lc['tokens_per_s_min']:.0f}-"
-                             f"{lc['tokens_per_s_max']:.0f}): {ours['ratio_vs_llama_server']:.2f}x")
-    else:
+                served = True
+                lines.append(f"- {c} client(s) over HTTP{how} (recorded {srv['measured']}: `{srv['command']}`): "
+                             f"`codex-lab serve` {ours['tokens_per_s']:.0f} tokens/s ({ours['tokens_per_s_min']:.0f}-"
+                             f"{ours['tokens_per_s_max']:.0f}) vs llama-server {lc['tokens_per_s']:.0f} "
+                             f"({lc['tokens_per_s_min']:.0f}-{lc['tokens_per_s_max']:.0f}): {ours['ratio_vs_llama_server']:.2f}x")
+    if not served:
         lines.append("- over HTTP: not recorded; `bash scripts/build_llama_cpp.sh` then `codex-lab bench serving --compiled "
                      "--peer llama.cpp` measures `codex-lab serve` against llama-server")
+    return "\n".join(lines)
+
+
+# the batch-1 comparison's other recorded runs (scripts/record_benches.sh): key -> what differs
+PEER_VARIANTS = {"llama_cpp_2threads": "F32, 2 threads each",
+                 "llama_cpp_q8_0": "8-bit weights (ours int8 per output row, llama.cpp Q8_0), 1 thread each",
+                 "llama_cpp_q8_0_2threads": "8-bit weights, 2 threads each"}
+
+
+def restart_lines(record: dict[str, Any] | None = None) -> str:
+    """``codex-lab serve`` from the command to ready (``python scripts/restart_time.py``, key
+    ``restart``): a cold start builds the three compiled graphs, a restart loads them."""
+    from codex_lab.course.bench_figures import bench_record
+
+    rec = (record if record is not None else bench_record()).get("restart")
+    if not rec:
+        return "Time to ready: not recorded; `python scripts/restart_time.py` measures a cold start and a restart here."
+    lines = [f"`codex-lab serve` from the command to GET /ready 200 (recorded {rec['measured']}, not this run: "
+             f"`{rec['command']}`, {rec['conditions']}):"]
+    for r in rec["rows"]:
+        what = "an empty compile cache: the graphs built" if r["run"] == "cold" else "the same cache: the graphs loaded"
+        lines.append(f"- {r['run']} ({what}): answering (eager) after {r.get('loaded_s', '-')} s, ready with the compiled "
+                     f"step after {r.get('ready_s', '-')} s (graphs {r.get('graphs')})")
     return "\n".join(lines)
 
 
