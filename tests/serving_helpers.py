@@ -29,3 +29,16 @@ def wait_idle(srv: ModelServer, timeout: float = 120.0) -> dict:
             return h
         time.sleep(0.05)
     raise AssertionError(f"server not idle after {timeout} s: {srv.health()}")
+
+
+def run_greedy(eng, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Submit each prompt for ``n`` tokens (end-of-text ignored) to an engine, step it until it is
+    idle, and return each request's tokens in submission order."""
+    from codex_lab.infer.sampling import SamplingParams
+
+    for p in prompts:
+        eng.submit(p, SamplingParams(max_tokens=n, ignore_eos=True))
+    done = {}
+    while eng.has_work():
+        done.update({f.rid: f.output_ids for f in eng.step()})
+    return [done[r] for r in sorted(done)]

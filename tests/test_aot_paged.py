@@ -13,9 +13,9 @@ from codex_lab.infer.engine.loop import Engine
 from codex_lab.infer.engine.runner import compiled as compiled_step
 from codex_lab.infer.engine.runner.aot_paged import PagedSpec, paged_package_key
 from codex_lab.infer.generate import generate_ids
-from codex_lab.infer.sampling import SamplingParams
 from codex_lab.serve.compiled import compiled_engine
 
+from serving_helpers import run_greedy
 from conftest import COMPILE_HANG_S as HANG_S, seeded_model
 
 PROMPTS = [[5, 9, 2, 7, 30, 41, 12, 8, 19, 22], [11, 3, 60]]
@@ -33,12 +33,7 @@ def _model(tok):
 
 
 def _run(eng: Engine, prompts: list[list[int]], n: int = NEW) -> list[list[int]]:
-    for p in prompts:
-        eng.submit(p, SamplingParams(max_tokens=n, ignore_eos=True))
-    done = {}
-    while eng.has_work():
-        done.update({f.rid: f.output_ids for f in eng.step()})
-    return [done[r] for r in sorted(done)]
+    return run_greedy(eng, prompts, n)
 
 
 def _count_calls(step) -> dict[int, int]:

@@ -11,20 +11,15 @@ import pytest
 import torch
 
 from codex_lab.infer.engine.loop import Engine
-from codex_lab.infer.sampling import SamplingParams
 from codex_lab.infer.generate import generate_ids
 from codex_lab.nn.model import CodexModel
 
+from serving_helpers import run_greedy
 from conftest import COMPILE_HANG_S as HANG_S, seeded_model, tiny_config
 
 
 def _run(eng: Engine, prompts: list[list[int]], n: int = 10) -> list[list[int]]:
-    for p in prompts:
-        eng.submit(p, SamplingParams(max_tokens=n, ignore_eos=True))
-    done = {}
-    while eng.has_work():
-        done.update({f.rid: f.output_ids for f in eng.step()})
-    return [done[r] for r in sorted(done)]
+    return run_greedy(eng, prompts, n)
 
 
 def test_steps_stay_eager_until_every_bucket_is_compiled_then_switch(tok):
