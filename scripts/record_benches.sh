@@ -23,9 +23,10 @@ declare -A CMD=(
   [decode_1thread]="codex-lab bench --mode full inference --scenarios decode --threads 1 --json"
   [code_edit]="codex-lab bench --mode full inference --scenarios code_edit --json"
   [restart]="python scripts/restart_time.py --json"
+  [native_profile]="codex-lab bench inference --scenarios native_profile --threads 1 --json"
 )
 ORDER=(restart decode_1thread llama_cpp llama_cpp_2threads llama_cpp_q8_0 llama_cpp_q8_0_2threads single_stream
-       serving_llama_cpp serving_llama_cpp_process code_edit)
+       serving_llama_cpp serving_llama_cpp_process code_edit native_profile)
 keys=("$@")
 [ ${#keys[@]} -gt 0 ] || keys=("${ORDER[@]}")
 for key in "${keys[@]}"; do

@@ -13,7 +13,7 @@ GGUF export of the checkpoint), and only the decode steps count:
   times its saved state is restored), then N greedy tokens, R times; less a second run that only
   prefills the same prompt once (``-p L -n 0 -r 1``), function by function, so what is left is
   the decode (sampling noise makes a small category uncertain by a few samples);
-- codex-lab: a child Python process holding FastDecoder compiled with its default options, R
+- codex-lab: a child Python process holding FastDecoder compiled ahead of time (``compile="aot"``), R
   times: the prompt's prefill (:meth:`FastDecoder.prefill`) unsampled, then its decode steps
   sampled (``perf record --control``: sampling is switched on and off by the child), each token
   checked against ``generate``'s.
@@ -209,7 +209,7 @@ from codex_lab.measure.peer_llamacpp import corpus_prompts
 from codex_lab.infer.fast_decode import FastDecoder
 model, tok = load_model_and_tokenizer(random)
 prompt = corpus_prompts(tok, [L])[L]
-dec = FastDecoder(model, max_len=L + N, compile=True)
+dec = FastDecoder(model, max_len=L + N, compile="aot")  # compiled ahead of time: no dynamo inside a step
 ref = dec.generate(prompt, N)[0]
 c, a = os.open(ctl, os.O_RDWR), os.open(ack, os.O_RDWR)
 def say(word):
@@ -230,13 +230,14 @@ for _ in range(R):
     wall += time.perf_counter() - t0
     say("disable")
     same &= out == ref
-print(json.dumps({"wall_s": wall, "same_tokens": same, "compiled": dec.compiled, "recompiles": dec.recompiles}))
+print(json.dumps({"wall_s": wall, "same_tokens": same, "compiled": dec.compiled, "recompiles": dec.recompiles,
+                  "step": "ahead of time" if dec.aot else "torch.compile" if dec.compiled else "eager"}))
 """
 
 
 def profile_fast_decoder(perf: Path, *, prompt_len: int, new_tokens: int, reps: int, freq: int,
                          random: bool = False) -> dict[str, Any]:
-    """FastDecoder (compiled, one thread) generating ``reps`` x ``new_tokens`` after a ``prompt_len``
+    """FastDecoder (compiled ahead of time, one thread) generating ``reps`` x ``new_tokens`` after a ``prompt_len``
     prompt in a child process, sampled only while it decodes (``new_tokens - 1`` steps a
     repetition: the first token is the prefill's)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -256,7 +257,8 @@ def profile_fast_decoder(perf: Path, *, prompt_len: int, new_tokens: int, reps: 
         out = split(tally(_chains(perf, data)), freq=freq, tokens=steps)
     wall_ms = 1000.0 * rec["wall_s"] / steps
     out.update(impl="codex_lab_fast_decode", tokens_per_s=1000.0 / wall_ms, wall_ms_per_token=wall_ms,
-               same_tokens=rec["same_tokens"], compiled=rec["compiled"], recompiles=rec["recompiles"])
+               same_tokens=rec["same_tokens"], compiled=rec["compiled"], recompiles=rec["recompiles"],
+               step=rec.get("step"))
     return out
 
 
@@ -298,14 +300,17 @@ def bench_native_profile(model: Any, tok: Any, *, prompt_len: int = 128, new_tok
             row.update(build_commit=rs[0].get("build_commit"), binary=home_relative(bench))
         else:
             row.update(same_tokens=all(r["same_tokens"] for r in rs), compiled=rs[0]["compiled"],
-                       recompiles=max(r["recompiles"] for r in rs))
+                       recompiles=max(r["recompiles"] for r in rs), step=rs[0].get("step"))
         rows.append(row)
     return rows
 
 
 def native_lines(rows: list[dict[str, Any]]) -> list[str]:
     """A Markdown table: CPU ms per generated token by category, side by side, and the top functions."""
-    names = {"codex_lab_fast_decode": "codex-lab FastDecoder (compiled)", "llama_cpp_native": "llama.cpp (llama-bench)"}
+    step = next((r.get("step") for r in rows if r.get("impl") == "codex_lab_fast_decode"), None)
+    # the step each record ran: records before the ahead-of-time step have no "step" (torch.compile)
+    ours = "codex-lab FastDecoder (compiled ahead of time)" if step == "ahead of time" else "codex-lab FastDecoder (compiled)"
+    names = {"codex_lab_fast_decode": ours, "llama_cpp_native": "llama.cpp (llama-bench)"}
     out = ["| engine | wall ms/token (rounds) | CPU ms/token sampled | " + " | ".join(CATEGORIES) + " |",
            "|---" * (len(CATEGORIES) + 3) + "|"]
     for r in rows:
