@@ -456,8 +456,10 @@ print("small tasks:", plat.small_claim().describe())
 # The shipped reference run of this protocol (its verdicts are the claims' verdicts in the
 # report), when one is shipped: `python scripts/reference_l05_plateau.py` makes it (resumable).
 # It starts from a stronger base than this run's: the course's shipped pretrained model (4
-# layers, width 256), because a small base leaves every arm at the benchmark's floor, where no
-# comparison can be read. Its sizes are printed first.
+# layers, width 256), because the first run's small base left every arm at the benchmark's
+# floor, where no comparison can be read. Its sizes are printed first, then its arms' pass@1
+# (read them against that floor: a verdict says when both arms are still under it), and the
+# same claims on the other codebench 2 splits, each a shipped run of its own.
 
 # %%
 from codex_lab.reference import describe_provenance, load_reference
@@ -476,6 +478,9 @@ else:
     print(*reference_results(ref8["data"]).family_table(), sep="\n")  # where balancing moved which task
     print("this run agrees:", {"size": verdict8 == ref8["data"]["size"]["verdict"],
                                "small": plat.small_claim().verdict == ref8["data"]["small"]["verdict"]})
+    from codex_lab.lessons.l05_multitask.report import plateau_split_lines
+
+    print(*plateau_split_lines("iid"), sep="\n")
 
 # %% [markdown]
 # ## 8b. At equal budget, from scratch (secondary)

@@ -37,6 +37,8 @@ from codex_lab.measure import native_profile as npf
     ("python3.11", "main", "python"),
     ("[kernel.kallsyms]", "handle_softirqs", "os"),
     ("[unknown]", "0x00007f4b1785ea00", "unresolved"),
+    # an ahead-of-time package's library, whose kernels perf cannot name: not "runtime"
+    ("cjuhuwgv42bysf2yjmnvbczroejd5kbhwiyjozublotdvj3fuiet.wrapper.so", "[unknown]", "unresolved"),
 ])
 def test_functions_fall_in_their_category(dso: str, sym: str, cat: str) -> None:
     assert npf.native_category(dso, sym) == cat

@@ -76,6 +76,24 @@ def _decode(key: str, label: str) -> list[BenchFigure]:
     ]
 
 
+def _aot_decode(key: str, label: str) -> list[BenchFigure]:
+    """The decode step compiled ahead of time (FastDecoder ``compile="aot"``) in decode record
+    ``key``: its tokens/s and speed-up over the ``torch.compile``'d step of the same rounds, and its
+    int8 copy's tokens/s and speed-up over the float32 package."""
+    aot, jit = (("impl", "codex_lab_fast_decode_aot"),), (("impl", "codex_lab_fast_decode"),)
+    q = (("impl", "codex_lab_fast_decode_int8_aot"),)
+    head = rf"{label}, ahead of time: "
+    return [
+        BenchFigure(key, rf"({head}FastDecoder ){NUM}( tokens/s)", aot, "tokens_per_s"),
+        # speed-up = tokens/s of the package / tokens/s of the torch.compile'd step, same rounds
+        BenchFigure(key, rf"({head}[^|]*?\*\*){NUM}(x\*\* the `torch\.compile`d step's)", aot, "tokens_per_s", 2,
+                    over=jit),
+        BenchFigure(key, rf"({head}[^|]*?int8 copy ){NUM}( tokens/s)", q, "tokens_per_s"),
+        BenchFigure(key, rf"({head}[^|]*?int8 copy [^|]*?\*\*){NUM}(x\*\* the float32 package's)", q, "tokens_per_s", 2,
+                    over=aot),
+    ]
+
+
 def _serving(key: str, label: str) -> list[BenchFigure]:
     """TTFT and TBT p95 at 4, 8 and 16 streams of serving record ``key``."""
     out = []
@@ -88,12 +106,20 @@ def _serving(key: str, label: str) -> list[BenchFigure]:
 
 def _code_edit(key: str) -> list[BenchFigure]:
     """Prompt-lookup decoding against plain decoding on code edits."""
-    pl, plain = (("impl", "prompt_lookup_d16"),), (("impl", "plain_static_cache"),)
+    edit = (("scenario", "code_edit"),)  # the record also holds plain continuations (scenario code_continuation)
+    pl, plain = (*edit, ("impl", "prompt_lookup_d16")), (*edit, ("impl", "plain_static_cache"))
+    fast, pl_fast = (*edit, ("impl", "fast_decode_aot")), (*edit, ("impl", "prompt_lookup_fast_aot_d16"))
     return [
         BenchFigure(key, rf"(prompt lookup: \*\*){NUM}(x\*\* plain decoding)", pl, "speedup_vs_plain", 2),
         BenchFigure(key, rf"(prompt lookup: [^|]*?plain decoding \(){NUM}( vs )", pl, "tokens_per_s"),
         BenchFigure(key, rf"(prompt lookup: [^|]*?plain decoding \(\d+ vs ){NUM}( tokens/s\))", plain, "tokens_per_s"),
         BenchFigure(key, rf"(prompt lookup: [^|]*?acceptance ){NUM}(,)", pl, "acceptance_rate", 2),
+        # on the decoder compiled ahead of time: the guesses verified by its packages
+        BenchFigure(key, rf"(prompt lookup on the compiled decoder: \*\*){NUM}(x\*\* FastDecoder's)", pl_fast,
+                    "speedup_vs_fast_decode", 2),
+        BenchFigure(key, rf"(prompt lookup on the compiled decoder: [^|]*?\(){NUM}( vs )", pl_fast, "tokens_per_s"),
+        BenchFigure(key, rf"(prompt lookup on the compiled decoder: [^|]*?\(\d+ vs ){NUM}( tokens/s\))", fast,
+                    "tokens_per_s"),
     ]
 
 
@@ -251,6 +277,10 @@ def _single_stream(key: str) -> list[BenchFigure]:
                     "vs_fast_decode", 2),
         BenchFigure(key, rf"(one stream through `codex-lab serve`: [^|]*?HTTP adds ){NUM}( ms per token)", http,
                     "http_ms_per_token", 2),
+        BenchFigure(key, rf"(one stream through `codex-lab serve --engine-process`: ){NUM}( tokens/s)",
+                    (("impl", "serve_http_process"),), "tokens_per_s"),
+        BenchFigure(key, rf"(one stream through `codex-lab serve --engine-process`: [^|\n]*?\*\*){NUM}(x\*\* FastDecoder's)",
+                    (("impl", "serve_http_process"),), "vs_fast_decode", 2),
     ]
 
 
@@ -278,14 +308,17 @@ def _token_profile(key: str) -> list[BenchFigure]:
 
 def _native_profile(key: str) -> list[BenchFigure]:
     """Both engines' decode under Linux perf: wall and CPU ms per token, and the CPU ms of each one's
-    matmuls, attention, runtime (the code between kernels) and Python."""
+    matmuls, attention, runtime (the code between kernels), Python and code perf cannot name (an
+    ahead-of-time package's kernels); the ratios of FastDecoder's CPU time to llama.cpp's, in all
+    and outside the kernels (runtime and Python against llama.cpp's graph scheduling)."""
     out = []
     for who, name in ((("impl", "codex_lab_fast_decode"),), "FastDecoder"), ((("impl", "llama_cpp_native"),), "llama.cpp"):
         head = rf"(under perf, decode only: {name} "
         out += [BenchFigure(key, head + rf"){NUM}( ms per token)", who, "wall_ms_per_token", 2),
                 BenchFigure(key, head + rf"[^|;]*?CPU ){NUM}( ms)", who, "cpu_ms_per_token", 2)]
         for words, field in (("matmuls ", "matmul_ms_per_token"), ("attention ", "attention_ms_per_token"),
-                             ("runtime ", "runtime_ms_per_token"), ("Python ", "python_ms_per_token")):
+                             ("unnamed ", "unresolved_ms_per_token"), ("runtime ", "runtime_ms_per_token"),
+                             ("Python ", "python_ms_per_token")):
             out.append(BenchFigure(key, head + rf"[^|;]*?{words}){NUM}( ms)", who, field, 2))
 
     def ratio(*fields: str) -> Callable[[list[dict[str, Any]]], float]:
@@ -297,17 +330,30 @@ def _native_profile(key: str) -> list[BenchFigure]:
         return fn
 
     out += [
-        BenchFigure(key, rf"([Uu]nder perf, FastDecoder's matmuls take\s+\*\*){NUM}(x\*\* llama\.cpp's)", (), "",
-                    2, fn=ratio("matmul_ms_per_token")),
-        BenchFigure(key, rf"(Its attention takes \*\*){NUM}(x\*\* llama\.cpp's)", (), "", 2,
-                    fn=ratio("attention_ms_per_token")),
+        BenchFigure(key, rf"([Uu]nder perf, FastDecoder's decode takes\s+\*\*){NUM}(x\*\* llama\.cpp's CPU time)", (),
+                    "", 2, fn=ratio("cpu_ms_per_token")),
         BenchFigure(key, rf"(the interpreter around each step, takes\s+\*\*){NUM}(x\*\* llama\.cpp's graph scheduling)",
                     (), "", 1, fn=ratio("runtime_ms_per_token", "python_ms_per_token")),
     ]
     return out
 
 
+def _readme_peer() -> list[BenchFigure]:
+    """The README's one line on llama.cpp: batch-1 decode against llama-bench (F32, one thread, after
+    a 128-token prompt) and ``codex-lab serve`` against llama-server at one client and at eight."""
+    fd = (("scenario", "llama_cpp"), ("impl", "codex_lab_fast_decode"), ("prompt_len", 128))
+    return [
+        BenchFigure("llama_cpp", rf"(batch-1 decode after a 128-token prompt at \*\*){NUM}(x\*\* llama-bench's)", fd,
+                    "decode_ratio_vs_llama_native", 2),
+        BenchFigure("serving_llama_cpp", rf"(`codex-lab serve` at ){NUM}(x llama-server's with one client)",
+                    (("impl", "codex_lab_serve"), ("concurrency", 1)), "ratio_vs_llama_server", 2),
+        BenchFigure("serving_llama_cpp", rf"(llama-server's with one client and ){NUM}(x with eight)",
+                    (("impl", "codex_lab_serve"), ("concurrency", 8)), "ratio_vs_llama_server", 2),
+    ]
+
+
 BENCH_FIGURES: list[BenchFigure] = [
+    *_readme_peer(),
     *_llama_cpp("llama_cpp", "F32, 1 thread, ", streams=True),
     *_llama_cpp("llama_cpp_2threads", "F32, 2 threads, "),
     *_llama_cpp("llama_cpp_q8_0", "8-bit, 1 thread, "),
@@ -326,6 +372,7 @@ BENCH_FIGURES: list[BenchFigure] = [
     *_batching("batching_8slots", "8 slots"),
     *_decode("decode", "2 threads"),
     *_decode("decode_1thread", "1 thread"),
+    *_aot_decode("decode_1thread", "1 thread"),
     *_serving("serving", "prompts in the step,"),
     *_serving("serving_batched", "batched eager prefill,"),
     *_serving("serving_reference", "one forward per request,"),

@@ -77,7 +77,9 @@ def native_category(dso: str, symbol: str) -> str:
         return "python"
     if dso.startswith("[kernel") or dso.startswith("[vdso"):  # the operating system's own code
         return "os"
-    if symbol.startswith("0x") or dso in ("[unknown]", "[anon]", "[JIT]") or dso.startswith("[JIT"):
+    # no name to read: an address, perf's "[unknown]" (a library without symbols, such as an
+    # ahead-of-time package's kernels), or code with no file behind it
+    if symbol.startswith(("0x", "[unknown]")) or dso in ("[unknown]", "[anon]", "[JIT]") or dso.startswith("[JIT"):
         return "unresolved"
     if any(k in low for k in _ATTENTION):
         return "attention"
