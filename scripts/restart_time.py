@@ -61,8 +61,9 @@ def time_to_ready(cache: str, extra: list[str], timeout_s: float) -> dict:
                 out.setdefault("live_s", now)
                 if h["phase"] != "starting":
                     out.setdefault("loaded_s", now)
+                cache = h["compile"]["cache"]  # its folder is left out: a temporary path is no record
                 out.update(phase=h["phase"], graphs=f"{h['compile']['graphs_done']}/{h['compile']['graphs_total']}",
-                           cache=h["compile"]["cache"])
+                           cache={k: v for k, v in cache.items() if k != "dir"})
                 if h["phase"] == "degraded" or client.get(url + "/ready").status_code == 200:
                     out["ready_s"] = round(time.perf_counter() - t0, 2)
                     break
