@@ -56,8 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "as soon as the model is loaded. By default the faster fixed-shape step compiles in the "
                         "background (three graphs with the weights frozen and Inductor's C++ GEMM template: the "
                         "batch, the batch with arriving prompts, a request alone; GET /health shows graphs done / "
-                        "total), compiled ahead of time and kept in the compile cache: the first start builds them "
-                        "(a minute or two on 2 cores), a restart loads them in seconds; the compiled step replaces "
+                        "total), compiled ahead of time and kept in the compile cache: the first start builds them, "
+                        "a restart loads them (docs/PERFORMANCE.md has the times); the compiled step replaces "
                         "the eager one when every graph is there")
     p.add_argument("--engine-process", action="store_true",
                    help="run the engine in a process of its own: HTTP parsing and SSE writing never wait on the "
