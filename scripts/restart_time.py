@@ -10,7 +10,7 @@ GET /health and GET /ready and prints the seconds from the command to:
 - ready:   GET /ready 200 (the compiled graphs serve),
 
 with the graphs compiled and the load average at the start. A benchmark, not a test: run it on
-a quiet machine (the issue's target: ready < 15 s warm on 2 quiet cores) and say the load.
+a quiet machine (the goal: ready < 15 s warm on 2 quiet cores, docs/PERFORMANCE.md) and say the load.
 
     python scripts/restart_time.py [--cache DIR] [--runs cold,warm] [--json] [-- extra serve flags]
 """

@@ -10,7 +10,7 @@ total and active parameters, forward FLOPs per token (2 * active), the threads u
 the machine's 1-minute load average when the size was timed (above the core count, the
 timings are "under load": other processes shared the cores, so compare ratios within one
 run, never milliseconds across runs). The grouped row carries ``speedup_vs_fastest_hf``
-(medians, the issue's goal) and ``speedup_vs_fastest_hf_best`` (each path's fastest round,
+(medians, the goal's figure) and ``speedup_vs_fastest_hf_best`` (each path's fastest round,
 the steadier figure when other processes come and go).
 """
 
