@@ -152,3 +152,8 @@ def test_the_native_record_prints_both_engines_or_says_how_to_measure_it() -> No
     assert "recorded 2026-01-01, not this run" in text
     assert "| codex-lab FastDecoder (compiled) | 0.800 (0.700-0.900) | 0.750 | 0.500 | 0.000" in text
     assert "`cpp_fused_mm_0_micro_gemm` 0.500 (matmul)" in text
+    assert "unresolved: code perf cannot name" not in text  # a torch.compile record: its kernels have names
+    aot = {**rec, "rows": [{**row, "step": "ahead of time"}]}
+    text = native_profile_lines({"native_profile": aot})
+    assert "| codex-lab FastDecoder (compiled ahead of time) |" in text
+    assert "unresolved: code perf cannot name; for FastDecoder, the ahead-of-time package's library" in text

@@ -326,6 +326,9 @@ def native_lines(rows: list[dict[str, Any]]) -> list[str]:
         if "impl" in r:
             tops = "; ".join(f"`{name.split(': ', 1)[-1][:50]}` {ms:.3f} ({cat})" for name, ms, cat in r["top_functions"][:5])
             out.append(f"- top functions, {names.get(r['impl'], r['impl'])} (ms per token): {tops}")
+    if step == "ahead of time":  # what "unresolved" holds there, so 0.000 matmuls does not read as none
+        out.append("- unresolved: code perf cannot name; for FastDecoder, the ahead-of-time package's library "
+                   "(its matmuls, attention and the code between them, as one figure)")
     return out
 
 

@@ -154,7 +154,6 @@ class CompiledPagedStep:
         # ahead-of-time packages of the frozen-weight shapes: rows -> loaded package (``aot``)
         self.aot = aot and self.device.type == "cpu"
         self.packages: dict[int, Any] = {}  # public: what a server reports
-        self.aot_from_disk: dict[int, bool] = {}  # rows -> True when its package was loaded, not built
         self._background = False  # True while warmup_background compiles: every step runs eagerly
         self.ready = threading.Event()  # set when the compiled graphs serve (or compiling gave up)
         sparse_flex = model.cfg.attn_impl == "flex" and any(not layer.attn.pattern.is_dense for layer in model.layers)
@@ -186,6 +185,11 @@ class CompiledPagedStep:
         self.options = dict(options)
         self.dynamic_blocks = bool(self.options.get("freezing"))
         self._fn = self._counted(self._step, dynamic=None if self.dynamic_blocks else False, options=self.options)
+
+    @property
+    def aot_from_disk(self) -> dict[int, bool]:
+        """Rows -> True when that shape's ahead-of-time package was loaded from the cache, not built."""
+        return {rows: p.from_disk for rows, p in self.packages.items()}
 
     @property
     def compiled(self) -> bool:
@@ -364,7 +368,7 @@ class CompiledPagedStep:
             self.compile_error = f"ahead of time: {type(exc).__name__}: {str(exc)[:200]}; compiled with torch.compile"
             self.aot = False
             return False
-        self.packages[rows], self.aot_from_disk[rows] = got, got.from_disk
+        self.packages[rows] = got
         return True
 
     def _has(self, rows: int, nb: int) -> bool:
