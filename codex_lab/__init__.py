@@ -78,7 +78,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "nn.sparse_native": ('native_status',),
     "nn.moe_native": ('moe_native_status',),
     "infer.speculative": ('SpecStats', 'expected_speedup', 'expected_tokens_per_round', 'speculative_generate'),
-    "infer.prompt_lookup": ('lookup_draft', 'prompt_lookup_generate', 'verify_sizes'),
+    "infer.prompt_lookup": ('draft_length', 'lookup_draft', 'prompt_lookup_generate', 'verify_costs', 'verify_sizes'),
     "lessons.l06_inference.draft": ('load_draft',),
     "infer.fast_decode": ('FastDecoder',),
     "infer.aot_step": ('AotStep', 'aot_package', 'aot_step'),

@@ -827,8 +827,11 @@ print(f"second decoder: package {'loaded from disk' if again.aot_from_disk else 
 #   with no dynamo frame or guard inside a step, kept in the compile cache so a later process
 #   loads it in milliseconds instead of compiling (`cl.aot_step`; `codex-lab generate --aot`).
 #   Its `verify` step takes the last token and the guesses padded to one of a few fixed sizes
-#   (`cl.verify_sizes`: 1, 2, 4, ... guesses), so prompt lookup runs on the compiled path too (`cl.prompt_lookup_generate` given the decoder; `--scenarios code_edit` times both
-#   beside the eager rows, tokens compared);
+#   (`cl.verify_sizes`: 1, 2, 4, ... guesses), so prompt lookup runs on the compiled path too
+#   (`cl.prompt_lookup_generate` given the decoder; `--scenarios code_edit` times both beside
+#   the eager rows, tokens compared). There a verify is not free: each size's call is timed once
+#   (`cl.verify_costs`), and each round verifies only the guesses that pay, the count with the
+#   most expected tokens per millisecond at the acceptance seen so far (`cl.draft_length`);
 # - `cl.Engine(..., compile=True)`: the batch is padded to `max_batch_size` rows (padding
 #   rows write a scratch block no request owns) and each block table to a *bucket* (1, 1.5,
 #   2, 3, 4, ... times 128 tokens), one graph per bucket, compiled before serving

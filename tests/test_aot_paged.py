@@ -7,6 +7,7 @@ says why."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from codex_lab.infer.engine.loop import Engine
@@ -87,6 +88,12 @@ def test_the_paged_package_key_follows_what_the_code_depends_on(tok):
     with torch.no_grad():
         next(other.parameters()).add_(1e-3)  # other weights: another package
     assert paged_package_key(PagedSpec(**{**base, "model": other})) != key
+    # other source for the step (an older checkout of the course): another package
+    import codex_lab.infer.engine.runner.aot_paged as ap
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ap, "code_digest", lambda: "0" * 64)
+        assert paged_package_key(PagedSpec(**base)) != key
 
 
 def test_a_package_that_cannot_be_built_falls_back_to_torch_compile_and_says_why(tok, monkeypatch):

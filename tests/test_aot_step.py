@@ -5,6 +5,7 @@ its code depends on, and refused where it cannot run."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,6 +69,35 @@ def test_the_package_key_follows_what_the_code_depends_on():
         next(other.parameters())[0, 0] += 1e-3  # one weight moved: another model, another package
     assert weights_digest(other) != weights_digest(m)
     assert package_key(FastDecoder(other, compile=False, attention="one_query"), "next", {}) != key
+    import codex_lab.infer.aot_step as aot
+
+    with pytest.MonkeyPatch.context() as mp:  # other source for the step (an older checkout): another package
+        mp.setattr(aot, "code_digest", lambda: "0" * 64)
+        assert package_key(d, "next", {}) != key
+
+
+def test_the_code_digest_covers_the_steps_source(tmp_path, monkeypatch):
+    """The digest reads the layers and the decoder's step: a changed line there gives another key."""
+    import codex_lab.infer.aot_step as aot
+
+    digest = aot.code_digest()
+    src = Path(aot.__file__).resolve().parent.parent  # codex_lab/
+    copy = tmp_path / "codex_lab"
+    for sub in ("nn", "infer"):
+        for f in (src / sub).rglob("*.py"):
+            (copy / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            (copy / f.relative_to(src)).write_bytes(f.read_bytes())
+    fake = copy / "infer" / "aot_step.py"
+    monkeypatch.setattr(aot, "__file__", str(fake))
+    aot.code_digest.cache_clear()
+    try:
+        assert aot.code_digest() == digest  # the same files: the same digest
+        layers = copy / "nn" / "attention.py"
+        layers.write_text(layers.read_text() + "\n# one more line\n")
+        aot.code_digest.cache_clear()
+        assert aot.code_digest() != digest
+    finally:
+        aot.code_digest.cache_clear()
 
 
 def test_a_folder_others_can_write_is_refused(tmp_path):
@@ -166,22 +196,76 @@ def test_prompt_lookup_on_the_fast_decoder_gives_greedy_tokens(compile, cache_di
     prompt = copying_prompt()
     want, _ = generate_ids(m, prompt, max_new_tokens=24, cache="static")
     dec = FastDecoder(m, compile=compile)
-    got, reason, st = prompt_lookup_generate(dec, prompt, max_new_tokens=24, num_draft=4)
+    got, reason, st = prompt_lookup_generate(dec, prompt, max_new_tokens=24, num_draft=4)  # costs measured
+    assert got == want and reason == "length"
+    # every verify as cheap as a plain step: each round verifies every guess found
+    free = {0: 1.0, 1: 1.0, 2: 1.0, 4: 1.0}
+    got, reason, st = prompt_lookup_generate(dec, prompt, max_new_tokens=24, num_draft=4, draft_costs=free)
     assert got == want and reason == "length"
     assert st.accepted > 0 and st.rejections > 0, st
     # the same rounds as the plain-model prompt lookup: same drafts, same acceptances
     _, _, ref = prompt_lookup_generate(m, prompt, max_new_tokens=24, num_draft=4)
     assert (st.accepted, st.rejections, st.target_calls) == (ref.accepted, ref.rejections, ref.target_calls)
+    # every verify dearer than the tokens it could bring (5 plain steps for at most 5 tokens): no round drafts
+    dear = {0: 1.0, 1: 2.0, 2: 3.0, 4: 5.0}
+    got, _, st = prompt_lookup_generate(dec, prompt, max_new_tokens=24, num_draft=4, draft_costs=dear)
+    assert got == want and st.rounds == 0 and st.target_calls == 24, st
     if compile == "aot":
         assert dec.compiled and not dec.compile_error
     else:  # every verify padded to the smallest size that holds its guesses, never past num_draft + 1
         shapes: list[int] = []
         real = FastDecoder.verify
         monkeypatch.setattr(FastDecoder, "verify", lambda self, x, pos: shapes.append(x.shape[1]) or real(self, x, pos))
-        assert prompt_lookup_generate(FastDecoder(m, compile=False), prompt, max_new_tokens=24, num_draft=4)[0] == want
+        assert prompt_lookup_generate(FastDecoder(m, compile=False), prompt, max_new_tokens=24, num_draft=4,
+                                      draft_costs=free)[0] == want
         assert shapes and set(shapes) <= {2, 3, 5} and min(shapes) < 5, shapes  # 1, 2 or 4 guesses + the last token
     with pytest.raises(ValueError, match="max_len >= "):
         prompt_lookup_generate(FastDecoder(m, compile=False, max_len=40), prompt, max_new_tokens=10, num_draft=8)
+    with pytest.raises(ValueError, match="give 0 \\(a plain step\\) and each of"):
+        prompt_lookup_generate(dec, prompt, max_new_tokens=10, num_draft=4, draft_costs={0: 1.0, 4: 1.0})
+    with pytest.raises(ValueError, match="a model's forward verifies every guess"):
+        prompt_lookup_generate(m, prompt, max_new_tokens=10, num_draft=4, draft_costs=free)
+
+
+def test_draft_length_verifies_the_guesses_that_pay():
+    """Expected tokens per ms decides: E[tokens of g guesses] = (1 - a^(g+1)) / (1 - a) over the
+    verify size's cost, against one token per plain step. Each case has a neighbour that flips it."""
+    from codex_lab.infer.prompt_lookup import draft_length
+
+    costs = {0: 1.0, 1: 1.3, 2: 1.6, 4: 1.8, 8: 4.0}  # the shape of the shipped model's measured costs
+    # a = 0.8: 4 guesses bring 3.36 tokens for 1.8 (1.87 per unit), 8 bring 4.33 for 4.0 (1.08)
+    assert draft_length(9, 0.8, costs) == (4, 4)
+    assert draft_length(3, 0.8, costs) == (3, 4)  # 3 found: padded to size 4, the smallest that holds them
+    assert draft_length(0, 0.8, costs) == (0, 0)  # nothing found: a plain step
+    # a = 0.1: the best verify (1 guess: 1.1 tokens for 1.3) loses to a plain step
+    assert draft_length(9, 0.1, costs) == (0, 0)
+    # verify as cheap as a plain step: every guess pays, up to the largest size
+    assert draft_length(9, 0.1, dict.fromkeys(costs, 1.0)) == (8, 8)
+    with pytest.raises(ValueError, match="key 0"):
+        draft_length(3, 0.5, {1: 1.0})
+
+
+def test_the_acceptance_estimate_recovers_through_plain_steps(monkeypatch):
+    """Started pessimistic (a = 0.1: no verify pays), the rounds are plain steps; each still judges
+    the first guess found against the token the step produced, so on a prompt that copies itself
+    the estimate rises and verifies begin. Without those free judgements no round would draft."""
+    import codex_lab.infer.prompt_lookup as pl
+    from codex_lab.infer.generate import generate_ids
+
+    m = model()
+    prompt = copying_prompt()  # 27 tokens; the model's context is 64
+    want, _ = generate_ids(m, prompt, max_new_tokens=32, cache="static")
+    costs = {0: 1.0, 1: 1.3, 2: 1.6, 4: 1.8}
+    monkeypatch.setattr(pl, "ACCEPT_PRIOR", (0.1, 0.9))
+    dec = FastDecoder(m, compile=False)
+    got, _, st = pl.prompt_lookup_generate(dec, prompt, max_new_tokens=32, num_draft=4, draft_costs=costs)
+    assert got == want and st.rounds > 0 and st.accepted > 0, st
+    # the counterfactual: guesses that are always wrong (a token greedy decoding never emits here)
+    # keep the estimate low, and no round drafts
+    wrong = next(t for t in range(m.cfg.vocab_size) if t not in want)
+    monkeypatch.setattr(pl, "lookup_draft", lambda tokens, num_draft, **kw: [wrong] * num_draft)
+    got2, _, st2 = pl.prompt_lookup_generate(dec, prompt, max_new_tokens=32, num_draft=4, draft_costs=costs)
+    assert got2 == want and st2.rounds == 0 and st2.target_calls == 32, st2
 
 
 def test_the_int8_copy_compiled_ahead_of_time_stays_as_close_to_float32_as_its_eager_step(cache_dir, monkeypatch):

@@ -91,6 +91,12 @@ def test_load_in_a_process_of_its_own(small_tokenizer):
     try:
         s = run_load_in_process(bg.url, concurrency=2, requests=4, max_tokens=4, progress=False)
         assert s["requests_ok"] == 4 and s["errors"] == 0 and s["ttft_p95_ms"] > 0 and s["tokens_per_s"] > 0
+        assert "texts" not in s  # only when asked
+        # the prompts in turn, each answer's text kept: every prompt once, then the first two again
+        t = run_load_in_process(bg.url, concurrency=1, requests=5, max_tokens=4, progress=False, cycle_prompts=True,
+                                prompts=["def f():", "x = 1", "import os"], with_texts=True)["texts"]
+        assert sorted((p, len(ts)) for p, ts in t.items()) == [("def f():", 2), ("import os", 1), ("x = 1", 2)]
+        assert t["def f():"][0] == t["def f():"][1]  # greedy: the same prompt, the same answer
     finally:
         bg.stop()
     with pytest.raises(RuntimeError, match="load test failed: ValueError: .*only targets this machine"):
@@ -138,3 +144,33 @@ def test_bench_serving_against_a_real_llama_server(tmp_path, small_tokenizer):
             next(x for x in rows if x["impl"] == "codex_lab_serve")["tokens_per_s"]
             / next(x for x in rows if x["impl"] == "llama_server")["tokens_per_s"])
     assert next(r for r in rows if r["impl"] == "llama_server")["llama_version"]  # what --version printed
+    for r in rows:  # the answers were compared: under load, batched against alone, and across the servers
+        assert r["answers_under_load"] == 4 and r["answers_batched"] == 6  # 3 batches of 2 hold the 5 prompts
+        assert r["answers_compared"] == 5 and len(r["answers_differ"]) == 5 - r["answers_same_as_peer"]
+
+
+def test_answer_checks_are_per_request_and_across_servers():
+    """Batching must not change an answer (checked per request: swapped answers fail), and the
+    two servers' answers are compared prompt by prompt, naming where they part."""
+    from codex_lab.lessons.l07_serving.bench import answer_checks, consistent_answers
+
+    alone = {"codex_lab_serve": {"a": ["1 2 3"], "b": ["x y"]}, "llama_server": {"a": ["1 2 3"], "b": ["x z"]}}
+    batched = {"codex_lab_serve": {"a": ["1 2 3", "1 2 3"], "b": ["x y"]},
+               "llama_server": {"a": ["1 2 3"], "b": ["x z"]}}
+    got = answer_checks(alone, batched)
+    assert (got["codex_lab_serve"]["answers_batched_same_as_alone"], got["codex_lab_serve"]["answers_batched"]) == (3, 3)
+    assert got["codex_lab_serve"]["answers_same_as_peer"] == got["llama_server"]["answers_same_as_peer"] == 1
+    assert got["codex_lab_serve"]["answers_compared"] == 2
+    assert got["codex_lab_serve"]["answers_differ"] == {"b": 2}  # "x y" and "x z" part at character 2
+    # the counterfactual: the batch swapped the two answers (the set of texts is unchanged)
+    swapped = {**batched, "codex_lab_serve": {"a": ["x y"], "b": ["1 2 3"]}}
+    assert answer_checks(alone, swapped)["codex_lab_serve"]["answers_batched_same_as_alone"] == 0
+    # equal answers on both servers: nothing differs
+    same = {**alone, "llama_server": alone["codex_lab_serve"]}
+    assert answer_checks(same, batched)["llama_server"] == {"answers_batched_same_as_alone": 1, "answers_batched": 2,
+                                                            "answers_same_as_peer": 2, "answers_compared": 2,
+                                                            "answers_differ": {}}
+    # a missing answer (an error on one server) is a difference at character 0
+    assert answer_checks({**alone, "llama_server": {"a": ["1 2 3"]}}, batched)["codex_lab_serve"]["answers_differ"] == {"b": 0}
+    assert consistent_answers([{"a": ["1", "1"]}, {"a": ["1"], "b": ["2"]}]) == (4, 4)
+    assert consistent_answers([{"a": ["1", "1"]}, {"a": ["3"]}]) == (2, 3)

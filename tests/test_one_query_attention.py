@@ -33,6 +33,28 @@ def test_one_query_attention_equals_sdpa(h: int, hkv: int) -> None:
     torch.testing.assert_close(one_query_attention(q, k, v2, allowed), got)
 
 
+@pytest.mark.parametrize("h,hkv,per_row", [(4, 4, False), (4, 2, False), (6, 1, True)])
+def test_a_few_queries_equal_sdpa_under_a_causal_mask(h: int, hkv: int, per_row: bool) -> None:
+    """A speculative verify's T = 5 queries (positions 10-14) over the cache: each sees the filled
+    slots up to its own position, so query t's output must not depend on a slot past it."""
+    g = torch.Generator().manual_seed(h * 10 + hkv)
+    B, T, L, D = 2, 5, 23, 16
+    q = torch.randn(B, h, T, D, generator=g)
+    k, v = torch.randn(B, hkv, L, D, generator=g), torch.randn(B, hkv, L, D, generator=g)
+    pos, slots = torch.arange(10, 10 + T), torch.arange(L)
+    allowed = slots[None, :] <= pos[:, None]  # (T, L): causal over the cache
+    mask = allowed[None, None].expand(B, 1, T, L) if per_row else allowed  # (B, 1, T, L) or (T, L)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None, None], enable_gqa=h != hkv)
+    got = one_query_attention(q, k, v, mask)
+    assert got.shape == want.shape == (B, h, T, D)
+    # float32, the same sums in another order: a few units in the last place of O(1) values
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    v2 = v.clone()
+    v2[:, :, 12] += 100.0  # slot 12: seen by the queries at 12-14, hidden from those at 10 and 11
+    moved = (one_query_attention(q, k, v2, mask) - got).abs().amax(dim=(0, 1, 3))  # (T,)
+    assert (moved[:2] == 0).all() and (moved[2:] > 1).all(), moved
+
+
 @pytest.mark.parametrize("kw", [{}, {"n_kv_head": 2, "attn_patterns": ["window:6", "dense"]}])
 def test_both_attentions_decode_the_cached_generators_tokens(kw) -> None:
     torch.manual_seed(1)

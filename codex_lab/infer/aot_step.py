@@ -15,8 +15,8 @@ package share one cache. Tokens equal the eager step's (tests/test_aot_step.py).
 
 Packages are kept in :func:`~codex_lab.infer.compile_cache.compile_cache_dir` ``/aoti``, keyed by
 everything the generated code depends on (:func:`package_key`): the weights' bytes, the model's
-configuration, the batch, the cache's slots, the attention, what the step returns, the Inductor
-options, the torch build and the math-thread count. A package is only loaded from a folder that
+configuration, the step's source (:func:`code_digest`), the batch, the cache's slots, the
+attention, what the step returns, the Inductor options, the torch build and the math-thread count. A package is only loaded from a folder that
 passes :func:`~codex_lab.infer.compile_cache.private_folder` (a planted package would be code this
 process runs); otherwise it is built into a private temporary folder and not reused.
 
@@ -35,6 +35,7 @@ child could not rebuild the step: when the decoder's or a module's class is defi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -87,9 +88,22 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """sha256 of the source the exported steps are traced from: every module of ``codex_lab.nn``
+    (the layers, attention, int8) and of ``codex_lab.infer`` (the decoder's step, the serving
+    engine's paged step). A package built by other code (an older checkout of the course) is
+    not loaded: its step may compute something else."""
+    root = Path(__file__).resolve().parent.parent  # codex_lab/
+    h = hashlib.sha256()
+    for f in sorted([*(root / "nn").rglob("*.py"), *(root / "infer").rglob("*.py")]):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def package_key(decoder: Any, kind: str, options: dict[str, Any], tokens: int = 1) -> str:
     """What the generated code depends on, hashed (see the module docstring)."""
-    blob = json.dumps({"weights": weights_digest(decoder.model), "config": repr(decoder.model.cfg),
+    blob = json.dumps({"weights": weights_digest(decoder.model), "config": repr(decoder.model.cfg), "code": code_digest(),
                        "batch": decoder.batch, "slots": decoder.max_len, "attention": decoder.attention, "kind": kind,
                        "tokens": tokens,
                        "options": {k: repr(v) for k, v in sorted(options.items())}, "torch": torch.__version__,

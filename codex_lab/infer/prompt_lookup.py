@@ -12,17 +12,27 @@ nothing matches, the round is an ordinary one-token decode step.
 
 It pays when the continuation copies the context (edits, refactors, reformatting, quoting)
 and costs a little when it does not (a longer verify forward for guesses that fail).
+
+On the compiled decoder a verify forward is not free: on a 2-core CPU a step over 17 tokens
+took 7.4x a one-token step (the matmuls are no longer memory-bound), so verifying every guess
+found costs more than the single steps it saves (0.90x, 2026-12-07). There the round verifies
+only as many guesses as pay: :func:`draft_length` picks the count that maximises expected
+tokens per millisecond, from each verify shape's measured cost (:func:`verify_costs`) and the
+acceptance rate seen so far in this generation.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import statistics
+import time
+import weakref
+from typing import Mapping, Sequence
 
 import torch
 
 from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.infer.generate import cached_logits, make_caches
-from codex_lab.infer.speculative import SpecStats
+from codex_lab.infer.speculative import SpecStats, expected_tokens_per_round
 from codex_lab.nn.model import CodexModel
 
 
@@ -58,6 +68,74 @@ def verify_sizes(num_draft: int) -> list[int]:
     return sizes + [num_draft]
 
 
+# the acceptance estimate a round's draft length is chosen from: Laplace-like pseudo-counts
+# (accepted guesses, rejections) before any round, a = 2 / 3, so the first round drafts when a
+# verify of a few guesses costs under ~1.5 plain steps (it then learns from what happens); each
+# round's counts are added after the old ones decay by ACCEPT_DECAY (an effective memory of ~10
+# rounds: a copy that starts or ends mid-generation moves the estimate within a few rounds)
+ACCEPT_PRIOR = (2.0, 1.0)
+ACCEPT_DECAY = 0.9
+
+
+def draft_length(found: int, acceptance: float, costs: Mapping[int, float]) -> tuple[int, int]:
+    """How many of the ``found`` guesses one round verifies, and the verify size it pads them to.
+
+    ``costs``: milliseconds of one target call by guess count (0: a plain one-token step, s > 0:
+    a verify over s guesses + 1, padded guesses included). With each guess accepted with
+    probability ``acceptance``, a verify of g guesses emits (1 - a^(g+1)) / (1 - a) tokens on
+    average; the round takes the size s (and g = min(s, found) guesses) with the most expected
+    tokens per millisecond, or (0, 0), a plain step, when none beats 1 / costs[0]. Nothing here
+    changes the tokens emitted (every one is the target's greedy token), only how fast.
+    """
+    if 0 not in costs:
+        raise ValueError("costs needs the plain step's cost at key 0")
+    if found < 0 or not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"need found >= 0 and acceptance in [0, 1], got {found}, {acceptance}")
+    best, pick = 1.0 / costs[0], (0, 0)  # a plain step: one token per its cost
+    for s in sorted(k for k in costs if k > 0):
+        g = min(s, found)
+        if g == 0:
+            continue
+        # tokens per ms = E[tokens of a round with g guesses] / the cost of verify size s
+        rate = expected_tokens_per_round(acceptance, g) / costs[s]
+        if rate > best:
+            best, pick = rate, (g, s)
+    return pick
+
+
+_COSTS: "weakref.WeakKeyDictionary[FastDecoder, dict[tuple[int, ...], dict[int, float]]]" = weakref.WeakKeyDictionary()
+
+
+@torch.no_grad()
+def verify_costs(decoder: FastDecoder, sizes: Sequence[int], calls: int = 15) -> dict[int, float]:
+    """Milliseconds of one call of ``decoder``'s plain step (key 0) and of its verify step at each
+    of ``sizes`` guesses (the median of ``calls`` calls after one that builds or loads the
+    package), measured once per decoder and sizes and then remembered. The calls write the cache's
+    first slots, which the next prefill overwrites (call it between generations, not inside one)."""
+    key = tuple(sizes)
+    got = _COSTS.setdefault(decoder, {})
+    if key in got:
+        return got[key]
+    dev = decoder.slots.device
+    if max(key) + 1 > decoder.max_len:
+        raise ValueError(f"a verify of {max(key)} guesses needs {max(key) + 1} slots; the decoder has {decoder.max_len}")
+    fns = {0: lambda: decoder.decode_step(torch.tensor([[1]], device=dev), torch.tensor([0], device=dev))}
+    for s in key:
+        fns[s] = (lambda n: lambda: decoder.verify(torch.ones(1, n, dtype=torch.long, device=dev),
+                                                   torch.arange(n, device=dev)))(s + 1)
+    costs = {}
+    for s, fn in fns.items():
+        fn()  # builds or loads the package
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        costs[s] = statistics.median(times) * 1000.0
+    got[key] = costs
+    return costs
+
+
 @torch.no_grad()
 def accept_greedy(guesses: Sequence[int], preds: Sequence[int], stats: SpecStats) -> tuple[list[int], int]:
     """One verify round's greedy rule: accept the guesses up to the first that differs from the
@@ -87,12 +165,16 @@ def prompt_lookup_generate(
     max_ngram: int = 3,
     min_ngram: int = 1,
     eos_id: int | None = None,
+    draft_costs: Mapping[int, float] | None = None,
 ) -> tuple[list[int], str, SpecStats]:
     """Greedy generation of ``target`` with drafts copied from the context.
 
-    ``target``: a model (its forward over a static cache, rolled back after a rejection), or a
-    :class:`~codex_lab.infer.fast_decode.FastDecoder` (its compiled steps: :func:`_on_decoder`).
-    Returns (new ids, finish reason, stats) where the ids equal
+    ``target``: a model (its forward over a static cache, rolled back after a rejection: every
+    guess found is verified), or a :class:`~codex_lab.infer.fast_decode.FastDecoder` (its
+    compiled steps: :func:`_on_decoder`, each round verifying as many guesses as pay,
+    :func:`draft_length`). ``draft_costs``: the decoder's call costs in ms by guess count (0: a
+    plain step; the keys must be 0 and :func:`verify_sizes` ``(num_draft)``); None measures them
+    (:func:`verify_costs`). Returns (new ids, finish reason, stats) where the ids equal
     ``generate_ids(model, prompt_ids, max_new_tokens=..., eos_id=...)``. ``stats.rounds``
     counts verify forwards that carried at least one guess; ``acceptance_rate`` is over them.
     """
@@ -103,7 +185,9 @@ def prompt_lookup_generate(
     draft = dict(max_new_tokens=max_new_tokens, num_draft=num_draft, max_ngram=max_ngram, min_ngram=min_ngram,
                  eos_id=eos_id)
     if isinstance(target, FastDecoder):
-        return _on_decoder(target, prompt_ids, **draft)
+        return _on_decoder(target, prompt_ids, costs=draft_costs, **draft)
+    if draft_costs is not None:
+        raise ValueError("draft_costs cut the drafts on a FastDecoder; a model's forward verifies every guess found")
     return _on_model(target, prompt_ids, **draft)
 
 
@@ -149,12 +233,16 @@ def _on_model(target: CodexModel, prompt_ids: Sequence[int], *, max_new_tokens: 
 
 
 def _on_decoder(decoder: FastDecoder, prompt_ids: Sequence[int], *, max_new_tokens: int, num_draft: int,
-                max_ngram: int, min_ngram: int, eos_id: int | None) -> tuple[list[int], str, SpecStats]:
+                max_ngram: int, min_ngram: int, eos_id: int | None,
+                costs: Mapping[int, float] | None) -> tuple[list[int], str, SpecStats]:
     """:func:`prompt_lookup_generate` on :class:`~codex_lab.infer.fast_decode.FastDecoder`'s
     static cache, its compiled steps (``compile="aot"``: one package for a single token, one per
-    verify shape). The guesses are padded to the smallest of :func:`verify_sizes` that holds them
-    (1, 2, 4, 8, ... up to ``num_draft``), so a round that found 3 guesses verifies 5 tokens, not
-    ``num_draft + 1``, and the compiled shapes stay few. A round with no guess is a plain decode step. Nothing is rolled
+    verify shape). Each round verifies the guesses that pay (:func:`draft_length`, from
+    ``costs`` and the acceptance so far: the decayed counts of :data:`ACCEPT_PRIOR`), padded to
+    one of :func:`verify_sizes` (1, 2, 4, 8, ... up to ``num_draft``), so a round that keeps 3
+    guesses verifies 5 tokens, not ``num_draft + 1``, and the compiled shapes stay few. A round
+    with no guess kept is a plain decode step (which still judges the first guess found, so the
+    estimate recovers when a copy begins). Nothing is rolled
     back after a rejection: the slots past the accepted tokens are overwritten before any query
     reads them (:meth:`~codex_lab.infer.fast_decode.FastDecoder.verify`). The decoder's
     ``max_len`` must hold the prompt, the new tokens and ``num_draft`` more (the padded guesses'
@@ -170,6 +258,11 @@ def _on_decoder(decoder: FastDecoder, prompt_ids: Sequence[int], *, max_new_toke
     if max_new_tokens == 0:
         return [], "length", stats
     sizes = verify_sizes(num_draft)
+    if costs is None:
+        costs = verify_costs(decoder, sizes)  # before the prefill: its calls write slots the prefill overwrites
+    elif set(costs) != {0, *sizes}:
+        raise ValueError(f"draft_costs has keys {sorted(costs)}; give 0 (a plain step) and each of {sizes}")
+    ok, bad = ACCEPT_PRIOR  # the acceptance estimate's pseudo-counts: accepted guesses, rejections
     dev = decoder.slots.device
     nxt, _ = decoder.prefill(torch.tensor([list(prompt_ids)], device=dev))
     first = int(nxt[0])
@@ -180,9 +273,11 @@ def _on_decoder(decoder: FastDecoder, prompt_ids: Sequence[int], *, max_new_toke
     while len(tokens) - T < max_new_tokens:
         L = len(tokens)  # the cache holds positions 0 .. L-2
         room = max_new_tokens - (L - T) - 1  # never emit past max_new_tokens
-        guesses = lookup_draft(tokens, max_ngram=max_ngram, min_ngram=min_ngram, num_draft=min(num_draft, room)) if room else []
+        found = lookup_draft(tokens, max_ngram=max_ngram, min_ngram=min_ngram, num_draft=min(num_draft, room)) if room else []
+        # a = accepted / (accepted + rejections): the per-guess acceptance, decayed counts
+        keep, size = draft_length(len(found), ok / (ok + bad), costs)
+        guesses = found[:keep]
         if guesses:
-            size = next(n for n in sizes if n >= len(guesses))  # the smallest compiled shape that holds them
             padded = guesses + [guesses[-1]] * (size - len(guesses))
             x = torch.tensor([[tokens[-1]] + padded], device=dev)  # (1, size + 1)
             # preds[i] = the target's greedy token after tokens + guesses[:i]
@@ -191,6 +286,10 @@ def _on_decoder(decoder: FastDecoder, prompt_ids: Sequence[int], *, max_new_toke
             preds = [int(decoder.decode_step(torch.tensor([[tokens[-1]]], device=dev),
                                              torch.tensor([L - 1], device=dev))[0])]
         new, k = accept_greedy(guesses, preds, stats)
+        if guesses:
+            ok, bad = ACCEPT_DECAY * ok + k, ACCEPT_DECAY * bad + (k < len(guesses))
+        elif found:  # a plain step still judges the first guess found, for free: the estimate keeps learning
+            ok, bad = ACCEPT_DECAY * ok + (found[0] == new[0]), ACCEPT_DECAY * bad + (found[0] != new[0])
         for tok in new:
             if eos_id is not None and tok == eos_id:
                 return tokens[T:], "stop", stats

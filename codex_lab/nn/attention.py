@@ -64,26 +64,37 @@ _ATTENTION_IMPLS: dict[str, AttentionFn] = {"reference": attention_reference, "s
 
 
 def one_query_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
-    """Attention of one query per row over a cache, in plain tensor ops that Inductor fuses into a
-    few loops (ATen's flash attention on a CPU hands each head's one-query products to MKL's
-    matrix-vector routine, a call per head and product: docs/PROFILE.md).
+    """Attention of one query per row (or a few: a speculative verify's T), over a cache, in plain
+    tensor ops that Inductor fuses into a few loops (ATen's flash attention on a CPU hands each
+    head's few-query products to MKL's matrix-vector routine, a call per head and product:
+    docs/PROFILE.md).
 
-    q: (B, H, 1, D); k, v: (B, Hkv, L, D) with H a multiple of Hkv (grouped-query heads share a
-    K/V head); allowed: (1, L) bool, the slots the query may see. Returns (B, H, 1, D), equal to
-    ``F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)``. ``allowed``
-    may also be (B, 1, 1, L), a mask per row (the serving engine's paged step, where every row
-    has its own length).
+    q: (B, H, T, D), T small (its (B, H, T, L, D) products are formed in eager mode); k, v:
+    (B, Hkv, L, D) with H a multiple of Hkv (grouped-query heads share a K/V head); allowed:
+    (T, L) bool, the slots each query may see ((1, L) when T = 1), or (B, 1, T, L), a mask per row
+    (the serving engine's paged step, where every row has its own length). Returns (B, H, T, D),
+    equal to ``F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)``.
     """
-    B, H, _, D = q.shape
+    B, H, T, D = q.shape
     Hkv = k.shape[1]
-    qg = q.reshape(B, Hkv, H // Hkv, 1, D)  # (B, Hkv, G, 1, D): each K/V head's group of query heads
-    # s_l = q . k_l / sqrt(D), for every slot l
-    s = (qg * k[:, :, None]).sum(-1) * D ** -0.5  # (B, Hkv, G, L)
-    s = s.masked_fill(~allowed, float("-inf"))
-    p = torch.softmax(s, dim=-1)  # (B, Hkv, G, L)
-    # y = sum_l p_l v_l
-    y = (p[..., None] * v[:, :, None]).sum(-2)  # (B, Hkv, G, D)
-    return y.reshape(B, H, 1, D)
+    if T == 1:  # a decode step: the loops Inductor fuses best, one query per row
+        qg = q.reshape(B, Hkv, H // Hkv, 1, D)  # (B, Hkv, G, 1, D): each K/V head's group of query heads
+        # s_l = q . k_l / sqrt(D), for every slot l
+        s = (qg * k[:, :, None]).sum(-1) * D ** -0.5  # (B, Hkv, G, L)
+        s = s.masked_fill(~allowed, float("-inf"))
+        p = torch.softmax(s, dim=-1)  # (B, Hkv, G, L)
+        # y = sum_l p_l v_l
+        y = (p[..., None] * v[:, :, None]).sum(-2)  # (B, Hkv, G, D)
+        return y.reshape(B, H, 1, D)
+    qg = q.reshape(B, Hkv, H // Hkv, T, 1, D)  # (B, Hkv, G, T, 1, D)
+    # s_tl = q_t . k_l / sqrt(D), for every query t and slot l
+    s = (qg * k[:, :, None, None]).sum(-1) * D ** -0.5  # (B, Hkv, G, T, L)
+    mask = allowed[:, :, None] if allowed.dim() == 4 else allowed  # (B, 1, 1, T, L) or (T, L)
+    s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, dim=-1)  # (B, Hkv, G, T, L)
+    # y_t = sum_l p_tl v_l
+    y = (p[..., None] * v[:, :, None, None]).sum(-2)  # (B, Hkv, G, T, D)
+    return y.reshape(B, H, T, D)
 
 
 def register_attention_impl(name: str, fn: AttentionFn) -> None:

@@ -52,9 +52,12 @@ class LoadReport:
     tokens: int = 0
     duration_s: float = 0.0
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    texts: dict[str, list[str]] = field(default_factory=dict)  # prompt -> each finished stream's text, in order
 
-    def summary(self, ttft_slo_s: float = 0.1, tbt_slo_s: float = 0.02) -> dict[str, Any]:
-        """Flat numbers: percentiles in ms, shares within the SLOs, throughput, errors."""
+    def summary(self, ttft_slo_s: float = 0.1, tbt_slo_s: float = 0.02, with_texts: bool = False) -> dict[str, Any]:
+        """Flat numbers: percentiles in ms, shares within the SLOs, throughput, errors; with
+        ``with_texts``, also ``texts``: per prompt, each finished stream's text (in the order
+        the streams ended), what a comparison of two servers' answers reads."""
         s: dict[str, Any] = {"requests_ok": self.ok, "disconnected": self.disconnected,
                              "errors": sum(self.errors.values()), "error_kinds": dict(self.errors),
                              "duration_s": round(self.duration_s, 3), "tokens": self.tokens,
@@ -67,6 +70,8 @@ class LoadReport:
         s["ttft_share_under_100ms"] = round(sum(x <= ttft_slo_s for x in self.ttft) / len(self.ttft), 4) if self.ttft else None
         s["tbt_share_under_20ms"] = round(sum(x <= tbt_slo_s for x in self.tbt) / len(self.tbt), 4) if self.tbt else None
         s["finish_reasons"] = dict(self.finish_reasons)
+        if with_texts:
+            s["texts"] = {p: list(ts) for p, ts in self.texts.items()}
         return s
 
 
@@ -74,6 +79,7 @@ async def _one(session: "aiohttp.ClientSession", url: str, body: dict[str, Any],
                disconnect_after: int | None) -> None:
     t0 = time.perf_counter()
     times: list[float] = []
+    pieces: list[str] = []
     try:
         async with session.post(url + "/v1/completions", json=body) as r:
             if r.status != 200:
@@ -91,6 +97,7 @@ async def _one(session: "aiohttp.ClientSession", url: str, body: dict[str, Any],
                 ch = chunk["choices"][0] if chunk.get("choices") else {}
                 if ch.get("text"):
                     times.append(time.perf_counter())
+                    pieces.append(ch["text"])
                 if ch.get("finish_reason"):
                     reason = ch["finish_reason"]
                     rep.finish_reasons[reason] = rep.finish_reasons.get(reason, 0) + 1
@@ -100,6 +107,7 @@ async def _one(session: "aiohttp.ClientSession", url: str, body: dict[str, Any],
                     rep.disconnected += 1
                     return  # leaving the block mid-stream closes the connection (it cannot be reused)
         rep.ok += 1
+        rep.texts.setdefault(body["prompt"], []).append("".join(pieces))
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, KeyError) as exc:
         key = type(exc).__name__
         rep.errors[key] = rep.errors.get(key, 0) + 1
@@ -114,7 +122,7 @@ async def run_load_async(url: str, *, concurrency: int = 4, requests: int = 16, 
                          max_tokens: int = 32, disconnect_prob: float = 0.0, prompts: Sequence[str] = PROMPTS,
                          model: str | None = None, seed: int = 0, timeout_s: float = 60.0,
                          progress: bool = True, fresh_connections: bool = False,
-                         extra_body: dict[str, Any] | None = None) -> LoadReport:
+                         extra_body: dict[str, Any] | None = None, cycle_prompts: bool = False) -> LoadReport:
     """``concurrency`` clients issue streaming requests until ``requests`` were sent or
     ``duration_s`` passed (requests in flight then finish). See :func:`run_load`.
     ``progress``: a tqdm bar of finished requests (it may stop short when ``duration_s`` ends the run).
@@ -124,6 +132,8 @@ async def run_load_async(url: str, *, concurrency: int = 4, requests: int = 16, 
     ``extra_body``: more fields of every request body (e.g. ``{"ignore_eos": true}``: every
     answer runs to ``max_tokens``, so two servers whose models stop at different places do
     the same work; a peer comparison sends it to both). It cannot replace the fields above.
+    ``cycle_prompts``: request i takes ``prompts[i % len(prompts)]`` instead of a random one (every
+    prompt sent once ``requests >= len(prompts)``: what a comparison of answers needs).
 
     The clients are aiohttp's (C-accelerated HTTP parsing): on the server's own machine every
     CPU-second a client spends is taken from the server it measures (httpx's streaming
@@ -152,8 +162,8 @@ async def run_load_async(url: str, *, concurrency: int = 4, requests: int = 16, 
                 async with lock:
                     if issued >= requests or time.perf_counter() - t_start >= duration_s:
                         return
+                    prompt = prompts[issued % len(prompts)] if cycle_prompts else prompts[rng.randrange(len(prompts))]
                     issued += 1
-                    prompt = prompts[rng.randrange(len(prompts))]
                     cut = rng.randint(1, max(1, max_tokens - 1)) if rng.random() < disconnect_prob else None
                 body = {**(extra_body or {}), "model": model, "prompt": prompt, "max_tokens": max_tokens,
                         "stream": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
@@ -206,7 +216,8 @@ def run_load(url: str, **kwargs: Any) -> LoadReport:
     """Blocking load test (see :func:`run_load_async` for the arguments):
     concurrency (clients), requests (most requests), duration_s (most seconds of issuing),
     max_tokens, disconnect_prob (share of streams closed early), prompts, model, seed, progress,
-    fresh_connections (one connection per request), extra_body (more request fields)."""
+    fresh_connections (one connection per request), extra_body (more request fields),
+    cycle_prompts (the prompts in turn, not at random)."""
     return run_sync(lambda: run_load_async(url, **kwargs))
 
 
@@ -214,7 +225,9 @@ _CHILD = """
 import json, sys
 from codex_lab.serve.loadtest import run_load
 try:
-    out = {"ok": run_load(sys.argv[1], **json.loads(sys.argv[2])).summary()}
+    kw = json.loads(sys.argv[2])
+    texts = kw.pop("with_texts", False)
+    out = {"ok": run_load(sys.argv[1], **kw).summary(with_texts=texts)}
 except Exception as exc:
     out = {"error": f"{type(exc).__name__}: {exc}"}
 print(json.dumps(out))
@@ -227,7 +240,7 @@ def run_load_in_process(url: str, **kwargs: Any) -> dict[str, Any]:
     Clients in the server's process share its interpreter lock: every streamed event they
     parse delays the engine's next step, which a real client (another process) does not do.
     ``codex-lab bench serving`` measures this way. ``kwargs`` must be JSON values (``prompts``
-    a list of strings). Raises RuntimeError naming the child's error. A plain subprocess, not
+    a list of strings); ``with_texts=True`` adds each stream's text to the summary. Raises RuntimeError naming the child's error. A plain subprocess, not
     ``multiprocessing``: its spawn would re-run the caller's ``__main__`` (a script without a
     ``__main__`` guard would start a second server)."""
     import subprocess

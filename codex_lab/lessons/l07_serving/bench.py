@@ -13,7 +13,12 @@ one machine, so they compare with each other; absolute numbers depend on the mac
 parallel slots as the largest level and the same math threads, and drives both servers with
 the same clients and prompts, level by level in interleaved rounds (``--rounds``, default 3),
 one TCP connection per request on both (llama-server drops kept-alive connections after a
-stream), every answer run to ``--max-tokens`` on both (``ignore_eos``: the same work): one row per server and level with the median throughput and its range, and the ratio.
+stream), every answer run to ``--max-tokens`` on both (``ignore_eos``: the same work): one row
+per server and level with the median throughput and its range, and the ratio. The answers are
+compared too (:func:`answer_checks`): per server and level, whether every request for a prompt
+got the same text under load; then, untimed, each prompt sent alone and in a full batch to each
+server (greedy, each server's own end of generation): whether batching changed any answer, and
+on how many prompts the two servers' texts are equal.
 """
 
 from __future__ import annotations
@@ -54,6 +59,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "math threads, the same load in interleaved rounds; rows per server and level, with ratios")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of every level (default 1; 3 with --peer): the rows give the median and the range")
+
+
+def answer_checks(alone: dict[str, dict[str, list[str]]], batched: dict[str, dict[str, list[str]]],
+                  ours: str = "codex_lab_serve", peer: str = "llama_server") -> dict[str, dict[str, Any]]:
+    """The answers' checks, per server: ``alone`` and ``batched`` map a server to its texts per
+    prompt (each prompt sent once alone; every prompt in one full batch).
+
+    ``answers_batched_same_as_alone`` of ``answers_batched``: the batched answers equal to the
+    same server's answer to that prompt alone (a batch must not change an answer: the check is
+    per request, so two swapped answers fail it). ``answers_same_as_peer`` of
+    ``answers_compared``: the prompts whose alone answers are equal on both servers;
+    ``answers_differ``: for each other prompt, the character where the two texts part.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for impl, texts in alone.items():
+        ref = {p: ts[0] for p, ts in texts.items() if ts}
+        pairs = [(p, t) for p, ts in batched.get(impl, {}).items() for t in ts]
+        same = sum(ref.get(p) == t for p, t in pairs)
+        out[impl] = {"answers_batched_same_as_alone": same, "answers_batched": len(pairs)}
+    if ours in alone and peer in alone:
+        a = {p: ts[0] for p, ts in alone[ours].items() if ts}
+        b = {p: ts[0] for p, ts in alone[peer].items() if ts}
+        prompts = sorted(set(a) | set(b))
+        differ = {}
+        for p in prompts:
+            x, y = a.get(p), b.get(p)
+            if x is None or y is None or x != y:  # the first character where they part (a missing answer: 0)
+                differ[p] = 0 if x is None or y is None else next(
+                    (i for i, (c, d) in enumerate(zip(x, y)) if c != d), min(len(x), len(y)))
+        for impl in (ours, peer):
+            out[impl].update(answers_same_as_peer=len(prompts) - len(differ), answers_compared=len(prompts),
+                             answers_differ=differ)
+    return out
+
+
+def consistent_answers(rounds: list[dict[str, list[str]]]) -> tuple[int, int]:
+    """(k, n): of the n answers in ``rounds`` (texts per prompt, one dict per round), the k equal
+    to the commonest answer to their prompt (greedy decoding under load: k = n when no batch,
+    arrival order or round changed an answer)."""
+    by: dict[str, list[str]] = {}
+    for texts in rounds:
+        for p, ts in texts.items():
+            by.setdefault(p, []).extend(ts)
+    same = sum(max(ts.count(t) for t in set(ts)) for ts in by.values())
+    return same, sum(map(len, by.values()))
 
 
 def bench_engine(model: Any, tokenizer: Any, *, compiled: bool, prefill: str, **kw: Any) -> Any:
@@ -134,8 +184,20 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     # once, 2026-12-03, so their throughputs counted different work)
                     samples.setdefault((impl, c), []).append(
                         run_load_in_process(url, concurrency=c, requests=n, max_tokens=args.max_tokens, duration_s=300,
-                                            **({"fresh_connections": True, "extra_body": {"ignore_eos": True}}
-                                               if peer else {})))
+                                            **({"fresh_connections": True, "extra_body": {"ignore_eos": True},
+                                                "with_texts": True} if peer else {})))
+        checks: dict[str, dict[str, Any]] = {}
+        if peer:  # untimed: each prompt alone, then every prompt in one full batch, greedy, on each server
+            from codex_lab.serve.loadtest import PROMPTS
+
+            alone, batched = {}, {}
+            for impl, url in targets.items():
+                one = dict(max_tokens=args.max_tokens, fresh_connections=True, with_texts=True, cycle_prompts=True,
+                           progress=False, prompts=list(PROMPTS))
+                alone[impl] = run_load_in_process(url, concurrency=1, requests=len(PROMPTS), **one)["texts"]
+                full = max(levels) * -(-len(PROMPTS) // max(levels))  # whole batches holding every prompt
+                batched[impl] = run_load_in_process(url, concurrency=max(levels), requests=full, **one)["texts"]
+            checks = answer_checks(alone, batched)
         for (impl, c), ss in samples.items():
             rates = sorted(x["tokens_per_s"] for x in ss)
             s = next(x for x in ss if x["tokens_per_s"] == rates[len(rates) // 2])  # the median round's percentiles
@@ -151,7 +213,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                            tokens_per_s_rounds=[x["tokens_per_s"] for x in ss],
                            ttft_p95_ms_rounds=[x["ttft_p95_ms"] for x in ss], tbt_p95_ms_rounds=[x["tbt_p95_ms"] for x in ss],
                            kv_cache="f16 (llama-server's default)" if impl == "llama_server" else "f32",
-                           tokens=s["tokens"], finish_reasons=s["finish_reasons"])  # the median round's
+                           tokens=s["tokens"], finish_reasons=s["finish_reasons"],  # the median round's
+                           # every round's answers: the same text for every request of a prompt
+                           **dict(zip(("answers_consistent", "answers_under_load"),
+                                      consistent_answers([x.get("texts", {}) for x in ss]))),
+                           **checks.get(impl, {}))
                 if impl == "llama_server":
                     row.update({f"llama_{k}": v for k, v in peer_info.items()})
             rows.append(row)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from codex_lab.infer.aot_step import AotStep, _defined_in_main, aot_options, aot_package, weights_digest
+from codex_lab.infer.aot_step import AotStep, _defined_in_main, aot_options, aot_package, code_digest, weights_digest
 from codex_lab.infer.generate import decode_step
 from codex_lab.nn.kv_cache import PagedKVPool
 
@@ -93,10 +93,10 @@ class PagedSpec:
 
 def paged_package_key(spec: PagedSpec) -> str:
     """sha256 of what the generated code depends on: the weights' bytes, the model's configuration,
-    the pool's geometry and dtype, the rows, the table lengths, the attention form, the options, the
+    the step's source (:func:`~codex_lab.infer.aot_step.code_digest`), the pool's geometry and dtype, the rows, the table lengths, the attention form, the options, the
     torch build and the math threads."""
     cfg = getattr(spec.model, "cfg", None)
-    blob = json.dumps({"weights": weights_digest(spec.model), "config": repr(cfg), "step": "paged",
+    blob = json.dumps({"weights": weights_digest(spec.model), "config": repr(cfg), "step": "paged", "code": code_digest(),
                        "pool": [spec.n_layer, spec.n_kv_head, spec.head_dim, spec.n_blocks, spec.block_size,
                                 str(spec.dtype)],
                        "rows": spec.rows, "blocks": [spec.min_blocks, spec.max_blocks], "one_query": spec.one_query,
