@@ -205,7 +205,8 @@ def test_prompt_lookup_on_the_fast_decoder_gives_greedy_tokens(compile, cache_di
     assert st.accepted > 0 and st.rejections > 0, st
     # the same rounds as the plain-model prompt lookup: same drafts, same acceptances
     _, _, ref = prompt_lookup_generate(m, prompt, max_new_tokens=24, num_draft=4)
-    assert (st.accepted, st.rejections, st.target_calls) == (ref.accepted, ref.rejections, ref.target_calls)
+    assert (st.accepted, st.rejections, st.target_calls, st.no_match) == (ref.accepted, ref.rejections, ref.target_calls,
+                                                                   ref.no_match)
     # every verify dearer than the tokens it could bring (5 plain steps for at most 5 tokens): no round drafts
     dear = {0: 1.0, 1: 2.0, 2: 3.0, 4: 5.0}
     got, _, st = prompt_lookup_generate(dec, prompt, max_new_tokens=24, num_draft=4, draft_costs=dear)

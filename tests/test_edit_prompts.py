@@ -36,5 +36,8 @@ def test_the_benchmark_keeps_the_two_kinds_apart_with_the_same_tokens(tok):
     assert {r["scenario"] for r in rows} == {"code_continuation"}
     look = next(r for r in rows if "speedup_vs_plain" in r)
     assert look["same_tokens"] is True and len(look["speedup_rounds"]) == 1
+    fast = next(r for r in rows if r["impl"].startswith("prompt_lookup_fast"))  # the compiled path, what its rounds chose by
+    assert fast["same_tokens"] is True and 0.0 <= fast["no_match_share"] <= 1.0
+    assert set(fast["verify_cost_vs_step"]) == {"1", "2", "4", "8", "16"} and min(fast["verify_cost_vs_step"].values()) > 0
     with pytest.raises(ValueError, match="built to be copied"):
         bench_code_edit(model, tok, n_prompts=1, new_tokens=4, rounds=1, kind="copy")

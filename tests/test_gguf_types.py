@@ -96,7 +96,7 @@ def test_gguf_carries_llama_cpp_fim_keys(exports, shipped):
 def test_gguf_marks_where_generation_ends(exports, shipped):
     """The ids codex-lab ends a plain answer at (:func:`stop_token_ids`: end-of-text and the FIM sentinels)
     are CONTROL tokens in every GGUF type, end-of-text is eos and eot, and the sentinels are the FIM keys.
-    (llama.cpp ends at eos / eot, not at the fim_pre / suf / mid ids: see codex_lab.hf.gguf_export.)"""
+    (llama.cpp ends at eos / eot / eom / fim_pad, not at the fim_pre / suf / mid ids: see codex_lab.hf.gguf_export.)"""
     from codex_lab.hf.export import stop_token_ids
 
     tok, keys = shipped.tokenizer, gguf.Keys.Tokenizer
@@ -111,6 +111,9 @@ def test_gguf_marks_where_generation_ends(exports, shipped):
         assert all(types[i] == gguf.TokenType.NORMAL for i in plain), gguf_type  # ordinary text stays NORMAL
         assert f[keys.EOS_ID] == f[keys.EOT_ID] == stops[0], gguf_type
         assert [f[keys.FIM_PRE_ID], f[keys.FIM_SUF_ID], f[keys.FIM_MID_ID]] == stops[1:], gguf_type
+        # two keys llama.cpp reads only into its end-of-generation set carry two sentinels, so it stops there
+        assert (f[keys.EOM_ID], f[keys.FIM_PAD_ID]) == (tok.token_id(FIM_MIDDLE), tok.token_id(FIM_SUFFIX)), gguf_type
+        assert keys.FIM_REP_ID not in f and keys.FIM_SEP_ID not in f, gguf_type  # llama.cpp writes these into /infill prompts
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027])

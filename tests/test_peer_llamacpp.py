@@ -325,3 +325,27 @@ def test_the_report_prints_every_recorded_variant_of_the_peer_run_and_the_restar
     text = restart_lines({"restart": restart})
     assert "cold (an empty compile cache: the graphs built)" in text and "after 61.5 s" in text
     assert "warm (the same cache: the graphs loaded)" in text and "after 5.2 s" in text
+
+
+def test_the_serving_records_answers_are_printed_and_an_older_record_prints_none():
+    """Lesson 06 prints the answer checks of a serving record against llama-server: equal texts,
+    where they part, batched against alone, under load (a record without them prints no line)."""
+    from codex_lab.course.bench_figures import bench_record
+    from codex_lab.lessons.l06_inference.report import answers_line, peer_lines
+
+    ours = {"answers_same_as_peer": 4, "answers_compared": 5, "answers_differ": {"def add(a, b):\n": 17},
+            "answers_batched_same_as_alone": 8, "answers_batched": 8, "answers_consistent": 254, "answers_under_load": 256}
+    theirs = {**ours, "answers_batched_same_as_alone": 7, "answers_consistent": 256}
+    line = answers_line(ours, theirs, 8)
+    assert "the same text on 4 of 5 prompts (they part: 'def add(a, b):\\n' from character 17)" in line
+    assert "8 of 8 of `codex-lab serve`'s answers as they were alone, 7 of 8 of llama-server's" in line
+    assert "under load at 8 clients 254 of 256 and 256 of 256" in line
+    assert "they part" not in answers_line({**ours, "answers_same_as_peer": 5, "answers_differ": {}}, theirs, 8)
+    rows = [{"impl": impl, "concurrency": 8, "tokens_per_s": 10.0, "tokens_per_s_min": 9.0, "tokens_per_s_max": 11.0,
+             "ratio_vs_llama_server": 1.0} for impl in ("codex_lab_serve", "llama_server")]
+    rec = {"measured": "2026-01-01", "command": "codex-lab bench serving --peer llama.cpp", "rows": rows}
+    peer = bench_record()["llama_cpp"]
+    older = peer_lines({"llama_cpp": peer, "serving_llama_cpp": rec})
+    assert "8 client(s) over HTTP" in older and "- answers" not in older  # an older record: no checks, no line
+    rows = [{**rows[0], **ours}, {**rows[1], **theirs}]
+    assert line in peer_lines({"llama_cpp": peer, "serving_llama_cpp": {**rec, "rows": rows}})

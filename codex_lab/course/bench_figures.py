@@ -120,6 +120,11 @@ def _code_edit(key: str) -> list[BenchFigure]:
         BenchFigure(key, rf"(prompt lookup on the compiled decoder: [^|]*?\(){NUM}( vs )", pl_fast, "tokens_per_s"),
         BenchFigure(key, rf"(prompt lookup on the compiled decoder: [^|]*?\(\d+ vs ){NUM}( tokens/s\))", fast,
                     "tokens_per_s"),
+        # what caps it: decode rounds with nothing to copy, and the cost of a verify in one-token steps
+        BenchFigure(key, rf"(prompt lookup on the compiled decoder: [^|]*?\*\*){NUM}(%\*\* of its decode rounds)",
+                    pl_fast, "no_match_share", 0, scale=100.0),
+        BenchFigure(key, rf"(prompt lookup on the compiled decoder: [^|]*?verify of 4 guesses costs \*\*){NUM}(x\*\*)",
+                    pl_fast, "verify_cost_vs_step", 1, fn=lambda rows: _pick(rows, **dict(pl_fast))["verify_cost_vs_step"]["4"]),
     ]
 
 
@@ -261,6 +266,27 @@ def _llama_server(key: str, how: str = "") -> list[BenchFigure]:
                                         (("impl", "llama_server"), ("concurrency", c)), "ratio_vs_llama_server")]
 
 
+def _answers(key: str, how: str = "") -> list[BenchFigure]:
+    """The answers' checks of a serving record against llama-server (``how`` as in
+    :func:`_llama_server`): prompts with the same text on both servers, batched answers equal to
+    the same server's answer alone, and answers under load at 8 clients equal to their prompt's
+    commonest answer, on each server."""
+    ours, theirs = (("impl", "codex_lab_serve"), ("concurrency", 8)), (("impl", "llama_server"), ("concurrency", 8))
+    lead = rf"answers{how}: "
+    pairs = [("same text on", "prompts", ours, "answers_same_as_peer", "answers_compared"),
+             ("in a full batch,", "of `codex-lab serve`'s answers equalled", ours, "answers_batched_same_as_alone",
+              "answers_batched"),
+             ("answers alone and", "of llama-server's;", theirs, "answers_batched_same_as_alone", "answers_batched"),
+             ("under load at 8 clients,", "of `codex-lab serve`'s answers and", ours, "answers_consistent",
+              "answers_under_load"),
+             ("answers and", "of llama-server's were", theirs, "answers_consistent", "answers_under_load")]
+    out = []
+    for before, after, row, k, n in pairs:
+        out += [BenchFigure(key, rf"({lead}[^|]*?{before} \*\*){NUM}( of )", row, k),
+                BenchFigure(key, rf"({lead}[^|]*?{before} \*\*\d+ of ){NUM}(\*\* {after})", row, n)]
+    return out
+
+
 def _single_stream(key: str) -> list[BenchFigure]:
     """One stream: FastDecoder's tokens/s, the serving engine's with and without its one-row shape (in
     process), and through ``codex-lab serve`` over HTTP with what HTTP adds per token."""
@@ -364,6 +390,8 @@ BENCH_FIGURES: list[BenchFigure] = [
     *_token_profile("token_profile"),
     *_llama_server("serving_llama_cpp"),
     *_llama_server("serving_llama_cpp_process", ", the engine in its own process"),
+    *_answers("serving_llama_cpp"),
+    *_answers("serving_llama_cpp_process", ", the engine in its own process"),
     *_attention("attention"),
     *_moba("moba"),
     *_moe("moe_fast", "moe_full"),

@@ -22,9 +22,14 @@ Where generation ends: every id of :func:`~codex_lab.data.fim.stop_token_ids` (e
 and the FIM sentinels, where codex-lab ends a plain answer) is a CONTROL token, and
 ``eos_token_id`` / ``eot_token_id`` are end-of-text. llama.cpp ends generation at eos, eot,
 eom, ``fim_pad`` / ``fim_rep`` / ``fim_sep`` and a fixed list of token texts (``<|endoftext|>``
-among them), not at ``fim_pre`` / ``fim_suf`` / ``fim_mid``, and GGUF has no key for more
-end ids: a llama.cpp run that samples a sentinel outside FIM goes on (a control token, it
-shows no text), where codex-lab and the exported Hugging Face folder stop.
+among them), not at ``fim_pre`` / ``fim_suf`` / ``fim_mid``, and GGUF has no key for a list of
+end ids. Two of those keys end generation and build no prompt (llama.cpp's server and tools
+read ``eom`` and ``fim_pad`` only into that end set; ``fim_rep`` / ``fim_sep`` would be written
+into ``/infill`` prompts): ``eom_token_id`` carries ``<|fim_middle|>`` and ``fim_pad_token_id``
+``<|fim_suffix|>``, the two sentinels the shipped model was seen to open a plain answer with, so
+llama.cpp stops where codex-lab does. ``<|fim_prefix|>`` has no key left: a llama.cpp run that
+samples it outside FIM goes on (a control token, it shows no text), where codex-lab and the
+exported Hugging Face folder stop.
 
 Tensor types (``gguf_type``), as ``convert_hf_to_gguf.py --outtype`` writes them: ``f32``;
 ``f16`` (the 2-D weights in half precision, the 1-D norm weights kept in F32 as llama.cpp
@@ -221,6 +226,12 @@ def _add_tokenizer(w: Any, tokenizer: CodeTokenizer, vocab_size: int) -> None:
                        (getattr(keys, "FIM_MID_ID", "tokenizer.ggml.fim_mid_token_id"), FIM_MIDDLE)):
         idx = vocab.token_to_id(token)
         if idx is not None:
+            w.add_uint32(key, idx)
+    # end-of-generation for llama.cpp at two more stop ids: keys it reads only into its end set
+    for key, token in ((getattr(keys, "EOM_ID", "tokenizer.ggml.eom_token_id"), FIM_MIDDLE),
+                       (getattr(keys, "FIM_PAD_ID", "tokenizer.ggml.fim_pad_token_id"), FIM_SUFFIX)):
+        idx = vocab.token_to_id(token)
+        if idx is not None and idx in stops:
             w.add_uint32(key, idx)
     w.add_add_bos_token(False)
     w.add_add_eos_token(False)

@@ -107,11 +107,12 @@ _COSTS: "weakref.WeakKeyDictionary[FastDecoder, dict[tuple[int, ...], dict[int, 
 
 
 @torch.no_grad()
-def verify_costs(decoder: FastDecoder, sizes: Sequence[int], calls: int = 15) -> dict[int, float]:
+def verify_costs(decoder: FastDecoder, sizes: Sequence[int], calls: int = 31) -> dict[int, float]:
     """Milliseconds of one call of ``decoder``'s plain step (key 0) and of its verify step at each
-    of ``sizes`` guesses (the median of ``calls`` calls after one that builds or loads the
-    package), measured once per decoder and sizes and then remembered. The calls write the cache's
-    first slots, which the next prefill overwrites (call it between generations, not inside one)."""
+    of ``sizes`` guesses (the median of ``calls`` calls, the sizes taking turns, after one call each
+    that builds or loads the package), measured once per decoder and sizes and then remembered.
+    The calls write the cache's first slots, which the next prefill overwrites (call it between
+    generations, not inside one)."""
     key = tuple(sizes)
     got = _COSTS.setdefault(decoder, {})
     if key in got:
@@ -123,15 +124,15 @@ def verify_costs(decoder: FastDecoder, sizes: Sequence[int], calls: int = 15) ->
     for s in key:
         fns[s] = (lambda n: lambda: decoder.verify(torch.ones(1, n, dtype=torch.long, device=dev),
                                                    torch.arange(n, device=dev)))(s + 1)
-    costs = {}
-    for s, fn in fns.items():
+    for fn in fns.values():
         fn()  # builds or loads the package
-        times = []
-        for _ in range(calls):
+    times: dict[int, list[float]] = {s: [] for s in fns}
+    for _ in range(calls):  # interleaved: a slow spell of the machine falls on every size alike
+        for s, fn in fns.items():
             t0 = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - t0)
-        costs[s] = statistics.median(times) * 1000.0
+            times[s].append(time.perf_counter() - t0)
+    costs = {s: statistics.median(ts) * 1000.0 for s, ts in times.items()}
     got[key] = costs
     return costs
 
@@ -219,6 +220,7 @@ def _on_model(target: CodexModel, prompt_ids: Sequence[int], *, max_new_tokens: 
         L = len(tokens)  # the cache holds positions 0 .. L-2
         room = max_new_tokens - (L - T) - 1  # never emit past max_new_tokens
         guesses = lookup_draft(tokens, max_ngram=max_ngram, min_ngram=min_ngram, num_draft=min(num_draft, room)) if room else []
+        stats.no_match += bool(room) and not guesses
         # one forward: preds[i] = the target's greedy token after tokens + guesses[:i]
         preds = run([tokens[-1]] + guesses, L - 1, last_only=False).argmax(dim=-1).tolist()  # (g + 1,)
         new, k = accept_greedy(guesses, preds, stats)
@@ -274,6 +276,7 @@ def _on_decoder(decoder: FastDecoder, prompt_ids: Sequence[int], *, max_new_toke
         L = len(tokens)  # the cache holds positions 0 .. L-2
         room = max_new_tokens - (L - T) - 1  # never emit past max_new_tokens
         found = lookup_draft(tokens, max_ngram=max_ngram, min_ngram=min_ngram, num_draft=min(num_draft, room)) if room else []
+        stats.no_match += bool(room) and not found
         # a = accepted / (accepted + rejections): the per-guess acceptance, decayed counts
         keep, size = draft_length(len(found), ok / (ok + bad), costs)
         guesses = found[:keep]

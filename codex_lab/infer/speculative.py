@@ -59,7 +59,8 @@ class SpecStats:
     rounds: verification forwards of the target with a full ``gamma`` guesses;
     target_calls: every target forward (prefill and short final rounds included);
     drafted / accepted: guesses made / accepted in full rounds; rejections: full rounds
-    that stopped at a wrong guess; emitted: tokens emitted by full rounds.
+    that stopped at a wrong guess; emitted: tokens emitted by full rounds; no_match: rounds
+    whose draft had nothing to propose (prompt lookup: no n-gram of the context matched).
     """
 
     gamma: int
@@ -70,6 +71,7 @@ class SpecStats:
     accepted: int = 0
     rejections: int = 0
     emitted: int = 0
+    no_match: int = 0
 
     @property
     def acceptance_rate(self) -> float:

@@ -52,7 +52,7 @@ class LoadReport:
     tokens: int = 0
     duration_s: float = 0.0
     finish_reasons: dict[str, int] = field(default_factory=dict)
-    texts: dict[str, list[str]] = field(default_factory=dict)  # prompt -> each finished stream's text, in order
+    texts: dict[str, list[str]] = field(default_factory=dict)  # prompt (ids as JSON) -> each finished stream's text
 
     def summary(self, ttft_slo_s: float = 0.1, tbt_slo_s: float = 0.02, with_texts: bool = False) -> dict[str, Any]:
         """Flat numbers: percentiles in ms, shares within the SLOs, throughput, errors; with
@@ -107,7 +107,8 @@ async def _one(session: "aiohttp.ClientSession", url: str, body: dict[str, Any],
                     rep.disconnected += 1
                     return  # leaving the block mid-stream closes the connection (it cannot be reused)
         rep.ok += 1
-        rep.texts.setdefault(body["prompt"], []).append("".join(pieces))
+        prompt = body["prompt"]  # text, or token ids (the API takes both): a JSON key either way
+        rep.texts.setdefault(prompt if isinstance(prompt, str) else json.dumps(prompt), []).append("".join(pieces))
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, KeyError) as exc:
         key = type(exc).__name__
         rep.errors[key] = rep.errors.get(key, 0) + 1

@@ -30,7 +30,7 @@ import torch
 from codex_lab.data.tokenizer import CodeTokenizer
 from codex_lab.infer.fast_decode import FastDecoder
 from codex_lab.infer.generate import generate_ids_cached
-from codex_lab.infer.prompt_lookup import prompt_lookup_generate
+from codex_lab.infer.prompt_lookup import prompt_lookup_generate, verify_costs, verify_sizes
 from codex_lab.evals.quantized import tokens_kept
 from codex_lab.nn.int8 import quantize_int8
 from codex_lab.nn.model import CodexModel
@@ -272,6 +272,7 @@ def bench_code_edit(model: CodexModel, tok: CodeTokenizer, n_prompts: int = 4, n
         fres = out["fast_lookup"]
         fratios = [a / b for a, b in zip(wall["fast"], wall["fast_lookup"])]  # per round: fast plain / fast lookup
         fcalls = sum(r[2].target_calls for r in fres)
+        costs = verify_costs(dec, verify_sizes(num_draft))  # what the rounds chose from (measured once, kept)
         rows += [
             {**base, "impl": "fast_decode_aot", "tokens_per_s": n * 1000.0 / float(np.median(wall["fast"])),
              "target_calls": n, "same_tokens": out["fast"] == plain, "aot_from_disk": dec.aot_from_disk,
@@ -282,6 +283,10 @@ def bench_code_edit(model: CodexModel, tok: CodeTokenizer, n_prompts: int = 4, n
                                                                              for r in fres)),
              "target_calls": fcalls, "tokens_per_target_call": n / max(1, fcalls),
              "speedup_vs_fast_decode": float(np.median(fratios)), "speedup_rounds": fratios,
+             # decode rounds (every call after the prefill) whose lookup matched nothing: a plain step
+             "no_match_share": sum(r[2].no_match for r in fres) / max(1, fcalls - len(fres)),
+             # a verify of s guesses in plain steps: cost(s) / cost(a one-token step), as the rounds chose by
+             "verify_cost_vs_step": {str(s): c / costs[0] for s, c in costs.items() if s},
              "same_tokens": all(r[0] == q for r, q in zip(fres, plain)), "compile_error": dec.compile_error},
         ]
     return rows

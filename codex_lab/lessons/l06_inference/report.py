@@ -213,10 +213,27 @@ def peer_lines(record: dict[str, Any] | None = None) -> str:
                              f"`codex-lab serve` {ours['tokens_per_s']:.0f} tokens/s ({ours['tokens_per_s_min']:.0f}-"
                              f"{ours['tokens_per_s_max']:.0f}) vs llama-server {lc['tokens_per_s']:.0f} "
                              f"({lc['tokens_per_s_min']:.0f}-{lc['tokens_per_s_max']:.0f}): {ours['ratio_vs_llama_server']:.2f}x")
+        top = max((k[1] for k in by if k[0] == "codex_lab_serve"), default=None)
+        ours, lc = by.get(("codex_lab_serve", top)), by.get(("llama_server", top))
+        if ours and lc and "answers_compared" in ours:  # the answers compared (records from 2026-12-07 on)
+            lines.append(answers_line(ours, lc, top, how))
     if not served:
         lines.append("- over HTTP: not recorded; `bash scripts/build_llama_cpp.sh` then `codex-lab bench serving --compiled "
                      "--peer llama.cpp` measures `codex-lab serve` against llama-server")
     return "\n".join(lines)
+
+
+def answers_line(ours: dict[str, Any], theirs: dict[str, Any], clients: int, how: str = "") -> str:
+    """One line of a serving record's answer checks (:func:`codex_lab.lessons.l07_serving.bench.answer_checks`):
+    ``ours`` / ``theirs`` the codex-lab serve / llama-server rows at ``clients`` clients."""
+    differ = ", ".join(f"{p!r} from character {i}" for p, i in ours["answers_differ"].items())
+    return (f"- answers{how}: the same text on {ours['answers_same_as_peer']} of {ours['answers_compared']} prompts"
+            + (f" (they part: {differ})" if differ else "")
+            + f"; a full batch left {ours['answers_batched_same_as_alone']} of {ours['answers_batched']} of "
+              f"`codex-lab serve`'s answers as they were alone, {theirs['answers_batched_same_as_alone']} of "
+              f"{theirs['answers_batched']} of llama-server's; under load at {clients} clients "
+              f"{ours['answers_consistent']} of {ours['answers_under_load']} and {theirs['answers_consistent']} of "
+              f"{theirs['answers_under_load']} were their prompt's commonest answer")
 
 
 # the batch-1 comparison's other recorded runs (scripts/record_benches.sh): key -> what differs
