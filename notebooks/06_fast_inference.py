@@ -851,7 +851,8 @@ print(f"second decoder: package {'loaded from disk' if again.aot_from_disk else 
 # How these steps compare with the strongest CPU engine, llama.cpp, on the same weights (an F32
 # GGUF export), and where a lone stream's time goes in the serving engine, are recorded runs of
 # `codex-lab bench inference --peer llama.cpp` and `codex-lab bench inference --scenarios single_stream --threads 1`
-# (too slow for this notebook: both compile); `--scenarios token_profile` splits a lone stream's
+# (too slow for this notebook: both compile), as is prompt lookup on the compiled decoder
+# (`--mode full --scenarios code_edit`, with what caps it); `--scenarios token_profile` splits a lone stream's
 # time per token by operator (matmuls, attention, sampling, the compiled graph, other ops, and
 # the Python no operator accounts for) under `torch.profiler`, and `--scenarios native_profile`
 # puts FastDecoder and llama.cpp under one sampling profiler (Linux perf), so the two engines'
@@ -860,10 +861,12 @@ print(f"second decoder: package {'loaded from disk' if again.aot_from_disk else 
 # for this machine's figures.
 
 # %%
-from codex_lab.lessons.l06_inference.report import (native_profile_lines, peer_lines, restart_lines,
+from codex_lab.lessons.l06_inference.report import (code_edit_lines, native_profile_lines, peer_lines, restart_lines,
                                                     single_stream_lines, token_profile_lines)
 
 print(peer_lines())
+print()
+print(code_edit_lines())
 print()
 print(single_stream_lines())
 print()

@@ -41,3 +41,25 @@ def test_the_benchmark_keeps_the_two_kinds_apart_with_the_same_tokens(tok):
     assert set(fast["verify_cost_vs_step"]) == {"1", "2", "4", "8", "16"} and min(fast["verify_cost_vs_step"].values()) > 0
     with pytest.raises(ValueError, match="built to be copied"):
         bench_code_edit(model, tok, n_prompts=1, new_tokens=4, rounds=1, kind="copy")
+
+
+def test_lesson_06_prints_the_recorded_compiled_lookup_with_what_caps_it():
+    """The code-edit record's compiled rows, labelled as recorded: the ratio and its rounds, and the
+    two figures that cap it (rounds with nothing to copy, a verify's cost in steps); none recorded
+    (or an older record without the compiled rows): how to measure it."""
+    from codex_lab.lessons.l06_inference.report import code_edit_lines
+
+    row = {"scenario": "code_edit", "impl": "prompt_lookup_fast_aot_d16", "speedup_vs_fast_decode": 1.25,
+           "speedup_rounds": [1.1, 1.3, 1.25], "tokens_per_target_call": 2.5, "acceptance_rate": 0.9, "same_tokens": True,
+           "no_match_share": 0.4, "verify_cost_vs_step": {"1": 1.2, "2": 1.4, "4": 1.8}}
+    rec = {"measured": "2026-01-01", "command": "codex-lab bench --mode full inference --scenarios code_edit --json",
+           "conditions": "quiet", "rows": [{"scenario": "code_edit", "impl": "plain_static_cache"}, row]}
+    text = code_edit_lines({"code_edit": rec})
+    assert "recorded 2026-01-01, not this run" in text and "1.25x (rounds 1.10-1.30)" in text
+    assert "nothing to copy in 40% of the decode rounds" in text and "4 guesses cost 1.80x a one-token step" in text
+    older = {**rec, "rows": rec["rows"][:1]}  # before the compiled path was timed
+    for r in ({}, {"code_edit": older}):
+        assert "not recorded" in code_edit_lines(r) and "--scenarios code_edit" in code_edit_lines(r)
+    # a row without the caps (recorded before they were): the ratio alone
+    bare = {k: v for k, v in row.items() if k not in ("no_match_share", "verify_cost_vs_step")}
+    assert "nothing to copy" not in code_edit_lines({"code_edit": {**rec, "rows": [bare]}})

@@ -259,6 +259,34 @@ def restart_lines(record: dict[str, Any] | None = None) -> str:
     return "\n".join(lines)
 
 
+def code_edit_lines(record: dict[str, Any] | None = None) -> str:
+    """Prompt lookup on the compiled decoder against FastDecoder's package: the recorded run of
+    ``codex-lab bench --mode full inference --scenarios code_edit`` (key ``code_edit``), per
+    prompt kind, with what caps it: the decode rounds whose lookup matched nothing, and a verify's
+    cost in one-token steps (what each round chose its draft length by); how to measure it here
+    when none is recorded."""
+    from codex_lab.course.bench_figures import bench_record
+
+    rec = (record if record is not None else bench_record()).get("code_edit")
+    rows = [r for r in (rec or {}).get("rows", []) if str(r.get("impl", "")).startswith("prompt_lookup_fast")]
+    if not rows:
+        return ("Prompt lookup on the compiled decoder: not recorded; `codex-lab bench --mode full inference --scenarios "
+                "code_edit` measures it on this machine.")
+    lines = [f"Prompt lookup on the compiled decoder (recorded {rec['measured']}, not this run: `{rec['command']}`, "
+             f"{rec['conditions']}; goal 1.30x FastDecoder's package, same tokens):", ""]
+    kinds = {"code_edit": "edit prompts (a function, then the start of its renamed copy)",
+             "code_continuation": "held-out files continued (not built to be copied)"}
+    for r in rows:
+        cost = r.get("verify_cost_vs_step", {})
+        caps = "" if "no_match_share" not in r else (
+            f"; the lookup found nothing to copy in {r['no_match_share']:.0%} of the decode rounds (a plain step), and a "
+            f"verify of 4 guesses cost {cost.get('4', float('nan')):.2f}x a one-token step")
+        lines.append(f"- {kinds.get(r['scenario'], r['scenario'])}: {r['speedup_vs_fast_decode']:.2f}x (rounds "
+                     f"{min(r['speedup_rounds']):.2f}-{max(r['speedup_rounds']):.2f}), {r['tokens_per_target_call']:.2f} "
+                     f"tokens per target call, acceptance {r['acceptance_rate']:.2f}, same tokens {r['same_tokens']}{caps}")
+    return "\n".join(lines)
+
+
 def single_stream_lines(record: dict[str, Any] | None = None) -> str:
     """One stream through the serving engine against FastDecoder: the recorded run of
     ``codex-lab bench inference --scenarios single_stream --threads 1`` (bench_records.json, key ``single_stream``),
