@@ -15,10 +15,10 @@ and costs a little when it does not (a longer verify forward for guesses that fa
 
 On the compiled decoder a verify forward is not free: on a 2-core CPU a step over 17 tokens
 took 7.4x a one-token step (the matmuls are no longer memory-bound), so verifying every guess
-found costs more than the single steps it saves (0.90x, 2026-12-07). There the round verifies
-only as many guesses as pay: :func:`draft_length` picks the count that maximises expected
-tokens per millisecond, from each verify shape's measured cost (:func:`verify_costs`) and the
-acceptance rate seen so far in this generation.
+found cost more than the single steps it saved (0.89x FastDecoder, 2026-12-07). There the
+round verifies only as many guesses as pay: :func:`draft_length` picks the count that
+maximises expected tokens per millisecond, from each verify shape's measured cost
+(:func:`verify_costs`) and the acceptance rate seen so far in this generation.
 """
 
 from __future__ import annotations
