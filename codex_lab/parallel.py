@@ -143,4 +143,137 @@ def run_units(fn: Callable[..., R], units: Sequence[tuple[Any, ...] | Mapping[st
     return [got[i] for i in range(len(calls))]
 
 
-__all__ = ["JOBS_ENV", "cpu_seconds", "run_units", "unit_workers"]
+def _serve(conn: Any, factory: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+           env: Mapping[str, str], threads: int, parent: int) -> None:
+    """The loop of a :class:`Remote`'s process: build the object, then answer ``(name, args,
+    kwargs)`` with ``("ok", result)`` or ``("error", text)`` until ``None`` or the pipe closes."""
+    _start_worker(env, threads, parent)
+    try:
+        obj = factory(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - reported to the caller, which raises it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ok", None))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        name, a, kw = msg
+        try:
+            conn.send(("ok", getattr(obj, name)(*a, **kw)))
+        except BaseException as exc:  # noqa: BLE001
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class Remote:
+    """An object built by ``factory(*args, **kwargs)`` in a process of its own (spawned, with
+    ``compute_threads()`` math threads, ended with the process that started it), its methods
+    called through a pipe: ``call(name, *a)`` waits for the result; ``send(name, *a)`` then
+    ``receive()`` lets several remotes work side by side (:func:`call_all`).
+
+    Use: the seeds of one arm trained in lockstep (each chunk every seed, then the arm judged)
+    on as many cores as there are seeds. Each seed's arithmetic is the one it has in place (one
+    math thread, its own generators), so the numbers are the same either way
+    (``tests/test_parallel.py``). ``factory``, arguments and results must pickle."""
+
+    def __init__(self, factory: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.label = getattr(factory, "__name__", str(factory))
+        env = {"CODEX_LAB_PROGRESS": "0", JOBS_ENV: "1"}
+        self._proc = ctx.Process(target=_serve, args=(child, factory, args, kwargs, env, compute_threads(), os.getpid()),
+                                 name=f"codex-lab {self.label}")
+        self._proc.start()
+        child.close()
+        self._pending = True  # the factory's answer
+        self.receive()
+
+    def send(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Start ``obj.name(*args, **kwargs)`` in the process; :meth:`receive` gives its result."""
+        if self._pending:
+            raise RuntimeError(f"{self.label}: a call is still in flight; receive() its result first")
+        self._conn.send((name, args, kwargs))
+        self._pending = True
+
+    def receive(self) -> Any:
+        """The result of the call :meth:`send` started (raises what it raised, as a RuntimeError)."""
+        if not self._pending:
+            raise RuntimeError(f"{self.label}: nothing was sent; send() a call first")
+        try:
+            kind, value = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(5)
+            raise RuntimeError(f"the process of {self.label} ended (exit code {self._proc.exitcode}) before it "
+                               f"answered; rerun with {JOBS_ENV}=1 to see the error in this process") from None
+        self._pending = False
+        if kind == "error":
+            raise RuntimeError(f"{self.label} failed in its process: {value} (rerun with {JOBS_ENV}=1 to see it "
+                               f"in this process)")
+        return value
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``obj.name(*args, **kwargs)`` in the process, waited for."""
+        self.send(name, *args, **kwargs)
+        return self.receive()
+
+    def method(self, name: str) -> "RemoteMethod":
+        """``obj.name`` as a callable that :func:`call_all` runs side by side with others."""
+        return RemoteMethod(self, name)
+
+    def close(self) -> None:
+        """End the process (its object is gone; what it wrote to disk stays)."""
+        if self._proc.is_alive():
+            try:
+                self._conn.send(None)
+            except (OSError, ValueError):
+                pass
+            self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(5)
+        self._conn.close()
+
+    def __enter__(self) -> "Remote":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class RemoteMethod:
+    """One method of a :class:`Remote`: call it (waits), or let :func:`call_all` start it."""
+
+    def __init__(self, remote: Remote, name: str) -> None:
+        self.remote, self.name = remote, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.remote.call(self.name, *args, **kwargs)
+
+
+def call_all(fns: Sequence[Callable[..., R]], *args: Any) -> list[R]:
+    """``[fn(*args) for fn in fns]``, with every :class:`RemoteMethod` started first so that they
+    run side by side (each in its own process); the others run here, in order. Results in the
+    order of ``fns``; every started call is received before an error is raised (no remote is
+    left with an answer in flight)."""
+    for fn in fns:
+        if isinstance(fn, RemoteMethod):
+            fn.remote.send(fn.name, *args)
+    out: list[Any] = []
+    error: BaseException | None = None
+    for fn in fns:
+        try:
+            out.append(fn.remote.receive() if isinstance(fn, RemoteMethod) else fn(*args))
+        except Exception as exc:  # keep receiving the others' answers, then raise the first
+            error = error or exc
+            out.append(None)
+    if error is not None:
+        raise error
+    return out
+
+
+__all__ = ["JOBS_ENV", "Remote", "RemoteMethod", "call_all", "cpu_seconds", "run_units", "unit_workers"]

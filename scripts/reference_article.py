@@ -71,24 +71,28 @@ def _unpack(text: str) -> Any:
     return pickle.loads(base64.b64decode(text))
 
 
+def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """``fn(*args, **kwargs)`` and its wall seconds (in the worker: the unit's own time, not its wait in the queue)."""
+    t0 = time.perf_counter()
+    return fn(*args, **kwargs), time.perf_counter() - t0
+
+
 def run_resumable(run: ResumableRun, fn: Callable[..., Any], args: Sequence[tuple], keys: Sequence[str],
                   common: dict[str, Any]) -> list[Any]:
-    """``fn(*a, **common)`` for every ``a`` in ``args``, in chunks of as many units as there are
-    worker processes; each chunk's results are stored as they finish (a chunk is the loss on a stop)."""
-    workers = unit_workers(len(args))
+    """``fn(*a, **common)`` for every ``a`` in ``args`` not finished before, all handed to the worker
+    processes at once (a worker takes the next unit as soon as it is free, so a unit that ends early
+    never leaves a core idle behind a long one); each result is stored the moment it finishes (a
+    stop loses only the units in progress, which resume from their checkpoints)."""
     out: dict[str, Any] = {}
-    for i in range(0, len(args), workers):
-        chunk = list(zip(keys[i:i + workers], args[i:i + workers]))
-        todo = [(k, a) for k, a in chunk if k not in run.done]
-        if todo:
-            t0 = time.perf_counter()
-            res = run_units(fn, [a for _, a in todo], common=common, names=[k for k, _ in todo])
-            each = (time.perf_counter() - t0) / len(todo)
-            for (k, _), r in zip(todo, res):
-                run.store(k, _pack(r), each)  # JSON: pickled text; the chunk's wall time, shared by its units
-            print(f"done: {', '.join(k for k, _ in todo)} ({time.perf_counter() - t0:.0f} s)", flush=True)
-        for k, _ in chunk:
-            out[k] = _unpack(run.done[k]["result"])
+    todo = [(k, a) for k, a in zip(keys, args) if k not in run.done]
+    if todo:
+        def keep(i: int, res: tuple[Any, float]) -> None:
+            run.store(todo[i][0], _pack(res[0]), res[1])  # JSON: pickled text; the unit's own wall time
+            print(f"done: {todo[i][0]} ({res[1]:.0f} s)", flush=True)
+
+        run_units(_timed, [(fn, *a) for _, a in todo], common=common, names=[k for k, _ in todo], on_done=keep)
+    for k in keys:
+        out[k] = _unpack(run.done[k]["result"])
     return [out[k] for k in keys]
 
 
@@ -303,7 +307,10 @@ def section_02(run: ResumableRun, corpus: Any, config: Any) -> dict[str, Any]:
     arms = arms_for("standard", cfg.n_layer, cfg)
     ckpt = str(run.path.parent / "checkpoints" / run.path.stem)  # beside the state file
     res = run_resumable(run, p2.pattern_unit, [(name, list(p)) for name, p in arms.items()],
-                        [f"arm {name}" for name in arms], dict(cfg=cfg, stop=stop, checkpoints=ckpt))
+                        [f"arm {name}" for name in arms],
+                        # each seed in a process of its own where there are cores for it: an arm left to run alone
+                        # (the last one) then trains its seeds side by side instead of on one core (same numbers)
+                        dict(cfg=cfg, stop=stop, checkpoints=ckpt, seed_processes=unit_workers(len(cfg.seeds)) > 1))
     done = dict(zip(arms, res))
     v = p2.plateau_judge(done, cfg)
     results = {k: a.runs for k, a in done.items()}

@@ -192,3 +192,56 @@ def test_workers_end_when_the_process_that_started_them_is_killed(tmp_path):
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+class _Counter:
+    """A picklable object with state, for :class:`Remote`."""
+
+    def __init__(self, start: int) -> None:
+        if start < 0:
+            raise ValueError("start must be >= 0")
+        self.n = start
+
+    def add(self, k: int) -> int:
+        if k == 13:
+            raise KeyError("thirteen")
+        self.n += k
+        return self.n
+
+
+def test_a_remote_object_keeps_its_state_and_reports_errors_by_name():
+    from codex_lab.parallel import Remote, call_all
+
+    with Remote(_Counter, 5) as a, Remote(_Counter, 100) as b:
+        local = _Counter(1000)
+        # remotes are started first, then the local call, then the remotes received: order kept
+        assert call_all([a.method("add"), local.add, b.method("add")], 2) == [7, 1002, 102]
+        assert a.call("add", 1) == 8  # the state stays in the process between calls
+        with pytest.raises(RuntimeError, match="_Counter failed in its process: KeyError: 'thirteen'"):
+            call_all([a.method("add"), b.method("add")], 13)
+        assert b.call("add", 0) == 102  # both answers were received: nothing left in flight
+        with pytest.raises(RuntimeError, match="receive"):
+            a.send("add", 1)
+            a.send("add", 1)
+        assert a.receive() == 9
+        with pytest.raises(RuntimeError, match="nothing was sent"):
+            a.receive()
+    with pytest.raises(RuntimeError, match="ValueError: start must be >= 0"):
+        Remote(_Counter, -1)
+
+
+def test_an_arm_with_its_seeds_in_processes_equals_the_arm_in_place(tmp_path):
+    """Lesson 02's reference arm with each seed's session in its own process (the seeds side by
+    side) gives the numbers of the sessions in this process, stopping point and extension included."""
+    from codex_lab.lessons.l02_sparse_attention.geometry import arms_for, fast_config
+    from codex_lab.lessons.l02_sparse_attention.plateau import StopPlan, pattern_unit
+
+    cfg = dataclasses.replace(fast_config(), warmup=4, eval_every=4, eval_sequences=8, batch=4, seeds=(10, 11, 12))
+    patterns = arms_for("fast", cfg.n_layer, cfg)["window+stride"]
+    stop = StopPlan(chunk=4, min_steps=4, max_steps=8)
+    here = pattern_unit("window+stride", patterns, cfg=cfg, stop=stop, checkpoints=tmp_path / "a")
+    apart = pattern_unit("window+stride", patterns, cfg=cfg, stop=stop, checkpoints=tmp_path / "b", seed_processes=True)
+    assert [r.curve for r in apart.runs] == [r.curve for r in here.runs]
+    assert [r.accuracy for r in apart.runs] == [r.accuracy for r in here.runs]
+    assert (apart.steps, apart.reached, apart.state.state) == (here.steps, here.reached, here.state.state)
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == sorted(p.name for p in (tmp_path / "a").iterdir())

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+from codex_lab.parallel import call_all
 from codex_lab.stats import DEGRADING, TRAINED, UNDER_TRAINED_STATE
 from codex_lab.training_state import TrainingState, training_state
 
@@ -190,7 +191,7 @@ def train_to_plateau(advance: Sequence[Advance], *, arm: str, chunk: int, max_st
     false_stops: list[int] = []
     while True:
         while True:
-            curves = [list(a(chunk)) for a in advance]
+            curves = [list(c) for c in call_all(advance, chunk)]  # remote seeds side by side
             steps += chunk
             if early and (best is None or sign * _mean_last(curves) > sign * best[0]):
                 best = (_mean_last(curves), steps, snapshot())  # type: ignore[misc]
@@ -219,7 +220,7 @@ def train_to_plateau(advance: Sequence[Advance], *, arm: str, chunk: int, max_st
         done = 0
         ext: list[Curve] = curves
         while done < more:
-            ext = [list(a(chunk)) for a in advance]
+            ext = [list(c) for c in call_all(advance, chunk)]
             done += chunk
         # change = sign x (mean over seeds of the last value after the extension - at the stopping point)
         run.extension_steps, run.extension_change = done, sign * (_mean_last(ext) - _mean_last(curves))

@@ -30,6 +30,7 @@ from codex_lab.lessons.l02_sparse_attention.experiments import (MIN_CHANGE, Reca
                                                               build_model, chance_of, eval_batches, evaluate_recall,
                                                               judge, recall_loss, task_data)
 from codex_lab.lessons.l02_sparse_attention.geometry import RecallConfig
+from codex_lab.parallel import Remote, call_all
 from codex_lab.training.curves import ChunkedSession
 from codex_lab.training.loop import LoopConfig, adamw
 from codex_lab.training.plateau import plateau_line, train_to_plateau
@@ -154,23 +155,38 @@ class PatternArm:
 
 
 def pattern_unit(name: str, patterns: Sequence[str], *, cfg: RecallConfig, stop: StopPlan,
-                 checkpoints: str | Path | None = None) -> PatternArm:
-    """One arm (one pattern spec per layer), every seed of ``cfg``, to its plateau."""
+                 checkpoints: str | Path | None = None, seed_processes: bool = False) -> PatternArm:
+    """One arm (one pattern spec per layer), every seed of ``cfg``, to its plateau.
+
+    ``seed_processes``: each seed's session lives in a process of its own
+    (:class:`codex_lab.parallel.Remote`), so the seeds of each chunk train side by side (an arm
+    that runs alone then uses every core; the numbers are the ones the sessions give in place)."""
     stop.check(cfg)
     if len(patterns) != cfg.n_layer:
         raise ValueError(f"{len(patterns)} patterns for {cfg.n_layer} layers; give one spec per layer")
     t0 = time.perf_counter()
     slug = "".join(c if c.isalnum() else "-" for c in name)
-    sessions = [RecallSession(patterns, cfg, seed, checkpoint=None if checkpoints is None else
-                              Path(checkpoints) / f"recall-{slug}-seed{seed}.pt") for seed in cfg.seeds]
+    paths = [None if checkpoints is None else Path(checkpoints) / f"recall-{slug}-seed{seed}.pt" for seed in cfg.seeds]
+    if seed_processes:
+        remotes = [Remote(RecallSession, list(patterns), cfg, seed, checkpoint=p) for seed, p in zip(cfg.seeds, paths)]
+        advance: list[Any] = [r.method("advance") for r in remotes]
+        freezers: list[Any] = [r.method("freeze") for r in remotes]
+    else:
+        remotes = []
+        sessions = [RecallSession(patterns, cfg, seed, checkpoint=p) for seed, p in zip(cfg.seeds, paths)]
+        advance, freezers = [s.advance for s in sessions], [s.freeze for s in sessions]
     at_stop: dict[str, list[RecallRun]] = {}
 
     def freeze() -> None:  # the verdict is read at the stopping point, before the extension trains on
-        at_stop["runs"] = [s.freeze() for s in sessions]
+        at_stop["runs"] = call_all(freezers)
 
-    run = train_to_plateau([s.advance for s in sessions], arm=name, chunk=stop.chunk, max_steps=stop.max_steps,
-                           min_steps=stop.min_steps, higher_is_better=True, min_change=MIN_CHANGE,
-                           chance=chance_of(cfg), extend=stop.extend, before_extension=freeze)
+    try:
+        run = train_to_plateau(advance, arm=name, chunk=stop.chunk, max_steps=stop.max_steps,
+                               min_steps=stop.min_steps, higher_is_better=True, min_change=MIN_CHANGE,
+                               chance=chance_of(cfg), extend=stop.extend, before_extension=freeze)
+    finally:
+        for r in remotes:
+            r.close()
     state = run.judged  # the rule's call, overruled where the extension found the arm still learning
     return PatternArm(name, at_stop["runs"], state, run.steps, run.reached, run.extension_steps,
                       run.extension_change, time.perf_counter() - t0)
