@@ -45,6 +45,17 @@ def test_the_aot_step_equals_the_eager_step_and_a_later_decoder_loads_it(cache_d
     assert first.generate(PROMPT, 24)[0] == eager
     assert first.compiled and not first.aot_from_disk and not first.compile_error
     assert first.decode_calls == 23  # every decode step ran the package (the first token is the prefill's)
+    # the package is called straight through its loader; the same inputs through the package's own
+    # wrapper (the plain path) give the same tensor, bit for bit
+    from codex_lab.infer.aot_step import DirectRunner
+
+    runner = first._aot.runner
+    assert isinstance(runner, DirectRunner)
+    tokens, pos = torch.tensor([[5]]), torch.tensor([[3]])
+    fast = runner(tokens, pos, *first.k, *first.v).clone()
+    assert torch.equal(fast, runner.compiled(tokens, pos, *first.k, *first.v))
+    with pytest.raises(ValueError, match=f"takes {runner.n_inputs} tensors; got 2"):
+        runner(tokens, pos)
     packages = list(cache_dir.rglob("step-*.pt2"))
     assert len(packages) == 1
     # a later decoder of the same model (a restarted process) loads the kept package instead of building it

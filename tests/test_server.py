@@ -333,3 +333,38 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(small_tokenizer
         wait_idle(srv)
     finally:
         bg.stop()
+
+
+class _SilentEngine(Engine):
+    """An engine that takes requests and never steps them (a stand-in for a wedged engine that
+    neither answers nor enforces the deadline itself)."""
+
+    def has_work(self):
+        return False
+
+
+def test_the_servers_own_guard_ends_a_request_the_engine_never_answers(small_tokenizer):
+    """The engine enforces a request's deadline; the server keeps a guard two seconds past it, so a
+    wedged engine cannot hold a client forever: the answer ends "length" / "deadline" near 0.3 + 2 s."""
+    srv = ModelServer(small_tokenizer, ServerConfig(model_name=NAME, deadline_s=0.3), engine_factory=_SilentEngine)
+    srv.add_version("v0001", make_model(small_tokenizer.vocab_size))
+    bg = serve_in_background(srv)
+    try:
+        for stream in (False, True):
+            t0 = time.perf_counter()
+            r = httpx.post(bg.url + "/v1/completions", json={"model": NAME, "prompt": "a", "max_tokens": 4,
+                                                             "stream": stream}, timeout=20)
+            dt = time.perf_counter() - t0
+            assert r.status_code == 200, r.text
+            if stream:
+                chunks = [json.loads(line[6:]) for line in r.text.splitlines()
+                          if line.startswith("data: {")]
+                choice = chunks[-1]["choices"][0]
+                assert r.text.rstrip().endswith("data: [DONE]")
+            else:
+                choice = r.json()["choices"][0]
+            assert choice["finish_reason"] == "length" and choice["finish_detail"] == "deadline", choice
+            # the guard fires at 2.3 s; a generous bound on a busy machine, far below the client's 20 s
+            assert 2.0 < dt < 10.0, dt
+    finally:
+        bg.stop()

@@ -117,6 +117,48 @@ def aot_options(options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k != "cpp_wrapper"}
 
 
+class DirectRunner:
+    """A loaded package called without the per-call work of its Python wrapper.
+
+    ``torch._inductor.aoti_load_package`` returns a model whose every call reads its input and
+    output specs back as JSON, flattens the arguments and unflattens the result (tens of
+    microseconds a call, a tenth of a decode step of the shipped model on a CPU). A decode step's
+    package takes positional tensors only and returns one tensor, so that work is done once here:
+    the specs are read at load, checked against that shape of call (``n`` positional tensors in,
+    one tensor out), and each call hands the tensors straight to the loader's ``boxed_run``.
+    ``compiled`` is the wrapper itself (the plain path; ``tests/test_aot_step.py`` holds the two equal).
+    """
+
+    def __init__(self, compiled: Any) -> None:
+        from torch.utils import _pytree as pytree
+
+        self.compiled = compiled
+        self._loader = compiled.loader
+        in_spec, out_spec = (pytree.treespec_loads(s) for s in self._loader.get_call_spec())
+        self.n_inputs = in_spec.num_leaves
+        # the spec of a call f(t0, ..., t{n-1}) with no keywords, and of a result that is one tensor
+        positional = pytree.tree_flatten((tuple(range(self.n_inputs)), {}))[1]
+        if in_spec != positional or out_spec.num_leaves != 1 or out_spec != pytree.tree_flatten(0)[1]:
+            raise ValueError(f"the package's call is not n tensors in, one tensor out (inputs {in_spec}, "
+                             f"output {out_spec}); call the loaded package itself")
+
+    def __call__(self, *args: Tensor) -> Tensor:
+        if len(args) != self.n_inputs:
+            raise ValueError(f"the package takes {self.n_inputs} tensors; got {len(args)}")
+        return self._loader.boxed_run(list(args))[0]  # boxed: the list is the loader's to consume
+
+
+def direct_runner(compiled: Any) -> Callable[..., Tensor]:
+    """:class:`DirectRunner` of a loaded package, or the package itself where its call has another
+    shape (or no loader: another torch)."""
+    if getattr(compiled, "loader", None) is None:
+        return compiled  # type: ignore[no-any-return]
+    try:
+        return DirectRunner(compiled)
+    except (ValueError, AttributeError, RuntimeError):
+        return compiled  # type: ignore[no-any-return]
+
+
 @dataclass
 class AotStep:
     """A loaded package: ``runner(tokens, pos, *k, *v)``. ``seconds``: what getting it cost (the
@@ -171,7 +213,8 @@ def aot_package(key: str, spec: Any, *, folder: Path | None = None, in_process: 
         note += "; building into a private temporary folder instead (not kept for the next run)"
     path = folder / f"step-{key}.pt2"
     if path.is_file():
-        return AotStep(torch._inductor.aoti_load_package(str(path)), time.perf_counter() - t0, True, path, note)
+        return AotStep(direct_runner(torch._inductor.aoti_load_package(str(path))), time.perf_counter() - t0, True, path,
+                       note)
     tmp = folder / f".tmp{os.getpid()}-{path.name}"  # AOTInductor wants a name ending in .pt2
     try:
         if in_process:
@@ -181,7 +224,8 @@ def aot_package(key: str, spec: Any, *, folder: Path | None = None, in_process: 
         os.replace(tmp, path)  # atomic: another process never loads half a package
     finally:
         tmp.unlink(missing_ok=True)
-    return AotStep(torch._inductor.aoti_load_package(str(path)), time.perf_counter() - t0, False, path, note)
+    return AotStep(direct_runner(torch._inductor.aoti_load_package(str(path))), time.perf_counter() - t0, False, path,
+                   note)
 
 
 @dataclass
@@ -252,4 +296,4 @@ def _compile(program: Any, options: dict[str, Any], out: str) -> None:
     torch._inductor.aoti_compile_and_package(program, package_path=out, inductor_configs=options)
 
 
-__all__ = ["AotStep", "STEP_KINDS", "aot_options", "aot_package", "aot_step", "package_key", "weights_digest"]
+__all__ = ["AotStep", "DirectRunner", "direct_runner", "STEP_KINDS", "aot_options", "aot_package", "aot_step", "package_key", "weights_digest"]

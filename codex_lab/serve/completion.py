@@ -174,13 +174,15 @@ class Run:
         """("delta", text) while running, then ("end", text) or ("error", message)."""
         watcher = asyncio.create_task(_watch_disconnect(self.receive, self.on_disconnect))
         sent, done = "", False
+        # the engine enforces the deadline; a guard two seconds after it: one timer for the request, which
+        # posts a "guard" event (not a wait_for per token: that is a task and a timer for every token)
+        hard_deadline = self.live.arrival + self.cfg.deadline_s + 2.0
+        guard = asyncio.get_running_loop().call_later(max(hard_deadline - time.perf_counter(), 0.0),
+                                                      self.live.events.put_nowait, ("guard", None))
         try:
-            hard_deadline = self.live.arrival + self.cfg.deadline_s + 2.0  # the engine enforces it; a guard
             while True:
-                try:
-                    left = max(hard_deadline - time.perf_counter(), 0.0)
-                    kind, val = await asyncio.wait_for(self.live.events.get(), timeout=left)
-                except asyncio.TimeoutError:
+                kind, val = await self.live.events.get()
+                if kind == "guard":
                     self.worker.cancel(self.live)
                     self.reason = "deadline"
                     text = self._safe(self._decoded())[0]
@@ -228,6 +230,7 @@ class Run:
             done = True
             yield "end", text
         finally:
+            guard.cancel()
             watcher.cancel()
             if not done and not self.live.cancelled:
                 self.worker.cancel(self.live)  # the client went away: free the slot now

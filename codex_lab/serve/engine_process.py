@@ -296,8 +296,12 @@ class EngineProcess:
         self._send(("stop",))
         self._send(None)  # the sender ends after the stop
         self.proc.join(5)
-        if self.proc.is_alive():
+        if self.proc.is_alive():  # a child still starting (spawn imports torch) or wedged in a step
             self.proc.terminate()
+            self.proc.join(5)  # SIGTERM arrives when it arrives: wait for it, so close() returns with no child
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
         self.stats = {}
 
     def phase(self) -> dict[str, Any]:
