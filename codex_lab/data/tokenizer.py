@@ -118,11 +118,14 @@ class CodeTokenizer:
         missing = [s for s in SPECIAL_TOKENS if tok.token_to_id(s) is None]
         if missing:
             raise ValueError(f"tokenizer lacks the reserved special tokens {missing}; retrain it.")
+        # read once: the course never adds tokens to a built tokenizer, and ``get_vocab_size`` walks the
+        # added tokens on every call (about ten microseconds: once per decoded token while streaming)
+        self._vocab_size = tok.get_vocab_size()
 
     @property
     def vocab_size(self) -> int:
         """Number of token ids, special tokens included."""
-        return self.tok.get_vocab_size()
+        return self._vocab_size
 
     @property
     def eot_id(self) -> int:

@@ -116,6 +116,7 @@ class CompiledPagedStep:
             raise ValueError(f"mixed_rows={mixed_rows} must exceed max_batch_size={max_batch_size} (or be 0: none)")
         self.model, self.pool, self.max_batch_size, self.mixed_rows = model, pool, max_batch_size, mixed_rows
         self.device = pool.k[0].device
+        self._solo_table: tuple[list[int], Tensor] | None = None  # a lone request's table: (ids, (1, NB) tensor)
         # every row of a step is one token: on a CPU its attention is the one-query formula in plain
         # ops Inductor fuses (FastDecoder's choice there), SDPA elsewhere; equal outputs either way
         self.one_query = self.device.type == "cpu"
@@ -263,10 +264,14 @@ class CompiledPagedStep:
             # one graph symbolic in the table's length: the table as it is (2 blocks at least, as
             # dynamo specialises a length of 1), no bucket
             t = list(tables[0])
-            tab = torch.tensor([t + t[:1] * (MIN_BLOCKS - len(t))], device=self.device)  # (1, NB)
+            t += t[:1] * (MIN_BLOCKS - len(t))
+            # the table tensor changes only when the request gains a block (every block_size tokens): kept
+            # with the list it was made from, and made again when they differ
+            if self._solo_table is None or self._solo_table[0] != t:
+                self._solo_table = (t, torch.tensor([t], device=self.device))  # (1, NB)
             idx = torch.tensor([[tokens[0]]], device=self.device)  # (1, 1)
             pos = torch.tensor([[positions[0]]], device=self.device)  # (1, 1)
-            return self._solo(idx, pos, tab)
+            return self._solo(idx, pos, self._solo_table[1])
         nb = self.bucket(max(len(t) for t in tables))
         rows_shape = (1 if B == 1 and self.solo else self.max_batch_size) if B <= self.max_batch_size else self.mixed_rows
         pad = rows_shape - B
