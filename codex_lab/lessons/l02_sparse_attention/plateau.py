@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -41,12 +41,15 @@ from codex_lab.training_state import TrainingState
 class StopPlan:
     """How far each arm may train: judged every ``chunk`` steps (a multiple of the config's
     ``eval_every``) from ``min_steps``, capped at ``max_steps``; ``extend``: the budget-extension
-    share (0: none)."""
+    share (0: none); ``confirm``: the extension decides (an arm it finds still learning trains on
+    from the extension's end, judged again, until a stopping point the extension confirms or the
+    cap: :func:`~codex_lab.training.plateau.train_to_plateau`), instead of only being reported."""
 
     chunk: int
     min_steps: int
     max_steps: int
     extend: float = 0.5
+    confirm: bool = False
 
     def check(self, cfg: RecallConfig) -> None:
         """Refuse a plan whose chunks do not land on the config's evaluations."""
@@ -141,6 +144,7 @@ class PatternArm:
     extension_steps: int = 0
     extension_change: float = math.nan
     seconds: float = 0.0
+    false_stops: list[int] = field(default_factory=list)  # stopping points the extension overruled (``confirm``)
 
     @property
     def final(self) -> list[float]:
@@ -151,7 +155,10 @@ class PatternArm:
         """The arm's state, its steps and the extension check, one line."""
         return plateau_line(self.name, self.state, self.steps, reached=self.reached, extension_steps=self.extension_steps,
                             extension_change=self.extension_change, min_change=MIN_CHANGE, higher_is_better=True,
-                            metric="held-out accuracy", unit="")
+                            metric="held-out accuracy", unit="",
+                            note=(f" (the extension found it still learning at step "
+                                  f"{', '.join(map(str, self.false_stops))}, so it trained on)"
+                                  + ("" if self.reached else " (the cap)")) if self.false_stops else "")
 
 
 def pattern_unit(name: str, patterns: Sequence[str], *, cfg: RecallConfig, stop: StopPlan,
@@ -183,13 +190,14 @@ def pattern_unit(name: str, patterns: Sequence[str], *, cfg: RecallConfig, stop:
     try:
         run = train_to_plateau(advance, arm=name, chunk=stop.chunk, max_steps=stop.max_steps,
                                min_steps=stop.min_steps, higher_is_better=True, min_change=MIN_CHANGE,
-                               chance=chance_of(cfg), extend=stop.extend, before_extension=freeze)
+                               chance=chance_of(cfg), extend=stop.extend, before_extension=freeze,
+                               confirm=stop.confirm)
     finally:
         for r in remotes:
             r.close()
     state = run.judged  # the rule's call, overruled where the extension found the arm still learning
     return PatternArm(name, at_stop["runs"], state, run.steps, run.reached, run.extension_steps,
-                      run.extension_change, time.perf_counter() - t0)
+                      run.extension_change, time.perf_counter() - t0, list(run.false_stops))
 
 
 def plateau_judge(arms: Mapping[str, PatternArm], cfg: RecallConfig) -> Verdicts:
