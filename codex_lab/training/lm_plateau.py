@@ -38,11 +38,13 @@ def lm_sessions(models: Sequence[CodexModel], seeds: Sequence[int], train: Tenso
 
 
 def lm_to_plateau(arm: str, sessions: Sequence[LMSession], *, chunk: int, min_steps: int, max_steps: int,
-                  min_change: float, extend: float) -> tuple[PlateauRun, list[float], list[dict[str, Tensor]]]:
+                  min_change: float, extend: float,
+                  confirm: bool = False) -> tuple[PlateauRun, list[float], list[dict[str, Tensor]]]:
     """Train ``sessions`` (one per seed) to their plateau (held-out loss, lower is better, judged
     every ``chunk`` steps from ``min_steps``, cap ``max_steps``; then ``extend`` of the steps again);
     returns the run, each seed's held-out loss at the stopping point (nats/token) and the models'
-    weights there (read before the extension trains on)."""
+    weights there (read before the extension trains on). ``confirm``: an arm the extension finds
+    still learning trains on and is judged again (:func:`~codex_lab.training.plateau.train_to_plateau`)."""
     at_stop: dict[str, Any] = {}
 
     def freeze() -> None:  # the verdict is read at the stopping point, before the extension trains on
@@ -51,7 +53,7 @@ def lm_to_plateau(arm: str, sessions: Sequence[LMSession], *, chunk: int, min_st
 
     run = train_to_plateau([s.advance for s in sessions], arm=arm, chunk=chunk, max_steps=max_steps,
                            min_steps=min_steps, higher_is_better=False, min_change=min_change, extend=extend,
-                           before_extension=freeze)
+                           before_extension=freeze, confirm=confirm)
     return run, at_stop["final"], at_stop["weights"]
 
 

@@ -157,8 +157,8 @@ class PatternArm:
                             extension_change=self.extension_change, min_change=MIN_CHANGE, higher_is_better=True,
                             metric="held-out accuracy", unit="",
                             note=(f" (the extension found it still learning at step "
-                                  f"{', '.join(map(str, self.false_stops))}, so it trained on)"
-                                  + ("" if self.reached else " (the cap)")) if self.false_stops else "")
+                                  f"{', '.join(map(str, getattr(self, 'false_stops', [])))}, so it trained on)"
+                                  + ("" if self.reached else " (the cap)")) if getattr(self, 'false_stops', None) else "")
 
 
 def pattern_unit(name: str, patterns: Sequence[str], *, cfg: RecallConfig, stop: StopPlan,

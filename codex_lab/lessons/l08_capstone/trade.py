@@ -109,6 +109,7 @@ class TradeSizes:
     new_tokens: int = 16
     rounds: int = 5
     extend: float = 0.5
+    confirm: bool = False  # the extension decides: an arm it finds still learning trains on (the reference run)
 
     def __post_init__(self) -> None:
         bad = [g for g in self.groups if g < 2 or self.n_head % g]
@@ -123,7 +124,9 @@ class TradeSizes:
                 f"{self.dense_layers}..{self.n_layer - 1} sparse `{self.sparse}`, GQA g={self.groups[0]} and "
                 f"g={self.groups[1]} ({self.n_head // self.groups[0]} and {self.n_head // self.groups[1]} K/V heads), "
                 f"MoE {self.n_experts} experts top-{self.top_k}; pre-training {self.pretrain_steps} steps, then every "
-                f"arm to its plateau (judged every {self.chunk} steps, cap {self.max_steps}); {len(self.seeds)} "
+                f"arm to its plateau (judged every {self.chunk} steps, cap {self.max_steps}"
+                f"{'; an arm the budget-extension check finds still learning trains on' if self.confirm else ''}); "
+                f"{len(self.seeds)} "
                 f"seeds; speed at {self.context} tokens of context")
 
 
@@ -214,6 +217,7 @@ class ArmRun:
     weights: dict[str, Tensor] = field(default_factory=dict)
     seconds: float = 0.0
     fixed: bool = False  # a fixed budget (the pre-training), not a run to a plateau
+    false_stops: list[int] = field(default_factory=list)  # stopping points the extension overruled (``confirm``)
 
     @property
     def judged(self) -> TrainingState:
@@ -226,7 +230,9 @@ class ArmRun:
         """The arm's state, its steps and the extension check, one line."""
         return plateau_line(self.arm, self.judged, self.steps, reached=self.reached, extension_steps=self.extension_steps,
                             extension_change=self.extension_change, min_change=MIN_CHANGE_NATS,
-                            note=" (a fixed budget: the plain arm continues it)" if self.fixed else "")
+                            note=" (a fixed budget: the plain arm continues it)" if self.fixed else (
+                                f" (the extension found it still learning at step {', '.join(map(str, getattr(self, 'false_stops', [])))}, "
+                                "so it trained on)" + ("" if self.reached else " (the cap)") if getattr(self, 'false_stops', None) else ""))
 
 
 def _sessions(models: Sequence[CodexModel], sizes: TradeSizes, train: Tensor, val: Tensor, *, lr: float,
@@ -301,9 +307,10 @@ def design_unit(kind: str, pre: ArmRun, sizes: TradeSizes, train: Tensor, val: T
                          unit=f"design-{kind}")
     converted = [s.curve[0][1] for s in sessions]
     run, final, weights = lm_to_plateau(kind, sessions, chunk=sizes.chunk, min_steps=sizes.min_steps,
-                                        max_steps=sizes.max_steps, min_change=MIN_CHANGE_NATS, extend=sizes.extend)
+                                        max_steps=sizes.max_steps, min_change=MIN_CHANGE_NATS, extend=sizes.extend,
+                                        confirm=sizes.confirm)
     return ArmRun(kind, run.curves, run.state, run.steps, run.reached, final, converted, run.extension_steps,
-                  run.extension_change, weights[0], time.perf_counter() - t0)
+                  run.extension_change, weights[0], time.perf_counter() - t0, false_stops=list(run.false_stops))
 
 
 @dataclass
