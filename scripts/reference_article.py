@@ -164,9 +164,10 @@ def plan_04() -> Any:
     # every arm still learning: the tuning runs, lessons/l04_moe/protocol.py), cap 64,000. The first run
     # (2026-12-07, cap 16,000) stopped every arm at the cap still gaining 0.017-0.023 nats/token per
     # quarter of its run: the cap, not the rule, ended it. A rerun resumes each arm from its
-    # step-16,000 chunk checkpoints (the same steps replayed, then on)
+    # step-16,000 chunk checkpoints (the same steps replayed, then on). As in lessons 02 and 08, the
+    # extension decides: an arm it finds still learning where the rule stopped it trains on
     plan = dataclasses.replace(protocol_plan("standard"), n_experts=16, top_k=4, seq_len=64)
-    return plan, StopPlan(eval_every=100, chunk=500, min_steps=4000, max_steps=64000)
+    return plan, StopPlan(eval_every=100, chunk=500, min_steps=4000, max_steps=64000, confirm=True)
 
 
 def section_04(run: ResumableRun, corpus: Any, cfg: Any) -> dict[str, Any]:

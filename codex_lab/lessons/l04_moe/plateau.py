@@ -44,13 +44,15 @@ from codex_lab.training_state import TrainingState, held_floor
 class StopPlan:
     """How far each arm may train: held-out loss every ``eval_every`` steps, judged every
     ``chunk`` steps from ``min_steps``, capped at ``max_steps``; ``extend``: the budget-extension
-    share (0: none)."""
+    share (0: none); ``confirm``: the extension decides (an arm it finds still learning trains on,
+    judged again, to a stopping point it confirms or the cap)."""
 
     eval_every: int
     chunk: int
     min_steps: int
     max_steps: int
     extend: float = 0.5
+    confirm: bool = False
 
     def __post_init__(self) -> None:
         if self.eval_every < 1 or self.chunk % self.eval_every or self.max_steps < self.chunk:
@@ -65,7 +67,8 @@ def plateau_geometry(plan: Plan, stop: StopPlan) -> str:
             f"of hidden {plan.expert_hidden}, top-{plan.top_k}; every arm from scratch at lr {held_floor(plan.lr):g} "
             f"({plan.warmup} warm-up steps, then held) to its plateau: held-out loss every {stop.eval_every} steps on "
             f"{plan.eval_batches * plan.eval_batch_size} windows per seed, judged every {stop.chunk} steps from "
-            f"{stop.min_steps}, cap {stop.max_steps}, then {stop.extend:.0%} more (the budget-extension check); "
+            f"{stop.min_steps}, cap {stop.max_steps}, then {stop.extend:.0%} more (the budget-extension check"
+            f"{'; an arm it finds still learning trains on' if stop.confirm else ''}); "
             f"{len(plan.seeds)} seeds")
 
 
@@ -112,7 +115,8 @@ def arm_unit(arm: str, *, configs: Mapping[str, ModelConfig], plan: Plan, stop: 
                            batch_size=plan.batch_size, seq_len=plan.seq_len, eval_every=stop.eval_every, salt=0,
                            checkpoints=checkpoints, unit=f"arm-{arm}")
     run, final, weights = lm_to_plateau(arm, sessions, chunk=stop.chunk, min_steps=stop.min_steps,
-                                        max_steps=stop.max_steps, min_change=MIN_CHANGE, extend=stop.extend)
+                                        max_steps=stop.max_steps, min_change=MIN_CHANGE, extend=stop.extend,
+                                        confirm=stop.confirm)
     state = run.judged  # the rule's call, overruled where the extension found the arm still learning
     active, total = ffn_counts(configs[arm])
     load: list[float] = []
