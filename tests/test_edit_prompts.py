@@ -55,7 +55,9 @@ def test_lesson_06_prints_the_recorded_compiled_lookup_with_what_caps_it():
     rec = {"measured": "2026-01-01", "command": "codex-lab bench --mode full inference --scenarios code_edit --json",
            "conditions": "quiet", "rows": [{"scenario": "code_edit", "impl": "plain_static_cache"}, row]}
     text = code_edit_lines({"code_edit": rec})
-    assert "recorded 2026-01-01, not this run" in text and "1.25x (rounds 1.10-1.30)" in text
+    assert "recorded 2026-01-01, not this run" in text and "1.25x, goal 1.30x: missed (rounds 1.10-1.30)" in text
+    met = code_edit_lines({"code_edit": {**rec, "rows": [{**row, "speedup_vs_fast_decode": 1.31}]}})
+    assert "1.31x, goal 1.30x: met" in met  # the input that flips the goal
     assert "nothing to copy in 40% of the decode rounds" in text and "4 guesses cost 1.80x a one-token step" in text
     older = {**rec, "rows": rec["rows"][:1]}  # before the compiled path was timed
     for r in ({}, {"code_edit": older}):

@@ -277,3 +277,17 @@ def test_an_arm_the_rule_stops_as_degrading_is_not_labelled_the_cap():
                            min_change=0.01)
     assert run.state.state == "degrading" and run.steps == 500 and run.reached
     assert "(the cap)" not in run.describe() and run.extension_steps == 0
+
+
+def test_the_plateau_line_names_the_stops_the_extension_overruled():
+    """An arm run with confirm=True lists where the check sent it back to training; without such
+    stops the line says nothing of them; at the cap it still says so."""
+    from codex_lab.training.plateau import plateau_line
+    from codex_lab.training_state import training_state
+
+    st = training_state([[(float(i), 0.5) for i in range(0, 1200, 100)]], higher_is_better=True, min_change=0.02, arm="a")
+    common = dict(extension_steps=600, extension_change=0.001, min_change=0.02, higher_is_better=True)
+    back = plateau_line("a", st, 1200, reached=True, false_stops=[400, 700], **common)
+    assert "still learning at step 400, 700, so it trained on" in back and "(the cap)" not in back
+    assert "trained on" not in plateau_line("a", st, 1200, reached=True, **common)
+    assert "(the cap)" in plateau_line("a", st, 1200, reached=False, false_stops=[400], **common)

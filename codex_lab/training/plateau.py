@@ -99,11 +99,15 @@ def extension_words(change: float, min_change: float) -> str:
 
 def plateau_line(arm: str, state: TrainingState, steps: int, *, reached: bool, extension_steps: int,
                  extension_change: float, min_change: float, higher_is_better: bool = False,
-                 metric: str = "held-out loss", unit: str = " nats/token", note: str = "") -> str:
+                 metric: str = "held-out loss", unit: str = " nats/token", note: str = "",
+                 false_stops: Sequence[int] = ()) -> str:
     """One line for an arm trained to its plateau, its seeds in lockstep: its state at the
-    stopping point, its steps (``note``, or "(the cap)" when not ``reached``) and the
+    stopping point, its steps (``note``, or "(the cap)" when not ``reached``), the stopping points
+    the extension overruled (``false_stops``: ``train_to_plateau(confirm=True)``) and the
     budget-extension check (``extension_change`` > 0: better), the metric's own move printed."""
-    s = f"{arm}: {state.short()} at {steps} steps per seed" + (note or ("" if reached else " (the cap)"))
+    overruled = (f" (the extension found it still learning at step {', '.join(map(str, false_stops))}, so it "
+                 "trained on)") if false_stops else ""
+    s = f"{arm}: {state.short()} at {steps} steps per seed" + overruled + (note or ("" if reached else " (the cap)"))
     if extension_steps:
         # the metric moved by +change where higher is better, by -change where lower is
         moved = extension_change if higher_is_better else -extension_change

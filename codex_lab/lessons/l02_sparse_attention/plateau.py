@@ -155,10 +155,7 @@ class PatternArm:
         """The arm's state, its steps and the extension check, one line."""
         return plateau_line(self.name, self.state, self.steps, reached=self.reached, extension_steps=self.extension_steps,
                             extension_change=self.extension_change, min_change=MIN_CHANGE, higher_is_better=True,
-                            metric="held-out accuracy", unit="",
-                            note=(f" (the extension found it still learning at step "
-                                  f"{', '.join(map(str, getattr(self, 'false_stops', [])))}, so it trained on)"
-                                  + ("" if self.reached else " (the cap)")) if getattr(self, 'false_stops', None) else "")
+                            metric="held-out accuracy", unit="", false_stops=getattr(self, "false_stops", ()))
 
 
 def pattern_unit(name: str, patterns: Sequence[str], *, cfg: RecallConfig, stop: StopPlan,

@@ -89,11 +89,13 @@ class ArmPlateau:
     extension_change: float = math.nan
     seconds: float = 0.0
     load: list[float] = field(default_factory=list)  # MoE arms: each seed's busiest-expert load at the stopping point
+    false_stops: list[int] = field(default_factory=list)  # stopping points the extension overruled (``confirm``)
 
     def describe(self) -> str:
         """The arm's state, its steps and the extension check, one line."""
         return plateau_line(self.arm, self.state, self.steps, reached=self.reached, extension_steps=self.extension_steps,
-                            extension_change=self.extension_change, min_change=MIN_CHANGE)
+                            extension_change=self.extension_change, min_change=MIN_CHANGE,
+                            false_stops=getattr(self, "false_stops", ()))
 
 
 def arm_unit(arm: str, *, configs: Mapping[str, ModelConfig], plan: Plan, stop: StopPlan, train: Tensor, val: Tensor,
@@ -125,7 +127,7 @@ def arm_unit(arm: str, *, configs: Mapping[str, ModelConfig], plan: Plan, stop: 
             m.load_state_dict(w)
             load.append(held_out_load(m, ev))
     return ArmPlateau(arm, run.curves, state, run.steps, run.reached, final, models[0].num_params() - (total - active),
-                      run.extension_steps, run.extension_change, time.perf_counter() - t0, load)
+                      run.extension_steps, run.extension_change, time.perf_counter() - t0, load, list(run.false_stops))
 
 
 def plateau_balance(arms: Mapping[str, ArmPlateau]) -> tuple[str, str]:

@@ -230,9 +230,8 @@ class ArmRun:
         """The arm's state, its steps and the extension check, one line."""
         return plateau_line(self.arm, self.judged, self.steps, reached=self.reached, extension_steps=self.extension_steps,
                             extension_change=self.extension_change, min_change=MIN_CHANGE_NATS,
-                            note=" (a fixed budget: the plain arm continues it)" if self.fixed else (
-                                f" (the extension found it still learning at step {', '.join(map(str, getattr(self, 'false_stops', [])))}, "
-                                "so it trained on)" + ("" if self.reached else " (the cap)") if getattr(self, 'false_stops', None) else ""))
+                            note=" (a fixed budget: the plain arm continues it)" if self.fixed else "",
+                            false_stops=getattr(self, "false_stops", ()))
 
 
 def _sessions(models: Sequence[CodexModel], sizes: TradeSizes, train: Tensor, val: Tensor, *, lr: float,
