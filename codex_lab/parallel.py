@@ -191,7 +191,12 @@ class Remote:
         self._proc.start()
         child.close()
         self._pending = True  # the factory's answer
-        self.receive()
+        try:
+            self.receive()
+        except RuntimeError:  # the object was not built: its process has ended; nothing is left open
+            self._proc.join(5)
+            self._conn.close()
+            raise
 
     def send(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Start ``obj.name(*args, **kwargs)`` in the process; :meth:`receive` gives its result."""
