@@ -33,9 +33,13 @@ per seed, evaluated at the same steps:
    of what the seeds show, another quarter of training would move the arm, and each of its
    seeds, by less than the comparison can tell apart; otherwise **under-trained**;
 5. **did not learn** when any seed's tail mean is within ``threshold`` of ``chance`` (a seed
-   stuck at chance blocks the verdict even if the mean curve moved), or when the arm ends
-   below ``LEARN_SHARE`` (one half) of the way from chance to a ``ceiling`` the same task
-   reaches elsewhere (a plateau of a failed optimisation, not of the design);
+   stuck at chance blocks the verdict even if the mean curve moved); when a seed's tail mean
+   is below ``LEARN_SHARE`` (one half) of the way from chance to the best seed's of the same
+   arm (the same design learned the task on another seed, so this seed's plateau is a failed
+   optimisation: lesson 02's window + stride reference had two seeds at 0.97 and 0.95 and one
+   flat at 0.26 for 6,000 steps, chance 0.125); or when the arm ends below ``LEARN_SHARE`` of
+   the way from chance to a ``ceiling`` the same task reaches elsewhere (a plateau of a failed
+   optimisation, not of the design);
 6. **not trained at a decayed rate**: given the learning rate at each evaluation (``rates``),
    an arm whose fitted tail ran at less than ``ANNEALED_SHARE`` (one half) of its peak rate is
    not called trained, however flat: a curve stops moving when its rate falls, not only when
@@ -256,6 +260,17 @@ def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, highe
                                  reason=f"seed(s) {', '.join(str(i) for i in stuck)} of {m} end within {thr:.3g} of "
                                         f"chance {chance:.3g} (tail means {', '.join(f'{tails[i]:.3g}' for i in stuck)}): "
                                         "nothing learned there")
+        best = max(tails, key=lambda t: sign * t)
+        if m > 1:
+            # a seed's learned share = (its tail mean - chance) / (the best seed's tail mean - chance)
+            behind = [i for i, t in enumerate(tails) if (t - chance) / (best - chance) < LEARN_SHARE]
+            if behind:
+                return TrainingState(arm, NOT_LEARNED, mean_c, **common,
+                                     reason=f"seed(s) {', '.join(str(i) for i in behind)} of {m} end at "
+                                            f"{', '.join(f'{tails[i]:.3g}' for i in behind)}, less than "
+                                            f"{LEARN_SHARE:.0%} of the way from chance {chance:.3g} to {best:.3g}, which "
+                                            "another seed of the same arm reaches: that optimisation failed, so the "
+                                            "arm's mean is not the design's plateau")
         if ceiling is not None and sign * (ceiling - chance) > 0:
             # learned share = (final - chance) / (ceiling - chance)
             share = (final - chance) / (ceiling - chance)

@@ -339,7 +339,10 @@ def section_02(run: ResumableRun, corpus: Any, config: Any) -> dict[str, Any]:
                 f"{stop.max_steps}, then {stop.extend:.0%} more (the budget-extension check"
                 + ("; an arm it finds still learning trains on, judged again" if stop.confirm else "")
                 + f"); {len(cfg.seeds)} seeds")
-    return {"geometry": geometry, "states": [a.describe() for a in done.values()],
+    # an arm the rule finds a seed of that did not learn the task: the line says so (the verdicts use that state)
+    states = [a.describe() + ("" if v.states[k].state == a.state.state else f"; by the rule on its seeds: "
+                              f"{v.states[k].describe()}") for k, a in done.items()]
+    return {"geometry": geometry, "states": states,
             "table": table + ["", f"(recall accuracy per query distance at each arm's stopping point, mean of "
                                   f"{len(cfg.seeds)} seeds; chance {lr.chance_of(cfg):.3f})"],
             "verdicts": {"primary, window+stride non-inferior to dense on far accuracy": v.stride.describe(),

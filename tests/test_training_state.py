@@ -201,6 +201,25 @@ def test_one_seed_at_chance_blocks_the_verdict():
     assert judge_trained(c, [ok, learned]).verdict == "holds"
 
 
+def test_a_seed_stuck_far_below_its_siblings_did_not_learn():
+    """Lesson 02's window + stride reference: two seeds flat near 0.97 and 0.95, one flat at 0.26
+    (above chance 0.125, so the chance rule alone passes it). The same design learned the task on
+    the other seeds, so that seed's plateau is a failed optimisation and blocks the verdict. The
+    counterfactual: the third seed at 0.90, and the arm is trained."""
+    steps = range(0, 3001, 150)
+    stuck = [[(s, v) for s in steps] for v in (0.97, 0.26, 0.95)]
+    st = training_state(stuck, higher_is_better=True, min_change=0.02, chance=0.125, arm="window+stride")
+    assert st.state == NOT_LEARNED and "seed(s) 1 of 3 end at 0.26" in st.describe(), st.describe()
+    learned = training_state([stuck[0], [(s, 0.90) for s in steps], stuck[2]], higher_is_better=True,
+                             min_change=0.02, chance=0.125, arm="window+stride")
+    assert learned.state == TRAINED, learned.describe()
+    # a loss, lower is better, chance ln 512 = 6.24: a seed at 5.9 nats beside two at 3.0 learned ~10% of it
+    loss = [[(s, v) for s in steps] for v in (3.0, 5.9, 3.05)]
+    assert training_state(loss, higher_is_better=False, min_change=0.01, chance=math.log(512)).state == NOT_LEARNED
+    assert training_state([loss[0], loss[2], loss[0]], higher_is_better=False, min_change=0.01,
+                          chance=math.log(512)).state == TRAINED
+
+
 def test_a_plateau_far_below_the_tasks_ceiling_did_not_learn():
     """Accuracy flat at 0.44 where the same task reaches 0.95 elsewhere: a failed optimisation
     shown as a plateau. At 0.80 (over half-way from chance to the ceiling) it is a plateau."""

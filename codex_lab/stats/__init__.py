@@ -258,7 +258,9 @@ def judge_trained(c: Comparison, states: Sequence[Any], *, same_metric: bool = T
     verdict = DID_NOT_LEARN if any(s.state == NOT_LEARNED for s in bad) else UNDER_TRAINED
     # one short line: each arm's state (and its projected change) follows in describe()'s "arms:"; the
     # reasons in full stay on the states (``c.states[i].describe()``), which reports list once, not per verdict
-    return replace(c, verdict=verdict, states=states, note="the interval measures the budget, not the mechanism")
+    note = ("an arm did not learn the task on at least one seed: the interval measures that, not the mechanism"
+            if verdict == DID_NOT_LEARN else "the interval measures the budget, not the mechanism")
+    return replace(c, verdict=verdict, states=states, note=note)
 
 
 def holm(comparisons: Sequence[Comparison], *, alpha: float = 0.05) -> list[Comparison]:

@@ -34,7 +34,7 @@ from codex_lab.parallel import Remote, call_all
 from codex_lab.training.curves import ChunkedSession
 from codex_lab.training.loop import LoopConfig, adamw
 from codex_lab.training.plateau import plateau_line, train_to_plateau
-from codex_lab.training_state import TrainingState
+from codex_lab.training_state import NOT_LEARNED, TrainingState
 
 
 @dataclass(frozen=True)
@@ -202,10 +202,12 @@ def plateau_judge(arms: Mapping[str, PatternArm], cfg: RecallConfig) -> Verdicts
     curves to the stopping point (the dense arm also held to the ceiling the others show,
     :func:`~codex_lab.lessons.l02_sparse_attention.experiments.arm_states`, with no schedule rates:
     the rate is held); an arm its run left off its plateau (the cap, or an extension that found it
-    still learning: :attr:`PatternArm.state`) keeps that state."""
+    still learning: :attr:`PatternArm.state`) keeps that state, unless the rule finds a seed that
+    did not learn the task (at chance, or far below a sibling seed): more steps for the arm would
+    not turn that seed's failed optimisation into the design's plateau, so that is its state."""
     results = {k: a.runs for k, a in arms.items()}
     rule = arm_states(results, cfg, schedule_rates=False)
-    states = {k: (rule[k] if a.state.trained else a.state) for k, a in arms.items()}
+    states = {k: (rule[k] if a.state.trained or rule[k].state == NOT_LEARNED else a.state) for k, a in arms.items()}
     return judge(results, cfg, states=states)
 
 
