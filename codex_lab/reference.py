@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from codex_lab.errors import InputError
+from codex_lab.stats import NOT_LEARNED
 
 REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
 REQUIRED_PROVENANCE = ("commit", "command", "machine", "date", "duration_s", "mode")
@@ -208,9 +209,11 @@ def standing(data: Mapping[str, Any]) -> tuple[bool, str]:
     (:func:`rejudge`) and no arm the budget-extension check found still learning. Returns
     (stands, why not: the arms that block it, "" when it stands)."""
     states = rejudge(data) or []
-    moving = [s.arm for s in states if not s.trained]
+    failed = [s.arm for s in states if s.state == NOT_LEARNED]
+    moving = [s.arm for s in states if not s.trained and s.state != NOT_LEARNED]
     unconfirmed = [a for a, e in (data.get("extension") or {}).items() if e.get("confirmed") is False]
-    why = "; ".join(x for x in (f"not at a plateau: {', '.join(moving)}" if moving else "",
+    why = "; ".join(x for x in (f"did not learn the task: {', '.join(failed)}" if failed else "",
+                                f"not at a plateau: {', '.join(moving)}" if moving else "",
                                 f"still learning in the extension check: {', '.join(unconfirmed)}" if unconfirmed else "")
                     if x)
     return not why, why

@@ -173,3 +173,20 @@ def test_the_extension_check_confirms_a_levelled_arm_and_flips_when_more_steps_g
     # an arm the rule does not call trained is reported, never confirmed
     rising = {**data, "curves": {"arm": [[[float(i * 100), 3.0 - 0.1 * i] for i in range(13)] for _ in range(3)]}}
     assert _extension(rising, better)["arm"]["confirmed"] is None
+
+
+def test_standing_names_an_arm_that_did_not_learn_apart_from_one_still_moving():
+    """A shipped accuracy reference: one arm flat with every seed learned (stands), then one seed
+    of it flat far below its siblings (did not learn), then a still-rising arm (not at a plateau)."""
+    from codex_lab.reference import standing
+
+    steps = range(0, 3001, 150)
+    flat = [[[float(s), v] for s in steps] for v in (0.97, 0.95, 0.96)]
+    metric = {"higher_is_better": True, "min_change": 0.02, "chance": 0.125}
+    assert standing({"curves": {"a": flat}, "metric": metric}) == (True, "")
+    stuck = [flat[0], [[float(s), 0.26] for s in steps], flat[2]]
+    ok, why = standing({"curves": {"a": stuck}, "metric": metric})
+    assert not ok and why == "did not learn the task: a", why
+    rising = [[[float(s), 0.3 + 0.0002 * s] for s in steps] for _ in range(3)]
+    ok, why = standing({"curves": {"a": stuck, "b": rising}, "metric": metric})
+    assert not ok and why == "did not learn the task: a; not at a plateau: b", why
