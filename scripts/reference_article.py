@@ -184,7 +184,10 @@ def section_04(run: ResumableRun, corpus: Any, cfg: Any) -> dict[str, Any]:
     # aux-loss MoE they are compared with: a budget of their own would compare budgets, not balancing
     names = (*p4.QUALITY_ARMS, *p4.BALANCE_ARMS)
     res = run_resumable(run, p4p.arm_unit, [(a,) for a in names], [f"arm {a}" for a in names],
-                        dict(configs=configs, plan=plan, stop=stop, train=train, val=val, checkpoints=ckpt))
+                        # each seed in a process of its own where there are cores for it (same numbers): the last
+                        # arm left running trains its seeds side by side instead of on one core
+                        dict(configs=configs, plan=plan, stop=stop, train=train, val=val, checkpoints=ckpt,
+                             seed_processes=unit_workers(len(plan.seeds)) > 1))
     arms = dict(zip(names, res))
     v = p4p.plateau_verdicts(arms, plan)
     balance_verdict, balance_text = p4p.plateau_balance(arms)
@@ -231,7 +234,9 @@ def section_08(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
                           dict(sizes=s, train=train, val=val, vocab_size=vocab, checkpoints=ckpt))
     pre = t8.merge_pretraining(parts)
     arms = run_resumable(run, t8.design_unit, [(k,) for k in t8.KINDS], [f"design {k}" for k in t8.KINDS],
-                         dict(pre=pre, sizes=s, train=train, val=val, vocab_size=vocab, checkpoints=ckpt))
+                         # each seed in a process of its own where there are cores for it (same numbers)
+                         dict(pre=pre, sizes=s, train=train, val=val, vocab_size=vocab, checkpoints=ckpt,
+                              seed_processes=unit_workers(len(s.seeds)) > 1))
     res = t8.TradeResult(s, vocab, pre, dict(zip(t8.KINDS, arms)))
     costs = t8.trade_costs(res)
     load = os.getloadavg()[0]  # other work on the machine while timing: the speed ratios say so
@@ -395,7 +400,8 @@ def main() -> int:
     SMOKE = args.smoke
     name = f"l{args.section}_article"
     runs_dir = Path("/tmp/codex_lab_smoke") if SMOKE else RUNS_DIR
-    state = args.state or str(runs_dir / f"{name}.json")
+    # a smoke run writes its result beside its state in one scratch folder: the two need their own names
+    state = args.state or str(runs_dir / f"{name}{'.state' if SMOKE else ''}.json")
     cfg = config_of(args.section)
     run = ResumableRun(state, {"section": args.section, "sizes": repr(cfg)})
     from codex_lab.data.corpus import load_corpus

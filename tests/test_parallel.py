@@ -245,3 +245,21 @@ def test_an_arm_with_its_seeds_in_processes_equals_the_arm_in_place(tmp_path):
     assert [r.accuracy for r in apart.runs] == [r.accuracy for r in here.runs]
     assert (apart.steps, apart.reached, apart.state.state) == (here.steps, here.reached, here.state.state)
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == sorted(p.name for p in (tmp_path / "a").iterdir())
+
+
+def test_a_design_arm_with_its_seeds_in_processes_equals_the_arm_in_place(tmp_path, small_corpus):
+    """Lesson 08's design unit (a language-model arm driven by ``lm_to_plateau``) with each seed's
+    session in its own process gives the curves, stopping point, held-out losses and weights of
+    the sessions in this process, and the converted models' step-0 losses too."""
+    from codex_lab.lessons.l08_capstone import trade as t8
+
+    s = dataclasses.replace(t8.TRADE_SIZES["fast"], seeds=(0, 1), confirm=True)
+    train, val, tok = t8.trade_data(small_corpus, s)
+    pre = t8.pretrain_unit(s, train, val, tok.vocab_size)
+    here = t8.design_unit("gqa4", pre, s, train, val, tok.vocab_size, checkpoints=tmp_path / "a")
+    apart = t8.design_unit("gqa4", pre, s, train, val, tok.vocab_size, checkpoints=tmp_path / "b", seed_processes=True)
+    assert apart.curves == here.curves and apart.final == here.final and apart.converted == here.converted
+    assert (apart.steps, apart.reached, apart.state.state) == (here.steps, here.reached, here.state.state)
+    assert apart.weights.keys() == here.weights.keys()
+    assert all(torch.equal(apart.weights[k], here.weights[k]) for k in here.weights)
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == sorted(p.name for p in (tmp_path / "a").iterdir())

@@ -150,6 +150,10 @@ class ChunkedSession:
                     "step": self.step, "curve": self.curve, "frozen": self.frozen, **self._extra()}, tmp)
         os.replace(tmp, self.checkpoint)  # a kill mid-write leaves the previous checkpoint whole
 
+    def first_value(self) -> float:
+        """The held-out value before any training (step 0: a converted model's, untouched)."""
+        return float(self.curve[0][1])
+
     def held_out(self) -> list[tuple[float, float]]:
         """The held-out curve up to the step the driver has reached."""
         return [p for p in self.curve if p[0] <= self.at]

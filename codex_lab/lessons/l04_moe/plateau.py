@@ -99,10 +99,11 @@ class ArmPlateau:
 
 
 def arm_unit(arm: str, *, configs: Mapping[str, ModelConfig], plan: Plan, stop: StopPlan, train: Tensor, val: Tensor,
-             checkpoints: str | Path | None = None) -> ArmPlateau:
+             checkpoints: str | Path | None = None, seed_processes: bool = False) -> ArmPlateau:
     """One arm, every seed of ``plan``, trained from scratch to its plateau (resumable from
     ``checkpoints``). Seed ``s`` draws the initialisation (``torch.manual_seed(s)``), the data
-    order (``Generator(s)``) and the evaluation sample (:func:`eval_sample`), the same in every arm."""
+    order (``Generator(s)``) and the evaluation sample (:func:`eval_sample`), the same in every arm.
+    ``seed_processes``: each seed trains in a process of its own, side by side (same numbers)."""
     t0 = time.perf_counter()
     models = []
     for seed in plan.seeds:
@@ -115,7 +116,7 @@ def arm_unit(arm: str, *, configs: Mapping[str, ModelConfig], plan: Plan, stop: 
              for seed in plan.seeds]
     sessions = lm_sessions(models, plan.seeds, train, evals, lr=held_floor(plan.lr), warmup=plan.warmup,
                            batch_size=plan.batch_size, seq_len=plan.seq_len, eval_every=stop.eval_every, salt=0,
-                           checkpoints=checkpoints, unit=f"arm-{arm}")
+                           checkpoints=checkpoints, unit=f"arm-{arm}", processes=seed_processes)
     run, final, weights = lm_to_plateau(arm, sessions, chunk=stop.chunk, min_steps=stop.min_steps,
                                         max_steps=stop.max_steps, min_change=MIN_CHANGE, extend=stop.extend,
                                         confirm=stop.confirm)

@@ -44,8 +44,8 @@ from codex_lab.nn.config import ModelConfig
 from codex_lab.nn.model import CodexModel
 from codex_lab.parallel import run_units
 from codex_lab.stats import Comparison, judge_trained, noninferiority
-from codex_lab.training.curves import LMSession, heldout_windows, small_vocab_data
-from codex_lab.training.lm_plateau import fixed_steps, lm_sessions, lm_to_plateau
+from codex_lab.training.curves import heldout_windows, small_vocab_data
+from codex_lab.training.lm_plateau import Session, first_values, fixed_steps, lm_sessions, lm_to_plateau
 from codex_lab.training.plateau import overruled_by_extension, plateau_line
 from codex_lab.training_state import TrainingState
 
@@ -236,13 +236,13 @@ class ArmRun:
 
 def _sessions(models: Sequence[CodexModel], sizes: TradeSizes, train: Tensor, val: Tensor, *, lr: float,
               salt: int, seeds: Sequence[int] | None = None, checkpoints: str | Path | None = None,
-              unit: str = "") -> list[LMSession]:
+              unit: str = "", processes: bool = False) -> list[Session]:
     # one session per seed: the seed draws the data order; every arm of a seed is scored on the same windows
     seeds = list(sizes.seeds if seeds is None else seeds)
     evals = [heldout_windows(val, sizes.eval_windows, sizes.seq_len, seed, salt=29) for seed in seeds]
     return lm_sessions(models, seeds, train, evals, lr=lr, warmup=sizes.warmup, batch_size=sizes.batch_size,
                        seq_len=sizes.seq_len, eval_every=sizes.eval_every, salt=salt, checkpoints=checkpoints,
-                       unit=unit)
+                       unit=unit, processes=processes)
 
 
 def pretrain_unit(sizes: TradeSizes, train: Tensor, val: Tensor, vocab_size: int, *,
@@ -287,10 +287,11 @@ def _seed_weights(flat: Mapping[str, Tensor], seed: int) -> dict[str, Tensor]:
 
 
 def design_unit(kind: str, pre: ArmRun, sizes: TradeSizes, train: Tensor, val: Tensor, vocab_size: int, *,
-                checkpoints: str | Path | None = None) -> ArmRun:
+                checkpoints: str | Path | None = None, seed_processes: bool = False) -> ArmRun:
     """Steps 2-3 for one design: every seed's pre-trained model converted into ``kind`` and
     trained to its plateau (``"plain"``: trained on, unconverted). Every arm of a seed trains
-    on the same batches (the arms are paired). ``weights``: the first seed's model."""
+    on the same batches (the arms are paired). ``weights``: the first seed's model.
+    ``seed_processes``: each seed trains in a process of its own, side by side (same numbers)."""
     from codex_lab.nn.surgery import convert
 
     t0 = time.perf_counter()
@@ -303,8 +304,8 @@ def design_unit(kind: str, pre: ArmRun, sizes: TradeSizes, train: Tensor, val: T
         base.load_state_dict(_seed_weights(pre.weights, seed))
         models.append(convert(base, cfg, seed=seed))  # a copy; "plain" converts to itself
     sessions = _sessions(models, sizes, train, val, lr=sizes.uptrain_lr, salt=1_000_003, checkpoints=checkpoints,
-                         unit=f"design-{kind}")
-    converted = [s.curve[0][1] for s in sessions]
+                         unit=f"design-{kind}", processes=seed_processes)
+    converted = first_values(sessions)
     run, final, weights = lm_to_plateau(kind, sessions, chunk=sizes.chunk, min_steps=sizes.min_steps,
                                         max_steps=sizes.max_steps, min_change=MIN_CHANGE_NATS, extend=sizes.extend,
                                         confirm=sizes.confirm)
