@@ -253,7 +253,7 @@ def test_a_design_arm_with_its_seeds_in_processes_equals_the_arm_in_place(tmp_pa
     the sessions in this process, and the converted models' step-0 losses too."""
     from codex_lab.lessons.l08_capstone import trade as t8
 
-    s = dataclasses.replace(t8.TRADE_SIZES["fast"], seeds=(0, 1), confirm=True)
+    s = dataclasses.replace(t8.TRADE_SIZES["fast"], seeds=(10, 11), confirm=True)
     train, val, tok = t8.trade_data(small_corpus, s)
     pre = t8.pretrain_unit(s, train, val, tok.vocab_size)
     here = t8.design_unit("gqa4", pre, s, train, val, tok.vocab_size, checkpoints=tmp_path / "a")

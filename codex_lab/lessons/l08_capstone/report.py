@@ -38,7 +38,7 @@ def run(ctx: Any) -> str:
                                   decode_batch=tsizes.decode_batch, new_tokens=tsizes.new_tokens, rounds=tsizes.rounds)
         rows = tt.trade_rows(trade, speed)
         decision = tt.trade_decision(rows)
-        # the release: the trade's trained candidate (every optimisation) against its trained plain model, seed 0
+        # the release: the trade's trained candidate (every optimisation) against its trained plain model, first seed
         models = {"baseline": trade.model("plain"), "candidate": trade.model("all")}
         log, tok = StageLog(), trade.tokenizer
         for name, m in models.items():

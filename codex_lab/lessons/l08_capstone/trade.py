@@ -47,6 +47,7 @@ from codex_lab.stats import Comparison, judge_trained, noninferiority
 from codex_lab.training.curves import heldout_windows, small_vocab_data
 from codex_lab.training.lm_plateau import Session, first_values, fixed_steps, lm_sessions, lm_to_plateau
 from codex_lab.training.plateau import overruled_by_extension, plateau_line
+from codex_lab.training.preregistration import Preregistered, check_disjoint
 from codex_lab.training_state import TrainingState
 
 # The largest quality cost still called "kept", declared before any run (the same margin as
@@ -66,7 +67,7 @@ LABELS = {"plain": "plain (baseline)", "sparse": "sparse deep layers", "gqa4": "
 
 
 @dataclass(frozen=True)
-class TradeSizes:
+class TradeSizes(Preregistered):
     """The geometry, budget and speed context of the trade experiment in one mode.
 
     Model: ``n_layer`` layers of width ``d_model``, ``n_head`` query heads, vocabulary
@@ -80,6 +81,8 @@ class TradeSizes:
     per seed, every ``eval_every`` steps. Speed: prefill ``context`` tokens (batch 1) and
     decode ``new_tokens`` steps of a ``decode_batch`` batch over a ``context``-token cache,
     ``rounds`` interleaved rounds. ``extend``: the budget-extension share (0: none).
+    ``seeds`` judge the verdicts; ``tuning_seeds`` trained the runs that chose these sizes, never
+    the verdict's (pre-registration: building sizes whose two sets overlap is refused).
     """
 
     d_model: int
@@ -110,11 +113,15 @@ class TradeSizes:
     rounds: int = 5
     extend: float = 0.5
     confirm: bool = False  # the extension decides: an arm it finds still learning trains on (the reference run)
+    # the seeds the runs that chose these sizes trained on (the standard live run and the first reference run,
+    # which set the pre-training budget and the cap): never the verdict's (pre-registration)
+    tuning_seeds: tuple[int, ...] = (0, 1, 2)
 
     def __post_init__(self) -> None:
         bad = [g for g in self.groups if g < 2 or self.n_head % g]
         if bad or len(self.groups) != 2:
             raise ValueError(f"groups={self.groups}: give two group sizes >= 2 that divide n_head={self.n_head}")
+        check_disjoint(self.seeds, self.tuning_seeds)
 
     def describe(self) -> str:
         """One line for the lesson and the report."""
@@ -126,15 +133,14 @@ class TradeSizes:
                 f"MoE {self.n_experts} experts top-{self.top_k}; pre-training {self.pretrain_steps} steps, then every "
                 f"arm to its plateau (judged every {self.chunk} steps, cap {self.max_steps}"
                 f"{'; an arm the budget-extension check finds still learning trains on' if self.confirm else ''}); "
-                f"{len(self.seeds)} "
-                f"seeds; speed at {self.context} tokens of context")
+                f"{len(self.seeds)} seeds ({self.preregistration}); speed at {self.context} tokens of context")
 
 
 TRADE_SIZES: dict[str, TradeSizes] = {
     # CI: seconds; caps far too short to plateau: the rule says "under-trained" and nothing is promoted on quality
     "fast": TradeSizes(d_model=32, n_layer=2, n_head=8, seq_len=32, batch_size=8, lr=3e-3, uptrain_lr=1e-3, warmup=3,
                        eval_every=4, chunk=8, pretrain_steps=16, min_steps=8, max_steps=8,
-                       eval_windows=16, seeds=(0, 1, 2), vocab_size=384, max_files=40,
+                       eval_windows=16, seeds=(10, 11, 12), vocab_size=384, max_files=40,
                        sparse="window:8+blockstride:8:4", dense_layers=1, n_experts=4, top_k=2, context=256,
                        decode_batch=4, new_tokens=4, rounds=3, extend=0.0),
     # the laptop's live run, sized to the report's budget (~4 min on 2 quiet cores), not to a plateau: measured
@@ -143,12 +149,12 @@ TRADE_SIZES: dict[str, TradeSizes] = {
     # reference run (scripts/reference_article.py --section 08) is where the arms get the steps to level off
     "standard": TradeSizes(d_model=64, n_layer=2, n_head=8, seq_len=32, batch_size=16, lr=3e-3, uptrain_lr=1e-3,
                            warmup=25, eval_every=25, chunk=100, pretrain_steps=1000, min_steps=200,
-                           max_steps=800, eval_windows=64, seeds=(0, 1, 2), vocab_size=512, max_files=300,
+                           max_steps=800, eval_windows=64, seeds=(10, 11, 12), vocab_size=512, max_files=300,
                            sparse="window:8+blockstride:8:4", dense_layers=1, n_experts=4, top_k=2),
     # the shipped model's geometry with the capstone's pattern, for a GPU (not run on a CPU)
     "full": TradeSizes(d_model=256, n_layer=4, n_head=8, seq_len=256, batch_size=16, lr=1e-3, uptrain_lr=3e-4,
                        warmup=200, eval_every=100, chunk=400, pretrain_steps=8000, min_steps=800,
-                       max_steps=8000, eval_windows=64, seeds=(0, 1, 2, 3, 4), vocab_size=4096, max_files=None,
+                       max_steps=8000, eval_windows=64, seeds=(10, 11, 12, 13, 14), vocab_size=4096, max_files=None,
                        sparse="window:64+blockstride:64:4", dense_layers=2, n_experts=8, top_k=2, context=4096),
 }
 
