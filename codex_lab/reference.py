@@ -257,20 +257,26 @@ def article_reference_lines(section: str, *, directory: str | Path = REFERENCE_D
     if states is None:
         return head + ["Training state of every arm, as the run judged it:", "", *[f"- {s}" for s in d["states"]], "",
                        *d["table"], "", *[f"- {k}: {v}" for k, v in d["verdicts"].items()], ""]
-    moving = [s for s in states if not s.trained]
+    failed = [s.arm for s in states if s.state == NOT_LEARNED]
+    moving = [s.arm for s in states if not s.trained and s.state != NOT_LEARNED]
     ext = d.get("extension")
     unconfirmed = [a for a, e in (ext or {}).items() if e["confirmed"] is False]
-    if moving:
-        verdict_head = (f"Verdicts as the run printed them. By today's rule {len(moving)} of {len(states)} arms "
-                        f"({', '.join(s.arm for s in moving)}) have not reached a plateau, so these are measurements "
-                        f"of the run's budget, **not verdicts**; a rerun that trains them to their plateau settles "
-                        f"them (`{command}` trains every arm to its own plateau at a held rate; raise its cap where an "
-                        "arm stopped at it)"
-                        + (f" (and the budget-extension check found {', '.join(unconfirmed)} still learning, though the "
-                           "rule as the run applied it called them trained)" if unconfirmed else "") + ":")
+    if moving or failed:
+        why = [f"{', '.join(failed)} did not learn the task (a seed at chance or far below another seed of the same "
+               "arm: a failed optimisation, which more steps do not settle; more seeds measure how often it "
+               "happens)" if failed else "",
+               f"{', '.join(moving)} {'has' if len(moving) == 1 else 'have'} not reached a plateau (`{command}` trains "
+               "every arm to its own plateau at a held rate; raise its cap where an arm stopped at it)" if moving else ""]
+        verdict_head = ("Verdicts as the run printed them. By today's rule " + "; ".join(w for w in why if w)
+                        + (f"; and the budget-extension check found {', '.join(unconfirmed)} still learning, though the "
+                           "rule as the run applied it called them trained" if unconfirmed else "")
+                        + ". A verdict that compares any of these arms is a measurement of the run, **not a verdict** "
+                          "(its line names its arms' states); one whose arms are all at a plateau stands:")
     elif unconfirmed:
-        verdict_head = (f"Verdicts as the run printed them, **not verdicts**: the budget-extension check found "
-                        f"{', '.join(unconfirmed)} still learning, though the rule called every arm trained:")
+        verdict_head = (f"Verdicts as the run printed them. The budget-extension check found {', '.join(unconfirmed)} "
+                        "still learning, though the rule called every arm trained. A verdict that compares any of these "
+                        "arms is a measurement of the run, **not a verdict** (its line names its arms); one whose arms "
+                        "the check confirmed stands:")
     elif ext is None:
         verdict_head = ("Verdicts as the run printed them (every arm is at a plateau by today's rule; this run ships "
                         "no budget-extension check, so the plateaus are the rule's call alone):")

@@ -161,7 +161,7 @@ def test_the_extension_check_confirms_a_levelled_arm_and_flips_when_more_steps_g
         assert says in text, text
         # the refutation of the rule is stated only where the check contradicts a "trained" call
         assert ("The check refutes the rule here" in text) == (ext is better), text
-    assert "**not verdicts**" in text and "**not confirmed**" in text
+    assert "**not a verdict**" in text and "**not confirmed**" in text
     # the same run with its learning rates recorded, decayed over the tail: today's rule (rule 6) no
     # longer calls the arm trained, and the block says the check's lines are the run's own judgement
     steps = [s for s, _ in data["curves"]["arm"][0]]
@@ -190,3 +190,27 @@ def test_standing_names_an_arm_that_did_not_learn_apart_from_one_still_moving():
     rising = [[[float(s), 0.3 + 0.0002 * s] for s in steps] for _ in range(3)]
     ok, why = standing({"curves": {"a": stuck, "b": rising}, "metric": metric})
     assert not ok and why == "did not learn the task: a; not at a plateau: b", why
+
+
+def test_the_reference_block_says_which_arms_block_a_verdict_and_why(tmp_path):
+    """An accuracy reference with one arm at its plateau, one whose seed did not learn (flat far
+    below its siblings) and one still rising: the verdict header names each reason apart, and says
+    that a verdict comparing only arms at a plateau stands. With every arm learned and flat, the
+    header says the verdicts stand."""
+    from codex_lab.reference import article_reference_lines, save_reference
+
+    steps = range(0, 3001, 150)
+    flat = [[[float(s), v] for s in steps] for v in (0.97, 0.95, 0.96)]
+    stuck = [flat[0], [[float(s), 0.26] for s in steps], flat[2]]
+    rising = [[[float(s), 0.3 + 0.0002 * s] for s in steps] for _ in range(3)]
+    metric = {"higher_is_better": True, "min_change": 0.02, "chance": 0.125}
+    base = {"geometry": "G", "states": [], "table": [], "verdicts": {"primary": "x -> holds"}, "primary": {},
+            "metric": metric}
+    prov = provenance("python scripts/reference_article.py --section 02", 60.0, "article")
+    save_reference("l02_article", {**base, "curves": {"a": flat, "b": stuck, "c": rising}}, prov, directory=tmp_path)
+    text = "\n".join(article_reference_lines("02", directory=tmp_path))
+    assert "b did not learn the task" in text and "c has not reached a plateau" in text, text
+    assert "**not a verdict**" in text and "one whose arms are all at a plateau stands" in text, text
+    save_reference("l02_article", {**base, "curves": {"a": flat, "b": flat}}, prov, directory=tmp_path)
+    text = "\n".join(article_reference_lines("02", directory=tmp_path))
+    assert "not a verdict" not in text and "every arm is at a plateau by today's rule" in text, text
