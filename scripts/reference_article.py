@@ -255,7 +255,7 @@ def section_08(run: ResumableRun, corpus: Any, s: Any) -> dict[str, Any]:
                                   "seed's trained models, timed in interleaved rounds on the machine named in the "
                                   f"provenance, its 1-minute load average {load:.1f} on {os.cpu_count()} cores while "
                                   "timing" + (": under load, the ratios are indicative only)" if under_load else ")")],
-            "timing_load": load,
+            "timing_load": load, "seeds": list(s.seeds), "tuning_seeds": list(s.tuning_seeds),
             "verdicts": {f"{t8.LABELS.get(k, k)} keeps the plain model's quality": c.describe() for k, c in costs.items()},
             "primary": {k: {"verdict": c.verdict, "diff": c.diff, "lo": c.lo, "hi": c.hi} for k, c in costs.items()},
             "decision": tt.trade_decision(rows)["text"],

@@ -144,8 +144,9 @@ def test_a_recall_session_in_chunks_resumes_to_the_unbroken_run(tmp_path):
 
 def test_the_capstone_report_sets_this_run_beside_the_reference_and_says_whether_it_stands(monkeypatch):
     """Lesson 08's report: per design, the shipped reference's verdict beside this run's, "agrees"
-    or "differs"; the reference's verdicts are the claims' only while every arm there is at its
-    plateau and confirmed by its extension check: an unconfirmed arm flips the head line."""
+    or "differs"; a design's reference verdict is the claim's only while both arms it compares (the
+    design and the plain model) are at their plateau and confirmed by the extension check: an
+    unconfirmed design blocks its own line, an unconfirmed plain model blocks every line."""
     from codex_lab.lessons.l08_capstone import trade_table as tt
     from codex_lab.stats import noninferiority
 
@@ -156,16 +157,27 @@ def test_the_capstone_report_sets_this_run_beside_the_reference_and_says_whether
                                    higher_is_better=False)}
     monkeypatch.setattr(tt, "trade_costs", lambda res: live)
     flat = [[[float(s), 3.0 + 0.001 * k] for s in range(0, 1000, 50)] for k in range(3)]
-    data = {"metric": {"higher_is_better": False, "min_change": 0.01}, "curves": {"GQA g=4": flat, "GQA g=8": flat},
+    arms = ("plain (baseline)", "GQA g=4", "GQA g=8")
+    data = {"metric": {"higher_is_better": False, "min_change": 0.01}, "curves": {a: flat for a in arms},
             "primary": {k: {"verdict": "holds", "diff": 0.01, "lo": 0.0, "hi": 0.02} for k in live},
-            "extension": {"GQA g=4": {"confirmed": True}, "GQA g=8": {"confirmed": True}}}
+            "extension": {a: {"confirmed": True} for a in arms}, "seeds": [10, 11, 12], "tuning_seeds": [0, 1, 2]}
     prov = {"commit": "abc", "command": "c", "machine": "m", "date": "d", "duration_s": 60.0, "mode": "article"}
     lines = tt.reference_agreement(None, ref={"provenance": prov, "data": data})
     assert lines[0].startswith("The claims' verdicts are the shipped reference run's")
-    assert "this run agrees" in lines[2] and "this run differs (fails)" in lines[3], lines
+    assert "(stands); this run agrees" in lines[2] and "(stands); this run differs (fails)" in lines[3], lines
     data["extension"]["GQA g=8"]["confirmed"] = False  # the reference's own check found an arm still learning
     lines = tt.reference_agreement(None, ref={"provenance": prov, "data": data})
-    assert "do not stand either" in lines[0] and "GQA g=8" in lines[0], lines[0]
+    assert lines[0].startswith("Per design") and "(stands)" in lines[2], lines
+    assert "does not stand: GQA g=8 still learning in its extension check" in lines[3], lines[3]
+    data["extension"]["plain (baseline)"]["confirmed"] = False  # the baseline every verdict compares with
+    lines = tt.reference_agreement(None, ref={"provenance": prov, "data": data})
+    assert "do not stand either" in lines[0] and all("does not stand" in x for x in lines[2:]), lines
+    # a run judged on the seeds that tuned its sizes (or that records no seeds) gives no claim its verdict
+    data["extension"] = {a: {"confirmed": True} for a in arms}
+    for seeds in ([0, 1, 2], None):
+        lines = tt.reference_agreement(None, ref={"provenance": prov, "data": {**data, "seeds": seeds}})
+        assert "do not stand either" in lines[0] and all("does not stand" in x for x in lines[2:]), lines
+        assert ("both tuned and judged" if seeds else "not pre-registered") in lines[2], lines[2]
 
 
 def test_lesson_02s_plateau_verdict_flips_with_far_accuracy_and_waits_for_every_arm():

@@ -158,30 +158,60 @@ def plot_trade(res: TradeResult) -> Any:
 def reference_agreement(res: TradeResult, *, ref: Mapping[str, Any] | None = None) -> list[str]:
     """Lines for the report: per design, the shipped reference run's quality verdict
     (``scripts/reference_article.py --section 08``, every arm trained to its plateau at the
-    article's sizes) beside this run's (:func:`trade_costs`), saying whether they agree. The
-    reference's verdicts are the claims' when they stand (:func:`codex_lab.reference.standing`:
-    every arm at its plateau, none still learning in its extension check); otherwise the lines
-    say that neither run settles them. ``ref``: the reference (default: the shipped one); no
-    lines when none is shipped."""
-    from codex_lab.reference import describe_provenance, load_reference, standing
+    article's sizes) beside this run's (:func:`trade_costs`), saying whether they agree. A
+    design's reference verdict is the claim's when it stands: both arms it compares (the design
+    and the plain model) at their plateau by today's rule (:func:`codex_lab.reference.rejudge`)
+    and neither found still learning by its extension check; otherwise its line says what blocks
+    it, and neither run settles that claim. ``ref``: the reference (default: the shipped one);
+    no lines when none is shipped."""
+    from codex_lab.reference import describe_provenance, load_reference, rejudge
 
     ref = load_reference("l08_article") if ref is None else ref
     if ref is None:
         return []
     d = ref["data"]
-    stands, why = standing(d)
+    states = {s.arm: s for s in (rejudge(d) or [])}
+    ext = d.get("extension") or {}
+
+    def blocked(kind: str) -> str:
+        """Why the reference's verdict on ``kind`` does not stand ("" when it stands)."""
+        why = []
+        for arm in (LABELS["plain"], LABELS.get(kind, kind)):
+            st = states.get(arm)
+            if st is None:
+                why.append(f"{arm}: no training state shipped")
+            elif not st.trained:
+                why.append(f"{arm} {st.state}")
+            elif (ext.get(arm) or {}).get("confirmed") is False:
+                why.append(f"{arm} still learning in its extension check")
+        return "; ".join(why)
+
+    # pre-registration: a run that records no verdict seeds apart from its tuning seeds (the first reference run
+    # judged on seeds 0-2, which chose its sizes) cannot give the claims' verdicts, whatever its arms' states
+    seeds, tuning = d.get("seeds"), d.get("tuning_seeds")
+    unregistered = ("judged on the seeds that chose its sizes (not pre-registered)" if seeds is None or tuning is None
+                    else f"seeds {sorted(set(seeds) & set(tuning))} both tuned and judged it" if set(seeds) & set(tuning)
+                    else "")
     theirs, mine = d.get("primary") or {}, trade_costs(res)
-    lines = []
+    lines, standing = [], []
     for kind, c in mine.items():
         r = theirs.get(kind)
         if r is None:
             continue
+        why = "; ".join(w for w in (unregistered, blocked(kind)) if w)
+        standing.append(not why)
         agree = "agrees" if r["verdict"] == c.verdict else f"differs ({c.verdict})"
         lines.append(f"- {LABELS.get(kind, kind)}: reference {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
-                     f"-> {r['verdict']}; this run {agree}")
-    head = ("The claims' verdicts are the shipped reference run's (every arm there at its plateau, each confirmed "
-            "by its extension check)" if stands else
-            f"The shipped reference run's verdicts do not stand either ({why}): neither run settles these claims")
+                     f"-> {r['verdict']} ({'stands' if not why else 'does not stand: ' + why}); this run {agree}")
+    if standing and all(standing):
+        head = ("The claims' verdicts are the shipped reference run's (every arm there at its plateau, each confirmed "
+                "by its extension check)")
+    elif any(standing):
+        head = ("Per design, the claim's verdict is the shipped reference run's where both arms it compares are at "
+                "their plateau and confirmed by its extension check; where they are not (the line says why), "
+                "neither run settles it")
+    else:
+        head = "The shipped reference run's verdicts do not stand either (each line says why): neither run settles these claims"
     return [f"{head}; {describe_provenance(ref)}:", "", *lines]
 
 
