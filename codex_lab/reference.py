@@ -262,9 +262,8 @@ def article_reference_lines(section: str, *, directory: str | Path = REFERENCE_D
     ext = d.get("extension")
     unconfirmed = [a for a, e in (ext or {}).items() if e["confirmed"] is False]
     if moving or failed:
-        why = [f"{', '.join(failed)} did not learn the task (a seed at chance or far below another seed of the same "
-               "arm: a failed optimisation, which more steps do not settle; more seeds measure how often it "
-               "happens)" if failed else "",
+        why = [f"{', '.join(failed)}: {NOT_LEARNED} (its state above says why: a failed optimisation, which more "
+               "steps do not settle; more seeds measure how often it happens)" if failed else "",
                f"{', '.join(moving)} {'has' if len(moving) == 1 else 'have'} not reached a plateau (`{command}` trains "
                "every arm to its own plateau at a held rate; raise its cap where an arm stopped at it)" if moving else ""]
         verdict_head = ("Verdicts as the run printed them. By today's rule " + "; ".join(w for w in why if w)

@@ -35,7 +35,9 @@ per seed, evaluated at the same steps:
 5. **did not learn** when any seed's tail mean is within ``threshold`` of ``chance`` (a seed
    stuck at chance blocks the verdict even if the mean curve moved); when a seed's tail mean
    is below ``LEARN_SHARE`` (one half) of the way from chance to the best seed's of the same
-   arm (the same design learned the task on another seed, so this seed's plateau is a failed
+   arm and the seed itself has stopped improving (its projected change at most the threshold;
+   one still climbing is late, not failed, and the trend decides) (the same design learned the
+   task on another seed, so this seed's plateau is a failed
    optimisation: lesson 02's window + stride reference had two seeds at 0.97 and 0.95 and one
    flat at 0.26 for 6,000 steps, chance 0.125); or when the arm ends below ``LEARN_SHARE`` of
    the way from chance to a ``ceiling`` the same task reaches elsewhere (a plateau of a failed
@@ -262,8 +264,10 @@ def training_state(curves: Sequence[Curve] | Sequence[Sequence[float]], *, highe
                                         "nothing learned there")
         best = max(tails, key=lambda t: sign * t)
         if m > 1:
-            # a seed's learned share = (its tail mean - chance) / (the best seed's tail mean - chance)
-            behind = [i for i, t in enumerate(tails) if (t - chance) / (best - chance) < LEARN_SHARE]
+            # a seed's learned share = (its tail mean - chance) / (the best seed's tail mean - chance); a seed
+            # behind that is still improving by more than the threshold is late, not failed: the trend rule judges it
+            behind = [i for i, t in enumerate(tails)
+                      if (t - chance) / (best - chance) < LEARN_SHARE and per_seed[i] <= thr]
             if behind:
                 return TrainingState(arm, NOT_LEARNED, mean_c, **common,
                                      reason=f"seed(s) {', '.join(str(i) for i in behind)} of {m} end at "

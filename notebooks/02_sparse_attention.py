@@ -428,10 +428,10 @@ print(f"{len(arms)} arms x {len(rcfg.seeds)} seeds x {rcfg.steps} steps trained 
 # them, at least 5) and projects it over another quarter of the run; an arm is trained when a
 # one-sided 95% upper bound on the seeds' mean projected change (and every seed's own) is at most
 # 0.02 accuracy. A curve can also be flat because nothing was learned: a seed ending within 0.02
-# of the task's chance (1/8) "did not learn"; so does a seed ending less than half-way from
-# chance to what another seed of the same arm reaches (the design learned the task there, so this
-# seed's optimisation failed), and dense attention ending less than half-way from chance to the
-# best other arm. Only arms at a plateau are compared.
+# of the task's chance (1/8) "did not learn"; so does a seed that has stopped improving less than
+# half-way from chance to what another seed of the same arm reaches (the design learned the task
+# there, so this seed's optimisation failed), and dense attention ending less than half-way from
+# chance to the best other arm. Only arms at a plateau are compared.
 
 # %%
 def my_state(curves, min_change):

@@ -346,7 +346,7 @@ def section_02(run: ResumableRun, corpus: Any, config: Any) -> dict[str, Any]:
                 + f"); {len(cfg.seeds)} seeds")
     # an arm the rule finds a seed of that did not learn the task: the line says so (the verdicts use that state)
     states = [a.describe() + ("" if v.states[k].state == a.state.state else f"; by the rule on its seeds: "
-                              f"{v.states[k].describe()}") for k, a in done.items()]
+                              f"{v.states[k].describe().removeprefix(f'{k}: ')}") for k, a in done.items()]
     return {"geometry": geometry, "states": states,
             "table": table + ["", f"(recall accuracy per query distance at each arm's stopping point, mean of "
                                   f"{len(cfg.seeds)} seeds; chance {lr.chance_of(cfg):.3f})"],

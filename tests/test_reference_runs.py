@@ -209,7 +209,7 @@ def test_the_reference_block_says_which_arms_block_a_verdict_and_why(tmp_path):
     prov = provenance("python scripts/reference_article.py --section 02", 60.0, "article")
     save_reference("l02_article", {**base, "curves": {"a": flat, "b": stuck, "c": rising}}, prov, directory=tmp_path)
     text = "\n".join(article_reference_lines("02", directory=tmp_path))
-    assert "b did not learn the task" in text and "c has not reached a plateau" in text, text
+    assert "b: did not learn (its state above says why" in text and "c has not reached a plateau" in text, text
     assert "**not a verdict**" in text and "one whose arms are all at a plateau stands" in text, text
     save_reference("l02_article", {**base, "curves": {"a": flat, "b": flat}}, prov, directory=tmp_path)
     text = "\n".join(article_reference_lines("02", directory=tmp_path))

@@ -213,6 +213,10 @@ def test_a_seed_stuck_far_below_its_siblings_did_not_learn():
     learned = training_state([stuck[0], [(s, 0.90) for s in steps], stuck[2]], higher_is_better=True,
                              min_change=0.02, chance=0.125, arm="window+stride")
     assert learned.state == TRAINED, learned.describe()
+    # the same lagging seed still climbing 0.1 per quarter of the run: late, not failed, so under-trained
+    late = [stuck[0], [(s, 0.2 + 0.4 * s / 3000) for s in steps], stuck[2]]
+    st = training_state(late, higher_is_better=True, min_change=0.02, chance=0.125, arm="window+stride")
+    assert st.state == UNDER_TRAINED_STATE, st.describe()
     # a loss, lower is better, chance ln 512 = 6.24: a seed at 5.9 nats beside two at 3.0 learned ~10% of it
     loss = [[(s, v) for s in steps] for v in (3.0, 5.9, 3.05)]
     assert training_state(loss, higher_is_better=False, min_change=0.01, chance=math.log(512)).state == NOT_LEARNED
